@@ -1,0 +1,602 @@
+//! The `page-tail-cow-v1` page delta.
+//!
+//! A delta describes a *result* snapshot relative to a *base* snapshot with
+//! the same layout and a smaller boundary. For every group, the longest prefix
+//! of pages that is byte-identical in every layer (never beyond either page
+//! count) is *reused* from the base; all later pages of the result are the
+//! *tail* and are stored. A page that contains the base boundary is therefore
+//! replaced whole unless it happens to be identical; a recurrent group always
+//! stores its (single) checkpoint page.
+//!
+//! ```text
+//! offset  size  field
+//! 0       8     magic "DPDELTA\x01"
+//! 8       4     header_len, u32 little endian (≤ MAX_DELTA_HEADER)
+//! 12      h     header: CBOR map (DeltaHeader)
+//! 12+h    t     tails: for each group, for each layer, pages reused..result_count
+//! ```
+//!
+//! The header binds the base and result snapshot digests, both boundaries
+//! and both block counts. Reconstruction is a list of [`CopyOp`]s into the
+//! result encoding (reused spans from the base payload, tail spans from the
+//! delta), so a reader can place verified delta bytes into the result buffer
+//! as they stream in without holding a separate copy of the delta. The result
+//! is only valid once its digest matches `result_digest`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::digest::Digest;
+use crate::error::{Error, Result};
+use crate::layout::{GroupKind, PageLayout};
+use crate::snapshot::{digest_of_encoding, Snapshot, SnapshotHeader};
+
+/// Schema string of this delta format.
+pub const DELTA_SCHEMA: &str = "page-tail-cow-v1";
+/// Magic bytes of an encoded delta.
+pub const DELTA_MAGIC: [u8; 8] = *b"DPDELTA\x01";
+/// Largest accepted delta header (CBOR).
+pub const MAX_DELTA_HEADER: u32 = 1 << 20;
+/// Bytes before the CBOR header.
+pub const DELTA_PREFIX_LEN: usize = 12;
+
+/// The header of an encoded page delta.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeltaHeader {
+    /// Always [`DELTA_SCHEMA`].
+    pub schema: String,
+    /// Admission geometry both boundaries are multiples of.
+    pub chunk_tokens: u32,
+    /// Snapshot digest of the base.
+    pub base_digest: Digest,
+    /// Snapshot digest of the result.
+    pub result_digest: Digest,
+    /// Base boundary (tokens).
+    pub base_boundary: u64,
+    /// Result boundary (tokens), greater than the base boundary.
+    pub result_boundary: u64,
+    /// Base pages per group.
+    pub base_block_counts: Vec<u64>,
+    /// Result pages per group.
+    pub result_block_counts: Vec<u64>,
+    /// Pages reused from the base, per group.
+    pub reused_pages: Vec<u64>,
+}
+
+/// One step of reconstructing the result encoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyOp {
+    /// Copy `len` bytes from the base *payload* at `src` to the result
+    /// encoding at `dst`.
+    Base {
+        /// Offset in the base payload.
+        src: u64,
+        /// Offset in the result encoding.
+        dst: u64,
+        /// Bytes.
+        len: u64,
+    },
+    /// Copy `len` bytes from the delta *encoding* at `src` to the result
+    /// encoding at `dst`.
+    Delta {
+        /// Offset in the delta encoding.
+        src: u64,
+        /// Offset in the result encoding.
+        dst: u64,
+        /// Bytes.
+        len: u64,
+    },
+}
+
+/// A decoded delta header together with its reconstruction plan against a
+/// specific base.
+#[derive(Debug, Clone)]
+pub struct PageDelta {
+    /// The header.
+    pub header: DeltaHeader,
+    /// Total length of the delta encoding implied by the header.
+    pub delta_len: u64,
+    /// The result snapshot's header.
+    pub result_header: SnapshotHeader,
+    /// The result's magic + length + CBOR header (written first).
+    pub result_prefix: Vec<u8>,
+    /// Length of the whole result encoding.
+    pub result_len: u64,
+    /// Copy steps, in increasing `dst` order, covering the result payload.
+    pub ops: Vec<CopyOp>,
+}
+
+fn check_boundary(what: &str, b: u64, chunk_tokens: u32) -> Result<()> {
+    if chunk_tokens == 0 || b % u64::from(chunk_tokens) != 0 {
+        return Err(Error::Invalid(format!(
+            "{what} boundary {b} is not a multiple of chunk_tokens {chunk_tokens}"
+        )));
+    }
+    Ok(())
+}
+
+/// Pages reused per group: the longest prefix identical in every layer.
+fn reused_pages(base: &Snapshot, result: &Snapshot) -> Vec<u64> {
+    let layout = base.layout();
+    layout
+        .groups
+        .iter()
+        .enumerate()
+        .map(|(gi, g)| {
+            if g.kind == GroupKind::Recurrent {
+                return 0;
+            }
+            let limit = base.block_counts()[gi].min(result.block_counts()[gi]);
+            let mut reused = limit;
+            for (li, l) in g.layers.iter().enumerate() {
+                let bpp = l.bytes_per_page as usize;
+                let (Some(br), Some(rr)) = (base.layer_range(gi, li), result.layer_range(gi, li))
+                else {
+                    return 0;
+                };
+                let b = &base.payload()[br];
+                let r = &result.payload()[rr];
+                let mut k = 0u64;
+                while k < reused {
+                    let s = k as usize * bpp;
+                    if b[s..s + bpp] != r[s..s + bpp] {
+                        break;
+                    }
+                    k += 1;
+                }
+                reused = reused.min(k);
+            }
+            reused
+        })
+        .collect()
+}
+
+/// Encodes the delta from `base` to `result`.
+///
+/// Rejects mismatching layouts, a result boundary not above the base
+/// boundary, and boundaries that are not multiples of `chunk_tokens`.
+pub fn encode(chunk_tokens: u32, base: &Snapshot, result: &Snapshot) -> Result<Vec<u8>> {
+    if base.layout() != result.layout() {
+        return Err(Error::Invalid("base and result layouts differ".into()));
+    }
+    check_boundary("base", base.boundary(), chunk_tokens)?;
+    check_boundary("result", result.boundary(), chunk_tokens)?;
+    if result.boundary() <= base.boundary() {
+        return Err(Error::Invalid(format!(
+            "result boundary {} must be greater than base boundary {}",
+            result.boundary(),
+            base.boundary()
+        )));
+    }
+    let reused = reused_pages(base, result);
+    let header = DeltaHeader {
+        schema: DELTA_SCHEMA.into(),
+        chunk_tokens,
+        base_digest: base.digest(),
+        result_digest: result.digest(),
+        base_boundary: base.boundary(),
+        result_boundary: result.boundary(),
+        base_block_counts: base.block_counts().to_vec(),
+        result_block_counts: result.block_counts().to_vec(),
+        reused_pages: reused.clone(),
+    };
+    let cbor = serde_cbor::to_vec(&header).map_err(|e| Error::Delta(e.to_string()))?;
+    let mut out = Vec::new();
+    out.extend_from_slice(&DELTA_MAGIC);
+    out.extend_from_slice(&(cbor.len() as u32).to_le_bytes());
+    out.extend_from_slice(&cbor);
+    for (gi, g) in result.layout().groups.iter().enumerate() {
+        for (li, l) in g.layers.iter().enumerate() {
+            let bpp = l.bytes_per_page as usize;
+            let r = result
+                .layer_range(gi, li)
+                .ok_or_else(|| Error::Delta("layer range".into()))?;
+            out.extend_from_slice(&result.payload()[r.start + reused[gi] as usize * bpp..r.end]);
+        }
+    }
+    Ok(out)
+}
+
+/// Parses the delta header from the first bytes of a delta (which may be
+/// only a prefix). Returns the header and the offset of the tails.
+pub fn decode_header(bytes: &[u8]) -> Result<(DeltaHeader, usize)> {
+    if bytes.len() < DELTA_PREFIX_LEN {
+        return Err(Error::Delta(format!(
+            "{} bytes is shorter than the delta prefix",
+            bytes.len()
+        )));
+    }
+    if bytes[..8] != DELTA_MAGIC {
+        return Err(Error::Delta(
+            "bad magic (not a page-tail-cow-v1 delta)".into(),
+        ));
+    }
+    let hlen = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+    if hlen > MAX_DELTA_HEADER {
+        return Err(Error::Bounds(format!(
+            "delta header length {hlen} exceeds {MAX_DELTA_HEADER}"
+        )));
+    }
+    let end = DELTA_PREFIX_LEN + hlen as usize;
+    if end > bytes.len() {
+        return Err(Error::Delta(format!(
+            "header length {hlen} runs past the {} bytes present",
+            bytes.len()
+        )));
+    }
+    let header: DeltaHeader = serde_cbor::from_slice(&bytes[DELTA_PREFIX_LEN..end])
+        .map_err(|e| Error::Delta(format!("header: {e}")))?;
+    if header.schema != DELTA_SCHEMA {
+        return Err(Error::Delta(format!(
+            "unknown delta schema {:?}",
+            header.schema
+        )));
+    }
+    Ok((header, end))
+}
+
+/// Bytes of the delta prefix (magic + length + header) needed before a plan
+/// can be made: `Some(n)` once the first 12 bytes are known.
+pub fn header_extent(first_bytes: &[u8]) -> Option<usize> {
+    if first_bytes.len() < DELTA_PREFIX_LEN {
+        return None;
+    }
+    let hlen = u32::from_le_bytes([
+        first_bytes[8],
+        first_bytes[9],
+        first_bytes[10],
+        first_bytes[11],
+    ]);
+    Some(DELTA_PREFIX_LEN + hlen.min(MAX_DELTA_HEADER) as usize)
+}
+
+impl PageDelta {
+    /// Validates `header` (whose tails begin at `tails_offset`) against the
+    /// base's header and computes the reconstruction plan.
+    pub fn plan(header: DeltaHeader, tails_offset: usize, base: &SnapshotHeader) -> Result<Self> {
+        let bad = |m: String| Err(Error::Delta(m));
+        let layout: &PageLayout = &base.layout;
+        let n = layout.groups.len();
+        if header.base_boundary != base.boundary || header.base_block_counts != base.block_counts {
+            return bad("delta's base boundary/counts do not match the base snapshot".into());
+        }
+        check_boundary("base", header.base_boundary, header.chunk_tokens)?;
+        check_boundary("result", header.result_boundary, header.chunk_tokens)?;
+        if header.result_boundary <= header.base_boundary {
+            return bad(format!(
+                "result boundary {} is not greater than base boundary {}",
+                header.result_boundary, header.base_boundary
+            ));
+        }
+        if header.result_block_counts.len() != n || header.reused_pages.len() != n {
+            return bad(format!("per-group vectors do not have {n} entries"));
+        }
+        layout.check_counts(header.result_boundary, &header.result_block_counts)?;
+        for gi in 0..n {
+            let limit = header.base_block_counts[gi].min(header.result_block_counts[gi]);
+            if header.reused_pages[gi] > limit {
+                return bad(format!(
+                    "group {gi} reuses {} pages, more than the {limit} available",
+                    header.reused_pages[gi]
+                ));
+            }
+        }
+        let result_header = SnapshotHeader {
+            layout: layout.clone(),
+            boundary: header.result_boundary,
+            block_counts: header.result_block_counts.clone(),
+        };
+        let result_prefix = result_header.encode_prefix()?;
+        let result_payload = layout.payload_len(&header.result_block_counts)?;
+        let result_len = (result_prefix.len() as u64)
+            .checked_add(result_payload)
+            .ok_or_else(|| Error::Bounds("result length overflows".into()))?;
+        let base_offsets = layout.layer_offsets(&base.block_counts)?;
+        let mut ops = Vec::new();
+        let mut dst = result_prefix.len() as u64;
+        let mut src = tails_offset as u64;
+        for (gi, g) in layout.groups.iter().enumerate() {
+            let reused = header.reused_pages[gi];
+            let tail = header.result_block_counts[gi] - reused;
+            for (li, l) in g.layers.iter().enumerate() {
+                let keep = reused * l.bytes_per_page;
+                if keep > 0 {
+                    ops.push(CopyOp::Base {
+                        src: base_offsets[gi][li],
+                        dst,
+                        len: keep,
+                    });
+                    dst += keep;
+                }
+                let t = tail * l.bytes_per_page;
+                if t > 0 {
+                    ops.push(CopyOp::Delta { src, dst, len: t });
+                    dst += t;
+                    src = src
+                        .checked_add(t)
+                        .ok_or_else(|| Error::Bounds("delta length overflows".into()))?;
+                }
+            }
+        }
+        Ok(PageDelta {
+            header,
+            delta_len: src,
+            result_header,
+            result_prefix,
+            result_len,
+            ops,
+        })
+    }
+
+    /// Reconstructs the result from the base and the full delta encoding,
+    /// verifying the result snapshot digest.
+    pub fn apply(base: &Snapshot, delta: &[u8]) -> Result<Snapshot> {
+        let (header, tails) = decode_header(delta)?;
+        if header.base_digest != base.digest() {
+            return Err(Error::mismatch(
+                "delta base snapshot",
+                header.base_digest,
+                base.digest(),
+            ));
+        }
+        let plan = PageDelta::plan(header, tails, base.header())?;
+        if plan.delta_len != delta.len() as u64 {
+            return Err(Error::Delta(format!(
+                "delta is {} bytes, its header implies {} (truncated or trailing bytes)",
+                delta.len(),
+                plan.delta_len
+            )));
+        }
+        let len = usize::try_from(plan.result_len)
+            .map_err(|_| Error::Bounds("result too large".into()))?;
+        let mut out = vec![0u8; len];
+        plan.reconstruct(base.payload(), &mut out, |src, dst| {
+            dst.copy_from_slice(&delta[src]);
+        })?;
+        plan.finish(out)
+    }
+
+    /// Writes the result prefix and every base span into `out` (which must
+    /// be `result_len` bytes), then calls `delta_copy(src_range, dst_slice)`
+    /// for every tail span. Used by [`PageDelta::apply`]; a streaming reader
+    /// instead calls [`PageDelta::write_base_spans`] and copies tail spans as
+    /// verified delta bytes arrive.
+    pub fn reconstruct(
+        &self,
+        base_payload: &[u8],
+        out: &mut [u8],
+        mut delta_copy: impl FnMut(std::ops::Range<usize>, &mut [u8]),
+    ) -> Result<()> {
+        self.write_base_spans(base_payload, out)?;
+        for op in &self.ops {
+            if let CopyOp::Delta { src, dst, len } = *op {
+                let (s, d, l) = (src as usize, dst as usize, len as usize);
+                delta_copy(s..s + l, &mut out[d..d + l]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the result prefix and all reused base spans into `out`.
+    pub fn write_base_spans(&self, base_payload: &[u8], out: &mut [u8]) -> Result<()> {
+        if out.len() as u64 != self.result_len {
+            return Err(Error::Delta(format!(
+                "output buffer is {} bytes, result is {}",
+                out.len(),
+                self.result_len
+            )));
+        }
+        out[..self.result_prefix.len()].copy_from_slice(&self.result_prefix);
+        for op in &self.ops {
+            if let CopyOp::Base { src, dst, len } = *op {
+                let (s, d, l) = (src as usize, dst as usize, len as usize);
+                let from = base_payload
+                    .get(s..s + l)
+                    .ok_or_else(|| Error::Delta("base span out of range".into()))?;
+                out[d..d + l].copy_from_slice(from);
+            }
+        }
+        Ok(())
+    }
+
+    /// Verifies the reconstructed encoding against `result_digest` and wraps
+    /// it as a snapshot.
+    pub fn finish(&self, out: Vec<u8>) -> Result<Snapshot> {
+        let found = digest_of_encoding(&out);
+        if found != self.header.result_digest {
+            return Err(Error::mismatch(
+                "reconstructed result snapshot",
+                self.header.result_digest,
+                found,
+            ));
+        }
+        Snapshot::from_encoded(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{LayerSpec, PageGroup};
+    use proptest::prelude::*;
+
+    fn layout_strategy() -> impl Strategy<Value = PageLayout> {
+        let layer = (1u64..24).prop_map(|bpp| LayerSpec {
+            name: "l".into(),
+            dtype: "u8".into(),
+            bytes_per_page: bpp,
+        });
+        let group = (
+            prop::bool::weighted(0.8),
+            prop::sample::select(vec![1u32, 2, 4, 8, 16]),
+            prop::collection::vec(layer, 1..4),
+        )
+            .prop_map(|(full, tpp, layers)| PageGroup {
+                kind: if full {
+                    GroupKind::Full
+                } else {
+                    GroupKind::Recurrent
+                },
+                tokens_per_page: tpp,
+                layers,
+            });
+        prop::collection::vec(group, 1..4).prop_map(|groups| PageLayout { groups })
+    }
+
+    fn fill(seed: u64, n: usize) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    /// Builds a result that extends `base` page-wise, with mutations at
+    /// chosen page indexes of each layer.
+    fn extend(base: &Snapshot, boundary: u64, seed: u64, mutate: &[u64]) -> Snapshot {
+        let header = SnapshotHeader::new(base.layout().clone(), boundary);
+        let plen = header
+            .layout
+            .payload_len(&header.block_counts)
+            .expect("len") as usize;
+        let mut payload = fill(seed, plen);
+        let offs = header
+            .layout
+            .layer_offsets(&header.block_counts)
+            .expect("offs");
+        for (gi, g) in header.layout.groups.iter().enumerate() {
+            if g.kind == GroupKind::Recurrent {
+                continue;
+            }
+            let common = base.block_counts()[gi].min(header.block_counts[gi]);
+            for (li, l) in g.layers.iter().enumerate() {
+                let bpp = l.bytes_per_page as usize;
+                let br = base.layer_range(gi, li).expect("range");
+                let keep = common as usize * bpp;
+                let d = offs[gi][li] as usize;
+                payload[d..d + keep].copy_from_slice(&base.payload()[br.start..br.start + keep]);
+                for &m in mutate {
+                    let p = (m % common.max(1)) as usize;
+                    if (p as u64) < common && (m + li as u64) % 3 == 0 {
+                        payload[d + p * bpp] ^= 0x5a;
+                    }
+                }
+            }
+        }
+        Snapshot::from_parts(header, &payload).expect("result")
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn apply_inverts_encode_and_stores_no_reused_page(
+            layout in layout_strategy(),
+            chunk in prop::sample::select(vec![1u32, 4, 16]),
+            base_chunks in 0u64..12,
+            grow in 1u64..12,
+            seed in any::<u64>(),
+            mutate in prop::collection::vec(any::<u64>(), 0..3),
+        ) {
+            let bb = base_chunks * u64::from(chunk);
+            let rb = bb + grow * u64::from(chunk);
+            let bh = SnapshotHeader::new(layout.clone(), bb);
+            let blen = layout.payload_len(&bh.block_counts).expect("len") as usize;
+            let base = Snapshot::from_parts(bh, &fill(seed ^ 0xabc, blen)).expect("base");
+            let result = extend(&base, rb, seed, &mutate);
+            let delta = encode(chunk, &base, &result).expect("encode");
+            let back = PageDelta::apply(&base, &delta).expect("apply");
+            prop_assert_eq!(back.encoded(), result.encoded());
+
+            let (h, tails) = decode_header(&delta).expect("header");
+            // Size: exactly the tail pages, nothing reused is stored.
+            let mut stored = 0u64;
+            for (gi, g) in layout.groups.iter().enumerate() {
+                stored += (h.result_block_counts[gi] - h.reused_pages[gi]) * g.page_bytes();
+                // Maximality: the first stored page differs somewhere (full groups).
+                let limit = h.base_block_counts[gi].min(h.result_block_counts[gi]);
+                if g.kind == GroupKind::Full && h.reused_pages[gi] < limit {
+                    let k = h.reused_pages[gi];
+                    let differs = (0..g.layers.len()).any(|li| base.page(gi, li, k) != result.page(gi, li, k));
+                    prop_assert!(differs, "page {} of group {} was identical yet stored", k, gi);
+                }
+                if g.kind == GroupKind::Recurrent {
+                    prop_assert_eq!(h.reused_pages[gi], 0);
+                }
+            }
+            prop_assert_eq!(delta.len() as u64, tails as u64 + stored);
+        }
+    }
+
+    fn simple() -> (Snapshot, Snapshot) {
+        let layout = PageLayout {
+            groups: vec![
+                PageGroup {
+                    kind: GroupKind::Full,
+                    tokens_per_page: 4,
+                    layers: vec![LayerSpec {
+                        name: "kv".into(),
+                        dtype: "u8".into(),
+                        bytes_per_page: 2,
+                    }],
+                },
+                PageGroup {
+                    kind: GroupKind::Recurrent,
+                    tokens_per_page: 4,
+                    layers: vec![LayerSpec {
+                        name: "s".into(),
+                        dtype: "u8".into(),
+                        bytes_per_page: 3,
+                    }],
+                },
+            ],
+        };
+        let base = Snapshot::from_parts(
+            SnapshotHeader::new(layout.clone(), 8),
+            &[1, 1, 2, 2, 9, 9, 9],
+        )
+        .expect("b");
+        let result = Snapshot::from_parts(
+            SnapshotHeader::new(layout, 16),
+            &[1, 1, 2, 2, 3, 3, 4, 4, 8, 8, 8],
+        )
+        .expect("r");
+        (base, result)
+    }
+
+    #[test]
+    fn rejects_bad_inputs() {
+        let (base, result) = simple();
+        assert!(encode(4, &result, &base).is_err(), "boundary must grow");
+        assert!(
+            encode(3, &base, &result).is_err(),
+            "boundaries must be multiples of chunk_tokens"
+        );
+        let delta = encode(4, &base, &result).expect("encode");
+        assert_eq!(PageDelta::apply(&base, &delta).expect("apply"), result);
+        // trailing bytes and truncation
+        let mut t = delta.clone();
+        t.push(0);
+        assert!(PageDelta::apply(&base, &t).is_err());
+        assert!(PageDelta::apply(&base, &delta[..delta.len() - 1]).is_err());
+        // a different base
+        assert!(PageDelta::apply(&result, &delta).is_err());
+        // a flipped tail byte fails the result digest
+        let mut f = delta.clone();
+        let n = f.len();
+        f[n - 1] ^= 1;
+        assert!(matches!(
+            PageDelta::apply(&base, &f),
+            Err(Error::DigestMismatch { .. })
+        ));
+        // a forged header claiming more reuse than exists
+        let (mut h, tails) = decode_header(&delta).expect("hdr");
+        h.reused_pages[0] = 3;
+        assert!(PageDelta::plan(h.clone(), tails, base.header()).is_err());
+        h.reused_pages = vec![0];
+        assert!(PageDelta::plan(h, tails, base.header()).is_err());
+    }
+}

@@ -1,0 +1,9 @@
+//! deltapack: an authenticated macro-object delta store for paged prefix state.
+//!
+//! This umbrella crate re-exports the two library crates:
+//! [`format`] (pure byte formats, no I/O) and [`store`] (object-store backed
+//! publication and verified restore). The top-level `tests/` and `benches/`
+//! folders of the repository belong to this package.
+
+pub use deltapack_format as format;
+pub use deltapack_store as store;

@@ -39,6 +39,7 @@ pub mod identity;
 pub mod layout;
 pub mod root;
 pub mod snapshot;
+pub mod synth;
 
 pub use context::{context_digest, ContextHasher};
 pub use delta::{CopyOp, DeltaHeader, PageDelta, DELTA_SCHEMA};

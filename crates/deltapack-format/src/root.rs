@@ -733,7 +733,11 @@ pub fn v2_extents(
     }
     let names: Vec<Digest> = specs.iter().map(|s| s.raw_digest).collect();
     let payload_digest = plan.merge(&names)?;
-    Ok(V2Extents { entries, compressed: stored, payload_digest })
+    Ok(V2Extents {
+        entries,
+        compressed: stored,
+        payload_digest,
+    })
 }
 
 /// The output of [`v2_extents`].
@@ -810,7 +814,14 @@ mod tests {
 
     fn v2(s: &Snapshot, level: Option<i32>) -> ManifestV2 {
         let x = v2_extents(s.encoded(), 1024, level).expect("extents");
-        ManifestV2::new(&meta(s), s.encoded().len() as u64, x.payload_digest, 1024, x.entries).expect("manifest")
+        ManifestV2::new(
+            &meta(s),
+            s.encoded().len() as u64,
+            x.payload_digest,
+            1024,
+            x.entries,
+        )
+        .expect("manifest")
     }
 
     #[test]

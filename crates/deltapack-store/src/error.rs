@@ -1,0 +1,140 @@
+//! Errors and miss reasons of the store.
+//!
+//! deltapack separates *misses* from *errors* (SPEC §4.5): a miss means "no
+//! usable state here, recompute the prefix" and carries a reason; an error is
+//! an I/O failure or a broken internal invariant. Corruption is a miss for the
+//! caller, but it is never silent: it is counted, logged and quarantined.
+
+use deltapack_format::{ContextDigest, Namespace};
+
+/// Why a restore did not produce a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "reason", rename_all = "kebab-case")]
+pub enum MissReason {
+    /// No root exists for the context.
+    Absent,
+    /// A root or object failed verification, is missing, or is inconsistent.
+    Corrupt {
+        /// What was damaged (root or object key and the check that failed).
+        what: String,
+    },
+    /// The root's envelope version or schema is unknown to this reader.
+    Incompatible {
+        /// Why.
+        detail: String,
+    },
+    /// The delta's base root could not be restored.
+    BaseMissing {
+        /// Why the base did not restore.
+        detail: String,
+    },
+    /// The restore's deadline passed.
+    DeadlineExceeded,
+    /// The store is keyed and the root's MAC is missing or wrong.
+    Unauthenticated {
+        /// Why.
+        detail: String,
+    },
+}
+
+impl MissReason {
+    /// Short stable label (`absent`, `corrupt`, …) for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            MissReason::Absent => "absent",
+            MissReason::Corrupt { .. } => "corrupt",
+            MissReason::Incompatible { .. } => "incompatible",
+            MissReason::BaseMissing { .. } => "base-missing",
+            MissReason::DeadlineExceeded => "deadline-exceeded",
+            MissReason::Unauthenticated { .. } => "unauthenticated",
+        }
+    }
+}
+
+impl std::fmt::Display for MissReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MissReason::Absent => write!(f, "absent"),
+            MissReason::Corrupt { what } => write!(f, "corrupt: {what}"),
+            MissReason::Incompatible { detail } => write!(f, "incompatible: {detail}"),
+            MissReason::BaseMissing { detail } => write!(f, "base-missing: {detail}"),
+            MissReason::DeadlineExceeded => write!(f, "deadline-exceeded"),
+            MissReason::Unauthenticated { detail } => write!(f, "unauthenticated: {detail}"),
+        }
+    }
+}
+
+/// Errors from opening a store.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The URL is not one of `file://…`, a plain path, `s3://bucket/prefix`,
+    /// `memory://`.
+    #[error("unsupported store URL {url:?}: {reason}")]
+    Url {
+        /// The URL.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// The backend could not be built.
+    #[error("cannot open store backend: {0}")]
+    Backend(#[from] object_store::Error),
+    /// Local-disk preparation failed (creating the directory, cleanup).
+    #[error("cannot prepare local store at {path}: {source}")]
+    Local {
+        /// The directory.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+/// The public error of the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Opening the store failed.
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    /// A backend operation failed (I/O, network, permissions).
+    #[error("storage I/O on {key}: {source}")]
+    Io {
+        /// The object key involved.
+        key: String,
+        /// The backend error.
+        source: object_store::Error,
+    },
+    /// The caller's input is invalid (nothing was written).
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// A format-level error in caller-provided data (nothing was written).
+    #[error(transparent)]
+    Format(#[from] deltapack_format::Error),
+    /// The base passed to a delta publication does not match the base root.
+    #[error("base mismatch for {namespace}/{context}: {detail}")]
+    BaseMismatch {
+        /// Base namespace.
+        namespace: Namespace,
+        /// Base context.
+        context: ContextDigest,
+        /// Why.
+        detail: String,
+    },
+    /// Publication would exceed the store's capacity (nothing was written).
+    #[error("capacity: {0}")]
+    Capacity(String),
+    /// An internal invariant broke (a bug): never a data problem.
+    #[error("internal invariant broken: {0}")]
+    Internal(String),
+}
+
+impl StoreError {
+    pub(crate) fn io(key: &object_store::path::Path, source: object_store::Error) -> Self {
+        StoreError::Io {
+            key: key.to_string(),
+            source,
+        }
+    }
+}
+
+/// Result alias for the store.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;

@@ -1,0 +1,95 @@
+//! The store's key layout (SPEC §3), in one place.
+//!
+//! ```text
+//! objects/blake3/<hh>/<hex>            v2 extents (hh = first 2 hex chars)
+//! objects/sha256/<hh>/<hex>            v1 chunk objects
+//! roots/<namespace hex>/<context hex>  root envelopes (v1 and v2 share this)
+//! quarantine/<original key>            objects and roots found corrupt
+//! ```
+//!
+//! Keys are only ever built from typed digests, so they contain nothing but
+//! lowercase hex and fixed words: no caller string reaches a key.
+
+use deltapack_format::{Algorithm, ContextDigest, Digest, Namespace};
+use object_store::path::Path;
+
+/// Prefix of all objects.
+pub const OBJECTS: &str = "objects";
+/// Prefix of all roots.
+pub const ROOTS: &str = "roots";
+/// Prefix of quarantined keys.
+pub const QUARANTINE: &str = "quarantine";
+
+/// Key of the object named by `d`.
+pub fn object_key(d: &Digest) -> Path {
+    let hex = d.hex();
+    Path::from(format!(
+        "{OBJECTS}/{}/{}/{}",
+        d.algorithm().as_str(),
+        &hex[..2],
+        hex
+    ))
+}
+
+/// Key of the root of `(namespace, context)`.
+pub fn root_key(ns: &Namespace, ctx: &ContextDigest) -> Path {
+    Path::from(format!("{ROOTS}/{}/{}", ns.hex(), ctx.hex()))
+}
+
+/// Prefix of all roots of one namespace.
+pub fn namespace_prefix(ns: &Namespace) -> Path {
+    Path::from(format!("{ROOTS}/{}", ns.hex()))
+}
+
+/// Where a corrupt key is moved.
+pub fn quarantine_key(original: &Path) -> Path {
+    Path::from(format!("{QUARANTINE}/{original}"))
+}
+
+/// Parses an object key back into its digest.
+pub fn parse_object_key(p: &Path) -> Option<Digest> {
+    let parts: Vec<_> = p.parts().collect();
+    if parts.len() != 4 || parts[0].as_ref() != OBJECTS {
+        return None;
+    }
+    let alg = match parts[1].as_ref() {
+        "blake3" => Algorithm::Blake3,
+        "sha256" => Algorithm::Sha256,
+        _ => return None,
+    };
+    let d: Digest = format!("{}:{}", alg.as_str(), parts[3].as_ref())
+        .parse()
+        .ok()?;
+    (parts[2].as_ref() == &d.hex()[..2]).then_some(d)
+}
+
+/// Parses a root key back into `(namespace, context)`.
+pub fn parse_root_key(p: &Path) -> Option<(Namespace, ContextDigest)> {
+    let parts: Vec<_> = p.parts().collect();
+    if parts.len() != 3 || parts[0].as_ref() != ROOTS {
+        return None;
+    }
+    Some((
+        parts[1].as_ref().parse().ok()?,
+        parts[2].as_ref().parse().ok()?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip() {
+        let d = Digest::blake3(b"x");
+        let k = object_key(&d);
+        assert!(k.as_ref().starts_with("objects/blake3/"));
+        assert_eq!(parse_object_key(&k), Some(d));
+        let s = Digest::sha256(b"x");
+        assert_eq!(parse_object_key(&object_key(&s)), Some(s));
+        let (ns, ctx) = (Namespace([1; 32]), ContextDigest([2; 32]));
+        assert_eq!(parse_root_key(&root_key(&ns, &ctx)), Some((ns, ctx)));
+        assert_eq!(parse_object_key(&Path::from("objects/blake3/zz/abc")), None);
+        assert_eq!(quarantine_key(&k).as_ref(), format!("quarantine/{k}"));
+    }
+}

@@ -1,0 +1,566 @@
+//! Publication: payload → durable objects → root, in that order.
+//!
+//! 1. Validate everything before the first write: identity, boundaries
+//!    (multiples of `chunk_tokens`, base < result), layouts, and — for a
+//!    delta — that the caller's base snapshot is the one the base root names.
+//! 2. If a root already exists for the context, stop: the same result digest
+//!    is idempotent success, a different one is a conflict (the existing
+//!    root wins; no context ever aliases two snapshots).
+//! 3. Build the payload (the snapshot itself, or a `page-tail-cow-v1` delta).
+//! 4. Write its objects with create-if-absent in durability batches of at
+//!    most [`PUBLISH_BATCH`] objects. An existing object of the right size is
+//!    reused (content addressing); one of the wrong size is quarantined and
+//!    rewritten.
+//! 5. Only when every object is durable, create the root (create-if-absent).
+//!    Losing that race to another writer is resolved as in step 2.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use deltapack_format::root::{self, RootMeta};
+use deltapack_format::{
+    delta, BaseRef, CacheIdentity, ContextDigest, Digest, ExtentPlan, Namespace, Snapshot,
+};
+use futures::StreamExt;
+use serde::Serialize;
+
+use crate::backend::{put_create, PutOutcome};
+use crate::error::{Result, StoreError};
+use crate::keys;
+use crate::stats::Stats;
+use crate::store::{RootStatus, Store};
+use object_store::ObjectStoreExt;
+
+/// Most object payloads written (and held) at once by one publication.
+pub const PUBLISH_BATCH: usize = 2;
+
+/// Which root schema to write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum RootFormat {
+    /// `deltapack-page-delta-manifest/v2`: ordered extents (production).
+    #[default]
+    V2,
+    /// Legacy `…/v1`: one SHA-256 object per logical chunk (fixtures,
+    /// benchmarks, migration tests).
+    V1,
+}
+
+/// The base of a delta publication.
+#[derive(Debug, Clone)]
+pub struct BaseInput {
+    /// Context of the base root (same namespace).
+    pub context: ContextDigest,
+    /// The base snapshot bytes the caller holds; must match the base root.
+    pub snapshot: Arc<Snapshot>,
+}
+
+/// A publication request.
+#[derive(Debug, Clone)]
+pub struct PublishRequest {
+    /// Identity (gives the namespace and `chunk_tokens`).
+    pub identity: CacheIdentity,
+    /// Context being published.
+    pub context: ContextDigest,
+    /// The result snapshot.
+    pub snapshot: Arc<Snapshot>,
+    /// Base for a delta; `None` publishes a flat snapshot (a base root).
+    pub base: Option<BaseInput>,
+    /// Root schema.
+    pub format: RootFormat,
+}
+
+/// How a publication ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PublishOutcome {
+    /// This call created the root.
+    Created,
+    /// A root with the same result snapshot already existed (idempotent).
+    AlreadyPresent,
+    /// A root with a *different* snapshot exists; it wins, nothing changed.
+    Conflict,
+}
+
+/// What a publication did.
+#[derive(Debug, Clone, Serialize)]
+pub struct PublishReceipt {
+    /// Outcome.
+    pub outcome: PublishOutcome,
+    /// Namespace.
+    pub namespace: Namespace,
+    /// Context.
+    pub context: ContextDigest,
+    /// BLAKE3 of the root object now stored under the context.
+    pub root_digest: Option<Digest>,
+    /// Schema of the root now stored under the context.
+    pub schema: String,
+    /// Result snapshot digest of this request.
+    pub snapshot_digest: Digest,
+    /// Result snapshot digest of the existing root (on conflict).
+    pub existing_snapshot_digest: Option<Digest>,
+    /// Payload length (snapshot or delta).
+    pub payload_len: u64,
+    /// Objects created.
+    pub objects_written: u64,
+    /// Objects that already existed.
+    pub objects_reused: u64,
+    /// Bytes created (objects + root).
+    pub bytes_written: u64,
+    /// Time building the payload (delta encoding).
+    pub encode_time: Duration,
+    /// Time hashing and writing objects and the root.
+    pub write_time: Duration,
+    /// Total time.
+    pub total_time: Duration,
+}
+
+/// Lets `Bytes` borrow a snapshot's encoding without copying it.
+struct SnapshotBytes(Arc<Snapshot>);
+
+impl AsRef<[u8]> for SnapshotBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.0.encoded()
+    }
+}
+
+/// One object to write: its key and its stored bytes.
+struct PendingObject {
+    key: object_store::path::Path,
+    bytes: Bytes,
+}
+
+impl Store {
+    /// Publishes a snapshot (flat or as a delta). See the module docs.
+    pub async fn publish(&self, req: PublishRequest) -> Result<PublishReceipt> {
+        self.publish_with_progress(req, &|_, _| {}).await
+    }
+
+    /// [`Store::publish`] reporting `(bytes done, bytes total)` as objects
+    /// become durable.
+    pub async fn publish_with_progress(
+        &self,
+        req: PublishRequest,
+        progress: &(dyn Fn(u64, u64) + Send + Sync),
+    ) -> Result<PublishReceipt> {
+        let start = Instant::now();
+        let id = &req.identity;
+        id.validate()?;
+        let ns = id.namespace();
+        let ct = u64::from(id.chunk_tokens);
+        let snap = &req.snapshot;
+        let boundary = snap.boundary();
+        if boundary == 0 || boundary % ct != 0 {
+            return Err(StoreError::Invalid(format!(
+                "boundary {boundary} is not a positive multiple of chunk_tokens {ct}"
+            )));
+        }
+        let snapshot_digest = snap.digest();
+        let base_ref = match &req.base {
+            None => None,
+            Some(b) => Some(self.check_base(&ns, id, b, snap).await?),
+        };
+
+        let mut receipt = PublishReceipt {
+            outcome: PublishOutcome::Created,
+            namespace: ns,
+            context: req.context,
+            root_digest: None,
+            schema: match req.format {
+                RootFormat::V2 => root::SCHEMA_V2.into(),
+                RootFormat::V1 => root::SCHEMA_V1.into(),
+            },
+            snapshot_digest,
+            existing_snapshot_digest: None,
+            payload_len: 0,
+            objects_written: 0,
+            objects_reused: 0,
+            bytes_written: 0,
+            encode_time: Duration::ZERO,
+            write_time: Duration::ZERO,
+            total_time: Duration::ZERO,
+        };
+
+        // An existing root decides the outcome without writing anything.
+        if let Some(done) = self
+            .existing_outcome(&ns, &req.context, &mut receipt)
+            .await?
+        {
+            receipt.total_time = start.elapsed();
+            return Ok(done_receipt(receipt, done));
+        }
+
+        let t_encode = Instant::now();
+        let payload: Bytes = match &req.base {
+            None => Bytes::from_owner(SnapshotBytes(snap.clone())),
+            Some(b) => {
+                let (base, result) = (b.snapshot.clone(), snap.clone());
+                let chunk = id.chunk_tokens;
+                let d = tokio::task::spawn_blocking(move || delta::encode(chunk, &base, &result))
+                    .await
+                    .map_err(|e| StoreError::Internal(format!("delta encoder task: {e}")))??;
+                Bytes::from(d)
+            }
+        };
+        receipt.encode_time = t_encode.elapsed();
+        receipt.payload_len = payload.len() as u64;
+
+        let t_write = Instant::now();
+        let meta = RootMeta {
+            namespace: ns,
+            context: req.context,
+            chunk_tokens: id.chunk_tokens,
+            result_header: snap.header().clone(),
+            result_snapshot_digest: snapshot_digest,
+            result_snapshot_len: snap.encoded().len() as u64,
+            base: base_ref,
+        };
+        let root_bytes = match req.format {
+            RootFormat::V2 => {
+                self.write_v2(&meta, payload, &mut receipt, progress)
+                    .await?
+            }
+            RootFormat::V1 => {
+                self.write_v1(&meta, payload, &mut receipt, progress)
+                    .await?
+            }
+        };
+
+        let key = keys::root_key(&ns, &req.context);
+        let root_len = root_bytes.len() as u64;
+        let root_digest = Digest::blake3(&root_bytes);
+        match put_create(self.object_store().as_ref(), &key, root_bytes).await? {
+            PutOutcome::Created => {
+                receipt.root_digest = Some(root_digest);
+                receipt.bytes_written += root_len;
+                Stats::add(&self.stats_ref().roots_written, 1);
+                Stats::add(&self.stats_ref().bytes_written, root_len);
+            }
+            PutOutcome::Existed => {
+                // Lost a race (or an earlier attempt whose response was lost
+                // landed): the root that is there decides.
+                match self
+                    .existing_outcome(&ns, &req.context, &mut receipt)
+                    .await?
+                {
+                    Some(done) => receipt.outcome = done,
+                    None => {
+                        return Err(StoreError::Internal(format!(
+                            "root {key} existed at create but vanished before it could be read"
+                        )))
+                    }
+                }
+            }
+        }
+        receipt.write_time = t_write.elapsed();
+        receipt.total_time = start.elapsed();
+        if receipt.outcome == PublishOutcome::Conflict {
+            Stats::add(&self.stats_ref().conflicts, 1);
+        }
+        tracing::info!(
+            context = %req.context,
+            outcome = ?receipt.outcome,
+            objects_written = receipt.objects_written,
+            bytes = receipt.bytes_written,
+            ms = receipt.total_time.as_millis() as u64,
+            "published"
+        );
+        Ok(receipt)
+    }
+
+    /// Validates a delta's base against its root; returns the reference.
+    async fn check_base(
+        &self,
+        ns: &Namespace,
+        id: &CacheIdentity,
+        b: &BaseInput,
+        result: &Snapshot,
+    ) -> Result<BaseRef> {
+        let mismatch = |detail: String| StoreError::BaseMismatch {
+            namespace: *ns,
+            context: b.context,
+            detail,
+        };
+        let ct = u64::from(id.chunk_tokens);
+        let bb = b.snapshot.boundary();
+        if bb == 0 || bb % ct != 0 {
+            return Err(StoreError::Invalid(format!(
+                "base boundary {bb} is not a positive multiple of {ct}"
+            )));
+        }
+        if bb >= result.boundary() {
+            return Err(StoreError::Invalid(format!(
+                "base boundary {bb} must be below the result boundary {}",
+                result.boundary()
+            )));
+        }
+        if b.snapshot.layout() != result.layout() {
+            return Err(StoreError::Invalid("base and result layouts differ".into()));
+        }
+        let digest = b.snapshot.digest();
+        match self.read_root(ns, &b.context).await? {
+            RootStatus::Found(root) => {
+                let s = root
+                    .summary()
+                    .ok_or_else(|| StoreError::Internal("summary".into()))?;
+                if s.result_snapshot_digest != digest {
+                    return Err(mismatch(format!(
+                        "the base root holds {} but the given base snapshot is {digest}",
+                        s.result_snapshot_digest
+                    )));
+                }
+                if s.boundary != bb {
+                    return Err(mismatch(format!(
+                        "base root boundary {} != {bb}",
+                        s.boundary
+                    )));
+                }
+            }
+            RootStatus::Absent => return Err(mismatch("no base root is published".into())),
+            RootStatus::Unusable(r) => {
+                return Err(mismatch(format!("the base root is unusable: {r}")))
+            }
+        }
+        Ok(BaseRef {
+            namespace: *ns,
+            context: b.context,
+            snapshot_digest: digest,
+            boundary: bb,
+        })
+    }
+
+    /// If a root exists at `(ns, ctx)`, the outcome it implies for this
+    /// request. A damaged existing root is quarantined and treated as absent.
+    async fn existing_outcome(
+        &self,
+        ns: &Namespace,
+        ctx: &ContextDigest,
+        receipt: &mut PublishReceipt,
+    ) -> Result<Option<PublishOutcome>> {
+        match self.read_root(ns, ctx).await? {
+            RootStatus::Absent => Ok(None),
+            RootStatus::Unusable(reason) => {
+                // Corrupt roots were already quarantined by read_root; an
+                // incompatible or unauthenticated root is left alone and wins.
+                match reason {
+                    crate::MissReason::Corrupt { .. } => Ok(None),
+                    other => {
+                        receipt.schema = format!("unusable ({other})");
+                        Ok(Some(PublishOutcome::Conflict))
+                    }
+                }
+            }
+            RootStatus::Found(root) => {
+                let s = root
+                    .summary()
+                    .ok_or_else(|| StoreError::Internal("summary".into()))?;
+                receipt.schema = s.schema.to_string();
+                receipt.root_digest = None;
+                if s.result_snapshot_digest == receipt.snapshot_digest {
+                    Ok(Some(PublishOutcome::AlreadyPresent))
+                } else {
+                    receipt.existing_snapshot_digest = Some(s.result_snapshot_digest);
+                    Ok(Some(PublishOutcome::Conflict))
+                }
+            }
+        }
+    }
+
+    async fn write_v2(
+        &self,
+        meta: &RootMeta,
+        payload: Bytes,
+        receipt: &mut PublishReceipt,
+        progress: &(dyn Fn(u64, u64) + Send + Sync),
+    ) -> Result<Bytes> {
+        let m = self.inner.config.max_extent_bytes;
+        let plan = ExtentPlan::new(payload.len() as u64, m)?;
+        let level = self.inner.config.compression;
+        let total = payload.len() as u64;
+        let mut entries = Vec::with_capacity(plan.count() as usize);
+        let mut names = Vec::with_capacity(plan.count() as usize);
+        let mut done = 0u64;
+        // Hash (and maybe compress) extents on blocking threads, two at a
+        // time, and write each batch before preparing the next.
+        let indices: Vec<u64> = (0..plan.count()).collect();
+        for batch in indices.chunks(PUBLISH_BATCH) {
+            let prepared = futures::future::try_join_all(batch.iter().map(|&i| {
+                let r = plan.range(i);
+                let raw = payload.slice(r.start as usize..r.end as usize);
+                tokio::task::spawn_blocking(move || prepare_extent(&plan, i, raw, level))
+            }))
+            .await
+            .map_err(|e| StoreError::Internal(format!("extent task: {e}")))?;
+            let mut objs = Vec::with_capacity(prepared.len());
+            for p in prepared {
+                let (entry, obj) = p?;
+                names.push(entry.raw_digest);
+                entries.push(entry);
+                objs.push(obj);
+            }
+            self.write_batch(objs, receipt).await?;
+            done += batch
+                .iter()
+                .map(|&i| plan.range(i).end - plan.range(i).start)
+                .sum::<u64>();
+            progress(done, total);
+        }
+        let payload_digest = plan.merge(&names)?;
+        let manifest = deltapack_format::ManifestV2::new(meta, total, payload_digest, m, entries)?;
+        Ok(Bytes::from(root::encode_v2(
+            &manifest,
+            self.inner.mac_key.as_ref(),
+        )?))
+    }
+
+    async fn write_v1(
+        &self,
+        meta: &RootMeta,
+        payload: Bytes,
+        receipt: &mut PublishReceipt,
+        progress: &(dyn Fn(u64, u64) + Send + Sync),
+    ) -> Result<Bytes> {
+        let p2 = payload.clone();
+        let (boundary, ct) = (meta.result_header.boundary, meta.chunk_tokens);
+        let (chunks, payload_digest) = tokio::task::spawn_blocking(move || {
+            let chunks = root::v1_chunks(&p2, boundary, ct)?;
+            let d = deltapack_format::snapshot::digest_of_encoding(&p2);
+            Ok::<_, deltapack_format::Error>((chunks, d))
+        })
+        .await
+        .map_err(|e| StoreError::Internal(format!("v1 hashing task: {e}")))??;
+        let ranges = root::v1_chunk_ranges(payload.len() as u64, chunks.len() as u64);
+        let total = payload.len() as u64;
+        let mut done = 0;
+        let all: Vec<_> = chunks.iter().zip(ranges).collect();
+        for batch in all.chunks(PUBLISH_BATCH) {
+            let objs = batch
+                .iter()
+                .map(|(c, r)| PendingObject {
+                    key: keys::object_key(&c.digest),
+                    bytes: payload.slice(r.start as usize..r.end as usize),
+                })
+                .collect();
+            self.write_batch(objs, receipt).await?;
+            done += batch.iter().map(|(c, _)| c.bytes).sum::<u64>();
+            progress(done, total);
+        }
+        let manifest = deltapack_format::ManifestV1::new(meta, total, payload_digest, chunks)?;
+        Ok(Bytes::from(root::encode_v1(
+            &manifest,
+            self.inner.mac_key.as_ref(),
+        )?))
+    }
+
+    /// Writes one durability batch concurrently; returns when all are durable.
+    async fn write_batch(
+        &self,
+        objs: Vec<PendingObject>,
+        receipt: &mut PublishReceipt,
+    ) -> Result<()> {
+        let results = futures::stream::iter(objs)
+            .map(|o| async move {
+                let len = o.bytes.len() as u64;
+                let outcome = self.write_object(&o.key, o.bytes).await?;
+                Ok::<_, StoreError>((outcome, len))
+            })
+            .buffer_unordered(PUBLISH_BATCH)
+            .collect::<Vec<_>>()
+            .await;
+        for r in results {
+            let (outcome, len) = r?;
+            match outcome {
+                PutOutcome::Created => {
+                    receipt.objects_written += 1;
+                    receipt.bytes_written += len;
+                    Stats::add(&self.stats_ref().objects_written, 1);
+                    Stats::add(&self.stats_ref().bytes_written, len);
+                }
+                PutOutcome::Existed => {
+                    receipt.objects_reused += 1;
+                    Stats::add(&self.stats_ref().objects_reused, 1);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Create-if-absent for a content-addressed object. An existing object
+    /// of the wrong size is damaged: quarantine it and write ours.
+    async fn write_object(
+        &self,
+        key: &object_store::path::Path,
+        bytes: Bytes,
+    ) -> Result<PutOutcome> {
+        let store = self.object_store().as_ref();
+        match put_create(store, key, bytes.clone()).await? {
+            PutOutcome::Created => Ok(PutOutcome::Created),
+            PutOutcome::Existed => match store.head(key).await {
+                Ok(meta) if meta.size == bytes.len() as u64 => Ok(PutOutcome::Existed),
+                Ok(meta) => {
+                    tracing::warn!(%key, size = meta.size, want = bytes.len(), "existing object has the wrong size");
+                    self.quarantine(key).await;
+                    put_create(store, key, bytes).await
+                }
+                // Deleted between the two calls (e.g. by GC): write it again.
+                Err(object_store::Error::NotFound { .. }) => put_create(store, key, bytes).await,
+                Err(e) => Err(StoreError::io(key, e)),
+            },
+        }
+    }
+}
+
+fn done_receipt(mut r: PublishReceipt, outcome: PublishOutcome) -> PublishReceipt {
+    r.outcome = outcome;
+    r
+}
+
+/// Names (and optionally compresses) one extent.
+fn prepare_extent(
+    plan: &ExtentPlan,
+    index: u64,
+    raw: Bytes,
+    level: Option<i32>,
+) -> Result<(deltapack_format::ExtentEntry, PendingObject)> {
+    use deltapack_format::{ExtentCodec, ExtentEntry};
+    let raw_digest = plan.name(index, &raw, false)?;
+    let r = plan.range(index);
+    let raw_len = r.end - r.start;
+    if let Some(level) = level {
+        let c = deltapack_format::extent::compress(&raw, level)?;
+        if (c.len() as u64) < raw_len - raw_len / 16 {
+            let stored_digest = Digest::blake3(&c);
+            let entry = ExtentEntry {
+                offset: r.start,
+                raw_len,
+                raw_digest,
+                codec: ExtentCodec::Zstd,
+                stored_len: c.len() as u64,
+                stored_digest: Some(stored_digest),
+            };
+            return Ok((
+                entry,
+                PendingObject {
+                    key: keys::object_key(&stored_digest),
+                    bytes: Bytes::from(c),
+                },
+            ));
+        }
+    }
+    let entry = ExtentEntry {
+        offset: r.start,
+        raw_len,
+        raw_digest,
+        codec: ExtentCodec::Raw,
+        stored_len: raw_len,
+        stored_digest: None,
+    };
+    Ok((
+        entry,
+        PendingObject {
+            key: keys::object_key(&raw_digest),
+            bytes: raw,
+        },
+    ))
+}

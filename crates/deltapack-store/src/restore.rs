@@ -1,0 +1,527 @@
+//! Restore: verify everything, hand over nothing unverified.
+//!
+//! The pipeline for one context (SPEC §4.3):
+//!
+//! 1. Read the root envelope; check its length bound, body hash, MAC (keyed
+//!    stores) and schema. Unknown → `incompatible` miss; damaged → `corrupt`
+//!    miss and quarantine.
+//! 2. The root must name the requested namespace and context.
+//! 3. For a delta, restore the base first (recursively, through the same
+//!    single-flight table and a bounded cache of verified bases) and check
+//!    its snapshot digest against the base reference.
+//! 4. Fetch the payload's objects in order with at most
+//!    [`RESTORE_IN_FLIGHT`] object payloads in flight. Each object's size is
+//!    checked from metadata before its body is read, and its digest before its
+//!    bytes are used: v2 extents by their BLAKE3 subtree chaining value (so
+//!    the merged names authenticate the whole payload without a second
+//!    pass), v1 chunks by SHA-256 (then one BLAKE3 pass over the payload).
+//! 5. Reconstruct (base pages + tails) and verify the result snapshot digest.
+//!
+//! Concurrent restores of one root share one fetch+verify (*single flight*):
+//! the first caller spawns the work as a task and later callers await the
+//! same result. The work runs to completion even if a caller gives up at its
+//! deadline, so a slow restore still warms the base cache for the next one.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use deltapack_format::root::ExtentEntry;
+use deltapack_format::snapshot::digest_of_encoding;
+use deltapack_format::{
+    BaseRef, CacheIdentity, ContextDigest, DecodedRoot, Digest, ExtentCodec, ExtentPlan,
+    ManifestV1, ManifestV2, Namespace, PageDelta, Snapshot,
+};
+use futures::{FutureExt, StreamExt};
+use object_store::path::Path;
+use serde::Serialize;
+
+use crate::error::{MissReason, Result, StoreError};
+use crate::keys;
+use crate::stats::Stats;
+use crate::store::{RootStatus, Store};
+
+/// Most object payloads a restore holds in flight.
+pub const RESTORE_IN_FLIGHT: usize = 4;
+
+/// A verified snapshot.
+#[derive(Debug, Clone)]
+pub struct Restored {
+    /// The snapshot (verified against its root's result snapshot digest).
+    pub snapshot: Arc<Snapshot>,
+    /// Its digest.
+    pub digest: Digest,
+    /// Schema of the root it came from.
+    pub schema: &'static str,
+}
+
+/// The result of a restore: a verified snapshot or a miss with a reason.
+#[derive(Debug, Clone)]
+pub enum RestoreOutcome {
+    /// The verified snapshot.
+    Hit(Restored),
+    /// No usable state; the caller recomputes.
+    Miss(MissReason),
+}
+
+impl RestoreOutcome {
+    /// The snapshot on a hit.
+    pub fn hit(&self) -> Option<&Restored> {
+        match self {
+            RestoreOutcome::Hit(r) => Some(r),
+            RestoreOutcome::Miss(_) => None,
+        }
+    }
+
+    /// The reason on a miss.
+    pub fn miss(&self) -> Option<&MissReason> {
+        match self {
+            RestoreOutcome::Hit(_) => None,
+            RestoreOutcome::Miss(m) => Some(m),
+        }
+    }
+}
+
+/// Options of one restore call.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RestoreOptions {
+    /// Past this instant the call returns a `deadline-exceeded` miss.
+    pub deadline: Option<tokio::time::Instant>,
+}
+
+/// The result of [`Store::restore_into`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "kebab-case")]
+pub enum RestoreIntoOutcome {
+    /// The buffer holds the verified snapshot encoding.
+    Hit {
+        /// Bytes written.
+        len: u64,
+        /// Snapshot digest.
+        digest: String,
+    },
+    /// The buffer's contents are unspecified.
+    Miss {
+        /// Why.
+        #[serde(flatten)]
+        reason: MissReason,
+    },
+}
+
+type Inner = std::result::Result<RestoreOutcome, Arc<StoreError>>;
+
+/// Why fetching an object did not produce verified bytes.
+enum Damage {
+    Missing(String),
+    Corrupt(String),
+}
+
+impl Store {
+    /// Restores the state of `context` under `identity`'s namespace.
+    pub async fn restore(
+        &self,
+        identity: &CacheIdentity,
+        context: ContextDigest,
+    ) -> Result<RestoreOutcome> {
+        self.restore_with(identity.namespace(), context, RestoreOptions::default())
+            .await
+    }
+
+    /// Restores with options (deadline).
+    pub async fn restore_with(
+        &self,
+        ns: Namespace,
+        context: ContextDigest,
+        opts: RestoreOptions,
+    ) -> Result<RestoreOutcome> {
+        let start = Instant::now();
+        let fut = self.restore_root(ns, context, 0);
+        let out = match opts.deadline {
+            None => fut.await,
+            Some(d) => match tokio::time::timeout_at(d, fut).await {
+                Ok(r) => r,
+                Err(_) => Ok(RestoreOutcome::Miss(MissReason::DeadlineExceeded)),
+            },
+        };
+        let out = out.map_err(|e| match Arc::try_unwrap(e) {
+            Ok(e) => e,
+            Err(shared) => StoreError::Internal(format!("shared restore failed: {shared}")),
+        })?;
+        let st = self.stats_ref();
+        st.record_latency(start.elapsed().as_micros() as u64);
+        match &out {
+            RestoreOutcome::Hit(_) => Stats::add(&st.hits, 1),
+            RestoreOutcome::Miss(m) => Stats::add(
+                match m {
+                    MissReason::Absent => &st.miss_absent,
+                    MissReason::Corrupt { .. } => &st.miss_corrupt,
+                    MissReason::Incompatible { .. } => &st.miss_incompatible,
+                    MissReason::BaseMissing { .. } => &st.miss_base_missing,
+                    MissReason::DeadlineExceeded => &st.miss_deadline,
+                    MissReason::Unauthenticated { .. } => &st.miss_unauthenticated,
+                },
+                1,
+            ),
+        }
+        Ok(out)
+    }
+
+    /// Restores into a caller-provided buffer of exactly the snapshot's
+    /// encoded length. The buffer is meaningful only on a hit.
+    pub async fn restore_into(
+        &self,
+        identity: &CacheIdentity,
+        context: ContextDigest,
+        buf: &mut [u8],
+        opts: RestoreOptions,
+    ) -> Result<RestoreIntoOutcome> {
+        match self
+            .restore_with(identity.namespace(), context, opts)
+            .await?
+        {
+            RestoreOutcome::Miss(reason) => Ok(RestoreIntoOutcome::Miss { reason }),
+            RestoreOutcome::Hit(r) => {
+                let enc = r.snapshot.encoded();
+                if buf.len() != enc.len() {
+                    return Err(StoreError::Invalid(format!(
+                        "buffer is {} bytes, the snapshot is {}",
+                        buf.len(),
+                        enc.len()
+                    )));
+                }
+                buf.copy_from_slice(enc);
+                Ok(RestoreIntoOutcome::Hit {
+                    len: enc.len() as u64,
+                    digest: r.digest.to_string(),
+                })
+            }
+        }
+    }
+
+    /// Joins or starts the single-flight restore of `(ns, ctx)`.
+    fn restore_root(
+        &self,
+        ns: Namespace,
+        ctx: ContextDigest,
+        depth: usize,
+    ) -> futures::future::BoxFuture<'static, Inner> {
+        let key = (ns, ctx);
+        let mut map = match self.inner.inflight.lock() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        if let Some(s) = map.get(&key) {
+            Stats::add(&self.stats_ref().restores_shared, 1);
+            return s.clone().boxed();
+        }
+        let this = self.clone();
+        let handle = tokio::spawn(async move {
+            let r = this
+                .restore_uncached(ns, ctx, depth)
+                .await
+                .map_err(Arc::new);
+            match this.inner.inflight.lock() {
+                Ok(mut m) => m.remove(&key),
+                Err(p) => p.into_inner().remove(&key),
+            };
+            r
+        });
+        let shared = async move {
+            handle.await.unwrap_or_else(|e| {
+                Err(Arc::new(StoreError::Internal(format!(
+                    "restore task failed: {e}"
+                ))))
+            })
+        }
+        .boxed()
+        .shared();
+        map.insert(key, shared.clone());
+        shared.boxed()
+    }
+
+    async fn restore_uncached(
+        &self,
+        ns: Namespace,
+        ctx: ContextDigest,
+        depth: usize,
+    ) -> Result<RestoreOutcome> {
+        let root = match self.read_root(&ns, &ctx).await? {
+            RootStatus::Absent => return Ok(RestoreOutcome::Miss(MissReason::Absent)),
+            RootStatus::Unusable(r) => return Ok(RestoreOutcome::Miss(r)),
+            RootStatus::Found(d) => *d,
+        };
+        let summary = root
+            .summary()
+            .ok_or_else(|| StoreError::Internal("summary of a readable root".into()))?;
+        let limit = self.config().max_restore_bytes;
+        if summary.payload_len > limit || summary.result_snapshot_len > limit {
+            return Ok(RestoreOutcome::Miss(MissReason::Corrupt {
+                what: format!(
+                    "root {} declares {} payload / {} result bytes, above this store's restore limit {limit}",
+                    keys::root_key(&ns, &ctx),
+                    summary.payload_len,
+                    summary.result_snapshot_len
+                ),
+            }));
+        }
+        let base = match summary.base {
+            None => None,
+            Some(b) => {
+                if depth + 1 > self.config().max_base_depth {
+                    return Ok(RestoreOutcome::Miss(MissReason::Corrupt {
+                        what: format!(
+                            "base chain deeper than {} (or a cycle)",
+                            self.config().max_base_depth
+                        ),
+                    }));
+                }
+                match self.base_snapshot(b, depth + 1).await? {
+                    Ok(s) => Some(s),
+                    Err(detail) => {
+                        return Ok(RestoreOutcome::Miss(MissReason::BaseMissing { detail }))
+                    }
+                }
+            }
+        };
+        let (payload, schema) = match &root {
+            DecodedRoot::V2(m) => (self.fetch_v2(m).await?, deltapack_format::SCHEMA_V2),
+            DecodedRoot::V1(m) => (self.fetch_v1(m).await?, deltapack_format::SCHEMA_V1),
+            DecodedRoot::Incompatible { reason } => {
+                return Ok(RestoreOutcome::Miss(MissReason::Incompatible {
+                    detail: reason.clone(),
+                }))
+            }
+        };
+        let payload = match payload {
+            Ok(p) => p,
+            Err(reason) => return Ok(RestoreOutcome::Miss(reason)),
+        };
+        let want = summary.result_snapshot_digest;
+        let built =
+            tokio::task::spawn_blocking(move || -> std::result::Result<Snapshot, String> {
+                match base {
+                    None => Snapshot::from_encoded(payload).map_err(|e| e.to_string()),
+                    Some(base) => {
+                        // The delta header must name the same result as the root;
+                        // `apply` then verifies the rebuilt bytes against it.
+                        let (h, _) = deltapack_format::delta::decode_header(&payload)
+                            .map_err(|e| e.to_string())?;
+                        if h.result_digest != want {
+                            return Err(format!(
+                                "delta names result {}, the root {want}",
+                                h.result_digest
+                            ));
+                        }
+                        PageDelta::apply(&base, &payload).map_err(|e| e.to_string())
+                    }
+                }
+            })
+            .await
+            .map_err(|e| StoreError::Internal(format!("reconstruction task: {e}")))?;
+        match built {
+            Ok(snapshot) => {
+                // For a snapshot root the payload digest *is* the result
+                // digest (checked when the manifest was validated and the
+                // payload verified); a delta was verified by `apply`.
+                Ok(RestoreOutcome::Hit(Restored {
+                    snapshot: Arc::new(snapshot),
+                    digest: want,
+                    schema,
+                }))
+            }
+            Err(e) => Ok(corrupt(format!(
+                "reconstruction of {ns}/{ctx} failed verification: {e}"
+            ))),
+        }
+    }
+
+    /// Restores (or takes from cache) a base and checks its digest.
+    async fn base_snapshot(
+        &self,
+        b: BaseRef,
+        depth: usize,
+    ) -> Result<std::result::Result<Arc<Snapshot>, String>> {
+        let key = (b.namespace, b.context, b.snapshot_digest);
+        if let Some(s) = self
+            .inner
+            .base_cache
+            .lock()
+            .ok()
+            .and_then(|mut c| c.get(&key))
+        {
+            Stats::add(&self.stats_ref().base_cache_hits, 1);
+            return Ok(Ok(s));
+        }
+        let out = self
+            .restore_root(b.namespace, b.context, depth)
+            .await
+            .map_err(|e| match Arc::try_unwrap(e) {
+                Ok(e) => e,
+                Err(shared) => {
+                    StoreError::Internal(format!("shared base restore failed: {shared}"))
+                }
+            })?;
+        match out {
+            RestoreOutcome::Hit(r) if r.digest == b.snapshot_digest => {
+                if let Ok(mut c) = self.inner.base_cache.lock() {
+                    c.put(key, r.snapshot.clone(), self.config().base_cache_bytes);
+                }
+                Ok(Ok(r.snapshot))
+            }
+            RestoreOutcome::Hit(r) => Ok(Err(format!(
+                "base root {} restores to {}, the delta needs {}",
+                b.context, r.digest, b.snapshot_digest
+            ))),
+            RestoreOutcome::Miss(m) => Ok(Err(format!("base {}: {m}", b.context))),
+        }
+    }
+
+    /// Fetches and verifies one object; quarantines it if damaged.
+    async fn fetch_verified(
+        &self,
+        key: Path,
+        stored_len: u64,
+        verify: impl FnOnce(Bytes) -> std::result::Result<Bytes, String> + Send + 'static,
+    ) -> Result<std::result::Result<Bytes, Damage>> {
+        let bytes = match self.fetch_exact(&key, stored_len).await? {
+            Ok(b) => b,
+            Err(what) if what.ends_with("is missing") => return Ok(Err(Damage::Missing(what))),
+            Err(what) => {
+                self.quarantine(&key).await;
+                return Ok(Err(Damage::Corrupt(what)));
+            }
+        };
+        let checked = tokio::task::spawn_blocking(move || verify(bytes))
+            .await
+            .map_err(|e| StoreError::Internal(format!("verify task: {e}")))?;
+        match checked {
+            Ok(b) => Ok(Ok(b)),
+            Err(what) => {
+                tracing::warn!(%key, %what, "object failed verification");
+                self.quarantine(&key).await;
+                Ok(Err(Damage::Corrupt(format!("{key}: {what}"))))
+            }
+        }
+    }
+
+    async fn fetch_v2(&self, m: &ManifestV2) -> Result<std::result::Result<Vec<u8>, MissReason>> {
+        let plan = ExtentPlan::new(m.payload_len, m.max_extent_bytes)?;
+        let mut payload = alloc(m.payload_len)?;
+        let mut names = Vec::with_capacity(m.extents.len());
+        let mut stream = futures::stream::iter(m.extents.iter().copied().enumerate())
+            .map(|(i, e)| {
+                let key = keys::object_key(&e.object_digest());
+                self.fetch_verified(key, e.stored_len, move |b| {
+                    verify_extent(&plan, i as u64, &e, b)
+                })
+                .map(move |r| r.map(|r| (e, r)))
+            })
+            .buffered(RESTORE_IN_FLIGHT);
+        while let Some(item) = stream.next().await {
+            let (e, r) = item?;
+            match r {
+                Ok(raw) => {
+                    payload[e.offset as usize..(e.offset + e.raw_len) as usize]
+                        .copy_from_slice(&raw);
+                    names.push(e.raw_digest);
+                }
+                Err(Damage::Missing(what)) | Err(Damage::Corrupt(what)) => {
+                    return Ok(Err(MissReason::Corrupt { what }));
+                }
+            }
+        }
+        // Every name was verified against its bytes; merging them proves the
+        // payload digest with no second pass over the data.
+        let merged = plan.merge(&names)?;
+        if merged != m.payload_digest {
+            return Ok(Err(MissReason::Corrupt {
+                what: format!("payload digest {merged} != {}", m.payload_digest),
+            }));
+        }
+        Ok(Ok(payload))
+    }
+
+    async fn fetch_v1(&self, m: &ManifestV1) -> Result<std::result::Result<Vec<u8>, MissReason>> {
+        let mut payload = alloc(m.payload_len)?;
+        let ranges = deltapack_format::root::v1_chunk_ranges(m.payload_len, m.chunks.len() as u64);
+        let mut stream = futures::stream::iter(m.chunks.iter().copied().zip(ranges))
+            .map(|(c, r)| {
+                let key = keys::object_key(&c.digest);
+                self.fetch_verified(key, c.bytes, move |b| {
+                    let found = Digest::sha256(&b);
+                    if found == c.digest {
+                        Ok(b)
+                    } else {
+                        Err(format!("SHA-256 {found} != {}", c.digest))
+                    }
+                })
+                .map(move |x| x.map(|x| (r, x)))
+            })
+            .buffered(RESTORE_IN_FLIGHT);
+        while let Some(item) = stream.next().await {
+            let (r, x) = item?;
+            match x {
+                Ok(b) => payload[r.start as usize..r.end as usize].copy_from_slice(&b),
+                Err(Damage::Missing(what)) | Err(Damage::Corrupt(what)) => {
+                    return Ok(Err(MissReason::Corrupt { what }));
+                }
+            }
+        }
+        let want = m.payload_digest;
+        let (payload, found) = tokio::task::spawn_blocking(move || {
+            let d = digest_of_encoding(&payload);
+            (payload, d)
+        })
+        .await
+        .map_err(|e| StoreError::Internal(format!("hash task: {e}")))?;
+        if found != want {
+            return Ok(Err(MissReason::Corrupt {
+                what: format!("v1 payload digest {found} != {want}"),
+            }));
+        }
+        Ok(Ok(payload))
+    }
+}
+
+fn corrupt(what: String) -> RestoreOutcome {
+    RestoreOutcome::Miss(MissReason::Corrupt { what })
+}
+
+fn alloc(len: u64) -> Result<Vec<u8>> {
+    let n = usize::try_from(len)
+        .map_err(|_| StoreError::Invalid(format!("{len} bytes do not fit in memory")))?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|e| {
+        StoreError::Invalid(format!("cannot allocate {n} bytes for a restore: {e}"))
+    })?;
+    v.resize(n, 0);
+    Ok(v)
+}
+
+/// Verifies one extent's stored bytes and returns its raw bytes.
+fn verify_extent(
+    plan: &ExtentPlan,
+    index: u64,
+    e: &ExtentEntry,
+    stored: Bytes,
+) -> std::result::Result<Bytes, String> {
+    let raw = match e.codec {
+        ExtentCodec::Raw => stored,
+        ExtentCodec::Zstd => {
+            let want = e.stored_digest.ok_or("zstd extent without stored digest")?;
+            let found = Digest::blake3(&stored);
+            if found != want {
+                return Err(format!("stored digest {found} != {want}"));
+            }
+            Bytes::from(
+                deltapack_format::extent::decompress(&stored, e.raw_len)
+                    .map_err(|x| x.to_string())?,
+            )
+        }
+    };
+    let name = plan.name(index, &raw, false).map_err(|x| x.to_string())?;
+    if name != e.raw_digest {
+        return Err(format!("extent {index} name {name} != {}", e.raw_digest));
+    }
+    Ok(raw)
+}

@@ -1,0 +1,128 @@
+//! Counters kept by a store handle (process-local; exported by `stats`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use serde::Serialize;
+
+/// Live counters of one store handle.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub(crate) hits: AtomicU64,
+    pub(crate) miss_absent: AtomicU64,
+    pub(crate) miss_corrupt: AtomicU64,
+    pub(crate) miss_incompatible: AtomicU64,
+    pub(crate) miss_base_missing: AtomicU64,
+    pub(crate) miss_deadline: AtomicU64,
+    pub(crate) miss_unauthenticated: AtomicU64,
+    pub(crate) objects_read: AtomicU64,
+    pub(crate) bytes_read: AtomicU64,
+    pub(crate) objects_written: AtomicU64,
+    pub(crate) objects_reused: AtomicU64,
+    pub(crate) bytes_written: AtomicU64,
+    pub(crate) roots_written: AtomicU64,
+    pub(crate) conflicts: AtomicU64,
+    pub(crate) quarantined: AtomicU64,
+    pub(crate) restores_shared: AtomicU64,
+    pub(crate) base_cache_hits: AtomicU64,
+    pub(crate) restore_latencies_us: Mutex<Vec<u64>>,
+}
+
+/// A point-in-time copy of [`Stats`].
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Restores that returned a snapshot.
+    pub hits: u64,
+    /// Misses: no root.
+    pub miss_absent: u64,
+    /// Misses: corruption detected.
+    pub miss_corrupt: u64,
+    /// Misses: unknown schema or envelope.
+    pub miss_incompatible: u64,
+    /// Misses: base did not restore.
+    pub miss_base_missing: u64,
+    /// Misses: deadline passed.
+    pub miss_deadline: u64,
+    /// Misses: root MAC missing or wrong.
+    pub miss_unauthenticated: u64,
+    /// Objects fetched from the backend.
+    pub objects_read: u64,
+    /// Bytes fetched from the backend.
+    pub bytes_read: u64,
+    /// Objects created by publications.
+    pub objects_written: u64,
+    /// Objects that already existed at publication (content-addressed reuse).
+    pub objects_reused: u64,
+    /// Bytes of objects and roots created.
+    pub bytes_written: u64,
+    /// Roots created.
+    pub roots_written: u64,
+    /// Publications that found a different snapshot already published.
+    pub conflicts: u64,
+    /// Objects and roots moved to quarantine.
+    pub quarantined: u64,
+    /// Restores that joined another in-flight restore of the same root.
+    pub restores_shared: u64,
+    /// Bases served from the verified-base cache.
+    pub base_cache_hits: u64,
+    /// Restore latency percentiles in microseconds: p50, p90, p99, max.
+    pub restore_latency_us: [u64; 4],
+}
+
+impl Stats {
+    pub(crate) fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn record_latency(&self, us: u64) {
+        if let Ok(mut v) = self.restore_latencies_us.lock() {
+            if v.len() >= 100_000 {
+                v.drain(..50_000);
+            }
+            v.push(us);
+        }
+    }
+
+    /// Copies the counters.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let mut lat = self
+            .restore_latencies_us
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default();
+        lat.sort_unstable();
+        let pct = |p: f64| -> u64 {
+            if lat.is_empty() {
+                0
+            } else {
+                lat[((lat.len() - 1) as f64 * p).round() as usize]
+            }
+        };
+        StatsSnapshot {
+            hits: g(&self.hits),
+            miss_absent: g(&self.miss_absent),
+            miss_corrupt: g(&self.miss_corrupt),
+            miss_incompatible: g(&self.miss_incompatible),
+            miss_base_missing: g(&self.miss_base_missing),
+            miss_deadline: g(&self.miss_deadline),
+            miss_unauthenticated: g(&self.miss_unauthenticated),
+            objects_read: g(&self.objects_read),
+            bytes_read: g(&self.bytes_read),
+            objects_written: g(&self.objects_written),
+            objects_reused: g(&self.objects_reused),
+            bytes_written: g(&self.bytes_written),
+            roots_written: g(&self.roots_written),
+            conflicts: g(&self.conflicts),
+            quarantined: g(&self.quarantined),
+            restores_shared: g(&self.restores_shared),
+            base_cache_hits: g(&self.base_cache_hits),
+            restore_latency_us: [
+                pct(0.5),
+                pct(0.9),
+                pct(0.99),
+                lat.last().copied().unwrap_or(0),
+            ],
+        }
+    }
+}

@@ -1,0 +1,428 @@
+//! The [`Store`] handle: configuration, root reads, object fetches,
+//! quarantine, listing and lookup. Publication lives in `publish.rs`,
+//! restore in `restore.rs`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use deltapack_format::root::{self, RootSummary};
+use deltapack_format::{CacheIdentity, ContextDigest, DecodedRoot, Digest, Namespace, Snapshot};
+use futures::future::{BoxFuture, Shared};
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+
+use crate::backend::{self, Backend, BackendKind};
+use crate::error::{MissReason, Result, StoreError};
+use crate::keys;
+use crate::restore::RestoreOutcome;
+use crate::stats::Stats;
+
+/// Largest root object accepted from storage (envelope header + body + MAC).
+pub const MAX_ROOT_OBJECT: u64 = root::ENVELOPE_HEADER_LEN as u64 + root::MAX_ROOT_BODY + 32;
+
+/// Tunables of a store handle.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Extent size M for v2 publication (power of two; 64 MiB in production).
+    pub max_extent_bytes: u64,
+    /// zstd level for extents, or `None` to store raw (the default; see
+    /// `docs/design.md` for the measurements behind it).
+    pub compression: Option<i32>,
+    /// Secret for keyed root authentication (never logged).
+    pub mac_secret: Option<Vec<u8>>,
+    /// Bytes of verified base snapshots kept in memory for delta restores.
+    pub base_cache_bytes: u64,
+    /// Longest base chain followed by a restore.
+    pub max_base_depth: usize,
+    /// Largest payload or result a restore will allocate.
+    pub max_restore_bytes: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            max_extent_bytes: deltapack_format::DEFAULT_MAX_EXTENT_BYTES,
+            compression: None,
+            mac_secret: None,
+            base_cache_bytes: 4 << 30,
+            max_base_depth: 16,
+            max_restore_bytes: 1 << 38,
+        }
+    }
+}
+
+pub(crate) type SharedRestore =
+    Shared<BoxFuture<'static, std::result::Result<RestoreOutcome, Arc<StoreError>>>>;
+
+/// A bounded (in bytes) LRU of verified base snapshots.
+#[derive(Default)]
+pub(crate) struct BaseCache {
+    entries: VecDeque<((Namespace, ContextDigest, Digest), Arc<Snapshot>)>,
+    bytes: u64,
+}
+
+impl BaseCache {
+    pub(crate) fn get(
+        &mut self,
+        key: &(Namespace, ContextDigest, Digest),
+    ) -> Option<Arc<Snapshot>> {
+        let pos = self.entries.iter().position(|(k, _)| k == key)?;
+        let e = self.entries.remove(pos)?;
+        let s = e.1.clone();
+        self.entries.push_back(e);
+        Some(s)
+    }
+
+    pub(crate) fn put(
+        &mut self,
+        key: (Namespace, ContextDigest, Digest),
+        s: Arc<Snapshot>,
+        cap: u64,
+    ) {
+        let size = s.encoded().len() as u64;
+        if size > cap || self.entries.iter().any(|(k, _)| *k == key) {
+            return;
+        }
+        while self.bytes + size > cap {
+            match self.entries.pop_front() {
+                Some((_, old)) => self.bytes -= old.encoded().len() as u64,
+                None => break,
+            }
+        }
+        self.bytes += size;
+        self.entries.push_back((key, s));
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) backend: Backend,
+    pub(crate) config: StoreConfig,
+    pub(crate) mac_key: Option<[u8; 32]>,
+    pub(crate) stats: Stats,
+    pub(crate) inflight: Mutex<HashMap<(Namespace, ContextDigest), SharedRestore>>,
+    pub(crate) base_cache: Mutex<BaseCache>,
+}
+
+/// A handle on one deltapack store. Cheap to clone; clones share counters,
+/// the single-flight table and the base cache.
+#[derive(Clone)]
+pub struct Store {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("backend", &self.inner.backend.kind)
+            .finish()
+    }
+}
+
+/// What is stored under a root key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootStatus {
+    /// No root.
+    Absent,
+    /// A readable v1 or v2 root.
+    Found(Box<DecodedRoot>),
+    /// A root that cannot be used, and why.
+    Unusable(MissReason),
+}
+
+/// One line of `inspect`: a root and what it references.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RootInfo {
+    /// Namespace hex.
+    pub namespace: String,
+    /// Context hex.
+    pub context: String,
+    /// Schema, or the reason it is unusable.
+    pub schema: String,
+    /// `snapshot` or `delta`.
+    pub kind: String,
+    /// Result boundary (tokens).
+    pub boundary: u64,
+    /// Result snapshot digest.
+    pub result_snapshot_digest: String,
+    /// Result snapshot length.
+    pub result_snapshot_len: u64,
+    /// Payload length.
+    pub payload_len: u64,
+    /// Objects referenced.
+    pub objects: usize,
+    /// Stored bytes of the referenced objects.
+    pub stored_bytes: u64,
+    /// Base context hex (deltas).
+    pub base_context: Option<String>,
+    /// Size of the root object itself.
+    pub root_bytes: u64,
+}
+
+impl Store {
+    /// Opens a store from a URL (see [`crate::backend`]).
+    pub fn open(url: &str, config: StoreConfig) -> Result<Self> {
+        let backend = backend::open(url)?;
+        Self::from_backend(backend, config)
+    }
+
+    /// Wraps an already-built backend (used by tests to inject an
+    /// instrumented or fault-injecting `ObjectStore`).
+    pub fn from_backend(backend: Backend, config: StoreConfig) -> Result<Self> {
+        if deltapack_format::ExtentPlan::new(0, config.max_extent_bytes).is_err() {
+            return Err(StoreError::Invalid(format!(
+                "max_extent_bytes {} must be a power of two between 1 KiB and 1 GiB",
+                config.max_extent_bytes
+            )));
+        }
+        let mac_key = config.mac_secret.as_deref().map(root::mac_key);
+        Ok(Store {
+            inner: Arc::new(Inner {
+                backend,
+                config,
+                mac_key,
+                stats: Stats::default(),
+                inflight: Mutex::new(HashMap::new()),
+                base_cache: Mutex::new(BaseCache::default()),
+            }),
+        })
+    }
+
+    /// The backend's object store.
+    pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
+        &self.inner.backend.store
+    }
+
+    /// The backend kind.
+    pub fn backend_kind(&self) -> &BackendKind {
+        &self.inner.backend.kind
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &StoreConfig {
+        &self.inner.config
+    }
+
+    /// The live counters.
+    pub fn stats(&self) -> crate::stats::StatsSnapshot {
+        self.inner.stats.snapshot()
+    }
+
+    pub(crate) fn stats_ref(&self) -> &Stats {
+        &self.inner.stats
+    }
+
+    /// Fetches an object whose stored size must be exactly `expected_len`
+    /// (checked from metadata before the body is read). `Ok(None)` if absent;
+    /// `Err(Ok(reason))` if the size is wrong.
+    pub(crate) async fn fetch_exact(
+        &self,
+        key: &Path,
+        expected_len: u64,
+    ) -> Result<std::result::Result<Bytes, String>> {
+        let store = self.object_store();
+        let got = match store.get(key).await {
+            Ok(g) => g,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Ok(Err(format!("object {key} is missing")))
+            }
+            Err(e) => return Err(StoreError::io(key, e)),
+        };
+        if got.meta.size != expected_len {
+            return Ok(Err(format!(
+                "object {key} is {} bytes, expected {expected_len}",
+                got.meta.size
+            )));
+        }
+        let bytes = got.bytes().await.map_err(|e| StoreError::io(key, e))?;
+        if bytes.len() as u64 != expected_len {
+            return Ok(Err(format!(
+                "object {key} returned {} bytes, expected {expected_len}",
+                bytes.len()
+            )));
+        }
+        Stats::add(&self.inner.stats.objects_read, 1);
+        Stats::add(&self.inner.stats.bytes_read, bytes.len() as u64);
+        Ok(Ok(bytes))
+    }
+
+    /// Reads and decodes the root at `(ns, ctx)`. Damaged roots are
+    /// quarantined and reported as unusable.
+    pub async fn read_root(&self, ns: &Namespace, ctx: &ContextDigest) -> Result<RootStatus> {
+        let key = keys::root_key(ns, ctx);
+        let store = self.object_store();
+        let got = match store.get(&key).await {
+            Ok(g) => g,
+            Err(object_store::Error::NotFound { .. }) => return Ok(RootStatus::Absent),
+            Err(e) => return Err(StoreError::io(&key, e)),
+        };
+        if got.meta.size > MAX_ROOT_OBJECT {
+            let what = format!(
+                "root {key} is {} bytes, limit {MAX_ROOT_OBJECT}",
+                got.meta.size
+            );
+            self.quarantine(&key).await;
+            return Ok(RootStatus::Unusable(MissReason::Corrupt { what }));
+        }
+        let bytes = got.bytes().await.map_err(|e| StoreError::io(&key, e))?;
+        Ok(match root::decode(&bytes, self.inner.mac_key.as_ref()) {
+            Ok(DecodedRoot::Incompatible { reason }) => {
+                RootStatus::Unusable(MissReason::Incompatible { detail: reason })
+            }
+            Ok(decoded) => {
+                let s = decoded
+                    .summary()
+                    .ok_or_else(|| StoreError::Internal("summary of a readable root".into()))?;
+                if s.namespace != *ns || s.context != *ctx {
+                    let what = format!(
+                        "root {key} names {}/{} (stored under another key)",
+                        s.namespace.hex(),
+                        s.context.hex()
+                    );
+                    tracing::warn!(%what, "refusing misplaced root");
+                    self.quarantine(&key).await;
+                    RootStatus::Unusable(MissReason::Corrupt { what })
+                } else {
+                    RootStatus::Found(Box::new(decoded))
+                }
+            }
+            Err(deltapack_format::Error::Unauthenticated(detail)) => {
+                RootStatus::Unusable(MissReason::Unauthenticated { detail })
+            }
+            Err(e) => {
+                let what = format!("root {key}: {e}");
+                tracing::warn!(%what, "corrupt root");
+                self.quarantine(&key).await;
+                RootStatus::Unusable(MissReason::Corrupt { what })
+            }
+        })
+    }
+
+    /// Moves a damaged key to `quarantine/…` (copy, then delete) and counts
+    /// it. Failures are logged, never fatal: the restore is a miss anyway.
+    pub async fn quarantine(&self, key: &Path) {
+        let store = self.object_store();
+        let dest = keys::quarantine_key(key);
+        let copied = store.copy(key, &dest).await;
+        if let Err(e) = &copied {
+            if !matches!(e, object_store::Error::NotFound { .. }) {
+                tracing::warn!(%key, error = %e, "quarantine copy failed");
+            }
+        }
+        match store.delete(key).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => tracing::warn!(%key, error = %e, "quarantine delete failed"),
+        }
+        if copied.is_ok() {
+            Stats::add(&self.inner.stats.quarantined, 1);
+            tracing::warn!(%key, quarantine = %dest, "quarantined");
+        }
+    }
+
+    /// Every root key in the store (optionally one namespace), sorted.
+    pub async fn list_roots(
+        &self,
+        ns: Option<&Namespace>,
+    ) -> Result<Vec<(Namespace, ContextDigest)>> {
+        let prefix = match ns {
+            Some(n) => keys::namespace_prefix(n),
+            None => Path::from(keys::ROOTS),
+        };
+        let metas: Vec<_> = self
+            .object_store()
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| StoreError::io(&prefix, e))?;
+        let mut out: Vec<_> = metas
+            .iter()
+            .filter_map(|m| keys::parse_root_key(&m.location))
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    /// Summaries of every root (optionally one namespace).
+    pub async fn inspect(&self, ns: Option<&Namespace>) -> Result<Vec<RootInfo>> {
+        let roots = self.list_roots(ns).await?;
+        let mut out = Vec::with_capacity(roots.len());
+        for (n, c) in roots {
+            let key = keys::root_key(&n, &c);
+            let root_bytes = self
+                .object_store()
+                .head(&key)
+                .await
+                .map(|m| m.size)
+                .unwrap_or(0);
+            let info = match self.read_root(&n, &c).await? {
+                RootStatus::Found(d) => {
+                    let s: RootSummary = d
+                        .summary()
+                        .ok_or_else(|| StoreError::Internal("summary of a readable root".into()))?;
+                    RootInfo {
+                        namespace: n.hex(),
+                        context: c.hex(),
+                        schema: s.schema.to_string(),
+                        kind: format!("{:?}", s.kind).to_lowercase(),
+                        boundary: s.boundary,
+                        result_snapshot_digest: s.result_snapshot_digest.to_string(),
+                        result_snapshot_len: s.result_snapshot_len,
+                        payload_len: s.payload_len,
+                        objects: s.objects.len(),
+                        stored_bytes: s.objects.iter().map(|o| o.1).sum(),
+                        base_context: s.base.map(|b| b.context.hex()),
+                        root_bytes,
+                    }
+                }
+                RootStatus::Absent => continue,
+                RootStatus::Unusable(r) => RootInfo {
+                    namespace: n.hex(),
+                    context: c.hex(),
+                    schema: format!("unusable ({r})"),
+                    kind: String::new(),
+                    boundary: 0,
+                    result_snapshot_digest: String::new(),
+                    result_snapshot_len: 0,
+                    payload_len: 0,
+                    objects: 0,
+                    stored_bytes: 0,
+                    base_context: None,
+                    root_bytes,
+                },
+            };
+            out.push(info);
+        }
+        Ok(out)
+    }
+
+    /// Given `(boundary, context)` candidates (e.g. every 256-token boundary
+    /// of a request), returns the longest boundary that has a root, checking
+    /// existence only (no payload reads).
+    pub async fn lookup(
+        &self,
+        identity: &CacheIdentity,
+        candidates: &[(u64, ContextDigest)],
+    ) -> Result<Option<(u64, ContextDigest)>> {
+        let ns = identity.namespace();
+        let mut sorted = candidates.to_vec();
+        sorted.sort_by_key(|c| std::cmp::Reverse(c.0));
+        let store = self.object_store().clone();
+        let found: Vec<Option<(u64, ContextDigest)>> = futures::stream::iter(sorted)
+            .map(|(b, c)| {
+                let store = store.clone();
+                async move {
+                    let key = keys::root_key(&ns, &c);
+                    match store.head(&key).await {
+                        Ok(_) => Ok(Some((b, c))),
+                        Err(object_store::Error::NotFound { .. }) => Ok(None),
+                        Err(e) => Err(StoreError::io(&key, e)),
+                    }
+                }
+            })
+            .buffered(16)
+            .try_collect()
+            .await?;
+        Ok(found.into_iter().flatten().max_by_key(|(b, _)| *b))
+    }
+}

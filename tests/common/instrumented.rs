@@ -1,0 +1,138 @@
+//! An `ObjectStore` wrapper that forwards every call to a real backend while
+//! counting what restore and publication hold at once: object payloads
+//! fetched and not yet dropped (tracked through the lifetime of the returned
+//! `Bytes`), puts in flight, and GETs per key. Optional per-GET latency makes
+//! concurrency observable.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+};
+
+/// Counters shared by a wrapper and the test.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub held: AtomicUsize,
+    pub max_held: AtomicUsize,
+    pub puts_in_flight: AtomicUsize,
+    pub max_puts_in_flight: AtomicUsize,
+    pub gets: Mutex<HashMap<String, usize>>,
+}
+
+impl Counters {
+    pub fn max_held(&self) -> usize {
+        self.max_held.load(Ordering::SeqCst)
+    }
+    pub fn max_puts(&self) -> usize {
+        self.max_puts_in_flight.load(Ordering::SeqCst)
+    }
+    pub fn gets_of_objects(&self) -> usize {
+        self.gets.lock().map(|g| g.iter().filter(|(k, _)| k.starts_with("objects/")).map(|(_, v)| *v).sum()).unwrap_or(0)
+    }
+}
+
+struct Held {
+    bytes: Bytes,
+    counters: Arc<Counters>,
+}
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.counters.held.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The wrapper.
+#[derive(Debug)]
+pub struct Instrumented {
+    pub inner: Arc<dyn ObjectStore>,
+    pub counters: Arc<Counters>,
+    pub get_delay: Duration,
+}
+
+impl fmt::Display for Instrumented {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Instrumented({})", self.inner)
+    }
+}
+
+fn bump_max(cur: usize, max: &AtomicUsize) {
+    max.fetch_max(cur, Ordering::SeqCst);
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for Instrumented {
+    async fn put_opts(&self, location: &Path, payload: PutPayload, opts: PutOptions) -> Result<PutResult> {
+        let n = self.counters.puts_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        if location.as_ref().starts_with("objects/") {
+            bump_max(n, &self.counters.max_puts_in_flight);
+        }
+        let r = self.inner.put_opts(location, payload, opts).await;
+        self.counters.puts_in_flight.fetch_sub(1, Ordering::SeqCst);
+        r
+    }
+
+    async fn put_multipart_opts(&self, location: &Path, opts: PutMultipartOptions) -> Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        if let Ok(mut g) = self.counters.gets.lock() {
+            *g.entry(location.to_string()).or_default() += 1;
+        }
+        if !self.get_delay.is_zero() {
+            tokio::time::sleep(self.get_delay).await;
+        }
+        let r = self.inner.get_opts(location, options).await?;
+        if !location.as_ref().starts_with("objects/") {
+            return Ok(r);
+        }
+        let meta = r.meta.clone();
+        let range = r.range.clone();
+        let attributes = r.attributes.clone();
+        let extensions = r.extensions.clone();
+        let bytes = r.bytes().await?;
+        let n = self.counters.held.fetch_add(1, Ordering::SeqCst) + 1;
+        bump_max(n, &self.counters.max_held);
+        let held = Bytes::from_owner(Held { bytes, counters: self.counters.clone() });
+        Ok(GetResult {
+            payload: GetResultPayload::Stream(futures::stream::once(async move { Ok(held) }).boxed()),
+            meta,
+            range,
+            attributes,
+            extensions,
+        })
+    }
+
+    fn delete_stream(&self, locations: BoxStream<'static, Result<Path>>) -> BoxStream<'static, Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}

@@ -1,0 +1,161 @@
+//! Shared helpers for the integration tests: real backends, synthetic
+//! conversations, and an instrumented `ObjectStore` wrapper.
+#![allow(dead_code, unreachable_pub)]
+
+pub mod instrumented;
+
+use std::sync::Arc;
+
+use deltapack::format::synth::{self, Preset};
+use deltapack::format::{CacheIdentity, ContextDigest, ContextHasher, Snapshot};
+use deltapack::store::{backend, Backend, BaseInput, PublishReceipt, PublishRequest, RootFormat, Store, StoreConfig};
+
+/// Extent size used by tests: small, so tiny snapshots span several extents.
+pub const TEST_EXTENT: u64 = 4096;
+
+/// A store under test plus what is needed to tamper with it.
+pub struct TestStore {
+    /// Human name of the backend.
+    pub name: &'static str,
+    /// The store.
+    pub store: Store,
+    /// Keeps a temp dir alive for local stores.
+    pub _dir: Option<tempfile::TempDir>,
+}
+
+/// The S3 endpoint of the test server, if configured. In CI (`CI=true`) a
+/// missing server is a failure, not a skip.
+pub fn s3_endpoint() -> Option<String> {
+    match std::env::var("DELTAPACK_TEST_S3_ENDPOINT") {
+        Ok(e) if !e.is_empty() => {
+            if std::env::var("AWS_ACCESS_KEY_ID").is_err() {
+                std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
+                std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
+            }
+            if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err() {
+                std::env::set_var("AWS_REGION", "us-east-1");
+            }
+            Some(e)
+        }
+        _ => {
+            assert!(
+                std::env::var("CI").map(|v| v != "true").unwrap_or(true),
+                "CI=true but DELTAPACK_TEST_S3_ENDPOINT is not set: the S3 tests must run in CI (see .ci/run)"
+            );
+            eprintln!("DELTAPACK_TEST_S3_ENDPOINT not set: skipping the S3 backend (run `bash .ci/run` for the full suite)");
+            None
+        }
+    }
+}
+
+/// Bucket used by the S3 tests.
+pub fn s3_bucket() -> String {
+    std::env::var("DELTAPACK_TEST_S3_BUCKET").unwrap_or_else(|_| "deltapack-test".into())
+}
+
+fn unique() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    format!("{}-{}-{}", std::process::id(), t, N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// The URL of a fresh, empty S3 prefix, if the server is configured.
+pub fn s3_url() -> Option<String> {
+    let ep = s3_endpoint()?;
+    Some(format!("s3://{}/t-{}?endpoint={ep}", s3_bucket(), unique()))
+}
+
+/// Test config: small extents.
+pub fn config() -> StoreConfig {
+    StoreConfig { max_extent_bytes: TEST_EXTENT, ..Default::default() }
+}
+
+/// A fresh memory store.
+pub fn memory(config: StoreConfig) -> TestStore {
+    TestStore { name: "memory", store: Store::open("memory://", config).expect("memory store"), _dir: None }
+}
+
+/// A fresh local-disk store in a temp dir.
+pub fn local(config: StoreConfig) -> TestStore {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(&format!("file://{}", dir.path().display()), config).expect("local store");
+    TestStore { name: "local", store, _dir: Some(dir) }
+}
+
+/// A fresh S3 prefix, if configured.
+pub fn s3(config: StoreConfig) -> Option<TestStore> {
+    let url = s3_url()?;
+    Some(TestStore { name: "s3", store: Store::open(&url, config).expect("s3 store"), _dir: None })
+}
+
+/// Wraps an arbitrary backend (e.g. an instrumented one).
+pub fn wrapped(backend: Backend, config: StoreConfig) -> Store {
+    Store::from_backend(backend, config).expect("store")
+}
+
+/// Opens the raw backend behind a URL.
+pub fn raw_backend(url: &str) -> Backend {
+    backend::open(url).expect("backend")
+}
+
+/// The test identity (salt distinguishes test namespaces).
+pub fn identity(salt: &str) -> CacheIdentity {
+    let mut id = CacheIdentity::example();
+    id.salt = salt.into();
+    id
+}
+
+/// A synthetic conversation turn.
+pub fn turn(seed: u64, tokens: u64) -> Arc<Snapshot> {
+    Arc::new(synth::snapshot(Preset::Tiny, seed, tokens).expect("synth"))
+}
+
+/// Context digest of the synthetic conversation `seed` at `tokens`.
+pub fn ctx(id: &CacheIdentity, seed: u64, tokens: usize) -> ContextDigest {
+    ContextHasher::new(id.namespace(), id.chunk_tokens).expect("hasher").digest(&synth::tokens(seed, tokens))
+}
+
+/// Publishes a flat snapshot.
+pub async fn publish_base(
+    store: &Store,
+    id: &CacheIdentity,
+    ctx: ContextDigest,
+    snap: Arc<Snapshot>,
+    format: RootFormat,
+) -> PublishReceipt {
+    store
+        .publish(PublishRequest { identity: id.clone(), context: ctx, snapshot: snap, base: None, format })
+        .await
+        .expect("publish base")
+}
+
+/// Publishes a delta.
+pub async fn publish_delta(
+    store: &Store,
+    id: &CacheIdentity,
+    ctx: ContextDigest,
+    snap: Arc<Snapshot>,
+    base_ctx: ContextDigest,
+    base: Arc<Snapshot>,
+    format: RootFormat,
+) -> PublishReceipt {
+    store
+        .publish(PublishRequest {
+            identity: id.clone(),
+            context: ctx,
+            snapshot: snap,
+            base: Some(BaseInput { context: base_ctx, snapshot: base }),
+            format,
+        })
+        .await
+        .expect("publish delta")
+}
+
+/// Restores and returns the bytes, panicking on a miss.
+pub async fn restore_bytes(store: &Store, id: &CacheIdentity, ctx: ContextDigest) -> Vec<u8> {
+    match store.restore(id, ctx).await.expect("restore") {
+        deltapack::store::RestoreOutcome::Hit(r) => r.snapshot.encoded().to_vec(),
+        deltapack::store::RestoreOutcome::Miss(m) => panic!("expected a hit, got miss {m}"),
+    }
+}

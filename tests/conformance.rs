@@ -13,13 +13,19 @@ use std::sync::Arc;
 use common::*;
 use deltapack::format::synth;
 use deltapack::store::{
-    BaseInput, MissReason, PublishOutcome, PublishRequest, RestoreIntoOutcome, RestoreOptions, RestoreOutcome,
-    RootFormat, Store, StoreError,
+    BaseInput, MissReason, PublishOutcome, PublishRequest, RestoreIntoOutcome, RestoreOptions,
+    RestoreOutcome, RootFormat, Store, StoreError,
 };
 use futures::TryStreamExt;
 
 async fn object_count(store: &Store) -> usize {
-    store.object_store().list(None).try_collect::<Vec<_>>().await.expect("list").len()
+    store
+        .object_store()
+        .list(None)
+        .try_collect::<Vec<_>>()
+        .await
+        .expect("list")
+        .len()
 }
 
 async fn suite(t: TestStore) {
@@ -35,37 +41,71 @@ async fn suite(t: TestStore) {
     assert!(r0.objects_written > 1, "{name}: several extents expected");
     let r1 = publish_delta(s, &id, c1, b1.clone(), c0, b0.clone(), RootFormat::V2).await;
     assert_eq!(r1.outcome, PublishOutcome::Created);
-    assert!(r1.payload_len < b1.encoded().len() as u64, "{name}: the delta stores less than the snapshot");
+    assert!(
+        r1.payload_len < b1.encoded().len() as u64,
+        "{name}: the delta stores less than the snapshot"
+    );
     let r2 = publish_delta(s, &id, c2, b2.clone(), c1, b1.clone(), RootFormat::V2).await;
     assert_eq!(r2.outcome, PublishOutcome::Created);
-    assert_eq!(restore_bytes(s, &id, c0).await, b0.encoded(), "{name}: base");
-    assert_eq!(restore_bytes(s, &id, c1).await, b1.encoded(), "{name}: delta");
-    assert_eq!(restore_bytes(s, &id, c2).await, b2.encoded(), "{name}: delta of delta");
+    assert_eq!(
+        restore_bytes(s, &id, c0).await,
+        b0.encoded(),
+        "{name}: base"
+    );
+    assert_eq!(
+        restore_bytes(s, &id, c1).await,
+        b1.encoded(),
+        "{name}: delta"
+    );
+    assert_eq!(
+        restore_bytes(s, &id, c2).await,
+        b2.encoded(),
+        "{name}: delta of delta"
+    );
 
     // --- v1 roots and mixed chains: v1 base + v2 delta, v2 base + v1 delta.
     let (v0, v1s) = (turn(2, 1024), turn(2, 3072));
     let (d0, d1) = (ctx(&id, 2, 1024), ctx(&id, 2, 3072));
     let r = publish_base(s, &id, d0, v0.clone(), RootFormat::V1).await;
     assert_eq!(r.outcome, PublishOutcome::Created);
-    assert_eq!(r.objects_written, 4, "{name}: v1 writes one object per 256-token chunk");
+    assert_eq!(
+        r.objects_written, 4,
+        "{name}: v1 writes one object per 256-token chunk"
+    );
     publish_delta(s, &id, d1, v1s.clone(), d0, v0.clone(), RootFormat::V2).await;
     assert_eq!(restore_bytes(s, &id, d0).await, v0.encoded());
-    assert_eq!(restore_bytes(s, &id, d1).await, v1s.encoded(), "{name}: v1 base + v2 delta");
+    assert_eq!(
+        restore_bytes(s, &id, d1).await,
+        v1s.encoded(),
+        "{name}: v1 base + v2 delta"
+    );
     let (e1, e1s) = (ctx(&id, 1, 5120), turn(1, 5120));
     publish_delta(s, &id, e1, e1s.clone(), c0, b0.clone(), RootFormat::V1).await;
-    assert_eq!(restore_bytes(s, &id, e1).await, e1s.encoded(), "{name}: v2 base + v1 delta");
+    assert_eq!(
+        restore_bytes(s, &id, e1).await,
+        e1s.encoded(),
+        "{name}: v2 base + v1 delta"
+    );
 
     // --- Idempotence (also v1 against v2 of the same snapshot) and conflict.
     let again = publish_base(s, &id, c0, b0.clone(), RootFormat::V2).await;
     assert_eq!(again.outcome, PublishOutcome::AlreadyPresent);
     assert_eq!(again.objects_written, 0);
     let cross = publish_base(s, &id, c0, b0.clone(), RootFormat::V1).await;
-    assert_eq!(cross.outcome, PublishOutcome::AlreadyPresent, "{name}: v1 vs v2 of one snapshot");
+    assert_eq!(
+        cross.outcome,
+        PublishOutcome::AlreadyPresent,
+        "{name}: v1 vs v2 of one snapshot"
+    );
     let other = turn(99, 2048);
     let conflict = publish_base(s, &id, c0, other.clone(), RootFormat::V2).await;
     assert_eq!(conflict.outcome, PublishOutcome::Conflict);
     assert_eq!(conflict.existing_snapshot_digest, Some(b0.digest()));
-    assert_eq!(restore_bytes(s, &id, c0).await, b0.encoded(), "{name}: the existing root wins");
+    assert_eq!(
+        restore_bytes(s, &id, c0).await,
+        b0.encoded(),
+        "{name}: the existing root wins"
+    );
 
     // --- Validation before any write.
     let before = object_count(s).await;
@@ -86,18 +126,30 @@ async fn suite(t: TestStore) {
             identity: id.clone(),
             context: ctx(&id, 1, 8192),
             snapshot: turn(1, 8192),
-            base: Some(BaseInput { context: c1, snapshot: other.clone() }),
+            base: Some(BaseInput {
+                context: c1,
+                snapshot: other.clone(),
+            }),
             format: RootFormat::V2,
         })
         .await
         .expect_err("base snapshot does not match the base root");
-    assert!(matches!(err, StoreError::Invalid(_) | StoreError::BaseMismatch { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            StoreError::Invalid(_) | StoreError::BaseMismatch { .. }
+        ),
+        "{err}"
+    );
     let err = s
         .publish(PublishRequest {
             identity: id.clone(),
             context: ctx(&id, 1, 8192),
             snapshot: turn(1, 8192),
-            base: Some(BaseInput { context: ctx(&id, 7, 2048), snapshot: turn(7, 2048) }),
+            base: Some(BaseInput {
+                context: ctx(&id, 7, 2048),
+                snapshot: turn(7, 2048),
+            }),
             format: RootFormat::V2,
         })
         .await
@@ -108,13 +160,20 @@ async fn suite(t: TestStore) {
             identity: id.clone(),
             context: ctx(&id, 1, 2048),
             snapshot: turn(1, 2048),
-            base: Some(BaseInput { context: c1, snapshot: b1.clone() }),
+            base: Some(BaseInput {
+                context: c1,
+                snapshot: b1.clone(),
+            }),
             format: RootFormat::V2,
         })
         .await
         .expect_err("base above result");
     assert!(matches!(err, StoreError::Invalid(_)), "{err}");
-    assert_eq!(object_count(s).await, before, "{name}: rejected publications wrote nothing");
+    assert_eq!(
+        object_count(s).await,
+        before,
+        "{name}: rejected publications wrote nothing"
+    );
 
     // --- Misses and restore_into.
     match s.restore(&id, ctx(&id, 42, 256)).await.expect("restore") {
@@ -122,19 +181,29 @@ async fn suite(t: TestStore) {
         other => panic!("{name}: expected absent, got {other:?}"),
     }
     let mut buf = vec![0u8; b2.encoded().len()];
-    let out = s.restore_into(&id, c2, &mut buf, RestoreOptions::default()).await.expect("restore_into");
+    let out = s
+        .restore_into(&id, c2, &mut buf, RestoreOptions::default())
+        .await
+        .expect("restore_into");
     assert!(matches!(out, RestoreIntoOutcome::Hit { .. }));
     assert_eq!(buf, b2.encoded());
     let mut small = vec![0u8; 10];
-    assert!(s.restore_into(&id, c2, &mut small, RestoreOptions::default()).await.is_err());
+    assert!(s
+        .restore_into(&id, c2, &mut small, RestoreOptions::default())
+        .await
+        .is_err());
 
     // --- lookup: longest published boundary among candidates, no payload reads.
-    let hasher = deltapack::format::ContextHasher::new(id.namespace(), id.chunk_tokens).expect("hasher");
+    let hasher =
+        deltapack::format::ContextHasher::new(id.namespace(), id.chunk_tokens).expect("hasher");
     let candidates = hasher.boundaries(&synth::tokens(1, 8192));
     assert_eq!(candidates.len(), 32);
     let found = s.lookup(&id, &candidates).await.expect("lookup");
     assert_eq!(found, Some((6144, c2)), "{name}");
-    let none = s.lookup(&id, &hasher.boundaries(&synth::tokens(77, 1024))).await.expect("lookup");
+    let none = s
+        .lookup(&id, &hasher.boundaries(&synth::tokens(77, 1024)))
+        .await
+        .expect("lookup");
     assert_eq!(none, None);
 
     // --- inspect lists every root.
@@ -150,10 +219,16 @@ async fn compressed(t: TestStore) {
     publish_base(s, &id, ca, a.clone(), RootFormat::V2).await;
     publish_delta(s, &id, cb, b.clone(), ca, a.clone(), RootFormat::V2).await;
     let root = s.read_root(&id.namespace(), &cb).await.expect("read");
-    let deltapack::store::RootStatus::Found(r) = root else { panic!("root") };
-    let deltapack::format::DecodedRoot::V2(m) = *r else { panic!("v2") };
+    let deltapack::store::RootStatus::Found(r) = root else {
+        panic!("root")
+    };
+    let deltapack::format::DecodedRoot::V2(m) = *r else {
+        panic!("v2")
+    };
     assert!(
-        m.extents.iter().any(|e| e.codec == deltapack::format::ExtentCodec::Zstd),
+        m.extents
+            .iter()
+            .any(|e| e.codec == deltapack::format::ExtentCodec::Zstd),
         "{}: bf16-like synthetic pages compress",
         t.name
     );
@@ -161,7 +236,10 @@ async fn compressed(t: TestStore) {
 }
 
 fn zstd_config() -> deltapack::store::StoreConfig {
-    deltapack::store::StoreConfig { compression: Some(3), ..config() }
+    deltapack::store::StoreConfig {
+        compression: Some(3),
+        ..config()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

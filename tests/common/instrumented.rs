@@ -15,8 +15,8 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{
-    CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+    CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
+    ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
 };
 
 /// Counters shared by a wrapper and the test.
@@ -37,7 +37,15 @@ impl Counters {
         self.max_puts_in_flight.load(Ordering::SeqCst)
     }
     pub fn gets_of_objects(&self) -> usize {
-        self.gets.lock().map(|g| g.iter().filter(|(k, _)| k.starts_with("objects/")).map(|(_, v)| *v).sum()).unwrap_or(0)
+        self.gets
+            .lock()
+            .map(|g| {
+                g.iter()
+                    .filter(|(k, _)| k.starts_with("objects/"))
+                    .map(|(_, v)| *v)
+                    .sum()
+            })
+            .unwrap_or(0)
     }
 }
 
@@ -78,7 +86,12 @@ fn bump_max(cur: usize, max: &AtomicUsize) {
 
 #[async_trait::async_trait]
 impl ObjectStore for Instrumented {
-    async fn put_opts(&self, location: &Path, payload: PutPayload, opts: PutOptions) -> Result<PutResult> {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> Result<PutResult> {
         let n = self.counters.puts_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         if location.as_ref().starts_with("objects/") {
             bump_max(n, &self.counters.max_puts_in_flight);
@@ -88,7 +101,11 @@ impl ObjectStore for Instrumented {
         r
     }
 
-    async fn put_multipart_opts(&self, location: &Path, opts: PutMultipartOptions) -> Result<Box<dyn MultipartUpload>> {
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> Result<Box<dyn MultipartUpload>> {
         self.inner.put_multipart_opts(location, opts).await
     }
 
@@ -110,9 +127,14 @@ impl ObjectStore for Instrumented {
         let bytes = r.bytes().await?;
         let n = self.counters.held.fetch_add(1, Ordering::SeqCst) + 1;
         bump_max(n, &self.counters.max_held);
-        let held = Bytes::from_owner(Held { bytes, counters: self.counters.clone() });
+        let held = Bytes::from_owner(Held {
+            bytes,
+            counters: self.counters.clone(),
+        });
         Ok(GetResult {
-            payload: GetResultPayload::Stream(futures::stream::once(async move { Ok(held) }).boxed()),
+            payload: GetResultPayload::Stream(
+                futures::stream::once(async move { Ok(held) }).boxed(),
+            ),
             meta,
             range,
             attributes,
@@ -120,7 +142,10 @@ impl ObjectStore for Instrumented {
         })
     }
 
-    fn delete_stream(&self, locations: BoxStream<'static, Result<Path>>) -> BoxStream<'static, Result<Path>> {
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, Result<Path>>,
+    ) -> BoxStream<'static, Result<Path>> {
         self.inner.delete_stream(locations)
     }
 

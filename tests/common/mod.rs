@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use deltapack::format::synth::{self, Preset};
 use deltapack::format::{CacheIdentity, ContextDigest, ContextHasher, Snapshot};
-use deltapack::store::{backend, Backend, BaseInput, PublishReceipt, PublishRequest, RootFormat, Store, StoreConfig};
+use deltapack::store::{
+    backend, Backend, BaseInput, PublishReceipt, PublishRequest, RootFormat, Store, StoreConfig,
+};
 
 /// Extent size used by tests: small, so tiny snapshots span several extents.
 pub const TEST_EXTENT: u64 = 4096;
@@ -32,7 +34,8 @@ pub fn s3_endpoint() -> Option<String> {
                 std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
                 std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
             }
-            if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err() {
+            if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err()
+            {
                 std::env::set_var("AWS_REGION", "us-east-1");
             }
             Some(e)
@@ -56,8 +59,16 @@ pub fn s3_bucket() -> String {
 fn unique() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    format!("{}-{}-{}", std::process::id(), t, N.fetch_add(1, Ordering::Relaxed))
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "{}-{}-{}",
+        std::process::id(),
+        t,
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// The URL of a fresh, empty S3 prefix, if the server is configured.
@@ -68,25 +79,41 @@ pub fn s3_url() -> Option<String> {
 
 /// Test config: small extents.
 pub fn config() -> StoreConfig {
-    StoreConfig { max_extent_bytes: TEST_EXTENT, ..Default::default() }
+    StoreConfig {
+        max_extent_bytes: TEST_EXTENT,
+        ..Default::default()
+    }
 }
 
 /// A fresh memory store.
 pub fn memory(config: StoreConfig) -> TestStore {
-    TestStore { name: "memory", store: Store::open("memory://", config).expect("memory store"), _dir: None }
+    TestStore {
+        name: "memory",
+        store: Store::open("memory://", config).expect("memory store"),
+        _dir: None,
+    }
 }
 
 /// A fresh local-disk store in a temp dir.
 pub fn local(config: StoreConfig) -> TestStore {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = Store::open(&format!("file://{}", dir.path().display()), config).expect("local store");
-    TestStore { name: "local", store, _dir: Some(dir) }
+    let store =
+        Store::open(&format!("file://{}", dir.path().display()), config).expect("local store");
+    TestStore {
+        name: "local",
+        store,
+        _dir: Some(dir),
+    }
 }
 
 /// A fresh S3 prefix, if configured.
 pub fn s3(config: StoreConfig) -> Option<TestStore> {
     let url = s3_url()?;
-    Some(TestStore { name: "s3", store: Store::open(&url, config).expect("s3 store"), _dir: None })
+    Some(TestStore {
+        name: "s3",
+        store: Store::open(&url, config).expect("s3 store"),
+        _dir: None,
+    })
 }
 
 /// Wraps an arbitrary backend (e.g. an instrumented one).
@@ -113,7 +140,9 @@ pub fn turn(seed: u64, tokens: u64) -> Arc<Snapshot> {
 
 /// Context digest of the synthetic conversation `seed` at `tokens`.
 pub fn ctx(id: &CacheIdentity, seed: u64, tokens: usize) -> ContextDigest {
-    ContextHasher::new(id.namespace(), id.chunk_tokens).expect("hasher").digest(&synth::tokens(seed, tokens))
+    ContextHasher::new(id.namespace(), id.chunk_tokens)
+        .expect("hasher")
+        .digest(&synth::tokens(seed, tokens))
 }
 
 /// Publishes a flat snapshot.
@@ -125,7 +154,13 @@ pub async fn publish_base(
     format: RootFormat,
 ) -> PublishReceipt {
     store
-        .publish(PublishRequest { identity: id.clone(), context: ctx, snapshot: snap, base: None, format })
+        .publish(PublishRequest {
+            identity: id.clone(),
+            context: ctx,
+            snapshot: snap,
+            base: None,
+            format,
+        })
         .await
         .expect("publish base")
 }
@@ -145,7 +180,10 @@ pub async fn publish_delta(
             identity: id.clone(),
             context: ctx,
             snapshot: snap,
-            base: Some(BaseInput { context: base_ctx, snapshot: base }),
+            base: Some(BaseInput {
+                context: base_ctx,
+                snapshot: base,
+            }),
             format,
         })
         .await

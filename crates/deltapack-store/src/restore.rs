@@ -34,6 +34,7 @@ use deltapack_format::{
 };
 use futures::{FutureExt, StreamExt};
 use object_store::path::Path;
+use object_store::ObjectStoreExt;
 use serde::Serialize;
 
 use crate::error::{MissReason, Result, StoreError};
@@ -342,15 +343,28 @@ impl Store {
         depth: usize,
     ) -> Result<std::result::Result<Arc<Snapshot>, String>> {
         let key = (b.namespace, b.context, b.snapshot_digest);
-        if let Some(s) = self
+        let cached = self
             .inner
             .base_cache
             .lock()
             .ok()
-            .and_then(|mut c| c.get(&key))
-        {
-            Stats::add(&self.stats_ref().base_cache_hits, 1);
-            return Ok(Ok(s));
+            .and_then(|mut c| c.get(&key));
+        if let Some(s) = cached {
+            // Verified bytes stay valid, but the base root must still exist:
+            // an evicted or invalidated base must not keep serving deltas.
+            let rk = keys::root_key(&b.namespace, &b.context);
+            match self.object_store().head(&rk).await {
+                Ok(_) => {
+                    Stats::add(&self.stats_ref().base_cache_hits, 1);
+                    return Ok(Ok(s));
+                }
+                Err(object_store::Error::NotFound { .. }) => {
+                    if let Ok(mut c) = self.inner.base_cache.lock() {
+                        c.remove(&key);
+                    }
+                }
+                Err(e) => return Err(StoreError::io(&rk, e)),
+            }
         }
         let out = self
             .restore_root(b.namespace, b.context, depth)

@@ -75,6 +75,21 @@ impl BaseCache {
         Some(s)
     }
 
+    pub(crate) fn remove(&mut self, key: &(Namespace, ContextDigest, Digest)) {
+        if let Some(pos) = self.entries.iter().position(|(k, _)| k == key) {
+            if let Some((_, s)) = self.entries.remove(pos) {
+                self.bytes -= s.encoded().len() as u64;
+            }
+        }
+    }
+
+    /// Drops every cached base (e.g. after an invalidation).
+    #[allow(dead_code)]
+    pub(crate) fn clear(&mut self) {
+        self.entries.clear();
+        self.bytes = 0;
+    }
+
     pub(crate) fn put(
         &mut self,
         key: (Namespace, ContextDigest, Digest),

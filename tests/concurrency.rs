@@ -1,0 +1,206 @@
+//! Concurrency and bounded memory: concurrent writers of one context can
+//! never make it alias two snapshots; concurrent restores of one root share
+//! one fetch+verify (single flight); a restore never holds more than
+//! RESTORE_IN_FLIGHT object payloads and a publication never writes more than
+//! PUBLISH_BATCH objects at once; deadlines turn slow restores into misses.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::instrumented::{Counters, Instrumented};
+use common::*;
+use deltapack::store::publish::PUBLISH_BATCH;
+use deltapack::store::restore::RESTORE_IN_FLIGHT;
+use deltapack::store::{
+    Backend, BackendKind, MissReason, PublishOutcome, PublishRequest, RestoreOptions,
+    RestoreOutcome, RootFormat,
+};
+
+fn instrumented(inner: Backend, delay: Duration) -> (deltapack::store::Store, Arc<Counters>) {
+    let counters = Arc::new(Counters::default());
+    let store = Arc::new(Instrumented {
+        inner: inner.store,
+        counters: counters.clone(),
+        get_delay: delay,
+    });
+    (
+        wrapped(
+            Backend {
+                store,
+                kind: BackendKind::Memory,
+            },
+            config(),
+        ),
+        counters,
+    )
+}
+
+async fn racing_writers(t: TestStore) {
+    let id = identity("racing");
+    let c = ctx(&id, 21, 2048);
+    // Four distinct snapshots, each published by two tasks, half v1.
+    let snaps: Vec<_> = (0..4).map(|k| turn(21 + k, 2048)).collect();
+    let mut tasks = Vec::new();
+    for i in 0..8usize {
+        let (s, id, snap) = (t.store.clone(), id.clone(), snaps[i % 4].clone());
+        let format = if i % 2 == 0 {
+            RootFormat::V2
+        } else {
+            RootFormat::V1
+        };
+        tasks.push(tokio::spawn(async move {
+            s.publish(PublishRequest {
+                identity: id,
+                context: c,
+                snapshot: snap.clone(),
+                base: None,
+                format,
+            })
+            .await
+            .map(|r| (r, snap))
+        }));
+    }
+    let mut created = 0;
+    let mut winners = HashSet::new();
+    let mut results = Vec::new();
+    for task in tasks {
+        let (r, snap) = task.await.expect("join").expect("publish");
+        if r.outcome == PublishOutcome::Created {
+            created += 1;
+            winners.insert(snap.digest());
+        }
+        results.push((r, snap));
+    }
+    assert_eq!(
+        created, 1,
+        "{}: exactly one writer creates the root",
+        t.name
+    );
+    let winner = *winners.iter().next().expect("winner");
+    for (r, snap) in &results {
+        match r.outcome {
+            PublishOutcome::Created | PublishOutcome::AlreadyPresent => {
+                assert_eq!(snap.digest(), winner)
+            }
+            PublishOutcome::Conflict => {
+                assert_ne!(snap.digest(), winner);
+                assert_eq!(r.existing_snapshot_digest, Some(winner));
+            }
+        }
+    }
+    let restored = restore_bytes(&t.store, &id, c).await;
+    assert_eq!(deltapack::format::Digest::blake3(&restored), winner);
+    assert_eq!(t.store.list_roots(None).await.expect("list").len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_writers_one_context_local_and_s3() {
+    racing_writers(local(config())).await;
+    racing_writers(memory(config())).await;
+    if let Some(t) = s3(config()) {
+        racing_writers(t).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_restores_share_one_fetch() {
+    let (s, counters) = instrumented(raw_backend("memory://"), Duration::from_millis(20));
+    let id = identity("single-flight");
+    let (a, b) = (turn(31, 2048), turn(31, 8192));
+    let (ca, cb) = (ctx(&id, 31, 2048), ctx(&id, 31, 8192));
+    let ra = publish_base(&s, &id, ca, a.clone(), RootFormat::V2).await;
+    let rb = publish_delta(&s, &id, cb, b.clone(), ca, a, RootFormat::V2).await;
+    let objects = (ra.objects_written + rb.objects_written) as usize;
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (s, id) = (s.clone(), id.clone());
+            tokio::spawn(async move { s.restore(&id, cb).await })
+        })
+        .collect();
+    for t in tasks {
+        match t.await.expect("join").expect("restore") {
+            RestoreOutcome::Hit(r) => assert_eq!(r.snapshot.encoded(), b.encoded()),
+            RestoreOutcome::Miss(m) => panic!("miss {m}"),
+        }
+    }
+    assert_eq!(
+        counters.gets_of_objects(),
+        objects,
+        "8 concurrent restores fetched each object once"
+    );
+    assert!(s.stats().restores_shared >= 7);
+    // Deltas over one base restore the base once: a second delta reuses the cached base.
+    let (c2, b2) = (ctx(&id, 31, 4096), turn(31, 4096));
+    let r2 = publish_delta(&s, &id, c2, b2.clone(), ca, turn(31, 2048), RootFormat::V2).await;
+    let before = counters.gets_of_objects();
+    assert_eq!(restore_bytes(&s, &id, c2).await, b2.encoded());
+    assert_eq!(
+        counters.gets_of_objects() - before,
+        r2.objects_written as usize + r2.objects_reused as usize
+    );
+    assert!(s.stats().base_cache_hits >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn restore_and_publish_hold_bounded_payloads() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (s, counters) = instrumented(
+        raw_backend(&format!("file://{}", dir.path().display())),
+        Duration::from_millis(5),
+    );
+    let id = identity("bounded");
+    let (a, b) = (turn(41, 1024), turn(41, 32768));
+    let (ca, cb) = (ctx(&id, 41, 1024), ctx(&id, 41, 32768));
+    publish_base(&s, &id, ca, a.clone(), RootFormat::V2).await;
+    let r = publish_delta(&s, &id, cb, b.clone(), ca, a, RootFormat::V2).await;
+    assert!(
+        r.objects_written >= 16,
+        "enough extents to observe the bound ({})",
+        r.objects_written
+    );
+    assert!(
+        counters.max_puts() <= PUBLISH_BATCH,
+        "publication wrote {} objects at once",
+        counters.max_puts()
+    );
+    assert!(
+        counters.max_puts() >= 2,
+        "publication does overlap its batch"
+    );
+    assert_eq!(restore_bytes(&s, &id, cb).await, b.encoded());
+    let held = counters.max_held();
+    assert!(
+        held <= RESTORE_IN_FLIGHT,
+        "restore held {held} object payloads at once"
+    );
+    assert!(held >= 2, "restore does overlap fetches ({held})");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadline_turns_a_slow_restore_into_a_miss() {
+    let (s, _) = instrumented(raw_backend("memory://"), Duration::from_millis(300));
+    let id = identity("deadline");
+    let c = ctx(&id, 51, 2048);
+    publish_base(&s, &id, c, turn(51, 2048), RootFormat::V2).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(50);
+    let out = s
+        .restore_with(
+            id.namespace(),
+            c,
+            RestoreOptions {
+                deadline: Some(deadline),
+            },
+        )
+        .await
+        .expect("restore");
+    assert!(
+        matches!(out, RestoreOutcome::Miss(MissReason::DeadlineExceeded)),
+        "{out:?}"
+    );
+    assert_eq!(s.stats().miss_deadline, 1);
+    // Without a deadline the same restore is a hit.
+    assert!(s.restore(&id, c).await.expect("restore").hit().is_some());
+}

@@ -1,0 +1,232 @@
+//! Backward compatibility: every stored format ever released stays readable
+//! (SPEC §4.7). The frozen stores under `fixtures/` were written once by this
+//! code and must never be regenerated; this file proves that the current code
+//! still decodes every root in them, re-encodes each byte-identically, and
+//! restores every context to the recorded snapshot digest — and that the
+//! fixture files themselves have not changed (their digests are pinned here).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use common::*;
+use deltapack::format::{root, CacheIdentity, ContextDigest, DecodedRoot, Digest, Namespace, Snapshot};
+use deltapack::store::{RestoreOutcome, RootFormat, Store, StoreConfig};
+use serde::{Deserialize, Serialize};
+
+const SET: &str = "2026-11-v1v2";
+/// BLAKE3 over the sorted `(relative path, BLAKE3 of contents)` list of the
+/// fixture set. Frozen: a failure here means a fixture changed.
+const PINNED_SET_DIGEST: &str = "3bd85ebe1ba5e71529fd4b411874ec238c569e1ec19e18781ce34832f21eb855";
+const FIXTURE_SECRET: &[u8] = b"deltapack-fixture-secret-2026-11";
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Expected {
+    description: String,
+    max_extent_bytes: u64,
+    roots: Vec<ExpectedRoot>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct ExpectedRoot {
+    label: String,
+    identity_file: String,
+    namespace: Namespace,
+    context: ContextDigest,
+    schema: String,
+    keyed: bool,
+    snapshot_file: String,
+    snapshot_digest: Digest,
+}
+
+fn set_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(SET)
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir).expect("read_dir").map(|e| e.expect("entry").path()).collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            walk(&p, out);
+        } else {
+            out.push(p);
+        }
+    }
+}
+
+fn set_digest(dir: &Path) -> String {
+    let mut files = Vec::new();
+    walk(dir, &mut files);
+    let mut h = blake3::Hasher::new();
+    for f in files {
+        let rel = f.strip_prefix(dir).expect("prefix").to_string_lossy().replace('\\', "/");
+        h.update(rel.as_bytes());
+        h.update(&[0]);
+        h.update(blake3::hash(&std::fs::read(&f).expect("read")).as_bytes());
+    }
+    h.finalize().to_hex().to_string()
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    let mut files = Vec::new();
+    walk(from, &mut files);
+    for f in files {
+        let dest = to.join(f.strip_prefix(from).expect("prefix"));
+        std::fs::create_dir_all(dest.parent().expect("parent")).expect("mkdir");
+        std::fs::copy(&f, &dest).expect("copy");
+    }
+}
+
+fn expected() -> Expected {
+    serde_json::from_slice(&std::fs::read(set_dir().join("expected.json")).expect("expected.json")).expect("json")
+}
+
+#[test]
+fn fixture_files_are_frozen() {
+    assert!(set_dir().exists(), "fixture set {SET} is missing");
+    assert_eq!(set_digest(&set_dir()), PINNED_SET_DIGEST, "a file under fixtures/{SET} changed");
+}
+
+#[test]
+fn every_fixture_root_decodes_and_reencodes_byte_identically() {
+    let exp = expected();
+    let key = root::mac_key(FIXTURE_SECRET);
+    let mut roots = Vec::new();
+    walk(&set_dir().join("store/roots"), &mut roots);
+    assert_eq!(roots.len(), exp.roots.len());
+    let mut schemas = BTreeMap::new();
+    for p in roots {
+        let bytes = std::fs::read(&p).expect("read");
+        let keyed = root::has_mac(&bytes);
+        let decoded = root::decode(&bytes, keyed.then_some(&key)).expect("fixture root decodes");
+        let again = root::encode(&decoded, keyed.then_some(&key)).expect("re-encode");
+        assert_eq!(again, bytes, "{} re-encodes byte-identically", p.display());
+        let s = decoded.summary().expect("summary");
+        *schemas.entry(s.schema).or_insert(0) += 1;
+        assert!(matches!(decoded, DecodedRoot::V1(_) | DecodedRoot::V2(_)));
+    }
+    assert!(schemas.contains_key(root::SCHEMA_V1) && schemas.contains_key(root::SCHEMA_V2), "{schemas:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_fixture_context_restores_to_its_recorded_digest() {
+    let exp = expected();
+    // Work on a copy: a restore may quarantine, and fixtures are read-only.
+    let tmp = tempfile::tempdir().expect("tmp");
+    copy_tree(&set_dir().join("store"), tmp.path());
+    let url = format!("file://{}", tmp.path().display());
+    let plain = Store::open(&url, StoreConfig::default()).expect("open");
+    let keyed =
+        Store::open(&url, StoreConfig { mac_secret: Some(FIXTURE_SECRET.to_vec()), ..Default::default() }).expect("open");
+    for r in &exp.roots {
+        let id = CacheIdentity::from_json(&std::fs::read(set_dir().join(&r.identity_file)).expect("id")).expect("id");
+        assert_eq!(id.namespace(), r.namespace, "{}: namespace derivation is frozen", r.label);
+        let store = if r.keyed { &keyed } else { &plain };
+        match store.restore(&id, r.context).await.expect("restore") {
+            RestoreOutcome::Hit(h) => {
+                assert_eq!(h.digest, r.snapshot_digest, "{}", r.label);
+                assert_eq!(h.schema, r.schema, "{}", r.label);
+                let input = std::fs::read(set_dir().join(&r.snapshot_file)).expect("input");
+                assert_eq!(h.snapshot.encoded(), &input[..], "{}: bit-exact", r.label);
+            }
+            RestoreOutcome::Miss(m) => panic!("{}: fixture restore missed: {m}", r.label),
+        }
+        if r.keyed {
+            let miss = plain_keyed_check(&keyed, &plain, &id, r.context).await;
+            assert!(miss, "{}: keyed roots verify only with the key", r.label);
+        }
+    }
+}
+
+/// A keyed root restores with the key; a store opened with another key
+/// refuses it as unauthenticated.
+async fn plain_keyed_check(keyed: &Store, _plain: &Store, id: &CacheIdentity, ctx: ContextDigest) -> bool {
+    let wrong = Store::from_backend(
+        deltapack::store::Backend { store: keyed.object_store().clone(), kind: keyed.backend_kind().clone() },
+        StoreConfig { mac_secret: Some(b"another key".to_vec()), ..Default::default() },
+    )
+    .expect("store");
+    matches!(
+        wrong.restore(id, ctx).await.expect("restore"),
+        RestoreOutcome::Miss(deltapack::store::MissReason::Unauthenticated { .. })
+    )
+}
+
+/// Writes the fixture set. Run once, by hand, when a new set is introduced:
+/// `DELTAPACK_WRITE_FIXTURES=1 cargo test --test backward_compatibility -- --ignored`.
+/// Refuses to overwrite an existing set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "writes fixtures; run by hand only when adding a new fixture set"]
+async fn write_fixture_set() {
+    if std::env::var("DELTAPACK_WRITE_FIXTURES").as_deref() != Ok("1") {
+        return;
+    }
+    let dir = set_dir();
+    assert!(!dir.exists(), "fixture set {SET} exists and is frozen; add a new set instead");
+    std::fs::create_dir_all(dir.join("inputs")).expect("mkdir");
+    let url = format!("file://{}", dir.join("store").display());
+    let m = 4096;
+    let base = turn(2026, 1024);
+    let result = turn(2026, 4096);
+    std::fs::write(dir.join("inputs/base-1024.snapshot"), base.encoded()).expect("w");
+    std::fs::write(dir.join("inputs/result-4096.snapshot"), result.encoded()).expect("w");
+    std::fs::write(
+        dir.join("inputs/tokens-4096.u32le"),
+        deltapack::format::context::tokens_to_le_bytes(&deltapack::format::synth::tokens(2026, 4096)),
+    )
+    .expect("w");
+    let variants: [(&str, RootFormat, Option<i32>, bool); 4] = [
+        ("v2-raw", RootFormat::V2, None, false),
+        ("v1", RootFormat::V1, None, false),
+        ("v2-zstd", RootFormat::V2, Some(3), false),
+        ("v2-keyed", RootFormat::V2, None, true),
+    ];
+    let mut roots = Vec::new();
+    for (label, format, compression, keyed) in variants {
+        let id = identity(&format!("fixture-{label}"));
+        let id_file = format!("inputs/identity-{label}.json");
+        std::fs::write(dir.join(&id_file), id.to_json_pretty()).expect("w");
+        let cfg = StoreConfig {
+            max_extent_bytes: m,
+            compression,
+            mac_secret: keyed.then(|| FIXTURE_SECRET.to_vec()),
+            ..Default::default()
+        };
+        let store = Store::open(&url, cfg).expect("open");
+        let (cb, cr) = (ctx(&id, 2026, 1024), ctx(&id, 2026, 4096));
+        publish_base(&store, &id, cb, base.clone(), format).await;
+        publish_delta(&store, &id, cr, result.clone(), cb, base.clone(), format).await;
+        let schema = match format {
+            RootFormat::V2 => root::SCHEMA_V2,
+            RootFormat::V1 => root::SCHEMA_V1,
+        };
+        for (suffix, c, file, snap) in [
+            ("base", cb, "inputs/base-1024.snapshot", &base),
+            ("delta", cr, "inputs/result-4096.snapshot", &result),
+        ] {
+            roots.push(ExpectedRoot {
+                label: format!("{label}-{suffix}"),
+                identity_file: id_file.clone(),
+                namespace: id.namespace(),
+                context: c,
+                schema: schema.into(),
+                keyed,
+                snapshot_file: file.into(),
+                snapshot_digest: snap.digest(),
+            });
+        }
+    }
+    let exp = Expected {
+        description: "Tiny synthetic conversation (seed 2026): base at 1024 tokens, result at 4096 tokens, \
+                      published as base + page-tail-cow-v1 delta in four namespaces: v2 raw extents, legacy v1 \
+                      chunks, v2 zstd extents, v2 with keyed root MAC. M = 4096 bytes."
+            .into(),
+        max_extent_bytes: m,
+        roots,
+    };
+    std::fs::write(dir.join("expected.json"), serde_json::to_string_pretty(&exp).expect("json")).expect("w");
+    let _: Snapshot = (*base).clone();
+    println!("fixture set digest: {}", set_digest(&dir));
+}

@@ -245,10 +245,18 @@ fn check_common(
     counts: &[u64],
     result_len: u64,
     base: &Option<BaseRef>,
+    result_digest: &Digest,
+    payload_digest: &Digest,
 ) -> Result<()> {
     let bad = |m: String| Err(Error::Root(m));
     if chunk_tokens == 0 {
         return bad("logical_chunk_tokens is zero".into());
+    }
+    if result_digest.algorithm() != Algorithm::Blake3
+        || payload_digest.algorithm() != Algorithm::Blake3
+        || base.is_some_and(|b| b.snapshot_digest.algorithm() != Algorithm::Blake3)
+    {
+        return bad("snapshot and payload digests must be BLAKE3".into());
     }
     if boundary == 0 || boundary % u64::from(chunk_tokens) != 0 {
         return bad(format!(
@@ -303,6 +311,8 @@ impl ManifestV2 {
             &self.block_counts,
             self.result_snapshot_len,
             &self.base,
+            &self.result_snapshot_digest,
+            &self.payload_digest,
         )?;
         if self.kind == RootKind::Snapshot
             && (self.payload_len != self.result_snapshot_len
@@ -379,6 +389,8 @@ impl ManifestV1 {
             &self.block_counts,
             self.result_snapshot_len,
             &self.base,
+            &self.result_snapshot_digest,
+            &self.payload_digest,
         )?;
         if self.kind == RootKind::Snapshot
             && (self.payload_len != self.result_snapshot_len

@@ -25,6 +25,7 @@ pub mod backend;
 pub mod error;
 pub mod keys;
 pub mod publish;
+mod reassembly;
 pub mod restore;
 pub mod stats;
 pub mod store;

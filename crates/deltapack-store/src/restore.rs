@@ -37,8 +37,10 @@ use object_store::path::Path;
 use object_store::ObjectStoreExt;
 use serde::Serialize;
 
+use crate::backend::BackendKind;
 use crate::error::{MissReason, Result, StoreError};
 use crate::keys;
+use crate::reassembly;
 use crate::stats::Stats;
 use crate::store::{RootStatus, Store};
 
@@ -284,56 +286,137 @@ impl Store {
                 }
             }
         };
-        let (payload, schema) = match &root {
-            DecodedRoot::V2(m) => (self.fetch_v2(m).await?, deltapack_format::SCHEMA_V2),
-            DecodedRoot::V1(m) => (self.fetch_v1(m).await?, deltapack_format::SCHEMA_V1),
+        let want = summary.result_snapshot_digest;
+        let base_pair = match (base, summary.base) {
+            (Some(s), Some(b)) => Some((s, b.snapshot_digest)),
+            _ => None,
+        };
+        let built: std::result::Result<Snapshot, MissReason> = match &root {
+            DecodedRoot::V2(m) => match self.restore_v2(m, base_pair).await? {
+                Ok(s) => Ok(s),
+                Err(reason) => return Ok(RestoreOutcome::Miss(reason)),
+            },
+            DecodedRoot::V1(m) => {
+                let payload = match self.fetch_v1(m).await? {
+                    Ok(p) => p,
+                    Err(reason) => return Ok(RestoreOutcome::Miss(reason)),
+                };
+                let base = base_pair.map(|(s, _)| s);
+                tokio::task::spawn_blocking(move || -> std::result::Result<Snapshot, String> {
+                    match base {
+                        None => Snapshot::from_encoded(payload).map_err(|e| e.to_string()),
+                        Some(base) => {
+                            // The delta header must name the same result as the
+                            // root; `apply` then verifies the rebuilt bytes.
+                            let (h, _) = deltapack_format::delta::decode_header(&payload)
+                                .map_err(|e| e.to_string())?;
+                            if h.result_digest != want {
+                                return Err(format!(
+                                    "delta names result {}, the root {want}",
+                                    h.result_digest
+                                ));
+                            }
+                            PageDelta::apply(&base, &payload).map_err(|e| e.to_string())
+                        }
+                    }
+                })
+                .await
+                .map_err(|e| StoreError::Internal(format!("reconstruction task: {e}")))?
+                .map_err(|e| MissReason::Corrupt {
+                    what: format!("reconstruction of {ns}/{ctx} failed verification: {e}"),
+                })
+            }
             DecodedRoot::Incompatible { reason } => {
                 return Ok(RestoreOutcome::Miss(MissReason::Incompatible {
                     detail: reason.clone(),
                 }))
             }
         };
-        let payload = match payload {
-            Ok(p) => p,
-            Err(reason) => return Ok(RestoreOutcome::Miss(reason)),
+        let schema = match &root {
+            DecodedRoot::V1(_) => deltapack_format::SCHEMA_V1,
+            _ => deltapack_format::SCHEMA_V2,
         };
-        let want = summary.result_snapshot_digest;
-        let built =
-            tokio::task::spawn_blocking(move || -> std::result::Result<Snapshot, String> {
-                match base {
-                    None => Snapshot::from_encoded(payload).map_err(|e| e.to_string()),
-                    Some(base) => {
-                        // The delta header must name the same result as the root;
-                        // `apply` then verifies the rebuilt bytes against it.
-                        let (h, _) = deltapack_format::delta::decode_header(&payload)
-                            .map_err(|e| e.to_string())?;
-                        if h.result_digest != want {
-                            return Err(format!(
-                                "delta names result {}, the root {want}",
-                                h.result_digest
-                            ));
-                        }
-                        PageDelta::apply(&base, &payload).map_err(|e| e.to_string())
-                    }
-                }
+        match built {
+            Ok(snapshot) => Ok(RestoreOutcome::Hit(Restored {
+                snapshot: Arc::new(snapshot),
+                digest: want,
+                schema,
+            })),
+            Err(reason) => Ok(RestoreOutcome::Miss(reason)),
+        }
+    }
+
+    /// v2: stream verified extents into the result buffer (local disk: the
+    /// fused parallel loop; other backends: fetched through object_store).
+    async fn restore_v2(
+        &self,
+        m: &ManifestV2,
+        base: Option<(Arc<Snapshot>, Digest)>,
+    ) -> Result<std::result::Result<Snapshot, MissReason>> {
+        if let BackendKind::Local { root } = self.backend_kind() {
+            let (root, m2) = (root.clone(), m.clone());
+            let threads = std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+                .min(RESTORE_IN_FLIGHT);
+            let r = tokio::task::spawn_blocking(move || {
+                reassembly::local_restore(&root, &m2, base, threads)
             })
             .await
-            .map_err(|e| StoreError::Internal(format!("reconstruction task: {e}")))?;
-        match built {
-            Ok(snapshot) => {
-                // For a snapshot root the payload digest *is* the result
-                // digest (checked when the manifest was validated and the
-                // payload verified); a delta was verified by `apply`.
-                Ok(RestoreOutcome::Hit(Restored {
-                    snapshot: Arc::new(snapshot),
-                    digest: want,
-                    schema,
-                }))
-            }
-            Err(e) => Ok(corrupt(format!(
-                "reconstruction of {ns}/{ctx} failed verification: {e}"
-            ))),
+            .map_err(|e| StoreError::Internal(format!("local restore task: {e}")))?;
+            return Ok(match r {
+                Ok(s) => {
+                    Stats::add(&self.stats_ref().objects_read, m.extents.len() as u64);
+                    Stats::add(
+                        &self.stats_ref().bytes_read,
+                        m.extents.iter().map(|e| e.stored_len).sum(),
+                    );
+                    Ok(s)
+                }
+                Err(d) => {
+                    if let (Some(key), false) = (&d.key, d.missing) {
+                        self.quarantine(key).await;
+                    }
+                    Err(MissReason::Corrupt { what: d.what })
+                }
+            });
         }
+        let plan = ExtentPlan::new(m.payload_len, m.max_extent_bytes)?;
+        let mut st = match reassembly::Streaming::new(m, base) {
+            Ok(s) => s,
+            Err(what) => return Ok(Err(MissReason::Corrupt { what })),
+        };
+        let mut names = Vec::with_capacity(m.extents.len());
+        {
+            let mut stream = futures::stream::iter(m.extents.iter().copied().enumerate())
+                .map(|(i, e)| {
+                    let key = keys::object_key(&e.object_digest());
+                    self.fetch_verified(key, e.stored_len, move |b| {
+                        verify_extent(&plan, i as u64, &e, b)
+                    })
+                    .map(move |r| r.map(|r| (e, r)))
+                })
+                .buffered(RESTORE_IN_FLIGHT);
+            while let Some(item) = stream.next().await {
+                let (e, r) = item?;
+                match r {
+                    Ok(raw) => {
+                        if let Err(what) = st.push(m, e, raw) {
+                            return Ok(Err(MissReason::Corrupt { what }));
+                        }
+                        names.push(e.raw_digest);
+                    }
+                    Err(Damage::Missing(what)) | Err(Damage::Corrupt(what)) => {
+                        return Ok(Err(MissReason::Corrupt { what }));
+                    }
+                }
+            }
+        }
+        let pd = m.payload_digest;
+        let out = tokio::task::spawn_blocking(move || st.finish(&names, &pd))
+            .await
+            .map_err(|e| StoreError::Internal(format!("finish task: {e}")))?;
+        Ok(out.map_err(|what| MissReason::Corrupt { what }))
     }
 
     /// Restores (or takes from cache) a base and checks its digest.
@@ -418,43 +501,6 @@ impl Store {
         }
     }
 
-    async fn fetch_v2(&self, m: &ManifestV2) -> Result<std::result::Result<Vec<u8>, MissReason>> {
-        let plan = ExtentPlan::new(m.payload_len, m.max_extent_bytes)?;
-        let mut payload = alloc(m.payload_len)?;
-        let mut names = Vec::with_capacity(m.extents.len());
-        let mut stream = futures::stream::iter(m.extents.iter().copied().enumerate())
-            .map(|(i, e)| {
-                let key = keys::object_key(&e.object_digest());
-                self.fetch_verified(key, e.stored_len, move |b| {
-                    verify_extent(&plan, i as u64, &e, b)
-                })
-                .map(move |r| r.map(|r| (e, r)))
-            })
-            .buffered(RESTORE_IN_FLIGHT);
-        while let Some(item) = stream.next().await {
-            let (e, r) = item?;
-            match r {
-                Ok(raw) => {
-                    payload[e.offset as usize..(e.offset + e.raw_len) as usize]
-                        .copy_from_slice(&raw);
-                    names.push(e.raw_digest);
-                }
-                Err(Damage::Missing(what)) | Err(Damage::Corrupt(what)) => {
-                    return Ok(Err(MissReason::Corrupt { what }));
-                }
-            }
-        }
-        // Every name was verified against its bytes; merging them proves the
-        // payload digest with no second pass over the data.
-        let merged = plan.merge(&names)?;
-        if merged != m.payload_digest {
-            return Ok(Err(MissReason::Corrupt {
-                what: format!("payload digest {merged} != {}", m.payload_digest),
-            }));
-        }
-        Ok(Ok(payload))
-    }
-
     async fn fetch_v1(&self, m: &ManifestV1) -> Result<std::result::Result<Vec<u8>, MissReason>> {
         let mut payload = alloc(m.payload_len)?;
         let ranges = deltapack_format::root::v1_chunk_ranges(m.payload_len, m.chunks.len() as u64);
@@ -495,10 +541,6 @@ impl Store {
         }
         Ok(Ok(payload))
     }
-}
-
-fn corrupt(what: String) -> RestoreOutcome {
-    RestoreOutcome::Miss(MissReason::Corrupt { what })
 }
 
 fn alloc(len: u64) -> Result<Vec<u8>> {

@@ -11,7 +11,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use deltapack::format::{root, CacheIdentity, ContextDigest, DecodedRoot, Digest, Namespace, Snapshot};
+use deltapack::format::{
+    root, CacheIdentity, ContextDigest, DecodedRoot, Digest, Namespace, Snapshot,
+};
 use deltapack::store::{RestoreOutcome, RootFormat, Store, StoreConfig};
 use serde::{Deserialize, Serialize};
 
@@ -41,11 +43,16 @@ struct ExpectedRoot {
 }
 
 fn set_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(SET)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(SET)
 }
 
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir).expect("read_dir").map(|e| e.expect("entry").path()).collect();
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .expect("read_dir")
+        .map(|e| e.expect("entry").path())
+        .collect();
     entries.sort();
     for p in entries {
         if p.is_dir() {
@@ -61,7 +68,11 @@ fn set_digest(dir: &Path) -> String {
     walk(dir, &mut files);
     let mut h = blake3::Hasher::new();
     for f in files {
-        let rel = f.strip_prefix(dir).expect("prefix").to_string_lossy().replace('\\', "/");
+        let rel = f
+            .strip_prefix(dir)
+            .expect("prefix")
+            .to_string_lossy()
+            .replace('\\', "/");
         h.update(rel.as_bytes());
         h.update(&[0]);
         h.update(blake3::hash(&std::fs::read(&f).expect("read")).as_bytes());
@@ -80,13 +91,18 @@ fn copy_tree(from: &Path, to: &Path) {
 }
 
 fn expected() -> Expected {
-    serde_json::from_slice(&std::fs::read(set_dir().join("expected.json")).expect("expected.json")).expect("json")
+    serde_json::from_slice(&std::fs::read(set_dir().join("expected.json")).expect("expected.json"))
+        .expect("json")
 }
 
 #[test]
 fn fixture_files_are_frozen() {
     assert!(set_dir().exists(), "fixture set {SET} is missing");
-    assert_eq!(set_digest(&set_dir()), PINNED_SET_DIGEST, "a file under fixtures/{SET} changed");
+    assert_eq!(
+        set_digest(&set_dir()),
+        PINNED_SET_DIGEST,
+        "a file under fixtures/{SET} changed"
+    );
 }
 
 #[test]
@@ -107,7 +123,10 @@ fn every_fixture_root_decodes_and_reencodes_byte_identically() {
         *schemas.entry(s.schema).or_insert(0) += 1;
         assert!(matches!(decoded, DecodedRoot::V1(_) | DecodedRoot::V2(_)));
     }
-    assert!(schemas.contains_key(root::SCHEMA_V1) && schemas.contains_key(root::SCHEMA_V2), "{schemas:?}");
+    assert!(
+        schemas.contains_key(root::SCHEMA_V1) && schemas.contains_key(root::SCHEMA_V2),
+        "{schemas:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -118,11 +137,24 @@ async fn every_fixture_context_restores_to_its_recorded_digest() {
     copy_tree(&set_dir().join("store"), tmp.path());
     let url = format!("file://{}", tmp.path().display());
     let plain = Store::open(&url, StoreConfig::default()).expect("open");
-    let keyed =
-        Store::open(&url, StoreConfig { mac_secret: Some(FIXTURE_SECRET.to_vec()), ..Default::default() }).expect("open");
+    let keyed = Store::open(
+        &url,
+        StoreConfig {
+            mac_secret: Some(FIXTURE_SECRET.to_vec()),
+            ..Default::default()
+        },
+    )
+    .expect("open");
     for r in &exp.roots {
-        let id = CacheIdentity::from_json(&std::fs::read(set_dir().join(&r.identity_file)).expect("id")).expect("id");
-        assert_eq!(id.namespace(), r.namespace, "{}: namespace derivation is frozen", r.label);
+        let id =
+            CacheIdentity::from_json(&std::fs::read(set_dir().join(&r.identity_file)).expect("id"))
+                .expect("id");
+        assert_eq!(
+            id.namespace(),
+            r.namespace,
+            "{}: namespace derivation is frozen",
+            r.label
+        );
         let store = if r.keyed { &keyed } else { &plain };
         match store.restore(&id, r.context).await.expect("restore") {
             RestoreOutcome::Hit(h) => {
@@ -142,10 +174,21 @@ async fn every_fixture_context_restores_to_its_recorded_digest() {
 
 /// A keyed root restores with the key; a store opened with another key
 /// refuses it as unauthenticated.
-async fn plain_keyed_check(keyed: &Store, _plain: &Store, id: &CacheIdentity, ctx: ContextDigest) -> bool {
+async fn plain_keyed_check(
+    keyed: &Store,
+    _plain: &Store,
+    id: &CacheIdentity,
+    ctx: ContextDigest,
+) -> bool {
     let wrong = Store::from_backend(
-        deltapack::store::Backend { store: keyed.object_store().clone(), kind: keyed.backend_kind().clone() },
-        StoreConfig { mac_secret: Some(b"another key".to_vec()), ..Default::default() },
+        deltapack::store::Backend {
+            store: keyed.object_store().clone(),
+            kind: keyed.backend_kind().clone(),
+        },
+        StoreConfig {
+            mac_secret: Some(b"another key".to_vec()),
+            ..Default::default()
+        },
     )
     .expect("store");
     matches!(
@@ -164,7 +207,10 @@ async fn write_fixture_set() {
         return;
     }
     let dir = set_dir();
-    assert!(!dir.exists(), "fixture set {SET} exists and is frozen; add a new set instead");
+    assert!(
+        !dir.exists(),
+        "fixture set {SET} exists and is frozen; add a new set instead"
+    );
     std::fs::create_dir_all(dir.join("inputs")).expect("mkdir");
     let url = format!("file://{}", dir.join("store").display());
     let m = 4096;
@@ -174,7 +220,9 @@ async fn write_fixture_set() {
     std::fs::write(dir.join("inputs/result-4096.snapshot"), result.encoded()).expect("w");
     std::fs::write(
         dir.join("inputs/tokens-4096.u32le"),
-        deltapack::format::context::tokens_to_le_bytes(&deltapack::format::synth::tokens(2026, 4096)),
+        deltapack::format::context::tokens_to_le_bytes(&deltapack::format::synth::tokens(
+            2026, 4096,
+        )),
     )
     .expect("w");
     let variants: [(&str, RootFormat, Option<i32>, bool); 4] = [
@@ -226,7 +274,11 @@ async fn write_fixture_set() {
         max_extent_bytes: m,
         roots,
     };
-    std::fs::write(dir.join("expected.json"), serde_json::to_string_pretty(&exp).expect("json")).expect("w");
+    std::fs::write(
+        dir.join("expected.json"),
+        serde_json::to_string_pretty(&exp).expect("json"),
+    )
+    .expect("w");
     let _: Snapshot = (*base).clone();
     println!("fixture set digest: {}", set_digest(&dir));
 }

@@ -17,7 +17,9 @@
 //!
 //! **Crash leftovers.** A crash mid-write on local disk can leave a staging
 //! file (`<key>#<n>`). Object keys never contain `#`, so [`open`] removes
-//! such files before the store is used.
+//! such files once they are older than [`STAGING_ABANDONED_AFTER`] (another
+//! process may be writing a younger one right now); the sweep removes them
+//! after its grace period.
 
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
@@ -31,6 +33,9 @@ use object_store::prefix::PrefixStore;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
 
 use crate::error::{OpenError, Result, StoreError};
+
+/// A staging file untouched for this long belongs to a crashed writer.
+pub const STAGING_ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// What kind of backend a store runs on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -166,7 +171,7 @@ fn open_local(path: &FsPath) -> Result<Backend, OpenError> {
     };
     std::fs::create_dir_all(path).map_err(local_err)?;
     let root = std::fs::canonicalize(path).map_err(local_err)?;
-    remove_staging_files(&root).map_err(local_err)?;
+    remove_staging_files(&root, STAGING_ABANDONED_AFTER).map_err(local_err)?;
     let fs = LocalFileSystem::new_with_prefix(&root)?
         .with_fsync(true)
         .with_automatic_cleanup(true);
@@ -184,8 +189,10 @@ fn is_staging_name(name: &str) -> bool {
     }
 }
 
-/// Removes staging files a crash left behind. Returns how many were removed.
-pub fn remove_staging_files(root: &FsPath) -> std::io::Result<usize> {
+/// Removes staging files a crash left behind that are older than `min_age`.
+/// Returns how many were removed.
+pub fn remove_staging_files(root: &FsPath, min_age: std::time::Duration) -> std::io::Result<usize> {
+    let now = std::time::SystemTime::now();
     let mut removed = 0;
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
@@ -200,6 +207,14 @@ pub fn remove_staging_files(root: &FsPath) -> std::io::Result<usize> {
             if ft.is_dir() {
                 stack.push(entry.path());
             } else if ft.is_file() && entry.file_name().to_str().is_some_and(is_staging_name) {
+                let age = entry
+                    .metadata()?
+                    .modified()
+                    .ok()
+                    .and_then(|m| now.duration_since(m).ok());
+                if age.unwrap_or_default() < min_age {
+                    continue;
+                }
                 tracing::info!(path = %entry.path().display(), "removing orphaned staging file");
                 std::fs::remove_file(entry.path())?;
                 removed += 1;

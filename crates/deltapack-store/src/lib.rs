@@ -29,6 +29,7 @@ mod reassembly;
 pub mod restore;
 pub mod stats;
 pub mod store;
+pub mod sweep;
 
 pub use backend::{Backend, BackendKind};
 pub use error::{MissReason, OpenError, Result, StoreError};
@@ -36,3 +37,4 @@ pub use publish::{BaseInput, PublishOutcome, PublishReceipt, PublishRequest, Roo
 pub use restore::{RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored};
 pub use stats::StatsSnapshot;
 pub use store::{RootInfo, RootStatus, Store, StoreConfig};
+pub use sweep::{SweepOptions, SweepReport};

@@ -1,0 +1,343 @@
+//! The integrity sweep: verify what roots reference, reclaim what nothing
+//! references.
+//!
+//! 1. Read every root (corrupt roots are quarantined by `read_root`).
+//! 2. Collect every object a readable root references, with what is needed
+//!    to verify it on its own: v2 extents by their BLAKE3 subtree name (zstd:
+//!    stored digest first, then bounded decompression), v1 chunks by SHA-256.
+//! 3. List the objects. A referenced object that is absent is *missing*; one
+//!    that fails verification is *corrupt* and is quarantined. Every root
+//!    referencing a missing or corrupt object is invalidated (its root object
+//!    is moved to quarantine), and so — transitively — is every delta whose
+//!    base was invalidated, so no delta outlives its base.
+//! 4. Objects referenced by no root whose last modification is older than
+//!    the grace period are deleted (two-phase deletion relies on that grace:
+//!    a publisher on another process may be about to reference a fresh
+//!    object); on local disk, staging files older than the grace are removed.
+//!
+//! The sweep can be budgeted: `subset = (n, m)` verifies only objects whose
+//! first digest byte is ≡ n (mod m) — m runs with n = 0..m cover everything —
+//! and `bytes_per_second` paces verification. `dry_run` reports without
+//! changing anything.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant, SystemTime};
+
+use deltapack_format::{ContextDigest, DecodedRoot, Digest, ExtentCodec, ExtentPlan, Namespace};
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::ObjectStoreExt;
+use serde::Serialize;
+
+use crate::backend::{self, BackendKind};
+use crate::error::{MissReason, Result, StoreError};
+use crate::keys;
+use crate::store::{RootStatus, Store};
+
+/// Options of a sweep.
+#[derive(Debug, Clone, Default)]
+pub struct SweepOptions {
+    /// Unreferenced objects (and staging files) younger than this are kept.
+    pub grace: Duration,
+    /// Verify only objects whose first digest byte ≡ n (mod m).
+    pub subset: Option<(u8, u8)>,
+    /// Pace verification to at most this many bytes per second.
+    pub bytes_per_second: Option<u64>,
+    /// Report what would be done without doing it.
+    pub dry_run: bool,
+}
+
+/// What a sweep found and did.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Roots read.
+    pub roots: u64,
+    /// Roots that could not be used (corrupt, incompatible, unauthenticated).
+    pub unusable_roots: Vec<String>,
+    /// Objects verified.
+    pub checked: u64,
+    /// Bytes verified.
+    pub checked_bytes: u64,
+    /// Corrupt objects (keys).
+    pub corrupt: Vec<String>,
+    /// Referenced objects that do not exist (keys).
+    pub missing: Vec<String>,
+    /// Objects and roots moved to quarantine.
+    pub quarantined: u64,
+    /// Roots invalidated because something they need is gone or damaged.
+    pub invalidated_roots: Vec<String>,
+    /// Unreferenced objects deleted.
+    pub orphans_deleted: u64,
+    /// Unreferenced objects kept because they are younger than the grace.
+    pub orphans_in_grace: u64,
+    /// Bytes reclaimed by deleting orphans.
+    pub reclaimed_bytes: u64,
+    /// Staging files removed (local disk).
+    pub staging_removed: u64,
+    /// Whether this was a dry run.
+    pub dry_run: bool,
+}
+
+/// How to verify one object on its own.
+#[derive(Debug, Clone)]
+enum Check {
+    V2 {
+        plan: ExtentPlan,
+        index: u64,
+        entry: deltapack_format::ExtentEntry,
+    },
+    V1 {
+        digest: Digest,
+    },
+}
+
+struct Referenced {
+    stored_len: u64,
+    check: Check,
+    roots: BTreeSet<(Namespace, ContextDigest)>,
+}
+
+impl Store {
+    /// Runs an integrity sweep (see the module docs).
+    pub async fn sweep(&self, opts: &SweepOptions) -> Result<SweepReport> {
+        let mut report = SweepReport {
+            dry_run: opts.dry_run,
+            ..Default::default()
+        };
+        let quarantined_before = self.stats().quarantined;
+
+        // 1–2. Roots and what they reference.
+        let mut refs: HashMap<Path, Referenced> = HashMap::new();
+        let mut bases: BTreeMap<(Namespace, ContextDigest), (Namespace, ContextDigest)> =
+            BTreeMap::new();
+        let mut live: BTreeSet<(Namespace, ContextDigest)> = BTreeSet::new();
+        for (ns, ctx) in self.list_roots(None).await? {
+            report.roots += 1;
+            let root = match self.read_root_for_sweep(&ns, &ctx, opts.dry_run).await? {
+                RootStatus::Found(r) => *r,
+                RootStatus::Absent => continue,
+                RootStatus::Unusable(reason) => {
+                    report
+                        .unusable_roots
+                        .push(format!("{}: {reason}", keys::root_key(&ns, &ctx)));
+                    continue;
+                }
+            };
+            live.insert((ns, ctx));
+            let mut add = |key: Path, stored_len: u64, check: Check| {
+                refs.entry(key)
+                    .or_insert_with(|| Referenced {
+                        stored_len,
+                        check,
+                        roots: BTreeSet::new(),
+                    })
+                    .roots
+                    .insert((ns, ctx));
+            };
+            match &root {
+                DecodedRoot::V2(m) => {
+                    let plan = ExtentPlan::new(m.payload_len, m.max_extent_bytes)?;
+                    for (i, e) in m.extents.iter().enumerate() {
+                        add(
+                            keys::object_key(&e.object_digest()),
+                            e.stored_len,
+                            Check::V2 {
+                                plan,
+                                index: i as u64,
+                                entry: *e,
+                            },
+                        );
+                    }
+                    if let Some(b) = m.base {
+                        bases.insert((ns, ctx), (b.namespace, b.context));
+                    }
+                }
+                DecodedRoot::V1(m) => {
+                    for c in &m.chunks {
+                        add(
+                            keys::object_key(&c.digest),
+                            c.bytes,
+                            Check::V1 { digest: c.digest },
+                        );
+                    }
+                    if let Some(b) = m.base {
+                        bases.insert((ns, ctx), (b.namespace, b.context));
+                    }
+                }
+                DecodedRoot::Incompatible { .. } => {}
+            }
+        }
+
+        // 3. Objects: verify referenced ones, note orphans.
+        let listed: Vec<object_store::ObjectMeta> = self
+            .object_store()
+            .list(Some(&Path::from(keys::OBJECTS)))
+            .try_collect()
+            .await
+            .map_err(|e| StoreError::io(&Path::from(keys::OBJECTS), e))?;
+        let present: HashMap<Path, &object_store::ObjectMeta> =
+            listed.iter().map(|m| (m.location.clone(), m)).collect();
+        let mut bad_roots: BTreeSet<(Namespace, ContextDigest)> = BTreeSet::new();
+        let started = Instant::now();
+        let mut keys_sorted: Vec<&Path> = refs.keys().collect();
+        keys_sorted.sort();
+        for key in keys_sorted {
+            let r = &refs[key];
+            if !present.contains_key(key) {
+                report.missing.push(key.to_string());
+                bad_roots.extend(r.roots.iter().copied());
+                continue;
+            }
+            if let (Some((n, m)), Some(d)) = (opts.subset, keys::parse_object_key(key)) {
+                if m > 0 && d.as_bytes()[0] % m != n % m {
+                    continue;
+                }
+            }
+            let ok = self.verify_object(key, r).await?;
+            report.checked += 1;
+            report.checked_bytes += r.stored_len;
+            if !ok {
+                report.corrupt.push(key.to_string());
+                bad_roots.extend(r.roots.iter().copied());
+                if !opts.dry_run {
+                    self.quarantine(key).await;
+                }
+            }
+            if let Some(rate) = opts.bytes_per_second.filter(|r| *r > 0) {
+                let due = Duration::from_secs_f64(report.checked_bytes as f64 / rate as f64);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+
+        // Invalidate damaged roots and, transitively, deltas over them.
+        let mut changed = true;
+        while changed {
+            changed = false;
+            for (child, base) in &bases {
+                if live.contains(child)
+                    && !bad_roots.contains(child)
+                    && (bad_roots.contains(base) || !live.contains(base))
+                {
+                    bad_roots.insert(*child);
+                    changed = true;
+                }
+            }
+        }
+        for (ns, ctx) in &bad_roots {
+            let key = keys::root_key(ns, ctx);
+            report.invalidated_roots.push(key.to_string());
+            if !opts.dry_run {
+                self.quarantine(&key).await;
+            }
+        }
+
+        // 4. Orphans past the grace period, and old staging files.
+        let now = SystemTime::now();
+        for meta in &listed {
+            if refs.contains_key(&meta.location) {
+                continue;
+            }
+            let age = now
+                .duration_since(meta.last_modified.into())
+                .unwrap_or(Duration::ZERO);
+            if age < opts.grace {
+                report.orphans_in_grace += 1;
+                continue;
+            }
+            if !opts.dry_run {
+                match self.object_store().delete(&meta.location).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(StoreError::io(&meta.location, e)),
+                }
+            }
+            report.orphans_deleted += 1;
+            report.reclaimed_bytes += meta.size;
+        }
+        if let BackendKind::Local { root } = self.backend_kind() {
+            if !opts.dry_run {
+                report.staging_removed =
+                    backend::remove_staging_files(root, opts.grace).map_err(|e| {
+                        StoreError::Invalid(format!("staging cleanup in {}: {e}", root.display()))
+                    })? as u64;
+            }
+        }
+        report.quarantined = self.stats().quarantined - quarantined_before;
+        tracing::info!(
+            roots = report.roots,
+            checked = report.checked,
+            corrupt = report.corrupt.len(),
+            missing = report.missing.len(),
+            orphans_deleted = report.orphans_deleted,
+            "sweep finished"
+        );
+        Ok(report)
+    }
+
+    async fn read_root_for_sweep(
+        &self,
+        ns: &Namespace,
+        ctx: &ContextDigest,
+        dry_run: bool,
+    ) -> Result<RootStatus> {
+        if !dry_run {
+            return self.read_root(ns, ctx).await;
+        }
+        // A dry run must not quarantine: decode without side effects.
+        let key = keys::root_key(ns, ctx);
+        let bytes = match self.object_store().get(&key).await {
+            Ok(g) if g.meta.size <= crate::store::MAX_ROOT_OBJECT => {
+                g.bytes().await.map_err(|e| StoreError::io(&key, e))?
+            }
+            Ok(_) => {
+                return Ok(RootStatus::Unusable(MissReason::Corrupt {
+                    what: format!("root {key} too large"),
+                }))
+            }
+            Err(object_store::Error::NotFound { .. }) => return Ok(RootStatus::Absent),
+            Err(e) => return Err(StoreError::io(&key, e)),
+        };
+        Ok(
+            match deltapack_format::root::decode(&bytes, self.inner.mac_key.as_ref()) {
+                Ok(DecodedRoot::Incompatible { reason }) => {
+                    RootStatus::Unusable(MissReason::Incompatible { detail: reason })
+                }
+                Ok(d) => match d.summary() {
+                    Some(s) if s.namespace == *ns && s.context == *ctx => {
+                        RootStatus::Found(Box::new(d))
+                    }
+                    _ => RootStatus::Unusable(MissReason::Corrupt {
+                        what: format!("root {key} names another key"),
+                    }),
+                },
+                Err(e) => RootStatus::Unusable(MissReason::Corrupt {
+                    what: format!("root {key}: {e}"),
+                }),
+            },
+        )
+    }
+
+    async fn verify_object(&self, key: &Path, r: &Referenced) -> Result<bool> {
+        let bytes = match self.fetch_exact(key, r.stored_len).await? {
+            Ok(b) => b,
+            Err(_) => return Ok(false),
+        };
+        let check = r.check.clone();
+        tokio::task::spawn_blocking(move || match check {
+            Check::V1 { digest } => Digest::sha256(&bytes) == digest,
+            Check::V2 { plan, index, entry } => {
+                let name = match entry.codec {
+                    ExtentCodec::Raw => plan.name(index, &bytes, false),
+                    ExtentCodec::Zstd => match crate::reassembly::verify_zstd(&entry, &bytes) {
+                        Ok(raw) => plan.name(index, &raw, false),
+                        Err(_) => return false,
+                    },
+                };
+                name.map(|n| n == entry.raw_digest).unwrap_or(false)
+            }
+        })
+        .await
+        .map_err(|e| StoreError::Internal(format!("verify task: {e}")))
+    }
+}

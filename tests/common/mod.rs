@@ -2,6 +2,7 @@
 //! conversations, and an instrumented `ObjectStore` wrapper.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod faults;
 pub mod instrumented;
 
 use std::sync::Arc;

@@ -1,0 +1,166 @@
+//! A fault-injecting `ObjectStore`: forwards every trait method to a real
+//! backend, and can fail the Nth operation, fail a fraction of operations,
+//! add latency, return truncated or bit-flipped bodies, or "crash" — refuse
+//! every operation after the Nth, as if the process had died there.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+};
+
+/// What to inject.
+#[derive(Debug, Clone, Default)]
+pub struct FaultPlan {
+    /// Fail exactly this operation (1-based).
+    pub fail_nth: Option<u64>,
+    /// After this many operations, every further operation fails.
+    pub crash_after: Option<u64>,
+    /// Fail this fraction of operations (deterministic from `seed`).
+    pub fail_fraction: f64,
+    /// Added to every operation.
+    pub latency: Duration,
+    /// Truncate GET bodies by one byte.
+    pub truncate_bodies: bool,
+    /// Flip one bit in GET bodies of objects.
+    pub flip_bodies: bool,
+    /// Seed for `fail_fraction`.
+    pub seed: u64,
+}
+
+/// The wrapper.
+#[derive(Debug)]
+pub struct Faulty {
+    inner: Arc<dyn ObjectStore>,
+    plan: Mutex<FaultPlan>,
+    ops: AtomicU64,
+    injected: AtomicU64,
+}
+
+impl fmt::Display for Faulty {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Faulty({})", self.inner)
+    }
+}
+
+fn injected(op: &str, n: u64) -> object_store::Error {
+    object_store::Error::Generic { store: "faulty", source: format!("injected fault in {op} (operation {n})").into() }
+}
+
+impl Faulty {
+    pub fn new(inner: Arc<dyn ObjectStore>, plan: FaultPlan) -> Self {
+        Faulty { inner, plan: Mutex::new(plan), ops: AtomicU64::new(0), injected: AtomicU64::new(0) }
+    }
+
+    /// Operations seen so far.
+    pub fn ops(&self) -> u64 {
+        self.ops.load(Ordering::SeqCst)
+    }
+
+    /// Faults injected so far.
+    pub fn injected(&self) -> u64 {
+        self.injected.load(Ordering::SeqCst)
+    }
+
+    fn plan(&self) -> FaultPlan {
+        self.plan.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+
+    /// Counts an operation and decides whether it fails.
+    async fn gate(&self, op: &str) -> Result<()> {
+        let n = self.ops.fetch_add(1, Ordering::SeqCst) + 1;
+        let plan = self.plan();
+        if !plan.latency.is_zero() {
+            tokio::time::sleep(plan.latency).await;
+        }
+        let crash = plan.crash_after.is_some_and(|c| n > c);
+        let nth = plan.fail_nth == Some(n);
+        let frac = plan.fail_fraction > 0.0 && {
+            let mut z = plan.seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            ((z ^ (z >> 31)) as f64 / u64::MAX as f64) < plan.fail_fraction
+        };
+        if crash || nth || frac {
+            self.injected.fetch_add(1, Ordering::SeqCst);
+            return Err(injected(op, n));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for Faulty {
+    async fn put_opts(&self, location: &Path, payload: PutPayload, opts: PutOptions) -> Result<PutResult> {
+        self.gate("put").await?;
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(&self, location: &Path, opts: PutMultipartOptions) -> Result<Box<dyn MultipartUpload>> {
+        self.gate("put_multipart").await?;
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        self.gate("get").await?;
+        let r = self.inner.get_opts(location, options).await?;
+        let plan = self.plan();
+        if !(plan.truncate_bodies || plan.flip_bodies) || !location.as_ref().starts_with("objects/") {
+            return Ok(r);
+        }
+        let (meta, range, attributes, extensions) = (r.meta.clone(), r.range.clone(), r.attributes.clone(), r.extensions.clone());
+        let mut b = r.bytes().await?.to_vec();
+        if plan.truncate_bodies {
+            b.pop();
+        }
+        if plan.flip_bodies && !b.is_empty() {
+            let i = b.len() / 3;
+            b[i] ^= 0x04;
+        }
+        self.injected.fetch_add(1, Ordering::SeqCst);
+        let body = Bytes::from(b);
+        Ok(GetResult {
+            payload: GetResultPayload::Stream(futures::stream::once(async move { Ok(body) }).boxed()),
+            meta,
+            range,
+            attributes,
+            extensions,
+        })
+    }
+
+    fn delete_stream(&self, locations: BoxStream<'static, Result<Path>>) -> BoxStream<'static, Result<Path>> {
+        let crashed = self.plan().crash_after.is_some_and(|c| self.ops() >= c);
+        self.ops.fetch_add(1, Ordering::SeqCst);
+        if crashed {
+            return futures::stream::once(async { Err(injected("delete", 0)) }).boxed();
+        }
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
+        let crashed = self.plan().crash_after.is_some_and(|c| self.ops() >= c);
+        self.ops.fetch_add(1, Ordering::SeqCst);
+        if crashed {
+            return futures::stream::once(async { Err(injected("list", 0)) }).boxed();
+        }
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
+        self.gate("list_with_delimiter").await?;
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
+        self.gate("copy").await?;
+        self.inner.copy_opts(from, to, options).await
+    }
+}

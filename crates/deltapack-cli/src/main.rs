@@ -1,1 +1,164 @@
-fn main() {}
+//! `deltapack` — the command-line tool of the deltapack store.
+//!
+//! Commands: `identity`, `synth`, `publish`, `restore`, `inspect`, `demo`
+//! (see `deltapack --help`).
+//!
+//! Exit codes: 0 success (or a restore hit), 1 error (including a publication
+//! conflict), 2 usage error (clap's default), 3 miss (no usable state: the
+//! reason is printed, as a JSON object with `--json`).
+//!
+//! Logs go to stderr through `tracing` (filter with `RUST_LOG`, default
+//! `warn`); results go to stdout. Progress bars are drawn on stderr only when
+//! it is a terminal.
+
+mod common;
+mod demo;
+mod inspect;
+mod publish;
+mod restore;
+mod synth;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{ArgGroup, Parser, Subcommand};
+
+/// Exit code of a miss (no usable state for the context).
+pub(crate) const EXIT_MISS: u8 = 3;
+/// Exit code of an error.
+pub(crate) const EXIT_ERROR: u8 = 1;
+
+/// Authenticated macro-object delta store for paged prefix state.
+#[derive(Debug, Parser)]
+#[command(name = "deltapack", version, long_about = None)]
+#[command(
+    after_help = "Exit codes: 0 success/hit, 1 error or conflict, 2 usage, 3 miss.\n\
+Logs go to stderr (RUST_LOG filters them; default warn)."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print the example cache identity, or check an identity file and print
+    /// its namespace.
+    Identity(IdentityArgs),
+    /// Synthesize a deterministic snapshot (and its token ids).
+    Synth(synth::SynthArgs),
+    /// Publish a snapshot (flat, or as a delta against a published base).
+    Publish(publish::PublishArgs),
+    /// Restore and verify the snapshot of a context into a file.
+    Restore(restore::RestoreArgs),
+    /// List the roots of a store, or show one root in detail.
+    Inspect(inspect::InspectArgs),
+    /// Run the main job end to end: a multi-turn conversation published as
+    /// v2 deltas and as legacy v1 roots, restored and verified.
+    Demo(demo::DemoArgs),
+}
+
+#[derive(Debug, clap::Args)]
+#[command(group(ArgGroup::new("what").args(["example", "file"]).required(true)))]
+struct IdentityArgs {
+    /// Print the example identity (a template for your own) as JSON.
+    #[arg(long)]
+    example: bool,
+    /// An identity JSON file to validate; prints its namespace.
+    #[arg(value_name = "FILE")]
+    file: Option<PathBuf>,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+fn identity(args: IdentityArgs) -> anyhow::Result<ExitCode> {
+    if args.example {
+        println!(
+            "{}",
+            deltapack_format::CacheIdentity::example().to_json_pretty()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let Some(path) = args.file else {
+        anyhow::bail!("give --example or an identity FILE");
+    };
+    let id = common::read_identity(&path)?;
+    if args.json {
+        common::print_json(&serde_json::json!({
+            "namespace": id.namespace().hex(),
+            "chunk_tokens": id.chunk_tokens,
+            "publication_schema": id.publication_schema,
+        }))?;
+    } else {
+        println!("namespace     {}", id.namespace().hex());
+        println!("chunk_tokens  {}", id.chunk_tokens);
+        println!("schema        {}", id.publication_schema);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // Fails only if a subscriber is already installed, which cannot happen here.
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Identity(a) => identity(a),
+        Command::Synth(a) => synth::run(a),
+        command => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| anyhow::anyhow!("cannot start the tokio runtime: {e}"))?;
+            rt.block_on(async move {
+                match command {
+                    Command::Publish(a) => publish::run(a).await,
+                    Command::Restore(a) => restore::run(a).await,
+                    Command::Inspect(a) => inspect::run(a).await,
+                    Command::Demo(a) => demo::run(a).await,
+                    Command::Identity(_) | Command::Synth(_) => {
+                        unreachable!("handled without a runtime")
+                    }
+                }
+            })
+        }
+    }
+}
+
+/// Restores the default SIGPIPE action so that `deltapack … | head` ends
+/// quietly like other Unix tools instead of panicking on a closed stdout.
+#[cfg(unix)]
+fn default_sigpipe() {
+    // SAFETY: called first thing in main, before any other thread exists;
+    // setting a signal disposition to SIG_DFL has no other preconditions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+#[cfg(not(unix))]
+fn default_sigpipe() {}
+
+fn main() -> ExitCode {
+    default_sigpipe();
+    // Usage errors exit with clap's code 2 (and --help/--version with 0).
+    let cli = Cli::parse();
+    init_tracing();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}

@@ -89,8 +89,25 @@ pub async fn put_create(store: &dyn ObjectStore, key: &Path, bytes: Bytes) -> Re
         Ok(_) => Ok(PutOutcome::Created),
         Err(object_store::Error::AlreadyExists { .. })
         | Err(object_store::Error::Precondition { .. }) => Ok(PutOutcome::Existed),
+        Err(e) if is_storage_full(&e) => Err(StoreError::Capacity(format!(
+            "no space left on the device while writing {key}; nothing was published (free space and retry)"
+        ))),
         Err(e) => Err(StoreError::io(key, e)),
     }
+}
+
+/// Whether an error (or any error in its source chain) is "no space left".
+pub fn is_storage_full(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::StorageFull || io.raw_os_error() == Some(28) {
+                return true;
+            }
+        }
+        cur = err.source();
+    }
+    e.to_string().contains("No space left on device")
 }
 
 /// Opens a backend from a URL (see the module docs).

@@ -23,7 +23,7 @@ use crate::stats::Stats;
 pub const MAX_ROOT_OBJECT: u64 = root::ENVELOPE_HEADER_LEN as u64 + root::MAX_ROOT_BODY + 32;
 
 /// Tunables of a store handle.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct StoreConfig {
     /// Extent size M for v2 publication (power of two; 64 MiB in production).
     pub max_extent_bytes: u64,
@@ -38,6 +38,23 @@ pub struct StoreConfig {
     pub max_base_depth: usize,
     /// Largest payload or result a restore will allocate.
     pub max_restore_bytes: u64,
+}
+
+/// The MAC secret is never printed.
+impl std::fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreConfig")
+            .field("max_extent_bytes", &self.max_extent_bytes)
+            .field("compression", &self.compression)
+            .field(
+                "mac_secret",
+                &self.mac_secret.as_ref().map(|_| "<redacted>"),
+            )
+            .field("base_cache_bytes", &self.base_cache_bytes)
+            .field("max_base_depth", &self.max_base_depth)
+            .field("max_restore_bytes", &self.max_restore_bytes)
+            .finish()
+    }
 }
 
 impl Default for StoreConfig {

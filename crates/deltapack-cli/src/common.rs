@@ -1,0 +1,243 @@
+//! Helpers shared by the commands: reading inputs, opening stores, output.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use deltapack_format::{CacheIdentity, ContextDigest, Snapshot};
+use deltapack_store::{Store, StoreConfig};
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// Environment variable holding the root MAC secret.
+pub(crate) const ROOT_KEY_ENV: &str = "DELTAPACK_ROOT_KEY";
+
+/// Options every store-opening command shares.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct KeyArgs {
+    /// File holding the secret that authenticates roots (keyed stores). One
+    /// trailing newline is ignored. Overrides the DELTAPACK_ROOT_KEY
+    /// environment variable. The secret is never printed or logged.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) root_key_file: Option<PathBuf>,
+}
+
+impl KeyArgs {
+    /// The MAC secret from `--root-key-file` or `DELTAPACK_ROOT_KEY`, if any.
+    pub(crate) fn mac_secret(&self) -> Result<Option<Vec<u8>>> {
+        let mut secret = match &self.root_key_file {
+            Some(p) => std::fs::read(p)
+                .with_context(|| format!("cannot read the root key file {}", p.display()))?,
+            None => match std::env::var_os(ROOT_KEY_ENV) {
+                Some(v) => v.into_encoded_bytes(),
+                None => return Ok(None),
+            },
+        };
+        if secret.last() == Some(&b'\n') {
+            secret.pop();
+            if secret.last() == Some(&b'\r') {
+                secret.pop();
+            }
+        }
+        if secret.is_empty() {
+            bail!("the root key (from --root-key-file or {ROOT_KEY_ENV}) is empty");
+        }
+        Ok(Some(secret))
+    }
+}
+
+/// Opens a store, naming the URL in errors.
+pub(crate) fn open_store(url: &str, config: StoreConfig) -> Result<Store> {
+    Store::open(url, config).with_context(|| format!("cannot open store {url}"))
+}
+
+/// Reads and validates a cache identity JSON file.
+pub(crate) fn read_identity(path: &Path) -> Result<CacheIdentity> {
+    let text = std::fs::read(path)
+        .with_context(|| format!("cannot read identity file {}", path.display()))?;
+    CacheIdentity::from_json(&text).with_context(|| format!("identity file {}", path.display()))
+}
+
+/// Parses a context digest given as 64 lowercase hex characters.
+pub(crate) fn parse_context(hex: &str) -> Result<ContextDigest> {
+    hex.parse::<ContextDigest>()
+        .with_context(|| "a context is 64 lowercase hex characters".to_string())
+}
+
+/// Reads a token file (u32 little-endian ids).
+pub(crate) fn read_tokens(path: &Path) -> Result<Vec<u32>> {
+    let bytes = std::fs::read(path)
+        .with_context(|| format!("cannot read token file {}", path.display()))?;
+    deltapack_format::context::tokens_from_le_bytes(&bytes)
+        .with_context(|| format!("token file {}", path.display()))
+}
+
+/// Reads and validates an encoded snapshot file.
+pub(crate) async fn read_snapshot(path: &Path) -> Result<Snapshot> {
+    let p = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let bytes = std::fs::read(&p)
+            .with_context(|| format!("cannot read snapshot file {}", p.display()))?;
+        Snapshot::from_encoded(bytes).with_context(|| format!("snapshot file {}", p.display()))
+    })
+    .await
+    .context("snapshot reader task")?
+}
+
+/// Writes `bytes` to `path` atomically: `path.tmp`, fsync, rename.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut name = path
+        .file_name()
+        .with_context(|| format!("{} is not a file path", path.display()))?
+        .to_os_string();
+    name.push(".tmp");
+    let tmp = path.with_file_name(name);
+    let result = (|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("cannot write {}", path.display()));
+    }
+    Ok(())
+}
+
+/// Prints a value as pretty JSON on stdout.
+pub(crate) fn print_json(v: &impl serde::Serialize) -> Result<()> {
+    let text = serde_json::to_string_pretty(v).context("serializing JSON output")?;
+    println!("{text}");
+    Ok(())
+}
+
+/// Milliseconds of a duration, with microsecond resolution.
+pub(crate) fn ms(d: Duration) -> f64 {
+    d.as_micros() as f64 / 1000.0
+}
+
+/// `12.3 MiB`-style size.
+pub(crate) fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// The first 12 characters of a hex string.
+pub(crate) fn short(hex: &str) -> &str {
+    hex.get(..12).unwrap_or(hex)
+}
+
+/// `v2` / `v1` for the known manifest schemas, the schema text otherwise.
+pub(crate) fn short_schema(schema: &str) -> &str {
+    match schema {
+        deltapack_format::SCHEMA_V2 => "v2",
+        deltapack_format::SCHEMA_V1 => "v1",
+        other => other,
+    }
+}
+
+/// Whether progress bars should be drawn (stderr is a terminal).
+pub(crate) fn show_progress() -> bool {
+    std::io::stderr().is_terminal()
+}
+
+/// A byte progress bar on stderr, hidden unless stderr is a terminal.
+pub(crate) fn byte_bar(message: impl Into<String>) -> ProgressBar {
+    if !show_progress() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::no_length();
+    if let Ok(style) = ProgressStyle::with_template(
+        "{msg:>14} [{bar:32}] {bytes}/{total_bytes} {bytes_per_sec} {elapsed}",
+    ) {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    pb.set_message(message.into());
+    pb
+}
+
+/// A spinner on stderr for work without a progress hook, hidden unless
+/// stderr is a terminal.
+pub(crate) fn spinner(message: impl Into<String>) -> ProgressBar {
+    if !show_progress() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new_spinner();
+    if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} {elapsed}") {
+        pb.set_style(style);
+    }
+    pb.set_message(message.into());
+    pb.enable_steady_tick(Duration::from_millis(120));
+    pb
+}
+
+/// Renders rows as an aligned text table. Columns listed in `right` are
+/// right-aligned.
+pub(crate) fn table(header: &[&str], rows: &[Vec<String>], right: &[usize]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            if let Some(w) = widths.get_mut(i) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut out = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            let w = widths.get(i).copied().unwrap_or(0);
+            let pad = w.saturating_sub(cell.chars().count());
+            if i > 0 {
+                out.push_str("  ");
+            }
+            if right.contains(&i) {
+                out.push_str(&" ".repeat(pad));
+                out.push_str(cell);
+            } else {
+                out.push_str(cell);
+                if i + 1 < cells.len() {
+                    out.push_str(&" ".repeat(pad));
+                }
+            }
+        }
+        out.push('\n');
+        out
+    };
+    let mut out = line(header.to_vec());
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_tables() {
+        assert_eq!(human_bytes(10), "10 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(short("0123456789abcdef"), "0123456789ab");
+        let t = table(
+            &["a", "bb"],
+            &[
+                vec!["xxx".into(), "1".into()],
+                vec!["y".into(), "22".into()],
+            ],
+            &[1],
+        );
+        assert_eq!(t, "a    bb\nxxx   1\ny    22\n");
+    }
+}

@@ -1,0 +1,258 @@
+//! `deltapack publish`: one snapshot, flat or as a delta, with a receipt.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{bail, Result};
+use clap::ArgGroup;
+use deltapack_format::{ContextDigest, ContextHasher};
+use deltapack_store::{
+    BaseInput, PublishOutcome, PublishReceipt, PublishRequest, RootFormat, StoreConfig,
+};
+
+use crate::common::{self, KeyArgs};
+
+/// Root schema to write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum FormatArg {
+    /// `deltapack-page-delta-manifest/v2`: ordered extents (production).
+    V2,
+    /// Legacy `deltapack-page-delta-manifest/v1`: one object per 256-token
+    /// logical chunk.
+    V1,
+}
+
+impl FormatArg {
+    /// The store's root format.
+    pub(crate) fn root_format(self) -> RootFormat {
+        match self {
+            FormatArg::V2 => RootFormat::V2,
+            FormatArg::V1 => RootFormat::V1,
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+#[command(group(ArgGroup::new("target").args(["tokens", "context"]).required(true)))]
+#[command(group(ArgGroup::new("base_id").args(["base_context", "base_tokens"]).requires("base_snapshot")))]
+pub(crate) struct PublishArgs {
+    /// Store URL: file:///dir (or a plain path), s3://bucket/prefix, memory://.
+    #[arg(long, value_name = "URL")]
+    store: String,
+    /// Cache identity JSON file (see `deltapack identity --example`).
+    #[arg(long, value_name = "FILE")]
+    identity: PathBuf,
+    /// Token ids of the conversation (u32 LE); the context digest is derived
+    /// from them and their count must equal the snapshot's boundary.
+    #[arg(long, value_name = "FILE")]
+    tokens: Option<PathBuf>,
+    /// Context digest (64 hex) instead of --tokens.
+    #[arg(long, value_name = "HEX")]
+    context: Option<String>,
+    /// The encoded snapshot to publish.
+    #[arg(long, value_name = "FILE")]
+    snapshot: PathBuf,
+    /// Publish as a delta against this (already published) base snapshot.
+    #[arg(long, value_name = "FILE", requires = "base_id")]
+    base_snapshot: Option<PathBuf>,
+    /// Context digest of the base root (64 hex).
+    #[arg(long, value_name = "HEX")]
+    base_context: Option<String>,
+    /// Token ids of the base (u32 LE) instead of --base-context.
+    #[arg(long, value_name = "FILE")]
+    base_tokens: Option<PathBuf>,
+    /// Root schema to write.
+    #[arg(long, value_enum, default_value = "v2")]
+    format: FormatArg,
+    /// Extent size for v2 roots (a power of two from 1 KiB to 1 GiB; 64 MiB
+    /// by default — smaller values are for tests).
+    #[arg(long, value_name = "N")]
+    max_extent_bytes: Option<u64>,
+    /// zstd-compress v2 extents at this level (1–22); raw by default.
+    #[arg(long, value_name = "LEVEL", value_parser = clap::value_parser!(i32).range(1..=22))]
+    compress: Option<i32>,
+    #[command(flatten)]
+    key: KeyArgs,
+    /// Print the receipt as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `deltapack publish`.
+pub(crate) async fn run(args: PublishArgs) -> Result<ExitCode> {
+    let identity = common::read_identity(&args.identity)?;
+    let ns = identity.namespace();
+    let hasher = ContextHasher::new(ns, identity.chunk_tokens)?;
+    let snapshot = common::read_snapshot(&args.snapshot).await?;
+
+    let mut tokens = None;
+    let context = match (&args.context, &args.tokens) {
+        (Some(hex), _) => common::parse_context(hex)?,
+        (None, Some(path)) => {
+            let t = common::read_tokens(path)?;
+            if t.len() as u64 != snapshot.boundary() {
+                bail!(
+                    "{} holds {} tokens but the snapshot covers {}: the context would not name this snapshot",
+                    path.display(),
+                    t.len(),
+                    snapshot.boundary()
+                );
+            }
+            let c = hasher.digest(&t);
+            tokens = Some(t);
+            c
+        }
+        (None, None) => bail!("give --tokens or --context"),
+    };
+
+    let base = match &args.base_snapshot {
+        None => None,
+        Some(path) => {
+            let base_snapshot = common::read_snapshot(path).await?;
+            let base_context: ContextDigest = match (&args.base_context, &args.base_tokens) {
+                (Some(hex), _) => common::parse_context(hex)?,
+                (None, Some(tpath)) => {
+                    let t = common::read_tokens(tpath)?;
+                    if t.len() as u64 != base_snapshot.boundary() {
+                        bail!(
+                            "{} holds {} tokens but the base snapshot covers {}",
+                            tpath.display(),
+                            t.len(),
+                            base_snapshot.boundary()
+                        );
+                    }
+                    if let Some(full) = &tokens {
+                        if !full.starts_with(&t) {
+                            tracing::warn!(
+                                "the base tokens are not a prefix of the tokens: publishing a delta between unrelated conversations"
+                            );
+                        }
+                    }
+                    hasher.digest(&t)
+                }
+                (None, None) => bail!("--base-snapshot needs --base-context or --base-tokens"),
+            };
+            Some(BaseInput {
+                context: base_context,
+                snapshot: Arc::new(base_snapshot),
+            })
+        }
+    };
+
+    let config = StoreConfig {
+        max_extent_bytes: args
+            .max_extent_bytes
+            .unwrap_or(deltapack_format::DEFAULT_MAX_EXTENT_BYTES),
+        compression: args.compress,
+        mac_secret: args.key.mac_secret()?,
+        ..Default::default()
+    };
+    let store = common::open_store(&args.store, config)?;
+    let req = PublishRequest {
+        identity,
+        context,
+        snapshot: Arc::new(snapshot),
+        base,
+        format: args.format.root_format(),
+    };
+    let pb = common::byte_bar("publishing");
+    let progress = |done: u64, total: u64| {
+        pb.set_length(total);
+        pb.set_position(done);
+    };
+    let receipt = store.publish_with_progress(req, &progress).await;
+    pb.finish_and_clear();
+    let receipt = receipt?;
+
+    if args.json {
+        common::print_json(&receipt_json(&receipt)?)?;
+    } else {
+        print!("{}", receipt_text(&receipt));
+    }
+    if receipt.outcome == PublishOutcome::Conflict {
+        eprintln!(
+            "error: conflict: context {} already holds {} (schema {}), this request's snapshot is {}; the existing root wins and nothing was written",
+            receipt.context,
+            receipt
+                .existing_snapshot_digest
+                .map(|d| d.to_string())
+                .unwrap_or_else(|| "an unreadable root".into()),
+            receipt.schema,
+            receipt.snapshot_digest,
+        );
+        return Ok(ExitCode::from(crate::EXIT_ERROR));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The receipt as JSON, with millisecond fields next to the serialized
+/// durations.
+pub(crate) fn receipt_json(r: &PublishReceipt) -> Result<serde_json::Value> {
+    let mut v = serde_json::to_value(r)?;
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert("encode_ms".into(), common::ms(r.encode_time).into());
+        obj.insert("write_ms".into(), common::ms(r.write_time).into());
+        obj.insert("total_ms".into(), common::ms(r.total_time).into());
+    }
+    Ok(v)
+}
+
+fn outcome_label(o: PublishOutcome) -> &'static str {
+    match o {
+        PublishOutcome::Created => "created",
+        PublishOutcome::AlreadyPresent => "already-present",
+        PublishOutcome::Conflict => "conflict",
+    }
+}
+
+/// A few aligned lines describing a receipt.
+fn receipt_text(r: &PublishReceipt) -> String {
+    let mut rows: Vec<(&str, String)> = vec![
+        ("outcome", outcome_label(r.outcome).to_string()),
+        ("namespace", r.namespace.hex()),
+        ("context", r.context.hex()),
+        ("schema", r.schema.clone()),
+        ("snapshot", r.snapshot_digest.to_string()),
+    ];
+    if let Some(existing) = r.existing_snapshot_digest {
+        rows.push(("existing", existing.to_string()));
+    }
+    if let Some(root) = r.root_digest {
+        rows.push(("root", root.to_string()));
+    }
+    if r.outcome == PublishOutcome::Created {
+        rows.push((
+            "payload",
+            format!(
+                "{} ({} bytes)",
+                common::human_bytes(r.payload_len),
+                r.payload_len
+            ),
+        ));
+        rows.push((
+            "objects",
+            format!("{} written, {} reused", r.objects_written, r.objects_reused),
+        ));
+        rows.push((
+            "written",
+            format!(
+                "{} ({} bytes)",
+                common::human_bytes(r.bytes_written),
+                r.bytes_written
+            ),
+        ));
+    }
+    rows.push((
+        "time",
+        format!(
+            "{:.1} ms (encode {:.1} ms, write {:.1} ms)",
+            common::ms(r.total_time),
+            common::ms(r.encode_time),
+            common::ms(r.write_time)
+        ),
+    ));
+    rows.into_iter()
+        .map(|(k, v)| format!("{k:<10} {v}\n"))
+        .collect()
+}

@@ -1,0 +1,277 @@
+//! End-to-end test of the `deltapack` binary as a user drives it.
+//!
+//! Guards the CLI contract: a snapshot published through the CLI (flat, then
+//! as a delta) restores bit-exactly; re-publishing is idempotent (exit 0,
+//! already-present); `inspect --json` lists every root (v1 and v2); a flipped
+//! byte in a stored delta object is a `corrupt` miss (exit 3, never bad
+//! bytes in the output file); an unknown context is an `absent` miss (exit
+//! 3); a usage error exits 2; and the `demo` runs end to end and verifies.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn deltapack(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_deltapack"))
+        .args(args)
+        .current_dir(dir)
+        .env("RUST_LOG", "error")
+        .env_remove("DELTAPACK_ROOT_KEY")
+        .output()
+        .expect("run the deltapack binary")
+}
+
+/// Runs and asserts the exit code, returning stdout.
+fn expect_code(dir: &Path, args: &[&str], code: i32) -> String {
+    let out = deltapack(dir, args);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "deltapack {args:?}\nstdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}):\n{text}"))
+}
+
+#[test]
+fn publish_restore_inspect_corrupt_and_demo() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let store_dir = dir.join("store");
+    let store = format!("file://{}", store_dir.display());
+    let s = store.as_str();
+
+    // Identity and two turns of one tiny conversation.
+    let id = expect_code(dir, &["identity", "--example"], 0);
+    std::fs::write(dir.join("id.json"), id).expect("write id.json");
+    for (n, name) in [("2048", "a"), ("4096", "b")] {
+        expect_code(
+            dir,
+            &[
+                "synth",
+                "--preset",
+                "tiny",
+                "--seed",
+                "7",
+                "--tokens",
+                n,
+                "--out",
+                &format!("{name}.snap"),
+                "--tokens-out",
+                &format!("{name}.tok"),
+            ],
+            0,
+        );
+    }
+
+    // Base (v2) via --tokens, then the delta against it.
+    let base = json(&expect_code(
+        dir,
+        &[
+            "publish",
+            "--store",
+            s,
+            "--identity",
+            "id.json",
+            "--tokens",
+            "a.tok",
+            "--snapshot",
+            "a.snap",
+            "--json",
+        ],
+        0,
+    ));
+    assert_eq!(base["outcome"], "created");
+    let delta_args = [
+        "publish",
+        "--store",
+        s,
+        "--identity",
+        "id.json",
+        "--tokens",
+        "b.tok",
+        "--snapshot",
+        "b.snap",
+        "--base-snapshot",
+        "a.snap",
+        "--base-tokens",
+        "a.tok",
+        "--json",
+    ];
+    let delta = json(&expect_code(dir, &delta_args, 0));
+    assert_eq!(delta["outcome"], "created");
+    assert_eq!(delta["schema"], "deltapack-page-delta-manifest/v2");
+    let delta_ctx = delta["context"].as_str().expect("context").to_string();
+
+    // Restore to a file: bit-exact.
+    let restored = json(&expect_code(
+        dir,
+        &[
+            "restore",
+            "--store",
+            s,
+            "--identity",
+            "id.json",
+            "--tokens",
+            "b.tok",
+            "--out",
+            "restored.snap",
+            "--json",
+        ],
+        0,
+    ));
+    assert_eq!(restored["outcome"], "hit");
+    assert_eq!(
+        std::fs::read(dir.join("restored.snap")).expect("restored file"),
+        std::fs::read(dir.join("b.snap")).expect("synthesized file"),
+        "restore must be bit-exact"
+    );
+    assert!(!dir.join("restored.snap.tmp").exists());
+
+    // Same publication again: idempotent.
+    let again = json(&expect_code(dir, &delta_args, 0));
+    assert_eq!(again["outcome"], "already-present");
+
+    // A v1 root of another context (another conversation).
+    expect_code(
+        dir,
+        &[
+            "synth",
+            "--preset",
+            "tiny",
+            "--seed",
+            "8",
+            "--tokens",
+            "1024",
+            "--out",
+            "c.snap",
+            "--tokens-out",
+            "c.tok",
+        ],
+        0,
+    );
+    let v1 = json(&expect_code(
+        dir,
+        &[
+            "publish",
+            "--store",
+            s,
+            "--identity",
+            "id.json",
+            "--tokens",
+            "c.tok",
+            "--snapshot",
+            "c.snap",
+            "--format",
+            "v1",
+            "--json",
+        ],
+        0,
+    ));
+    assert_eq!(v1["outcome"], "created");
+    assert_eq!(v1["schema"], "deltapack-page-delta-manifest/v1");
+
+    // inspect --json lists all three roots.
+    let roots = json(&expect_code(dir, &["inspect", "--store", s, "--json"], 0));
+    let roots = roots.as_array().expect("inspect --json is an array");
+    assert_eq!(roots.len(), 3, "{roots:?}");
+    let schemas: Vec<&str> = roots.iter().filter_map(|r| r["schema"].as_str()).collect();
+    assert_eq!(schemas.iter().filter(|s| s.ends_with("/v2")).count(), 2);
+    assert_eq!(schemas.iter().filter(|s| s.ends_with("/v1")).count(), 1);
+    let delta_row = roots
+        .iter()
+        .find(|r| r["context"] == delta_ctx.as_str())
+        .expect("delta root listed");
+    assert_eq!(delta_row["kind"], "delta");
+    assert_eq!(delta_row["boundary"], 4096);
+
+    // Corrupt the delta's stored object: flip one byte of the file that
+    // `inspect --context` names (the largest file under objects/blake3).
+    let detail = json(&expect_code(
+        dir,
+        &["inspect", "--store", s, "--context", &delta_ctx, "--json"],
+        0,
+    ));
+    let objects = detail["objects"].as_array().expect("objects");
+    let victim: PathBuf = objects
+        .iter()
+        .max_by_key(|o| o["stored_len"].as_u64().unwrap_or(0))
+        .and_then(|o| o["key"].as_str())
+        .map(|k| store_dir.join(k))
+        .expect("the delta references an object");
+    assert!(victim.starts_with(store_dir.join("objects/blake3")));
+    let mut bytes = std::fs::read(&victim).expect("read object");
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x01;
+    std::fs::write(&victim, bytes).expect("write corrupted object");
+    let _ = std::fs::remove_file(dir.join("restored.snap"));
+    let miss = json(&expect_code(
+        dir,
+        &[
+            "restore",
+            "--store",
+            s,
+            "--identity",
+            "id.json",
+            "--context",
+            &delta_ctx,
+            "--out",
+            "restored.snap",
+            "--json",
+        ],
+        3,
+    ));
+    assert_eq!(miss["reason"], "corrupt", "{miss}");
+    assert!(
+        !dir.join("restored.snap").exists(),
+        "a miss writes no output file"
+    );
+
+    // Unknown context: absent.
+    let zeros = "0".repeat(64);
+    let absent = json(&expect_code(
+        dir,
+        &[
+            "restore",
+            "--store",
+            s,
+            "--identity",
+            "id.json",
+            "--context",
+            &zeros,
+            "--out",
+            "x.snap",
+            "--json",
+        ],
+        3,
+    ));
+    assert_eq!(absent["reason"], "absent");
+
+    // Usage error: missing --store.
+    expect_code(
+        dir,
+        &[
+            "restore",
+            "--identity",
+            "id.json",
+            "--context",
+            &zeros,
+            "--out",
+            "x.snap",
+        ],
+        2,
+    );
+
+    // The demo, end to end on its own store.
+    let demo_store = format!("file://{}", dir.join("demo").display());
+    let out = expect_code(
+        dir,
+        &["demo", "--preset", "tiny", "--store", &demo_store],
+        0,
+    );
+    assert!(out.contains("verified"), "{out}");
+}

@@ -72,9 +72,11 @@ impl Damage {
     }
 }
 
-/// A zero-filled buffer obtained without touching its pages, with
-/// transparent huge pages requested where supported (fewer page faults when
-/// the buffer is first written).
+/// A zero-filled buffer obtained without touching its pages: the page
+/// faults happen where the bytes are first written, spread over the worker
+/// threads. (Requesting transparent huge pages for it was measured slower
+/// here: 1.2–1.5 s instead of 0.5 s for a 193 MiB chain restore, compaction
+/// cost outweighing fewer faults.)
 pub(crate) fn zeroed_buffer(len: usize) -> Result<Vec<u8>, String> {
     if len == 0 {
         return Ok(Vec::new());
@@ -92,30 +94,9 @@ pub(crate) fn zeroed_buffer(len: usize) -> Result<Vec<u8>, String> {
         if ptr.is_null() {
             return Err(format!("cannot allocate {len} bytes for a restore"));
         }
-        advise_huge(ptr, len);
         Ok(Vec::from_raw_parts(ptr, len, len))
     }
 }
-
-#[cfg(target_os = "linux")]
-fn advise_huge(ptr: *mut u8, len: usize) {
-    const HUGE: usize = 2 << 20;
-    if len < 4 * HUGE {
-        return;
-    }
-    let start = (ptr as usize).div_ceil(HUGE) * HUGE;
-    let end = (ptr as usize + len) / HUGE * HUGE;
-    if end > start {
-        // SAFETY: the range lies inside the allocation just reserved for this
-        // Vec; MADV_HUGEPAGE only changes paging policy, never contents.
-        unsafe {
-            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
-        }
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn advise_huge(_ptr: *mut u8, _len: usize) {}
 
 impl Reassembly {
     /// A snapshot root: the payload *is* the result.

@@ -39,34 +39,65 @@ async fn referenced_and_present(s: &Store) -> (BTreeSet<String>, BTreeSet<String
     (referenced, present)
 }
 
-async fn crash_sweep(make: &dyn Fn() -> Option<(Backend, Option<tempfile::TempDir>)>, format: RootFormat) {
+async fn crash_sweep(
+    make: &dyn Fn() -> Option<(Backend, Option<tempfile::TempDir>)>,
+    format: RootFormat,
+) {
     let id = identity("crash");
     let (base, result) = (turn(71, 1024), turn(71, 6144));
     let (cb, cr) = (ctx(&id, 71, 1024), ctx(&id, 71, 6144));
     // Count the operations of one uninterrupted publication.
-    let Some((backend, _keep)) = make() else { return };
+    let Some((backend, _keep)) = make() else {
+        return;
+    };
     let plain = wrapped(backend.clone(), config());
     publish_base(&plain, &id, cb, base.clone(), RootFormat::V2).await;
     let counter = Arc::new(Faulty::new(backend.store.clone(), FaultPlan::default()));
-    let counted = wrapped(Backend { store: counter.clone(), kind: backend.kind.clone() }, config());
+    let counted = wrapped(
+        Backend {
+            store: counter.clone(),
+            kind: backend.kind.clone(),
+        },
+        config(),
+    );
     publish_delta(&counted, &id, cr, result.clone(), cb, base.clone(), format).await;
     let total = counter.ops();
-    assert!(total >= 6, "a delta publication of several extents takes several operations ({total})");
+    assert!(
+        total >= 6,
+        "a delta publication of several extents takes several operations ({total})"
+    );
 
     let mut restorable = 0;
     let mut absent = 0;
     for n in 0..=total {
-        let Some((backend, _keep)) = make() else { return };
+        let Some((backend, _keep)) = make() else {
+            return;
+        };
         let plain = wrapped(backend.clone(), config());
         publish_base(&plain, &id, cb, base.clone(), RootFormat::V2).await;
-        let faulty = Arc::new(Faulty::new(backend.store.clone(), FaultPlan { crash_after: Some(n), ..Default::default() }));
-        let crashing = wrapped(Backend { store: faulty, kind: backend.kind.clone() }, config());
+        let faulty = Arc::new(Faulty::new(
+            backend.store.clone(),
+            FaultPlan {
+                crash_after: Some(n),
+                ..Default::default()
+            },
+        ));
+        let crashing = wrapped(
+            Backend {
+                store: faulty,
+                kind: backend.kind.clone(),
+            },
+            config(),
+        );
         let r = crashing
             .publish(PublishRequest {
                 identity: id.clone(),
                 context: cr,
                 snapshot: result.clone(),
-                base: Some(BaseInput { context: cb, snapshot: base.clone() }),
+                base: Some(BaseInput {
+                    context: cb,
+                    snapshot: base.clone(),
+                }),
                 format,
             })
             .await;
@@ -76,26 +107,55 @@ async fn crash_sweep(make: &dyn Fn() -> Option<(Backend, Option<tempfile::TempDi
         let reopened = wrapped(backend.clone(), config());
         match reopened.restore(&id, cr).await.expect("restore") {
             RestoreOutcome::Hit(h) => {
-                assert_eq!(h.snapshot.encoded(), result.encoded(), "crash after {n}: bit-exact");
+                assert_eq!(
+                    h.snapshot.encoded(),
+                    result.encoded(),
+                    "crash after {n}: bit-exact"
+                );
                 restorable += 1;
             }
             RestoreOutcome::Miss(deltapack::store::MissReason::Absent) => absent += 1,
-            RestoreOutcome::Miss(m) => panic!("crash after {n}: a torn publication is visible: {m}"),
+            RestoreOutcome::Miss(m) => {
+                panic!("crash after {n}: a torn publication is visible: {m}")
+            }
         }
         let (referenced, present) = referenced_and_present(&reopened).await;
-        assert!(referenced.is_subset(&present), "crash after {n}: a root references a missing object");
-        let report = reopened.sweep(&SweepOptions::default()).await.expect("sweep");
-        assert!(report.missing.is_empty() && report.corrupt.is_empty() && report.invalidated_roots.is_empty());
+        assert!(
+            referenced.is_subset(&present),
+            "crash after {n}: a root references a missing object"
+        );
+        let report = reopened
+            .sweep(&SweepOptions::default())
+            .await
+            .expect("sweep");
+        assert!(
+            report.missing.is_empty()
+                && report.corrupt.is_empty()
+                && report.invalidated_roots.is_empty()
+        );
         let (referenced, present) = referenced_and_present(&reopened).await;
-        assert_eq!(referenced, present, "crash after {n}: the sweep reclaimed every orphan");
-        assert_eq!(restore_bytes(&reopened, &id, cb).await, base.encoded(), "the base is never harmed");
+        assert_eq!(
+            referenced, present,
+            "crash after {n}: the sweep reclaimed every orphan"
+        );
+        assert_eq!(
+            restore_bytes(&reopened, &id, cb).await,
+            base.encoded(),
+            "the base is never harmed"
+        );
     }
-    assert!(restorable >= 1 && absent >= 1, "both outcomes occur ({restorable} restorable, {absent} absent)");
+    assert!(
+        restorable >= 1 && absent >= 1,
+        "both outcomes occur ({restorable} restorable, {absent} absent)"
+    );
 }
 
 fn local_backend() -> Option<(Backend, Option<tempfile::TempDir>)> {
     let dir = tempfile::tempdir().expect("tmp");
-    Some((raw_backend(&format!("file://{}", dir.path().display())), Some(dir)))
+    Some((
+        raw_backend(&format!("file://{}", dir.path().display())),
+        Some(dir),
+    ))
 }
 
 fn s3_backend() -> Option<(Backend, Option<tempfile::TempDir>)> {

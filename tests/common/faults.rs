@@ -13,8 +13,8 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{
-    CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+    CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
+    ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
 };
 
 /// What to inject.
@@ -52,12 +52,20 @@ impl fmt::Display for Faulty {
 }
 
 fn injected(op: &str, n: u64) -> object_store::Error {
-    object_store::Error::Generic { store: "faulty", source: format!("injected fault in {op} (operation {n})").into() }
+    object_store::Error::Generic {
+        store: "faulty",
+        source: format!("injected fault in {op} (operation {n})").into(),
+    }
 }
 
 impl Faulty {
     pub fn new(inner: Arc<dyn ObjectStore>, plan: FaultPlan) -> Self {
-        Faulty { inner, plan: Mutex::new(plan), ops: AtomicU64::new(0), injected: AtomicU64::new(0) }
+        Faulty {
+            inner,
+            plan: Mutex::new(plan),
+            ops: AtomicU64::new(0),
+            injected: AtomicU64::new(0),
+        }
     }
 
     /// Operations seen so far.
@@ -99,12 +107,21 @@ impl Faulty {
 
 #[async_trait::async_trait]
 impl ObjectStore for Faulty {
-    async fn put_opts(&self, location: &Path, payload: PutPayload, opts: PutOptions) -> Result<PutResult> {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> Result<PutResult> {
         self.gate("put").await?;
         self.inner.put_opts(location, payload, opts).await
     }
 
-    async fn put_multipart_opts(&self, location: &Path, opts: PutMultipartOptions) -> Result<Box<dyn MultipartUpload>> {
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> Result<Box<dyn MultipartUpload>> {
         self.gate("put_multipart").await?;
         self.inner.put_multipart_opts(location, opts).await
     }
@@ -113,10 +130,16 @@ impl ObjectStore for Faulty {
         self.gate("get").await?;
         let r = self.inner.get_opts(location, options).await?;
         let plan = self.plan();
-        if !(plan.truncate_bodies || plan.flip_bodies) || !location.as_ref().starts_with("objects/") {
+        if !(plan.truncate_bodies || plan.flip_bodies) || !location.as_ref().starts_with("objects/")
+        {
             return Ok(r);
         }
-        let (meta, range, attributes, extensions) = (r.meta.clone(), r.range.clone(), r.attributes.clone(), r.extensions.clone());
+        let (meta, range, attributes, extensions) = (
+            r.meta.clone(),
+            r.range.clone(),
+            r.attributes.clone(),
+            r.extensions.clone(),
+        );
         let mut b = r.bytes().await?.to_vec();
         if plan.truncate_bodies {
             b.pop();
@@ -128,7 +151,9 @@ impl ObjectStore for Faulty {
         self.injected.fetch_add(1, Ordering::SeqCst);
         let body = Bytes::from(b);
         Ok(GetResult {
-            payload: GetResultPayload::Stream(futures::stream::once(async move { Ok(body) }).boxed()),
+            payload: GetResultPayload::Stream(
+                futures::stream::once(async move { Ok(body) }).boxed(),
+            ),
             meta,
             range,
             attributes,
@@ -136,7 +161,10 @@ impl ObjectStore for Faulty {
         })
     }
 
-    fn delete_stream(&self, locations: BoxStream<'static, Result<Path>>) -> BoxStream<'static, Result<Path>> {
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, Result<Path>>,
+    ) -> BoxStream<'static, Result<Path>> {
         let crashed = self.plan().crash_after.is_some_and(|c| self.ops() >= c);
         self.ops.fetch_add(1, Ordering::SeqCst);
         if crashed {

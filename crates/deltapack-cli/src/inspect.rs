@@ -142,7 +142,7 @@ async fn detail(
     };
     let key = keys::root_key(&ns, &ctx);
     let root_bytes = store.object_store().head(&key).await.ok().map(|m| m.size);
-    let root = match store.read_root(&ns, &ctx).await? {
+    let root = match store.peek_root(&ns, &ctx).await? {
         RootStatus::Found(d) => *d,
         RootStatus::Absent => {
             crate::restore::print_miss(&MissReason::Absent, &ns.hex(), &ctx.hex(), json, None)?;

@@ -1,6 +1,6 @@
 //! `deltapack` — the command-line tool of the deltapack store.
 //!
-//! Commands: `identity`, `synth`, `publish`, `restore`, `inspect`, `demo`
+//! Commands: `identity`, `synth`, `publish`, `restore`, `inspect`, `sweep`, `demo`
 //! (see `deltapack --help`).
 //!
 //! Exit codes: 0 success (or a restore hit), 1 error (including a publication
@@ -16,6 +16,7 @@ mod demo;
 mod inspect;
 mod publish;
 mod restore;
+mod sweep;
 mod synth;
 
 use std::io::IsTerminal;
@@ -54,6 +55,11 @@ enum Command {
     Restore(restore::RestoreArgs),
     /// List the roots of a store, or show one root in detail.
     Inspect(inspect::InspectArgs),
+    /// Verify every object roots reference, quarantine corrupt ones,
+    /// invalidate roots that need them, reclaim orphans past the grace period.
+    /// Exits 3 if damage was found.
+    #[command(alias = "verify")]
+    Sweep(sweep::SweepArgs),
     /// Run the main job end to end: a multi-turn conversation published as
     /// v2 deltas and as legacy v1 roots, restored and verified.
     Demo(demo::DemoArgs),
@@ -126,6 +132,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     Command::Restore(a) => restore::run(a).await,
                     Command::Inspect(a) => inspect::run(a).await,
                     Command::Demo(a) => demo::run(a).await,
+                    Command::Sweep(a) => sweep::run(a).await,
                     Command::Identity(_) | Command::Synth(_) => {
                         unreachable!("handled without a runtime")
                     }

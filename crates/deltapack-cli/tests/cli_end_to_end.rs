@@ -251,6 +251,37 @@ fn publish_restore_inspect_corrupt_and_demo() {
     ));
     assert_eq!(absent["reason"], "absent");
 
+    // The restore quarantined the damaged object; the sweep finds the delta
+    // root now needs a missing object, invalidates it (exit 3), and a second
+    // sweep (`verify` alias) is clean.
+    let sweep = json(&expect_code(
+        dir,
+        &["sweep", "--store", s, "--grace", "0s", "--json"],
+        3,
+    ));
+    assert_eq!(
+        sweep["missing"].as_array().map(Vec::len),
+        Some(1),
+        "{sweep}"
+    );
+    let invalidated = sweep["invalidated_roots"].to_string();
+    assert!(invalidated.contains(&delta_ctx), "{sweep}");
+    let clean = json(&expect_code(
+        dir,
+        &["verify", "--store", s, "--grace", "0s", "--json"],
+        0,
+    ));
+    assert_eq!(
+        clean["corrupt"].as_array().map(Vec::len),
+        Some(0),
+        "{clean}"
+    );
+    assert_eq!(
+        clean["missing"].as_array().map(Vec::len),
+        Some(0),
+        "{clean}"
+    );
+
     // Usage error: missing --store.
     expect_code(
         dir,

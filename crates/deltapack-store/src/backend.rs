@@ -272,12 +272,25 @@ mod tests {
         let staged = dir.path().join("objects/blake3/ab");
         std::fs::create_dir_all(&staged).expect("mkdir");
         std::fs::write(staged.join("abcd#1"), b"partial").expect("write");
+        std::fs::write(staged.join("abcd#2"), b"in progress").expect("write");
         std::fs::write(staged.join("abcd"), b"whole").expect("write");
+        let old = std::time::SystemTime::now()
+            - STAGING_ABANDONED_AFTER
+            - std::time::Duration::from_secs(5);
+        std::fs::File::options()
+            .write(true)
+            .open(staged.join("abcd#1"))
+            .and_then(|f| f.set_modified(old))
+            .expect("age the staging file");
         let b = open(&format!("file://{}", dir.path().display())).expect("open");
         assert!(matches!(b.kind, BackendKind::Local { .. }));
         assert!(
             !staged.join("abcd#1").exists(),
-            "orphaned staging file removed"
+            "abandoned staging file removed"
+        );
+        assert!(
+            staged.join("abcd#2").exists(),
+            "a young staging file may belong to a live writer"
         );
         assert!(staged.join("abcd").exists());
     }

@@ -138,6 +138,13 @@ impl Store {
         opts: RestoreOptions,
     ) -> Result<RestoreOutcome> {
         let start = Instant::now();
+        if opts
+            .deadline
+            .is_some_and(|d| d <= tokio::time::Instant::now())
+        {
+            Stats::add(&self.stats_ref().miss_deadline, 1);
+            return Ok(RestoreOutcome::Miss(MissReason::DeadlineExceeded));
+        }
         let fut = self.restore_root(ns, context, 0);
         let out = match opts.deadline {
             None => fut.await,

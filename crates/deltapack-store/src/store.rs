@@ -282,6 +282,21 @@ impl Store {
     /// Reads and decodes the root at `(ns, ctx)`. Damaged roots are
     /// quarantined and reported as unusable.
     pub async fn read_root(&self, ns: &Namespace, ctx: &ContextDigest) -> Result<RootStatus> {
+        self.read_root_with(ns, ctx, true).await
+    }
+
+    /// Reads and decodes a root without side effects: a damaged root is
+    /// reported but left where it is (for `inspect` and dry runs).
+    pub async fn peek_root(&self, ns: &Namespace, ctx: &ContextDigest) -> Result<RootStatus> {
+        self.read_root_with(ns, ctx, false).await
+    }
+
+    async fn read_root_with(
+        &self,
+        ns: &Namespace,
+        ctx: &ContextDigest,
+        quarantine: bool,
+    ) -> Result<RootStatus> {
         let key = keys::root_key(ns, ctx);
         let store = self.object_store();
         let got = match store.get(&key).await {
@@ -294,7 +309,9 @@ impl Store {
                 "root {key} is {} bytes, limit {MAX_ROOT_OBJECT}",
                 got.meta.size
             );
-            self.quarantine(&key).await;
+            if quarantine {
+                self.quarantine(&key).await;
+            }
             return Ok(RootStatus::Unusable(MissReason::Corrupt { what }));
         }
         let bytes = got.bytes().await.map_err(|e| StoreError::io(&key, e))?;
@@ -313,7 +330,9 @@ impl Store {
                         s.context.hex()
                     );
                     tracing::warn!(%what, "refusing misplaced root");
-                    self.quarantine(&key).await;
+                    if quarantine {
+                        self.quarantine(&key).await;
+                    }
                     RootStatus::Unusable(MissReason::Corrupt { what })
                 } else {
                     RootStatus::Found(Box::new(decoded))
@@ -325,7 +344,9 @@ impl Store {
             Err(e) => {
                 let what = format!("root {key}: {e}");
                 tracing::warn!(%what, "corrupt root");
-                self.quarantine(&key).await;
+                if quarantine {
+                    self.quarantine(&key).await;
+                }
                 RootStatus::Unusable(MissReason::Corrupt { what })
             }
         })
@@ -387,7 +408,7 @@ impl Store {
                 .await
                 .map(|m| m.size)
                 .unwrap_or(0);
-            let info = match self.read_root(&n, &c).await? {
+            let info = match self.peek_root(&n, &c).await? {
                 RootStatus::Found(d) => {
                     let s: RootSummary = d
                         .summary()

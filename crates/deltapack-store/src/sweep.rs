@@ -30,7 +30,7 @@ use object_store::ObjectStoreExt;
 use serde::Serialize;
 
 use crate::backend::{self, BackendKind};
-use crate::error::{MissReason, Result, StoreError};
+use crate::error::{Result, StoreError};
 use crate::keys;
 use crate::store::{RootStatus, Store};
 
@@ -281,41 +281,11 @@ impl Store {
         ctx: &ContextDigest,
         dry_run: bool,
     ) -> Result<RootStatus> {
-        if !dry_run {
-            return self.read_root(ns, ctx).await;
+        if dry_run {
+            self.peek_root(ns, ctx).await
+        } else {
+            self.read_root(ns, ctx).await
         }
-        // A dry run must not quarantine: decode without side effects.
-        let key = keys::root_key(ns, ctx);
-        let bytes = match self.object_store().get(&key).await {
-            Ok(g) if g.meta.size <= crate::store::MAX_ROOT_OBJECT => {
-                g.bytes().await.map_err(|e| StoreError::io(&key, e))?
-            }
-            Ok(_) => {
-                return Ok(RootStatus::Unusable(MissReason::Corrupt {
-                    what: format!("root {key} too large"),
-                }))
-            }
-            Err(object_store::Error::NotFound { .. }) => return Ok(RootStatus::Absent),
-            Err(e) => return Err(StoreError::io(&key, e)),
-        };
-        Ok(
-            match deltapack_format::root::decode(&bytes, self.inner.mac_key.as_ref()) {
-                Ok(DecodedRoot::Incompatible { reason }) => {
-                    RootStatus::Unusable(MissReason::Incompatible { detail: reason })
-                }
-                Ok(d) => match d.summary() {
-                    Some(s) if s.namespace == *ns && s.context == *ctx => {
-                        RootStatus::Found(Box::new(d))
-                    }
-                    _ => RootStatus::Unusable(MissReason::Corrupt {
-                        what: format!("root {key} names another key"),
-                    }),
-                },
-                Err(e) => RootStatus::Unusable(MissReason::Corrupt {
-                    what: format!("root {key}: {e}"),
-                }),
-            },
-        )
     }
 
     async fn verify_object(&self, key: &Path, r: &Referenced) -> Result<bool> {

@@ -1,0 +1,144 @@
+//! `deltapack sweep` (alias `verify`): the integrity sweep.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use deltapack_store::{StoreConfig, SweepOptions};
+
+use crate::common::{human_bytes, open_store, print_json, spinner, KeyArgs};
+
+/// Arguments of `deltapack sweep`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct SweepArgs {
+    /// Store URL (file:///path, s3://bucket/prefix, memory://).
+    #[arg(long)]
+    store: String,
+    /// Keep unreferenced objects younger than this (e.g. 0s, 90s, 15m, 2h).
+    /// Zero is only safe for a store used by one process.
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    grace: Duration,
+    /// Verify only objects whose first digest byte is n modulo m ("n/m");
+    /// m runs with n = 0..m-1 cover everything.
+    #[arg(long, value_name = "N/M", value_parser = parse_subset)]
+    subset: Option<(u8, u8)>,
+    /// Pace verification to at most this many bytes per second.
+    #[arg(long, value_name = "BYTES")]
+    rate: Option<u64>,
+    /// Report what would be done without changing anything.
+    #[arg(long)]
+    dry_run: bool,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    key: KeyArgs,
+}
+
+/// Parses `90`, `90s`, `15m`, `2h`, `1d`.
+pub(crate) fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?} (e.g. 0s, 90s, 15m, 2h)"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86_400,
+        _ => return Err(format!("unknown duration unit {unit:?} (s, m, h, d)")),
+    };
+    Ok(Duration::from_secs(secs))
+}
+
+fn parse_subset(s: &str) -> std::result::Result<(u8, u8), String> {
+    let (n, m) = s.split_once('/').ok_or("expected N/M, e.g. 0/4")?;
+    let n: u8 = n.parse().map_err(|_| "N must be 0..255")?;
+    let m: u8 = m.parse().map_err(|_| "M must be 1..255")?;
+    if m == 0 || n >= m {
+        return Err("need 0 <= N < M".into());
+    }
+    Ok((n, m))
+}
+
+pub(crate) async fn run(a: SweepArgs) -> Result<ExitCode> {
+    let config = StoreConfig {
+        mac_secret: a.key.mac_secret()?,
+        ..Default::default()
+    };
+    let store = open_store(&a.store, config)?;
+    let bar = spinner("sweeping");
+    let opts = SweepOptions {
+        grace: a.grace,
+        subset: a.subset,
+        bytes_per_second: a.rate,
+        dry_run: a.dry_run,
+    };
+    let report = store.sweep(&opts).await;
+    bar.finish_and_clear();
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => bail!("sweep of {} failed: {e}", a.store),
+    };
+    if a.json {
+        print_json(&report)?;
+    } else {
+        let mode = if a.dry_run {
+            " (dry run: nothing changed)"
+        } else {
+            ""
+        };
+        println!("sweep of {}{mode}", a.store);
+        println!("  roots             {:>10}", report.roots);
+        println!("  unusable roots    {:>10}", report.unusable_roots.len());
+        println!(
+            "  checked           {:>10}  ({})",
+            report.checked,
+            human_bytes(report.checked_bytes)
+        );
+        println!("  corrupt           {:>10}", report.corrupt.len());
+        println!("  missing           {:>10}", report.missing.len());
+        println!("  quarantined       {:>10}", report.quarantined);
+        println!("  invalidated roots {:>10}", report.invalidated_roots.len());
+        println!(
+            "  orphans deleted   {:>10}  ({} reclaimed)",
+            report.orphans_deleted,
+            human_bytes(report.reclaimed_bytes)
+        );
+        println!("  orphans in grace  {:>10}", report.orphans_in_grace);
+        println!("  staging removed   {:>10}", report.staging_removed);
+        for k in report
+            .corrupt
+            .iter()
+            .chain(&report.missing)
+            .chain(&report.invalidated_roots)
+        {
+            println!("  ! {k}");
+        }
+    }
+    let damaged = !report.corrupt.is_empty() || !report.missing.is_empty();
+    Ok(if damaged {
+        ExitCode::from(crate::EXIT_MISS)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_subsets() {
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert!(parse_duration("5y").is_err());
+        assert!(parse_duration("x").is_err());
+        assert_eq!(parse_subset("1/4"), Ok((1, 4)));
+        assert!(parse_subset("4/4").is_err());
+        assert!(parse_subset("1").is_err());
+    }
+}

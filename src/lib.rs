@@ -1,7 +1,7 @@
 //! deltapack: an authenticated macro-object delta store for paged prefix state.
 //!
 //! This umbrella crate re-exports the two library crates:
-//! [`format`] (pure byte formats, no I/O) and [`store`] (object-store backed
+//! [`mod@format`] (pure byte formats, no I/O) and [`store`] (object-store backed
 //! publication and verified restore). The top-level `tests/` and `benches/`
 //! folders of the repository belong to this package.
 

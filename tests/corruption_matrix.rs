@@ -38,12 +38,12 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+type RootId = (Namespace, ContextDigest);
+/// (base root, object keys, expected snapshot digest) of one root.
+type RootFacts = (Option<RootId>, BTreeSet<String>, Digest);
+
 struct World {
-    /// root -> (base root, objects, expected digest)
-    roots: BTreeMap<
-        (Namespace, ContextDigest),
-        (Option<(Namespace, ContextDigest)>, BTreeSet<String>, Digest),
-    >,
+    roots: BTreeMap<RootId, RootFacts>,
 }
 
 async fn world() -> World {

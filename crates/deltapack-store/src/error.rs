@@ -122,6 +122,9 @@ pub enum StoreError {
     /// Publication would exceed the store's capacity (nothing was written).
     #[error("capacity: {0}")]
     Capacity(String),
+    /// The capacity ledger failed.
+    #[error("ledger: {0}")]
+    Ledger(String),
     /// An internal invariant broke (a bug): never a data problem.
     #[error("internal invariant broken: {0}")]
     Internal(String),

@@ -22,8 +22,10 @@
 //!   [`MissReason`]; corrupt objects are quarantined and counted.
 
 pub mod backend;
+pub mod capacity;
 pub mod error;
 pub mod keys;
+pub mod ledger;
 pub mod publish;
 mod reassembly;
 pub mod restore;
@@ -32,7 +34,9 @@ pub mod store;
 pub mod sweep;
 
 pub use backend::{Backend, BackendKind};
+pub use capacity::{Pin, PruneFilter, RemovalReport, StatsReport};
 pub use error::{MissReason, OpenError, Result, StoreError};
+pub use ledger::{ColdStart, Totals};
 pub use publish::{BaseInput, PublishOutcome, PublishReceipt, PublishRequest, RootFormat};
 pub use restore::{RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored};
 pub use stats::StatsSnapshot;

@@ -187,9 +187,14 @@ impl Store {
             .existing_outcome(&ns, &req.context, &mut receipt)
             .await?
         {
+            if done == PublishOutcome::AlreadyPresent {
+                self.ledger_touch(&ns, &req.context).await;
+            }
             receipt.total_time = start.elapsed();
             return Ok(done_receipt(receipt, done));
         }
+        // The base must not be evicted while its delta is being published.
+        let _base_pin = req.base.as_ref().map(|b| self.pin(ns, b.context));
 
         let t_encode = Instant::now();
         let payload: Bytes = match &req.base {
@@ -206,6 +211,16 @@ impl Store {
         receipt.encode_time = t_encode.elapsed();
         receipt.payload_len = payload.len() as u64;
 
+        // Capacity first: evict or refuse before anything is written.
+        let objects = match req.format {
+            RootFormat::V2 => receipt.payload_len.div_ceil(self.config().max_extent_bytes),
+            RootFormat::V1 => boundary / ct,
+        };
+        // Upper bound of what this publication adds: the payload (objects
+        // already present are not subtracted) and a generous root estimate.
+        self.make_room(receipt.payload_len + 4096 + 256 * objects).await?;
+        let guard = ProtectGuard::new(self).await?;
+
         let t_write = Instant::now();
         let meta = RootMeta {
             namespace: ns,
@@ -218,12 +233,20 @@ impl Store {
         };
         let root_bytes = match req.format {
             RootFormat::V2 => {
-                self.write_v2(&meta, payload, &mut receipt, progress)
+                self.write_v2(&meta, payload, &mut receipt, progress, &guard)
                     .await?
             }
             RootFormat::V1 => {
-                self.write_v1(&meta, payload, &mut receipt, progress)
+                self.write_v1(&meta, payload, &mut receipt, progress, &guard)
                     .await?
+            }
+        };
+        let entry = match root::decode(&root_bytes, self.inner.mac_key.as_ref())?.summary() {
+            Some(s) => crate::ledger::RootEntry::from_summary(&s, root_bytes.len() as u64),
+            None => {
+                return Err(StoreError::Internal(
+                    "a root just encoded does not decode".into(),
+                ))
             }
         };
 
@@ -232,6 +255,7 @@ impl Store {
         let root_digest = Digest::blake3(&root_bytes);
         match put_create(self.object_store().as_ref(), &key, root_bytes).await? {
             PutOutcome::Created => {
+                self.ledger_record(&entry).await;
                 receipt.root_digest = Some(root_digest);
                 receipt.bytes_written += root_len;
                 Stats::add(&self.stats_ref().roots_written, 1);
@@ -244,7 +268,12 @@ impl Store {
                     .existing_outcome(&ns, &req.context, &mut receipt)
                     .await?
                 {
-                    Some(done) => receipt.outcome = done,
+                    Some(done) => {
+                        if done == PublishOutcome::AlreadyPresent {
+                            self.ledger_touch(&ns, &req.context).await;
+                        }
+                        receipt.outcome = done
+                    }
                     None => {
                         return Err(StoreError::Internal(format!(
                             "root {key} existed at create but vanished before it could be read"
@@ -253,6 +282,7 @@ impl Store {
                 }
             }
         }
+        drop(guard);
         receipt.write_time = t_write.elapsed();
         receipt.total_time = start.elapsed();
         if receipt.outcome == PublishOutcome::Conflict {
@@ -373,6 +403,7 @@ impl Store {
         payload: Bytes,
         receipt: &mut PublishReceipt,
         progress: &(dyn Fn(u64, u64) + Send + Sync),
+        guard: &ProtectGuard,
     ) -> Result<Bytes> {
         let m = self.inner.config.max_extent_bytes;
         let plan = ExtentPlan::new(payload.len() as u64, m)?;
@@ -399,6 +430,11 @@ impl Store {
                 entries.push(entry);
                 objs.push(obj);
             }
+            guard.protect(
+                objs.iter()
+                    .map(|o: &PendingObject| o.key.to_string())
+                    .collect(),
+            )?;
             self.write_batch(objs, receipt).await?;
             done += batch
                 .iter()
@@ -420,6 +456,7 @@ impl Store {
         payload: Bytes,
         receipt: &mut PublishReceipt,
         progress: &(dyn Fn(u64, u64) + Send + Sync),
+        guard: &ProtectGuard,
     ) -> Result<Bytes> {
         let p2 = payload.clone();
         let (boundary, ct) = (meta.result_header.boundary, meta.chunk_tokens);
@@ -435,13 +472,18 @@ impl Store {
         let mut done = 0;
         let all: Vec<_> = chunks.iter().zip(ranges).collect();
         for batch in all.chunks(PUBLISH_BATCH) {
-            let objs = batch
+            let objs: Vec<PendingObject> = batch
                 .iter()
                 .map(|(c, r)| PendingObject {
                     key: keys::object_key(&c.digest),
                     bytes: payload.slice(r.start as usize..r.end as usize),
                 })
                 .collect();
+            guard.protect(
+                objs.iter()
+                    .map(|o: &PendingObject| o.key.to_string())
+                    .collect(),
+            )?;
             self.write_batch(objs, receipt).await?;
             done += batch.iter().map(|(c, _)| c.bytes).sum::<u64>();
             progress(done, total);
@@ -563,4 +605,53 @@ fn prepare_extent(
             bytes: raw,
         },
     ))
+}
+
+/// Protects the objects a publication writes or reuses from garbage
+/// collection until the publication ends (its root is recorded, or it
+/// fails); protections also expire on their own if the process dies.
+struct ProtectGuard {
+    store: Store,
+    owner: u64,
+    until: u64,
+}
+
+impl ProtectGuard {
+    async fn new(store: &Store) -> Result<Self> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static SEQ: AtomicU64 = AtomicU64::new(1);
+        store.ledger().await?;
+        let now = crate::ledger::now_ms();
+        let owner = (u64::from(std::process::id()) << 32)
+            ^ (SEQ.fetch_add(1, Ordering::Relaxed) << 1)
+            ^ (now & 0xffff_ffff);
+        let until = now
+            + store
+                .config()
+                .grace
+                .max(Duration::from_secs(3600))
+                .as_millis() as u64;
+        Ok(ProtectGuard {
+            store: store.clone(),
+            owner,
+            until,
+        })
+    }
+
+    fn protect(&self, keys: Vec<String>) -> Result<()> {
+        if let Some(l) = self.store.inner.ledger.get() {
+            l.protect(self.owner, &keys, self.until)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ProtectGuard {
+    fn drop(&mut self) {
+        if let Some(l) = self.store.inner.ledger.get() {
+            if let Err(e) = l.unprotect(self.owner) {
+                tracing::warn!(error = %e, "could not drop publication protections");
+            }
+        }
+    }
 }

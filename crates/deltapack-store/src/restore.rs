@@ -160,7 +160,17 @@ impl Store {
         let st = self.stats_ref();
         st.record_latency(start.elapsed().as_micros() as u64);
         match &out {
-            RestoreOutcome::Hit(_) => Stats::add(&st.hits, 1),
+            RestoreOutcome::Hit(r) => {
+                Stats::add(&st.hits, 1);
+                if let Some(rate) = self.config().prefill_tokens_per_s.filter(|r| *r > 0.0) {
+                    let recompute = r.snapshot.boundary() as f64 / rate;
+                    if start.elapsed().as_secs_f64() < recompute {
+                        Stats::add(&st.hits_cheaper_than_prefill, 1);
+                    } else {
+                        Stats::add(&st.hits_dearer_than_prefill, 1);
+                    }
+                }
+            }
             RestoreOutcome::Miss(m) => Stats::add(
                 match m {
                     MissReason::Absent => &st.miss_absent,
@@ -255,6 +265,7 @@ impl Store {
         ctx: ContextDigest,
         depth: usize,
     ) -> Result<RestoreOutcome> {
+        let _pin = self.pin(ns, ctx);
         let root = match self.read_root(&ns, &ctx).await? {
             RootStatus::Absent => return Ok(RestoreOutcome::Miss(MissReason::Absent)),
             RootStatus::Unusable(r) => return Ok(RestoreOutcome::Miss(r)),
@@ -344,11 +355,14 @@ impl Store {
             _ => deltapack_format::SCHEMA_V2,
         };
         match built {
-            Ok(snapshot) => Ok(RestoreOutcome::Hit(Restored {
-                snapshot: Arc::new(snapshot),
-                digest: want,
-                schema,
-            })),
+            Ok(snapshot) => {
+                self.ledger_touch(&ns, &ctx).await;
+                Ok(RestoreOutcome::Hit(Restored {
+                    snapshot: Arc::new(snapshot),
+                    digest: want,
+                    schema,
+                }))
+            }
             Err(reason) => Ok(RestoreOutcome::Miss(reason)),
         }
     }

@@ -25,6 +25,9 @@ pub struct Stats {
     pub(crate) quarantined: AtomicU64,
     pub(crate) restores_shared: AtomicU64,
     pub(crate) base_cache_hits: AtomicU64,
+    pub(crate) evictions: AtomicU64,
+    pub(crate) hits_cheaper_than_prefill: AtomicU64,
+    pub(crate) hits_dearer_than_prefill: AtomicU64,
     pub(crate) restore_latencies_us: Mutex<Vec<u64>>,
 }
 
@@ -65,6 +68,13 @@ pub struct StatsSnapshot {
     pub restores_shared: u64,
     /// Bases served from the verified-base cache.
     pub base_cache_hits: u64,
+    /// Roots evicted for capacity.
+    pub evictions: u64,
+    /// Hits restored faster than recomputing the prefix at the configured
+    /// prefill rate.
+    pub hits_cheaper_than_prefill: u64,
+    /// Hits that took longer than recomputing would have.
+    pub hits_dearer_than_prefill: u64,
     /// Restore latency percentiles in microseconds: p50, p90, p99, max.
     pub restore_latency_us: [u64; 4],
 }
@@ -117,6 +127,9 @@ impl Stats {
             quarantined: g(&self.quarantined),
             restores_shared: g(&self.restores_shared),
             base_cache_hits: g(&self.base_cache_hits),
+            evictions: g(&self.evictions),
+            hits_cheaper_than_prefill: g(&self.hits_cheaper_than_prefill),
+            hits_dearer_than_prefill: g(&self.hits_dearer_than_prefill),
             restore_latency_us: [
                 pct(0.5),
                 pct(0.9),

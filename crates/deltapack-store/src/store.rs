@@ -38,6 +38,19 @@ pub struct StoreConfig {
     pub max_base_depth: usize,
     /// Largest payload or result a restore will allocate.
     pub max_restore_bytes: u64,
+    /// Hard budget in bytes (live + condemned objects + roots); `None` =
+    /// unbounded.
+    pub budget_bytes: Option<u64>,
+    /// Minimum free space to keep on the store's filesystem (local disk;
+    /// ignored where free space cannot be measured).
+    pub min_free_bytes: Option<u64>,
+    /// Grace period before condemned objects are deleted. Zero is only safe
+    /// for a store used by one process.
+    pub grace: std::time::Duration,
+    /// What to do with a persisted ledger at open.
+    pub cold_start: crate::ledger::ColdStart,
+    /// Prefill rate (tokens/s) to judge whether hits beat recomputation.
+    pub prefill_tokens_per_s: Option<f64>,
 }
 
 /// The MAC secret is never printed.
@@ -53,6 +66,11 @@ impl std::fmt::Debug for StoreConfig {
             .field("base_cache_bytes", &self.base_cache_bytes)
             .field("max_base_depth", &self.max_base_depth)
             .field("max_restore_bytes", &self.max_restore_bytes)
+            .field("budget_bytes", &self.budget_bytes)
+            .field("min_free_bytes", &self.min_free_bytes)
+            .field("grace", &self.grace)
+            .field("cold_start", &self.cold_start)
+            .field("prefill_tokens_per_s", &self.prefill_tokens_per_s)
             .finish()
     }
 }
@@ -66,6 +84,11 @@ impl Default for StoreConfig {
             base_cache_bytes: 4 << 30,
             max_base_depth: 16,
             max_restore_bytes: 1 << 38,
+            budget_bytes: None,
+            min_free_bytes: None,
+            grace: std::time::Duration::from_secs(3600),
+            cold_start: crate::ledger::ColdStart::Load,
+            prefill_tokens_per_s: None,
         }
     }
 }
@@ -135,6 +158,9 @@ pub(crate) struct Inner {
     pub(crate) stats: Stats,
     pub(crate) inflight: Mutex<HashMap<(Namespace, ContextDigest), SharedRestore>>,
     pub(crate) base_cache: Mutex<BaseCache>,
+    pub(crate) ledger: tokio::sync::OnceCell<crate::ledger::Ledger>,
+    pub(crate) pins: Mutex<HashMap<(Namespace, ContextDigest), usize>>,
+    pub(crate) flushed: Mutex<crate::stats::StatsSnapshot>,
 }
 
 /// A handle on one deltapack store. Cheap to clone; clones share counters,
@@ -217,6 +243,9 @@ impl Store {
                 stats: Stats::default(),
                 inflight: Mutex::new(HashMap::new()),
                 base_cache: Mutex::new(BaseCache::default()),
+                ledger: tokio::sync::OnceCell::new(),
+                pins: Mutex::new(HashMap::new()),
+                flushed: Mutex::new(Default::default()),
             }),
         })
     }

@@ -230,6 +230,9 @@ impl Store {
             report.invalidated_roots.push(key.to_string());
             if !opts.dry_run {
                 self.quarantine(&key).await;
+                self.ledger()
+                    .await?
+                    .remove_root(ns, ctx, crate::ledger::now_ms())?;
             }
         }
 
@@ -242,7 +245,7 @@ impl Store {
             let age = now
                 .duration_since(meta.last_modified.into())
                 .unwrap_or(Duration::ZERO);
-            if age < opts.grace {
+            if age < opts.grace || self.ledger().await?.is_protected(meta.location.as_ref())? {
                 report.orphans_in_grace += 1;
                 continue;
             }
@@ -251,6 +254,7 @@ impl Store {
                     Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
                     Err(e) => return Err(StoreError::io(&meta.location, e)),
                 }
+                self.ledger().await?.forget_object(meta.location.as_ref())?;
             }
             report.orphans_deleted += 1;
             report.reclaimed_bytes += meta.size;

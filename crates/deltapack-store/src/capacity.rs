@@ -1,0 +1,792 @@
+//! Capacity: the ledger's life cycle, budgets, eviction, pins and holds,
+//! garbage collection, prune / clear / invalidate, and the stats report.
+//!
+//! **Budget accounting.** Bytes counted against the budget are live objects
+//! (each once) + condemned objects not yet deleted + root objects. A
+//! publication first collects due garbage, then evicts least recently used
+//! roots until the *live* bytes plus what it needs fit; if the total
+//! (including condemned bytes still inside their grace period) still does not
+//! fit, it fails with a capacity error before writing anything — the space
+//! comes back once the grace period passes (at once with `grace = 0`).
+//!
+//! **Eviction order and safety.** Least recently used first (restores and
+//! publications are accesses). A root is evicted together with every delta
+//! built on it, dependents first, so no delta outlives its base; a root whose
+//! closure contains a pinned (in use by this process) or held (persistent,
+//! named) root is skipped. Objects still referenced by another root stay.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use bytes::Bytes;
+use deltapack_format::{ContextDigest, Namespace};
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::ObjectStoreExt;
+use serde::Serialize;
+
+use crate::backend::{put_create, BackendKind};
+use crate::error::{Result, StoreError};
+use crate::keys;
+use crate::ledger::{now_ms, ColdStart, Ledger, LedgerError, RootEntry, Totals};
+use crate::stats::Stats;
+use crate::store::{RootStatus, Store};
+
+impl From<LedgerError> for StoreError {
+    fn from(e: LedgerError) -> Self {
+        if let LedgerError::Sqlite(rusqlite::Error::SqliteFailure(f, _)) = &e {
+            if f.code == rusqlite::ErrorCode::DiskFull {
+                return StoreError::Capacity(format!("no space left for the ledger: {e}"));
+            }
+        }
+        StoreError::Ledger(e.to_string())
+    }
+}
+
+/// Prefix of hold markers.
+pub const HOLDS: &str = "holds";
+
+/// A root protected from eviction while this guard lives (in-process).
+#[derive(Debug)]
+pub struct Pin {
+    store: Store,
+    key: (Namespace, ContextDigest),
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        if let Ok(mut pins) = self.store.inner.pins.lock() {
+            if let Some(n) = pins.get_mut(&self.key) {
+                *n -= 1;
+                if *n == 0 {
+                    pins.remove(&self.key);
+                }
+            }
+        }
+    }
+}
+
+/// Which roots `prune` removes.
+#[derive(Debug, Clone, Default)]
+pub struct PruneFilter {
+    /// Only this namespace.
+    pub namespace: Option<Namespace>,
+    /// Only roots of this schema (`…/v1` or `…/v2`).
+    pub schema: Option<String>,
+    /// Only roots not accessed for at least this long.
+    pub idle_for: Option<Duration>,
+}
+
+/// What a removal did (or would do, on a dry run).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RemovalReport {
+    /// Root keys removed (dependents included).
+    pub roots: Vec<String>,
+    /// Objects condemned by the removal.
+    pub condemned_objects: u64,
+    /// Bytes condemned by the removal.
+    pub condemned_bytes: u64,
+    /// Objects deleted by garbage collection afterwards.
+    pub deleted_objects: u64,
+    /// Bytes deleted by garbage collection afterwards.
+    pub deleted_bytes: u64,
+    /// Whether nothing was changed.
+    pub dry_run: bool,
+}
+
+/// Ledger gauges, persisted and live counters, and free space.
+#[derive(Debug, Clone, Serialize)]
+pub struct StatsReport {
+    /// Ledger totals.
+    pub ledger: Totals,
+    /// Free bytes on the store's filesystem (local disk only).
+    pub free_bytes: Option<u64>,
+    /// Configured budget.
+    pub budget_bytes: Option<u64>,
+    /// Counters accumulated by every process that used this store (local
+    /// disk; for other backends, this process only).
+    pub counters: Vec<(String, u64)>,
+    /// This process's live counters and latency figures.
+    pub process: crate::StatsSnapshot,
+}
+
+fn valid_hold_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        && !name.starts_with('.');
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Invalid(format!(
+            "hold name {name:?}: use 1–64 characters [A-Za-z0-9._-], not starting with '.'"
+        )))
+    }
+}
+
+/// Free bytes on the filesystem holding `path`.
+#[cfg(unix)]
+pub fn free_space(path: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a valid out pointer.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Free bytes on the filesystem holding `path` (unknown off Unix).
+#[cfg(not(unix))]
+pub fn free_space(_path: &std::path::Path) -> Option<u64> {
+    None
+}
+
+impl Store {
+    /// Opens the ledger on first use and applies the cold-start policy.
+    pub(crate) async fn ledger(&self) -> Result<&Ledger> {
+        self.inner
+            .ledger
+            .get_or_try_init(|| async {
+                let (ledger, persisted) = match self.backend_kind() {
+                    BackendKind::Local { root } => (
+                        Ledger::open_file(&root.join("ledger").join("ledger.sqlite3"))?,
+                        true,
+                    ),
+                    _ => (Ledger::open_memory()?, false),
+                };
+                match self.config().cold_start {
+                    ColdStart::Clear => {
+                        self.clear_store().await?;
+                        self.rebuild_into(&ledger).await?;
+                    }
+                    ColdStart::Rebuild => self.rebuild_into(&ledger).await?,
+                    ColdStart::Load => {
+                        let listed = self.list_roots(None).await?.len() as u64;
+                        let known = ledger.totals()?.roots;
+                        if !persisted || listed != known {
+                            if persisted {
+                                tracing::info!(
+                                    listed,
+                                    known,
+                                    "ledger disagrees with the store: rebuilding"
+                                );
+                            }
+                            self.rebuild_into(&ledger).await?;
+                        }
+                    }
+                }
+                Ok::<_, StoreError>(ledger)
+            })
+            .await
+    }
+
+    /// Recomputes the ledger from the store (roots, holds, objects).
+    pub async fn rebuild_ledger(&self) -> Result<Totals> {
+        let ledger = self.ledger().await?;
+        self.rebuild_into(ledger).await?;
+        Ok(ledger.totals()?)
+    }
+
+    async fn rebuild_into(&self, ledger: &Ledger) -> Result<()> {
+        let mut entries = Vec::new();
+        for (ns, ctx) in self.list_roots(None).await? {
+            if let RootStatus::Found(r) = self.peek_root(&ns, &ctx).await? {
+                let size = self
+                    .object_store()
+                    .head(&keys::root_key(&ns, &ctx))
+                    .await
+                    .map(|m| m.size)
+                    .unwrap_or(0);
+                if let Some(s) = r.summary() {
+                    entries.push(RootEntry::from_summary(&s, size));
+                }
+            }
+        }
+        let holds = self.list_holds().await?;
+        let objects: Vec<object_store::ObjectMeta> = self
+            .object_store()
+            .list(Some(&Path::from(keys::OBJECTS)))
+            .try_collect()
+            .await
+            .map_err(|e| StoreError::io(&Path::from(keys::OBJECTS), e))?;
+        let present: Vec<(String, u64, u64)> = objects
+            .iter()
+            .map(|m| {
+                (
+                    m.location.to_string(),
+                    m.size,
+                    m.last_modified.timestamp_millis().max(0) as u64,
+                )
+            })
+            .collect();
+        ledger.replace_all(&entries, &holds, &present, now_ms())?;
+        Ok(())
+    }
+
+    async fn list_holds(&self) -> Result<Vec<(String, Namespace, ContextDigest)>> {
+        let prefix = Path::from(HOLDS);
+        let metas: Vec<object_store::ObjectMeta> = self
+            .object_store()
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| StoreError::io(&prefix, e))?;
+        Ok(metas
+            .iter()
+            .filter_map(|m| {
+                let parts: Vec<_> = m.location.parts().collect();
+                if parts.len() != 4 {
+                    return None;
+                }
+                Some((
+                    parts[1].as_ref().to_string(),
+                    parts[2].as_ref().parse().ok()?,
+                    parts[3].as_ref().parse().ok()?,
+                ))
+            })
+            .collect())
+    }
+
+    /// Deletes every root, object and hold (the `clear` cold start).
+    async fn clear_store(&self) -> Result<()> {
+        for prefix in [keys::ROOTS, keys::OBJECTS, HOLDS] {
+            let p = Path::from(prefix);
+            let metas: Vec<object_store::ObjectMeta> = self
+                .object_store()
+                .list(Some(&p))
+                .try_collect()
+                .await
+                .map_err(|e| StoreError::io(&p, e))?;
+            for m in metas {
+                match self.object_store().delete(&m.location).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(StoreError::io(&m.location, e)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Ledger totals.
+    pub async fn ledger_totals(&self) -> Result<Totals> {
+        Ok(self.ledger().await?.totals()?)
+    }
+
+    /// The ledger's comparable content (for tests and `ledger check`).
+    pub async fn ledger_image(&self) -> Result<crate::ledger::LedgerImage> {
+        Ok(self.ledger().await?.image()?)
+    }
+
+    /// Records a freshly created root in the ledger. The root is already
+    /// durable and visible, so a ledger failure here is logged, not returned:
+    /// the ledger is derived state and the next open notices the missing root
+    /// (root count check) and rebuilds.
+    pub(crate) async fn ledger_record(&self, entry: &RootEntry) {
+        match self.ledger().await {
+            Ok(l) => {
+                if let Err(e) = l.record_root(entry, now_ms()) {
+                    tracing::warn!(error = %e, "published root not recorded in the ledger (it will be rebuilt)");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "ledger unavailable"),
+        }
+    }
+
+    /// Marks an access.
+    pub(crate) async fn ledger_touch(&self, ns: &Namespace, ctx: &ContextDigest) {
+        if let Ok(l) = self.ledger().await {
+            if let Err(e) = l.touch(ns, ctx, now_ms()) {
+                tracing::warn!(error = %e, "ledger touch failed");
+            }
+        }
+    }
+
+    /// Pins a root against eviction by this process while the guard lives.
+    pub fn pin(&self, ns: Namespace, ctx: ContextDigest) -> Pin {
+        if let Ok(mut pins) = self.inner.pins.lock() {
+            *pins.entry((ns, ctx)).or_insert(0) += 1;
+        }
+        Pin {
+            store: self.clone(),
+            key: (ns, ctx),
+        }
+    }
+
+    fn is_pinned(&self, key: &(Namespace, ContextDigest)) -> bool {
+        self.inner
+            .pins
+            .lock()
+            .map(|p| p.contains_key(key))
+            .unwrap_or(true)
+    }
+
+    /// Places a named, persistent hold on a root (it must exist).
+    pub async fn hold(&self, name: &str, ns: Namespace, ctx: ContextDigest) -> Result<()> {
+        valid_hold_name(name)?;
+        if !matches!(self.peek_root(&ns, &ctx).await?, RootStatus::Found(_)) {
+            return Err(StoreError::Invalid(format!(
+                "no readable root {}",
+                keys::root_key(&ns, &ctx)
+            )));
+        }
+        let marker = Path::from(format!("{HOLDS}/{name}/{}/{}", ns.hex(), ctx.hex()));
+        put_create(self.object_store().as_ref(), &marker, Bytes::new()).await?;
+        self.ledger().await?.add_hold(name, &ns, &ctx)?;
+        Ok(())
+    }
+
+    /// Releases a named hold. Returns whether it existed.
+    pub async fn release(&self, name: &str, ns: Namespace, ctx: ContextDigest) -> Result<bool> {
+        valid_hold_name(name)?;
+        let marker = Path::from(format!("{HOLDS}/{name}/{}/{}", ns.hex(), ctx.hex()));
+        match self.object_store().delete(&marker).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(StoreError::io(&marker, e)),
+        }
+        Ok(self.ledger().await?.release_hold(name, &ns, &ctx)?)
+    }
+
+    /// Deletes condemned objects whose grace period has passed and that no
+    /// publication in progress protects. On local disk each file is removed
+    /// inside the ledger transaction that re-checks the object, so a
+    /// concurrent publisher (which protects objects before relying on them)
+    /// either sees the object gone and rewrites it, or protects it first.
+    pub async fn collect_garbage(&self) -> Result<(u64, u64)> {
+        let ledger = self.ledger().await?;
+        let cutoff = now_ms().saturating_sub(self.config().grace.as_millis() as u64);
+        let (n, b) = match self.backend_kind() {
+            BackendKind::Local { root } => {
+                let root = root.clone();
+                ledger.collect(cutoff, |key| match std::fs::remove_file(root.join(key)) {
+                    Ok(()) => true,
+                    Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+                })?
+            }
+            _ => {
+                let (mut n, mut b) = (0, 0);
+                for (key, bytes) in ledger.due(cutoff)? {
+                    let p = Path::from(key.as_str());
+                    match self.object_store().delete(&p).await {
+                        Ok(()) | Err(object_store::Error::NotFound { .. }) => {
+                            ledger.forget_if_condemned(&key)?;
+                            n += 1;
+                            b += bytes;
+                        }
+                        Err(e) => return Err(StoreError::io(&p, e)),
+                    }
+                }
+                (n, b)
+            }
+        };
+        if n > 0 {
+            tracing::info!(objects = n, bytes = b, "garbage collected");
+        }
+        Ok((n, b))
+    }
+
+    /// The roots that must go with `root`: itself and every delta built on
+    /// it, dependents first.
+    fn closure(
+        rows: &[crate::ledger::RootRow],
+        root: (Namespace, ContextDigest),
+    ) -> Vec<(Namespace, ContextDigest)> {
+        let mut children: HashMap<(Namespace, ContextDigest), Vec<(Namespace, ContextDigest)>> =
+            HashMap::new();
+        for r in rows {
+            if let Some(b) = r.base {
+                children
+                    .entry(b)
+                    .or_default()
+                    .push((r.namespace, r.context));
+            }
+        }
+        let mut order = Vec::new();
+        let mut seen = BTreeSet::new();
+        fn visit(
+            k: (Namespace, ContextDigest),
+            children: &HashMap<(Namespace, ContextDigest), Vec<(Namespace, ContextDigest)>>,
+            seen: &mut BTreeSet<(Namespace, ContextDigest)>,
+            order: &mut Vec<(Namespace, ContextDigest)>,
+        ) {
+            if !seen.insert(k) {
+                return;
+            }
+            for c in children.get(&k).into_iter().flatten() {
+                visit(*c, children, seen, order);
+            }
+            order.push(k);
+        }
+        visit(root, &children, &mut seen, &mut order);
+        order
+    }
+
+    /// Removes roots (each with its dependents), condemning their objects,
+    /// then collects due garbage.
+    async fn remove_roots(
+        &self,
+        targets: Vec<(Namespace, ContextDigest)>,
+        dry_run: bool,
+    ) -> Result<RemovalReport> {
+        let ledger = self.ledger().await?;
+        let rows = ledger.roots_lru()?;
+        let mut report = RemovalReport {
+            dry_run,
+            ..Default::default()
+        };
+        let mut done = BTreeSet::new();
+        for t in targets {
+            for k in Self::closure(&rows, t) {
+                if !done.insert(k) {
+                    continue;
+                }
+                report.roots.push(keys::root_key(&k.0, &k.1).to_string());
+                if dry_run {
+                    continue;
+                }
+                self.remove_one(ledger, k, &mut report).await?;
+            }
+        }
+        if !dry_run {
+            let (n, b) = self.collect_garbage().await?;
+            report.deleted_objects = n;
+            report.deleted_bytes = b;
+        }
+        Ok(report)
+    }
+
+    async fn remove_one(
+        &self,
+        ledger: &Ledger,
+        k: (Namespace, ContextDigest),
+        report: &mut RemovalReport,
+    ) -> Result<()> {
+        let key = keys::root_key(&k.0, &k.1);
+        match self.object_store().delete(&key).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(StoreError::io(&key, e)),
+        }
+        for (name, ns, ctx) in self
+            .list_holds()
+            .await?
+            .into_iter()
+            .filter(|h| (h.1, h.2) == k)
+        {
+            let marker = Path::from(format!("{HOLDS}/{name}/{}/{}", ns.hex(), ctx.hex()));
+            let _ = self.object_store().delete(&marker).await;
+        }
+        for (_, bytes) in ledger.remove_root(&k.0, &k.1, now_ms())? {
+            report.condemned_objects += 1;
+            report.condemned_bytes += bytes;
+        }
+        Ok(())
+    }
+
+    /// Makes room for `need` more bytes under the budget and minimum free
+    /// space (see the module docs); a capacity error if impossible.
+    pub(crate) async fn make_room(&self, need: u64) -> Result<()> {
+        let (budget, min_free) = (self.config().budget_bytes, self.config().min_free_bytes);
+        if budget.is_none() && min_free.is_none() {
+            return Ok(());
+        }
+        let local_root = match self.backend_kind() {
+            BackendKind::Local { root } => Some(root.clone()),
+            _ => None,
+        };
+        let ledger = self.ledger().await?;
+        loop {
+            self.collect_garbage().await?;
+            let t = ledger.totals()?;
+            let live = t.object_bytes + t.root_bytes;
+            let free_short = match (min_free, local_root.as_deref().and_then(free_space)) {
+                (Some(m), Some(free)) => free < m.saturating_add(need),
+                _ => false, // cannot tell: trust the budget
+            };
+            let live_over = budget.is_some_and(|b| live.saturating_add(need) > b);
+            if !live_over && !free_short {
+                if budget.is_some_and(|b| t.used_bytes.saturating_add(need) > b) {
+                    return Err(StoreError::Capacity(format!(
+                        "need {need} bytes: {} bytes are condemned and will be reclaimed after the grace period \
+                         ({:?}); budget {}, in use {}",
+                        t.condemned_bytes,
+                        self.config().grace,
+                        budget.unwrap_or(0),
+                        t.used_bytes
+                    )));
+                }
+                return Ok(());
+            }
+            // Evict the least recently used evictable root (with dependents).
+            let rows = ledger.roots_lru()?;
+            let mut victim = None;
+            for r in &rows {
+                let closure = Self::closure(&rows, (r.namespace, r.context));
+                let mut protected = false;
+                for k in &closure {
+                    if self.is_pinned(k) || ledger.is_held(&k.0, &k.1)? {
+                        protected = true;
+                        break;
+                    }
+                }
+                if !protected {
+                    victim = Some((r.namespace, r.context));
+                    break;
+                }
+            }
+            let Some(v) = victim else {
+                return Err(StoreError::Capacity(format!(
+                    "need {need} bytes but nothing evictable is left (budget {:?}, live {live} bytes, \
+                     free space short: {free_short}); nothing was written",
+                    budget
+                )));
+            };
+            let mut report = RemovalReport::default();
+            for k in Self::closure(&rows, v) {
+                self.remove_one(ledger, k, &mut report).await?;
+                Stats::add(&self.stats_ref().evictions, 1);
+                tracing::info!(root = %keys::root_key(&k.0, &k.1), "evicted");
+            }
+        }
+    }
+
+    /// Evicts least recently used roots until the ledger's bytes fit
+    /// `budget` (respecting pins and holds), then collects due garbage.
+    pub async fn evict_to(&self, budget: u64, dry_run: bool) -> Result<RemovalReport> {
+        let ledger = self.ledger().await?;
+        let rows = ledger.roots_lru()?;
+        let t = ledger.totals()?;
+        let mut live = t.object_bytes + t.root_bytes;
+        let mut chosen = Vec::new();
+        let mut gone = BTreeSet::new();
+        for r in &rows {
+            if live <= budget {
+                break;
+            }
+            let k = (r.namespace, r.context);
+            if gone.contains(&k) {
+                continue;
+            }
+            let closure = Self::closure(&rows, k);
+            let mut protected = false;
+            for c in &closure {
+                if self.is_pinned(c) || ledger.is_held(&c.0, &c.1)? {
+                    protected = true;
+                }
+            }
+            if protected {
+                continue;
+            }
+            // Estimate: root objects + objects used only by the closure.
+            let image = ledger.image()?;
+            let mut freed = 0;
+            let names: BTreeSet<(String, String)> =
+                closure.iter().map(|c| (c.0.hex(), c.1.hex())).collect();
+            let mut mine: HashMap<&str, usize> = HashMap::new();
+            for root in &image.roots {
+                if names.contains(&(root.0.clone(), root.1.clone())) {
+                    freed += root.6;
+                    for k in &root.7 {
+                        *mine.entry(k.as_str()).or_default() += 1;
+                    }
+                }
+            }
+            for (key, bytes, refs, _) in &image.objects {
+                if mine.get(key.as_str()).copied().unwrap_or(0) as u64 == *refs && *refs > 0 {
+                    freed += bytes;
+                }
+            }
+            live = live.saturating_sub(freed);
+            gone.extend(closure.iter().copied());
+            chosen.push(k);
+        }
+        let report = self.remove_roots(chosen, dry_run).await?;
+        if !dry_run {
+            Stats::add(&self.stats_ref().evictions, report.roots.len() as u64);
+        }
+        Ok(report)
+    }
+
+    /// Removes roots matching `filter` (respecting pins and holds).
+    pub async fn prune(&self, filter: &PruneFilter, dry_run: bool) -> Result<RemovalReport> {
+        let ledger = self.ledger().await?;
+        let now = now_ms();
+        let mut targets = Vec::new();
+        for r in ledger.roots_lru()? {
+            let k = (r.namespace, r.context);
+            if filter.namespace.is_some_and(|n| n != r.namespace)
+                || filter
+                    .schema
+                    .as_deref()
+                    .is_some_and(|s| s != r.schema && !r.schema.ends_with(s))
+                || filter
+                    .idle_for
+                    .is_some_and(|d| now.saturating_sub(r.last_access_ms) < d.as_millis() as u64)
+                || self.is_pinned(&k)
+                || ledger.is_held(&k.0, &k.1)?
+            {
+                continue;
+            }
+            targets.push(k);
+        }
+        self.remove_roots(targets, dry_run).await
+    }
+
+    /// Removes every root (or every root of one namespace), holds included.
+    pub async fn clear(
+        &self,
+        namespace: Option<Namespace>,
+        dry_run: bool,
+    ) -> Result<RemovalReport> {
+        let ledger = self.ledger().await?;
+        let targets = ledger
+            .roots_lru()?
+            .into_iter()
+            .filter(|r| namespace.is_none_or(|n| n == r.namespace))
+            .map(|r| (r.namespace, r.context))
+            .collect();
+        self.remove_roots(targets, dry_run).await
+    }
+
+    /// Invalidates a namespace (e.g. the model changed) or one context of
+    /// it, with every delta built on them, regardless of holds.
+    pub async fn invalidate(
+        &self,
+        namespace: Namespace,
+        context: Option<ContextDigest>,
+        dry_run: bool,
+    ) -> Result<RemovalReport> {
+        let ledger = self.ledger().await?;
+        let targets = ledger
+            .roots_lru()?
+            .into_iter()
+            .filter(|r| r.namespace == namespace && context.is_none_or(|c| c == r.context))
+            .map(|r| (r.namespace, r.context))
+            .collect();
+        let report = self.remove_roots(targets, dry_run).await?;
+        if let Ok(mut c) = self.inner.base_cache.lock() {
+            c.clear();
+        }
+        Ok(report)
+    }
+
+    /// Writes this handle's counters into the ledger (accumulating across
+    /// processes for a local store). Called by the CLI after each command.
+    pub async fn flush_counters(&self) -> Result<()> {
+        let now = self.stats();
+        let mut last = match self.inner.flushed.lock() {
+            Ok(l) => l.clone(),
+            Err(p) => p.into_inner().clone(),
+        };
+        let pairs = counter_pairs(&now);
+        let before = counter_pairs(&last);
+        let deltas: Vec<(&str, u64)> = pairs
+            .iter()
+            .zip(before.iter())
+            .map(|((n, v), (_, b))| (*n, v.saturating_sub(*b)))
+            .collect();
+        self.ledger().await?.add_counters(&deltas)?;
+        last = now;
+        if let Ok(mut l) = self.inner.flushed.lock() {
+            *l = last;
+        }
+        Ok(())
+    }
+
+    /// Gauges, persisted counters and this process's counters.
+    pub async fn stats_report(&self) -> Result<StatsReport> {
+        self.flush_counters().await?;
+        let ledger = self.ledger().await?;
+        let free_bytes = match self.backend_kind() {
+            BackendKind::Local { root } => free_space(root),
+            _ => None,
+        };
+        Ok(StatsReport {
+            ledger: ledger.totals()?,
+            free_bytes,
+            budget_bytes: self.config().budget_bytes,
+            counters: ledger.counters()?,
+            process: self.stats(),
+        })
+    }
+}
+
+/// The counters persisted in the ledger, by name.
+fn counter_pairs(s: &crate::StatsSnapshot) -> Vec<(&'static str, u64)> {
+    vec![
+        ("hits", s.hits),
+        ("misses_absent", s.miss_absent),
+        ("misses_corrupt", s.miss_corrupt),
+        ("misses_incompatible", s.miss_incompatible),
+        ("misses_base_missing", s.miss_base_missing),
+        ("misses_deadline_exceeded", s.miss_deadline),
+        ("misses_unauthenticated", s.miss_unauthenticated),
+        ("objects_read", s.objects_read),
+        ("bytes_read", s.bytes_read),
+        ("objects_written", s.objects_written),
+        ("bytes_written", s.bytes_written),
+        ("roots_written", s.roots_written),
+        ("evictions", s.evictions),
+        ("quarantined", s.quarantined),
+        ("conflicts", s.conflicts),
+        ("hits_cheaper_than_prefill", s.hits_cheaper_than_prefill),
+        ("hits_dearer_than_prefill", s.hits_dearer_than_prefill),
+    ]
+}
+
+/// Prometheus text exposition of a stats report.
+pub fn prometheus(r: &StatsReport) -> String {
+    let mut out = String::new();
+    let mut gauge = |name: &str, help: &str, v: u64| {
+        out.push_str(&format!(
+            "# HELP deltapack_{name} {help}\n# TYPE deltapack_{name} gauge\ndeltapack_{name} {v}\n"
+        ));
+    };
+    gauge(
+        "ledger_used_bytes",
+        "Bytes counted against the budget (live + condemned + roots).",
+        r.ledger.used_bytes,
+    );
+    gauge(
+        "ledger_object_bytes",
+        "Bytes of live objects, each counted once.",
+        r.ledger.object_bytes,
+    );
+    gauge(
+        "ledger_condemned_bytes",
+        "Bytes of condemned objects awaiting deletion.",
+        r.ledger.condemned_bytes,
+    );
+    gauge("ledger_roots", "Roots in the ledger.", r.ledger.roots);
+    gauge(
+        "ledger_objects",
+        "Live objects in the ledger.",
+        r.ledger.objects,
+    );
+    if let Some(f) = r.free_bytes {
+        gauge("free_bytes", "Free bytes on the store's filesystem.", f);
+    }
+    if let Some(b) = r.budget_bytes {
+        gauge("budget_bytes", "Configured byte budget.", b);
+    }
+    out.push_str("# HELP deltapack_namespace_bytes Physical bytes per namespace.\n# TYPE deltapack_namespace_bytes gauge\n");
+    for (ns, b) in &r.ledger.per_namespace {
+        out.push_str(&format!(
+            "deltapack_namespace_bytes{{namespace=\"{ns}\"}} {b}\n"
+        ));
+    }
+    for (name, v) in &r.counters {
+        out.push_str(&format!(
+            "# HELP deltapack_{name}_total Accumulated {name} (all processes).\n# TYPE deltapack_{name}_total counter\ndeltapack_{name}_total {v}\n"
+        ));
+    }
+    let lat = r.process.restore_latency_us;
+    out.push_str("# HELP deltapack_restore_latency_seconds Restore latency quantiles of this process.\n# TYPE deltapack_restore_latency_seconds summary\n");
+    for (q, v) in [("0.5", lat[0]), ("0.9", lat[1]), ("0.99", lat[2])] {
+        out.push_str(&format!(
+            "deltapack_restore_latency_seconds{{quantile=\"{q}\"}} {}\n",
+            v as f64 / 1e6
+        ));
+    }
+    out
+}

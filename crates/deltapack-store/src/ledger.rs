@@ -1,0 +1,739 @@
+//! The capacity ledger: one account of every root and object, v1 and v2.
+//!
+//! The ledger tracks each root (namespace, context, schema, kind, boundary,
+//! base reference, root size, last access) and each object (key, stored
+//! bytes, how many roots reference it, and when it was condemned). An object
+//! shared by many roots — a base's extents, identical content — is counted
+//! once. Holds (named, persistent protections) are cached here too, but
+//! their source of truth is the store (`holds/<name>/<ns>/<ctx>` markers),
+//! so the whole ledger is *derived state*: [`Ledger::rebuild`] recomputes it
+//! from a listing of the store and must agree with the incrementally
+//! maintained ledger.
+//!
+//! **Mechanism: SQLite.** Several processes on one machine (e.g. one per
+//! tensor-parallel rank) share one `file://` store, so the ledger must
+//! tolerate concurrent writers without corruption or double counting.
+//! SQLite gives exactly that: every mutation is one ACID transaction under
+//! SQLite's file locking (WAL mode, busy timeout), a crash rolls back a torn
+//! transaction, and an embedded library needs no daemon. The alternatives —
+//! a journal plus an advisory lock, or a single-process embedded store
+//! (redb, sled) — would need their own multi-process protocol. For a local
+//! store the database lives at `<store>/ledger/ledger.sqlite3`; for S3 and
+//! memory stores each process keeps an in-memory ledger rebuilt at open.
+//!
+//! **Two-phase deletion.** Removing a root never deletes objects directly:
+//! objects whose reference count drops to zero are *condemned* with a
+//! timestamp, still count against the budget, and are deleted only after the
+//! grace period by [`crate::Store::collect_garbage`]. A publisher that
+//! references a condemned object again un-condemns it in the same
+//! transaction that records its root, and the garbage collector deletes an
+//! object only inside a transaction that re-checks it is still condemned and
+//! unreferenced — so on one machine a delete and a re-reference are
+//! serialised. See `docs/design.md` for the protocol across machines.
+
+use std::path::Path as FsPath;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use deltapack_format::{ContextDigest, Namespace, RootKind, RootSummary};
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::Serialize;
+
+/// Errors of the ledger database.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// SQLite failed.
+    #[error("ledger database: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// The database could not be created.
+    #[error("ledger at {path}: {source}")]
+    Io {
+        /// Where.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Stored values are not what this version writes.
+    #[error("ledger content is inconsistent: {0}")]
+    Inconsistent(String),
+}
+
+/// What to do with a persisted ledger when a store is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ColdStart {
+    /// Trust the persisted ledger after a cheap consistency check (root
+    /// count against a listing of the store); rebuild if the check fails.
+    #[default]
+    Load,
+    /// Always rebuild from the store.
+    Rebuild,
+    /// Start genuinely empty: delete every root, object and hold.
+    Clear,
+}
+
+impl std::str::FromStr for ColdStart {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "load" => Ok(ColdStart::Load),
+            "rebuild" => Ok(ColdStart::Rebuild),
+            "clear" => Ok(ColdStart::Clear),
+            other => Err(format!(
+                "unknown cold-start policy {other:?} (expected load, rebuild or clear)"
+            )),
+        }
+    }
+}
+
+/// One root as the ledger records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RootEntry {
+    /// Namespace.
+    pub namespace: Namespace,
+    /// Context.
+    pub context: ContextDigest,
+    /// Schema string.
+    pub schema: String,
+    /// `snapshot` or `delta`.
+    pub kind: String,
+    /// Result boundary.
+    pub boundary: u64,
+    /// Base root, for deltas.
+    pub base: Option<(Namespace, ContextDigest)>,
+    /// Size of the root object.
+    pub root_bytes: u64,
+    /// `(object key, stored bytes)` of every object it references.
+    pub objects: Vec<(String, u64)>,
+}
+
+impl RootEntry {
+    /// The entry for a decoded root.
+    pub fn from_summary(s: &RootSummary, root_bytes: u64) -> Self {
+        RootEntry {
+            namespace: s.namespace,
+            context: s.context,
+            schema: s.schema.to_string(),
+            kind: match s.kind {
+                RootKind::Snapshot => "snapshot".into(),
+                RootKind::Delta => "delta".into(),
+            },
+            boundary: s.boundary,
+            base: s.base.map(|b| (b.namespace, b.context)),
+            root_bytes,
+            objects: s
+                .objects
+                .iter()
+                .map(|(d, n)| (crate::keys::object_key(d).to_string(), *n))
+                .collect(),
+        }
+    }
+}
+
+/// Ledger totals.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct Totals {
+    /// Roots.
+    pub roots: u64,
+    /// Live (referenced) objects.
+    pub objects: u64,
+    /// Bytes of live objects, each counted once.
+    pub object_bytes: u64,
+    /// Bytes of root objects.
+    pub root_bytes: u64,
+    /// Condemned objects awaiting deletion.
+    pub condemned_objects: u64,
+    /// Bytes of condemned objects (they still occupy storage).
+    pub condemned_bytes: u64,
+    /// Bytes counted against the budget: live + condemned + roots.
+    pub used_bytes: u64,
+    /// Physical bytes per namespace (objects shared within a namespace
+    /// counted once; shared across namespaces counted in each).
+    pub per_namespace: Vec<(String, u64)>,
+}
+
+/// A root row used by eviction and pruning.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RootRow {
+    /// Namespace.
+    pub namespace: Namespace,
+    /// Context.
+    pub context: ContextDigest,
+    /// Schema string.
+    pub schema: String,
+    /// Base root.
+    pub base: Option<(Namespace, ContextDigest)>,
+    /// Last access, ms since the epoch.
+    pub last_access_ms: u64,
+}
+
+/// One root of a [`LedgerImage`]: namespace, context, schema, kind,
+/// boundary, base `(namespace, context)`, root bytes, sorted object keys.
+pub type ImageRoot = (String, String, String, String, u64, Option<(String, String)>, u64, Vec<String>);
+
+/// The comparable content of a ledger (everything but access times).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LedgerImage {
+    /// Roots with their references, sorted.
+    pub roots: Vec<ImageRoot>,
+    /// Objects `(key, bytes, reference count, condemned?)`, sorted.
+    pub objects: Vec<(String, u64, u64, bool)>,
+    /// Holds `(name, namespace, context)`, sorted.
+    pub holds: Vec<(String, String, String)>,
+}
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS meta(k TEXT PRIMARY KEY, v TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS roots(
+    ns TEXT NOT NULL, ctx TEXT NOT NULL, schema TEXT NOT NULL, kind TEXT NOT NULL,
+    boundary INTEGER NOT NULL, base_ns TEXT, base_ctx TEXT,
+    root_bytes INTEGER NOT NULL, last_access INTEGER NOT NULL,
+    PRIMARY KEY(ns, ctx));
+CREATE INDEX IF NOT EXISTS roots_lru ON roots(last_access);
+CREATE INDEX IF NOT EXISTS roots_base ON roots(base_ns, base_ctx);
+CREATE TABLE IF NOT EXISTS refs(ns TEXT NOT NULL, ctx TEXT NOT NULL, key TEXT NOT NULL, PRIMARY KEY(ns, ctx, key));
+CREATE INDEX IF NOT EXISTS refs_key ON refs(key);
+CREATE TABLE IF NOT EXISTS objects(key TEXT PRIMARY KEY, bytes INTEGER NOT NULL, refs INTEGER NOT NULL, condemned_at INTEGER);
+CREATE TABLE IF NOT EXISTS holds(name TEXT NOT NULL, ns TEXT NOT NULL, ctx TEXT NOT NULL, PRIMARY KEY(name, ns, ctx));
+CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS protected(owner INTEGER NOT NULL, key TEXT NOT NULL, until INTEGER NOT NULL, PRIMARY KEY(owner, key));
+";
+
+/// Condemned objects due for deletion: unreferenced, condemned at or before
+/// ?1, and not protected by a publication in progress at ?2.
+const DUE: &str =
+    "SELECT key FROM objects WHERE refs = 0 AND condemned_at IS NOT NULL AND condemned_at <= ?1
+    AND NOT EXISTS (SELECT 1 FROM protected p WHERE p.key = objects.key AND p.until > ?2)";
+const STILL_DUE: &str = "SELECT bytes FROM objects WHERE key = ?1 AND refs = 0 AND condemned_at IS NOT NULL
+    AND condemned_at <= ?2 AND NOT EXISTS (SELECT 1 FROM protected p WHERE p.key = objects.key AND p.until > ?3)";
+
+/// Ledger format version (bumped when the tables change; an old file is
+/// rebuilt).
+const LEDGER_VERSION: &str = "1";
+
+/// The ledger.
+pub struct Ledger {
+    conn: Mutex<Connection>,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Ledger")
+    }
+}
+
+fn hexpair(ns: &Namespace, ctx: &ContextDigest) -> (String, String) {
+    (ns.hex(), ctx.hex())
+}
+
+fn parse_pair(ns: &str, ctx: &str) -> Result<(Namespace, ContextDigest), LedgerError> {
+    Ok((
+        ns.parse()
+            .map_err(|e| LedgerError::Inconsistent(format!("namespace {ns:?}: {e}")))?,
+        ctx.parse()
+            .map_err(|e| LedgerError::Inconsistent(format!("context {ctx:?}: {e}")))?,
+    ))
+}
+
+impl Ledger {
+    /// Opens (creating) the ledger database of a local store.
+    pub fn open_file(path: &FsPath) -> Result<Self, LedgerError> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|source| LedgerError::Io {
+                path: dir.display().to_string(),
+                source,
+            })?;
+        }
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(Duration::from_secs(30))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        Self::init(conn)
+    }
+
+    /// An in-memory ledger (S3 and memory stores).
+    pub fn open_memory() -> Result<Self, LedgerError> {
+        Self::init(Connection::open_in_memory()?)
+    }
+
+    fn init(conn: Connection) -> Result<Self, LedgerError> {
+        conn.execute_batch(SCHEMA)?;
+        let version: Option<String> = conn
+            .query_row("SELECT v FROM meta WHERE k = 'version'", [], |r| r.get(0))
+            .optional()?;
+        match version.as_deref() {
+            None => {
+                conn.execute(
+                    "INSERT OR REPLACE INTO meta(k, v) VALUES ('version', ?1)",
+                    [LEDGER_VERSION],
+                )?;
+            }
+            Some(LEDGER_VERSION) => {}
+            Some(other) => {
+                return Err(LedgerError::Inconsistent(format!(
+                    "ledger version {other}, this build writes {LEDGER_VERSION}"
+                )))
+            }
+        }
+        Ok(Ledger {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, LedgerError>,
+    ) -> Result<T, LedgerError> {
+        let mut guard = match self.conn.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        f(&mut guard)
+    }
+
+    /// Records a root (idempotent: an existing root is only touched). Objects
+    /// it references are counted (once per root) and un-condemned.
+    pub fn record_root(&self, e: &RootEntry, now: u64) -> Result<(), LedgerError> {
+        self.with(|c| {
+            let tx = c.transaction()?;
+            let (ns, ctx) = hexpair(&e.namespace, &e.context);
+            let exists: bool = tx
+                .query_row("SELECT 1 FROM roots WHERE ns = ?1 AND ctx = ?2", params![ns, ctx], |_| Ok(true))
+                .optional()?
+                .unwrap_or(false);
+            if exists {
+                tx.execute("UPDATE roots SET last_access = ?3 WHERE ns = ?1 AND ctx = ?2", params![ns, ctx, now as i64])?;
+                tx.commit()?;
+                return Ok(());
+            }
+            let (bns, bctx) = match e.base {
+                Some((b, c)) => (Some(b.hex()), Some(c.hex())),
+                None => (None, None),
+            };
+            tx.execute(
+                "INSERT INTO roots(ns, ctx, schema, kind, boundary, base_ns, base_ctx, root_bytes, last_access)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                params![ns, ctx, e.schema, e.kind, e.boundary as i64, bns, bctx, e.root_bytes as i64, now as i64],
+            )?;
+            for (key, bytes) in &e.objects {
+                let fresh = tx.execute("INSERT OR IGNORE INTO refs(ns, ctx, key) VALUES (?1, ?2, ?3)", params![ns, ctx, key])?;
+                if fresh == 1 {
+                    tx.execute(
+                        "INSERT INTO objects(key, bytes, refs, condemned_at) VALUES (?1, ?2, 1, NULL)
+                         ON CONFLICT(key) DO UPDATE SET refs = refs + 1, condemned_at = NULL",
+                        params![key, *bytes as i64],
+                    )?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })
+    }
+
+    /// Marks an access (restore or publication) of a root.
+    pub fn touch(&self, ns: &Namespace, ctx: &ContextDigest, now: u64) -> Result<(), LedgerError> {
+        self.with(|c| {
+            let (ns, ctx) = hexpair(ns, ctx);
+            c.execute(
+                "UPDATE roots SET last_access = MAX(last_access, ?3) WHERE ns = ?1 AND ctx = ?2",
+                params![ns, ctx, now as i64],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Forgets a root; objects no other root references are condemned at
+    /// `now`. Returns `(key, bytes)` of the newly condemned objects.
+    pub fn remove_root(
+        &self,
+        ns: &Namespace,
+        ctx: &ContextDigest,
+        now: u64,
+    ) -> Result<Vec<(String, u64)>, LedgerError> {
+        self.with(|c| {
+            let tx = c.transaction()?;
+            let (ns, ctx) = hexpair(ns, ctx);
+            let keys: Vec<String> = {
+                let mut st = tx.prepare("SELECT key FROM refs WHERE ns = ?1 AND ctx = ?2")?;
+                let rows = st.query_map(params![ns, ctx], |r| r.get(0))?;
+                rows.collect::<Result<_, _>>()?
+            };
+            let mut condemned = Vec::new();
+            for key in keys {
+                tx.execute("UPDATE objects SET refs = refs - 1 WHERE key = ?1", [&key])?;
+                let (refs, bytes): (i64, i64) = tx.query_row(
+                    "SELECT refs, bytes FROM objects WHERE key = ?1",
+                    [&key],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )?;
+                if refs <= 0 {
+                    tx.execute(
+                        "UPDATE objects SET refs = 0, condemned_at = ?2 WHERE key = ?1",
+                        params![key, now as i64],
+                    )?;
+                    condemned.push((key, bytes as u64));
+                }
+            }
+            tx.execute(
+                "DELETE FROM refs WHERE ns = ?1 AND ctx = ?2",
+                params![ns, ctx],
+            )?;
+            tx.execute(
+                "DELETE FROM roots WHERE ns = ?1 AND ctx = ?2",
+                params![ns, ctx],
+            )?;
+            tx.execute(
+                "DELETE FROM holds WHERE ns = ?1 AND ctx = ?2",
+                params![ns, ctx],
+            )?;
+            tx.commit()?;
+            Ok(condemned)
+        })
+    }
+
+    /// Records an object present in the store that no root references (an
+    /// orphan), condemned as of `since` (e.g. its last modification).
+    pub fn note_orphan(&self, key: &str, bytes: u64, since: u64) -> Result<(), LedgerError> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO objects(key, bytes, refs, condemned_at) VALUES (?1, ?2, 0, ?3) ON CONFLICT(key) DO NOTHING",
+                params![key, bytes as i64, since as i64],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Runs `delete(key)` for every condemned object condemned at or before
+    /// `cutoff`, each inside a transaction that re-checks the object is still
+    /// condemned and unreferenced; forgets the ones deleted. Returns
+    /// `(objects, bytes)` reclaimed.
+    pub fn collect(
+        &self,
+        cutoff: u64,
+        mut delete: impl FnMut(&str) -> bool,
+    ) -> Result<(u64, u64), LedgerError> {
+        self.with(|c| {
+            let due: Vec<String> = {
+                let mut st = c.prepare(DUE)?;
+                let rows = st.query_map(params![cutoff as i64, now_ms() as i64], |r| r.get(0))?;
+                rows.collect::<Result<_, _>>()?
+            };
+            let (mut n, mut bytes) = (0u64, 0u64);
+            for key in due {
+                let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+                let still: Option<i64> = tx
+                    .query_row(
+                        STILL_DUE,
+                        params![key, cutoff as i64, now_ms() as i64],
+                        |r| r.get(0),
+                    )
+                    .optional()?;
+                if let Some(b) = still {
+                    if delete(&key) {
+                        tx.execute("DELETE FROM objects WHERE key = ?1", [&key])?;
+                        n += 1;
+                        bytes += b as u64;
+                    }
+                }
+                tx.commit()?;
+            }
+            Ok((n, bytes))
+        })
+    }
+
+    /// Protects objects a publication is about to rely on (or write) from
+    /// garbage collection until `until` (ms), under the publication's `owner`
+    /// id. Serialised with [`Ledger::collect`] by SQLite's write lock.
+    pub fn protect(&self, owner: u64, keys: &[String], until: u64) -> Result<(), LedgerError> {
+        self.with(|c| {
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            for k in keys {
+                tx.execute(
+                    "INSERT INTO protected(owner, key, until) VALUES (?1, ?2, ?3)
+                     ON CONFLICT(owner, key) DO UPDATE SET until = ?3",
+                    params![owner as i64, k, until as i64],
+                )?;
+            }
+            tx.commit()?;
+            Ok(())
+        })
+    }
+
+    /// Drops a publication's protections (and any that expired).
+    pub fn unprotect(&self, owner: u64) -> Result<(), LedgerError> {
+        self.with(|c| {
+            c.execute(
+                "DELETE FROM protected WHERE owner = ?1 OR until <= ?2",
+                params![owner as i64, now_ms() as i64],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Whether a publication in progress protects the object.
+    pub fn is_protected(&self, key: &str) -> Result<bool, LedgerError> {
+        self.with(|c| {
+            Ok(c.query_row(
+                "SELECT 1 FROM protected WHERE key = ?1 AND until > ?2 LIMIT 1",
+                params![key, now_ms() as i64],
+                |_| Ok(true),
+            )
+            .optional()?
+            .unwrap_or(false))
+        })
+    }
+
+    /// Keys due for deletion (for backends deleted asynchronously).
+    pub fn due(&self, cutoff: u64) -> Result<Vec<(String, u64)>, LedgerError> {
+        self.with(|c| {
+            let mut st = c.prepare(&DUE.replace("SELECT key", "SELECT key, bytes"))?;
+            let rows = st.query_map(params![cutoff as i64, now_ms() as i64], |r| {
+                Ok((r.get(0)?, r.get::<_, i64>(1)? as u64))
+            })?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        })
+    }
+
+    /// Forgets an object if it is still unreferenced.
+    pub fn forget_if_condemned(&self, key: &str) -> Result<(), LedgerError> {
+        self.with(|c| {
+            c.execute("DELETE FROM objects WHERE key = ?1 AND refs = 0", [key])?;
+            Ok(())
+        })
+    }
+
+    /// Forgets an object (e.g. deleted or quarantined by the sweep).
+    pub fn forget_object(&self, key: &str) -> Result<(), LedgerError> {
+        self.with(|c| {
+            c.execute("DELETE FROM objects WHERE key = ?1 AND refs = 0", [key])?;
+            Ok(())
+        })
+    }
+
+    /// Totals.
+    pub fn totals(&self) -> Result<Totals, LedgerError> {
+        self.with(|c| {
+            let roots: i64 = c.query_row("SELECT COUNT(*) FROM roots", [], |r| r.get(0))?;
+            let root_bytes: i64 = c.query_row("SELECT COALESCE(SUM(root_bytes), 0) FROM roots", [], |r| r.get(0))?;
+            let (objects, object_bytes): (i64, i64) = c.query_row(
+                "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM objects WHERE refs > 0",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
+            let (condemned_objects, condemned_bytes): (i64, i64) = c.query_row(
+                "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM objects WHERE refs = 0",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
+            let per_namespace: Vec<(String, u64)> = {
+                let mut st = c.prepare(
+                    "SELECT ns, SUM(bytes) FROM (SELECT DISTINCT refs.ns AS ns, objects.key AS key, objects.bytes AS bytes
+                       FROM refs JOIN objects ON objects.key = refs.key) GROUP BY ns ORDER BY ns",
+                )?;
+                let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64)))?;
+                rows.collect::<Result<_, _>>()?
+            };
+            Ok(Totals {
+                roots: roots as u64,
+                objects: objects as u64,
+                object_bytes: object_bytes as u64,
+                root_bytes: root_bytes as u64,
+                condemned_objects: condemned_objects as u64,
+                condemned_bytes: condemned_bytes as u64,
+                used_bytes: (object_bytes + condemned_bytes + root_bytes) as u64,
+                per_namespace,
+            })
+        })
+    }
+
+    /// Every root, least recently used first.
+    pub fn roots_lru(&self) -> Result<Vec<RootRow>, LedgerError> {
+        self.with(|c| {
+            let mut st =
+                c.prepare("SELECT ns, ctx, schema, base_ns, base_ctx, last_access FROM roots ORDER BY last_access, ns, ctx")?;
+            let rows = st.query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, Option<String>>(3)?,
+                    r.get::<_, Option<String>>(4)?,
+                    r.get::<_, i64>(5)?,
+                ))
+            })?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (ns, ctx, schema, bns, bctx, la) = row?;
+                let (namespace, context) = parse_pair(&ns, &ctx)?;
+                let base = match (bns, bctx) {
+                    (Some(a), Some(b)) => Some(parse_pair(&a, &b)?),
+                    _ => None,
+                };
+                out.push(RootRow { namespace, context, schema, base, last_access_ms: la as u64 });
+            }
+            Ok(out)
+        })
+    }
+
+    /// Adds a hold (idempotent).
+    pub fn add_hold(
+        &self,
+        name: &str,
+        ns: &Namespace,
+        ctx: &ContextDigest,
+    ) -> Result<(), LedgerError> {
+        self.with(|c| {
+            let (ns, ctx) = hexpair(ns, ctx);
+            c.execute(
+                "INSERT OR IGNORE INTO holds(name, ns, ctx) VALUES (?1, ?2, ?3)",
+                params![name, ns, ctx],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Releases a hold.
+    pub fn release_hold(
+        &self,
+        name: &str,
+        ns: &Namespace,
+        ctx: &ContextDigest,
+    ) -> Result<bool, LedgerError> {
+        self.with(|c| {
+            let (ns, ctx) = hexpair(ns, ctx);
+            Ok(c.execute(
+                "DELETE FROM holds WHERE name = ?1 AND ns = ?2 AND ctx = ?3",
+                params![name, ns, ctx],
+            )? > 0)
+        })
+    }
+
+    /// Whether any hold protects the root.
+    pub fn is_held(&self, ns: &Namespace, ctx: &ContextDigest) -> Result<bool, LedgerError> {
+        self.with(|c| {
+            let (ns, ctx) = hexpair(ns, ctx);
+            Ok(c.query_row(
+                "SELECT 1 FROM holds WHERE ns = ?1 AND ctx = ?2 LIMIT 1",
+                params![ns, ctx],
+                |_| Ok(true),
+            )
+            .optional()?
+            .unwrap_or(false))
+        })
+    }
+
+    /// Replaces the whole content with what a listing of the store shows:
+    /// `roots`, `holds`, and every present object `(key, bytes, last
+    /// modified ms)`; present objects no root references are condemned as of
+    /// their last modification.
+    pub fn replace_all(
+        &self,
+        roots: &[RootEntry],
+        holds: &[(String, Namespace, ContextDigest)],
+        present: &[(String, u64, u64)],
+        now: u64,
+    ) -> Result<(), LedgerError> {
+        self.with(|c| {
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            tx.execute_batch(
+                "DELETE FROM refs; DELETE FROM roots; DELETE FROM objects; DELETE FROM holds;",
+            )?;
+            tx.commit()?;
+            Ok(())
+        })?;
+        for r in roots {
+            self.record_root(r, now)?;
+        }
+        for (name, ns, ctx) in holds {
+            self.add_hold(name, ns, ctx)?;
+        }
+        for (key, bytes, mtime) in present {
+            self.note_orphan(key, *bytes, *mtime)?;
+        }
+        Ok(())
+    }
+
+    /// The comparable content (everything but access and condemnation times).
+    pub fn image(&self) -> Result<LedgerImage, LedgerError> {
+        self.with(|c| {
+            let mut roots = Vec::new();
+            {
+                let mut st = c.prepare(
+                    "SELECT ns, ctx, schema, kind, boundary, base_ns, base_ctx, root_bytes FROM roots ORDER BY ns, ctx",
+                )?;
+                let rows = st.query_map([], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, String>(3)?,
+                        r.get::<_, i64>(4)? as u64,
+                        r.get::<_, Option<String>>(5)?,
+                        r.get::<_, Option<String>>(6)?,
+                        r.get::<_, i64>(7)? as u64,
+                    ))
+                })?;
+                for row in rows {
+                    let (ns, ctx, schema, kind, b, bns, bctx, rb) = row?;
+                    let mut keys: Vec<String> = {
+                        let mut st2 = c.prepare("SELECT key FROM refs WHERE ns = ?1 AND ctx = ?2 ORDER BY key")?;
+                        let k = st2.query_map(params![ns, ctx], |r| r.get(0))?;
+                        k.collect::<Result<_, _>>()?
+                    };
+                    keys.sort();
+                    let base = bns.zip(bctx);
+                    roots.push((ns, ctx, schema, kind, b, base, rb, keys));
+                }
+            }
+            let objects = {
+                let mut st = c.prepare("SELECT key, bytes, refs, condemned_at IS NOT NULL FROM objects ORDER BY key")?;
+                let rows = st.query_map([], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64, r.get::<_, i64>(2)? as u64, r.get::<_, bool>(3)?))
+                })?;
+                rows.collect::<Result<_, _>>()?
+            };
+            let holds = {
+                let mut st = c.prepare("SELECT name, ns, ctx FROM holds ORDER BY name, ns, ctx")?;
+                let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+                rows.collect::<Result<_, _>>()?
+            };
+            Ok(LedgerImage { roots, objects, holds })
+        })
+    }
+
+    /// Adds counter deltas to the persisted counters.
+    pub fn add_counters(&self, deltas: &[(&str, u64)]) -> Result<(), LedgerError> {
+        self.with(|c| {
+            let tx = c.transaction()?;
+            for (name, v) in deltas {
+                if *v > 0 {
+                    tx.execute(
+                        "INSERT INTO counters(name, value) VALUES (?1, ?2) ON CONFLICT(name) DO UPDATE SET value = value + ?2",
+                        params![name, *v as i64],
+                    )?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })
+    }
+
+    /// The persisted counters.
+    pub fn counters(&self) -> Result<Vec<(String, u64)>, LedgerError> {
+        self.with(|c| {
+            let mut st = c.prepare("SELECT name, value FROM counters ORDER BY name")?;
+            let rows = st.query_map([], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64))
+            })?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        })
+    }
+}

@@ -46,6 +46,42 @@ impl KeyArgs {
     }
 }
 
+/// Capacity options shared by the commands that open a store.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct CapacityArgs {
+    /// Hard byte budget of the store (objects + roots); publications evict
+    /// least recently used roots to stay within it.
+    #[arg(long, value_name = "BYTES")]
+    pub(crate) budget: Option<u64>,
+    /// Minimum free space to keep on the store's filesystem (local disk).
+    #[arg(long, value_name = "BYTES")]
+    pub(crate) min_free: Option<u64>,
+    /// Grace period before condemned objects are deleted (e.g. 0s, 15m, 1h).
+    /// Zero is only safe for a store used by one process.
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = crate::sweep::parse_duration)]
+    pub(crate) grace: Duration,
+    /// What to do with the persisted ledger at open: load, rebuild or clear.
+    #[arg(long, value_name = "POLICY", default_value = "load")]
+    pub(crate) cold_start: deltapack_store::ColdStart,
+    /// Prefill rate in tokens/s, to count hits that beat recomputation.
+    #[arg(long, value_name = "TOKENS_PER_S")]
+    pub(crate) prefill_rate: Option<f64>,
+}
+
+impl CapacityArgs {
+    /// Applies the options to a configuration.
+    pub(crate) fn apply(&self, c: StoreConfig) -> StoreConfig {
+        StoreConfig {
+            budget_bytes: self.budget,
+            min_free_bytes: self.min_free,
+            grace: self.grace,
+            cold_start: self.cold_start,
+            prefill_tokens_per_s: self.prefill_rate,
+            ..c
+        }
+    }
+}
+
 /// Opens a store, naming the URL in errors.
 pub(crate) fn open_store(url: &str, config: StoreConfig) -> Result<Store> {
     Store::open(url, config).with_context(|| format!("cannot open store {url}"))

@@ -14,6 +14,7 @@
 mod common;
 mod demo;
 mod inspect;
+mod ops;
 mod publish;
 mod restore;
 mod sweep;
@@ -60,6 +61,24 @@ enum Command {
     /// Exits 3 if damage was found.
     #[command(alias = "verify")]
     Sweep(sweep::SweepArgs),
+    /// Evict least recently used roots until the store fits a byte target
+    /// (pins and holds respected; a base goes only with its deltas).
+    Evict(ops::EvictArgs),
+    /// Place a named, persistent hold on a root (protects it from eviction
+    /// and prune).
+    Hold(ops::HoldArgs),
+    /// Release a named hold.
+    Release(ops::HoldArgs),
+    /// Remove roots matching filters (namespace, schema, idle time).
+    Prune(ops::PruneArgs),
+    /// Remove every root (or one namespace's), holds included.
+    Clear(ops::ClearArgs),
+    /// Invalidate a namespace (e.g. the model changed) or one context.
+    Invalidate(ops::InvalidateArgs),
+    /// Rebuild the capacity ledger from the store, or show its totals.
+    Ledger(ops::LedgerArgs),
+    /// Ledger gauges and counters (`--prometheus` for the text exposition).
+    Stats(ops::StatsArgs),
     /// Run the main job end to end: a multi-turn conversation published as
     /// v2 deltas and as legacy v1 roots, restored and verified.
     Demo(demo::DemoArgs),
@@ -133,6 +152,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     Command::Inspect(a) => inspect::run(a).await,
                     Command::Demo(a) => demo::run(a).await,
                     Command::Sweep(a) => sweep::run(a).await,
+                    Command::Evict(a) => ops::evict(a).await,
+                    Command::Hold(a) => ops::hold(a, false).await,
+                    Command::Release(a) => ops::hold(a, true).await,
+                    Command::Prune(a) => ops::prune(a).await,
+                    Command::Clear(a) => ops::clear(a).await,
+                    Command::Invalidate(a) => ops::invalidate(a).await,
+                    Command::Ledger(a) => ops::ledger(a).await,
+                    Command::Stats(a) => ops::stats(a).await,
                     Command::Identity(_) | Command::Synth(_) => {
                         unreachable!("handled without a runtime")
                     }

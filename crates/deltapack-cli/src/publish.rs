@@ -74,6 +74,8 @@ pub(crate) struct PublishArgs {
     compress: Option<i32>,
     #[command(flatten)]
     key: KeyArgs,
+    #[command(flatten)]
+    capacity: common::CapacityArgs,
     /// Print the receipt as JSON.
     #[arg(long)]
     json: bool,
@@ -146,7 +148,7 @@ pub(crate) async fn run(args: PublishArgs) -> Result<ExitCode> {
             .unwrap_or(deltapack_format::DEFAULT_MAX_EXTENT_BYTES),
         compression: args.compress,
         mac_secret: args.key.mac_secret()?,
-        ..Default::default()
+        ..args.capacity.apply(StoreConfig::default())
     };
     let store = common::open_store(&args.store, config)?;
     let req = PublishRequest {

@@ -35,6 +35,8 @@ pub(crate) struct RestoreArgs {
     deadline_ms: Option<u64>,
     #[command(flatten)]
     key: KeyArgs,
+    #[command(flatten)]
+    capacity: common::CapacityArgs,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
@@ -54,7 +56,7 @@ pub(crate) async fn run(args: RestoreArgs) -> Result<ExitCode> {
     };
     let config = StoreConfig {
         mac_secret: args.key.mac_secret()?,
-        ..Default::default()
+        ..args.capacity.apply(StoreConfig::default())
     };
     let store = common::open_store(&args.store, config)?;
     let opts = RestoreOptions {

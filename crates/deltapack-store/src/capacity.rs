@@ -712,7 +712,7 @@ impl Store {
 }
 
 /// The counters persisted in the ledger, by name.
-fn counter_pairs(s: &crate::StatsSnapshot) -> Vec<(&'static str, u64)> {
+pub(crate) fn counter_pairs(s: &crate::StatsSnapshot) -> Vec<(&'static str, u64)> {
     vec![
         ("hits", s.hits),
         ("misses_absent", s.miss_absent),

@@ -163,6 +163,31 @@ pub(crate) struct Inner {
     pub(crate) flushed: Mutex<crate::stats::StatsSnapshot>,
 }
 
+/// Persists this handle's counters into the ledger when the last clone of
+/// the handle goes away (so `deltapack stats` sees every process's work).
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let Some(ledger) = self.ledger.get() else {
+            return;
+        };
+        let now = self.stats.snapshot();
+        let last = match self.flushed.lock() {
+            Ok(l) => l.clone(),
+            Err(p) => p.into_inner().clone(),
+        };
+        let now_pairs = crate::capacity::counter_pairs(&now);
+        let last_pairs = crate::capacity::counter_pairs(&last);
+        let deltas: Vec<(&str, u64)> = now_pairs
+            .iter()
+            .zip(last_pairs.iter())
+            .map(|((n, v), (_, b))| (*n, v.saturating_sub(*b)))
+            .collect();
+        if let Err(e) = ledger.add_counters(&deltas) {
+            tracing::warn!(error = %e, "could not persist counters");
+        }
+    }
+}
+
 /// A handle on one deltapack store. Cheap to clone; clones share counters,
 /// the single-flight table and the base cache.
 #[derive(Clone)]

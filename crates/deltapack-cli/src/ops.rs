@@ -1,0 +1,297 @@
+//! Operator commands over the capacity ledger: `evict`, `hold`, `release`,
+//! `prune`, `clear`, `invalidate`, `ledger rebuild|show`, `stats`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Result;
+use deltapack_format::Namespace;
+use deltapack_store::{PruneFilter, RemovalReport, Store, StoreConfig};
+
+use crate::common::{self, human_bytes, print_json, CapacityArgs, KeyArgs};
+
+/// Options every operator command shares.
+#[derive(Debug, clap::Args)]
+pub(crate) struct StoreArgs {
+    /// Store URL (file:///path, s3://bucket/prefix, memory://).
+    #[arg(long)]
+    store: String,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    key: KeyArgs,
+    #[command(flatten)]
+    capacity: CapacityArgs,
+}
+
+impl StoreArgs {
+    fn open(&self) -> Result<Store> {
+        let config = StoreConfig {
+            mac_secret: self.key.mac_secret()?,
+            ..self.capacity.apply(StoreConfig::default())
+        };
+        common::open_store(&self.store, config)
+    }
+}
+
+/// `deltapack evict`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct EvictArgs {
+    #[command(flatten)]
+    s: StoreArgs,
+    /// Evict least recently used roots until the store fits this many bytes.
+    #[arg(long = "to", value_name = "BYTES")]
+    target: u64,
+    /// Print the plan without changing anything.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+/// `deltapack hold` / `release`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct HoldArgs {
+    #[command(flatten)]
+    s: StoreArgs,
+    /// Hold name (1–64 of [A-Za-z0-9._-]).
+    #[arg(long)]
+    name: String,
+    /// Namespace hex (or give --identity).
+    #[arg(long, value_name = "HEX", required_unless_present = "identity")]
+    namespace: Option<String>,
+    /// Identity file giving the namespace.
+    #[arg(long, value_name = "FILE")]
+    identity: Option<std::path::PathBuf>,
+    /// Context hex.
+    #[arg(long, value_name = "HEX")]
+    context: String,
+}
+
+/// `deltapack prune`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct PruneArgs {
+    #[command(flatten)]
+    s: StoreArgs,
+    /// Only this namespace (hex).
+    #[arg(long, value_name = "HEX")]
+    namespace: Option<String>,
+    /// Only roots of this schema (v1 or v2).
+    #[arg(long)]
+    schema: Option<String>,
+    /// Only roots not accessed for this long (e.g. 7d, 12h).
+    #[arg(long, value_name = "DURATION", value_parser = crate::sweep::parse_duration)]
+    idle: Option<Duration>,
+    /// Print the plan without changing anything.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+/// `deltapack clear`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ClearArgs {
+    #[command(flatten)]
+    s: StoreArgs,
+    /// Only this namespace (hex); default everything.
+    #[arg(long, value_name = "HEX")]
+    namespace: Option<String>,
+    /// Print the plan without changing anything.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+/// `deltapack invalidate`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct InvalidateArgs {
+    #[command(flatten)]
+    s: StoreArgs,
+    /// Namespace hex (e.g. of an identity whose model changed).
+    #[arg(long, value_name = "HEX")]
+    namespace: String,
+    /// Only this context (hex) and the deltas above it.
+    #[arg(long, value_name = "HEX")]
+    context: Option<String>,
+    /// Print the plan without changing anything.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+/// `deltapack ledger`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct LedgerArgs {
+    #[command(flatten)]
+    s: StoreArgs,
+    /// `rebuild` recomputes the ledger from the store; `show` prints totals.
+    #[arg(value_parser = ["rebuild", "show"])]
+    action: String,
+}
+
+/// `deltapack stats`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct StatsArgs {
+    #[command(flatten)]
+    s: StoreArgs,
+    /// Prometheus text exposition format.
+    #[arg(long, conflicts_with = "json")]
+    prometheus: bool,
+}
+
+fn ns(hex: &str) -> Result<Namespace> {
+    hex.parse().map_err(|e| anyhow::anyhow!("--namespace: {e}"))
+}
+
+fn print_removal(what: &str, r: &RemovalReport, json: bool) -> Result<ExitCode> {
+    if json {
+        print_json(r)?;
+    } else {
+        let mode = if r.dry_run {
+            " (dry run: nothing changed)"
+        } else {
+            ""
+        };
+        println!("{what}{mode}: {} roots", r.roots.len());
+        for k in &r.roots {
+            println!("  - {k}");
+        }
+        if !r.dry_run {
+            println!(
+                "condemned {} objects ({}); deleted {} objects ({})",
+                r.condemned_objects,
+                human_bytes(r.condemned_bytes),
+                r.deleted_objects,
+                human_bytes(r.deleted_bytes)
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) async fn evict(a: EvictArgs) -> Result<ExitCode> {
+    let store = a.s.open()?;
+    let r = store.evict_to(a.target, a.dry_run).await?;
+    print_removal("evict", &r, a.s.json)
+}
+
+pub(crate) async fn hold(a: HoldArgs, release: bool) -> Result<ExitCode> {
+    let store = a.s.open()?;
+    let namespace = match (&a.namespace, &a.identity) {
+        (Some(h), _) => ns(h)?,
+        (None, Some(f)) => common::read_identity(f)?.namespace(),
+        (None, None) => anyhow::bail!("give --namespace or --identity"),
+    };
+    let context = common::parse_context(&a.context)?;
+    if release {
+        let existed = store.release(&a.name, namespace, context).await?;
+        if a.s.json {
+            print_json(&serde_json::json!({ "released": existed }))?;
+        } else {
+            println!("{}", if existed { "released" } else { "no such hold" });
+        }
+    } else {
+        store.hold(&a.name, namespace, context).await?;
+        if a.s.json {
+            print_json(&serde_json::json!({ "held": true }))?;
+        } else {
+            println!("held {} as {:?}", context, a.name);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) async fn prune(a: PruneArgs) -> Result<ExitCode> {
+    let store = a.s.open()?;
+    let filter = PruneFilter {
+        namespace: a.namespace.as_deref().map(ns).transpose()?,
+        schema: a.schema.clone(),
+        idle_for: a.idle,
+    };
+    let r = store.prune(&filter, a.dry_run).await?;
+    print_removal("prune", &r, a.s.json)
+}
+
+pub(crate) async fn clear(a: ClearArgs) -> Result<ExitCode> {
+    let store = a.s.open()?;
+    let r = store
+        .clear(a.namespace.as_deref().map(ns).transpose()?, a.dry_run)
+        .await?;
+    print_removal("clear", &r, a.s.json)
+}
+
+pub(crate) async fn invalidate(a: InvalidateArgs) -> Result<ExitCode> {
+    let store = a.s.open()?;
+    let context = a
+        .context
+        .as_deref()
+        .map(common::parse_context)
+        .transpose()?;
+    let r = store
+        .invalidate(ns(&a.namespace)?, context, a.dry_run)
+        .await?;
+    print_removal("invalidate", &r, a.s.json)
+}
+
+pub(crate) async fn ledger(a: LedgerArgs) -> Result<ExitCode> {
+    let store = a.s.open()?;
+    let totals = if a.action == "rebuild" {
+        store.rebuild_ledger().await?
+    } else {
+        store.ledger_totals().await?
+    };
+    if a.s.json {
+        print_json(&totals)?;
+    } else {
+        println!("roots             {:>12}", totals.roots);
+        println!(
+            "objects           {:>12}  ({})",
+            totals.objects,
+            human_bytes(totals.object_bytes)
+        );
+        println!(
+            "condemned         {:>12}  ({})",
+            totals.condemned_objects,
+            human_bytes(totals.condemned_bytes)
+        );
+        println!("root bytes        {:>12}", human_bytes(totals.root_bytes));
+        println!("used (budgeted)   {:>12}", human_bytes(totals.used_bytes));
+        for (n, b) in &totals.per_namespace {
+            println!("  {}  {}", common::short(n), human_bytes(*b));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) async fn stats(a: StatsArgs) -> Result<ExitCode> {
+    let store = a.s.open()?;
+    let report = store.stats_report().await?;
+    if a.prometheus {
+        print!("{}", deltapack_store::capacity::prometheus(&report));
+    } else if a.s.json {
+        print_json(&report)?;
+    } else {
+        println!(
+            "used       {} of budget {}",
+            human_bytes(report.ledger.used_bytes),
+            report
+                .budget_bytes
+                .map(human_bytes)
+                .unwrap_or_else(|| "none".into())
+        );
+        println!("roots      {}", report.ledger.roots);
+        println!(
+            "objects    {} ({})",
+            report.ledger.objects,
+            human_bytes(report.ledger.object_bytes)
+        );
+        println!(
+            "condemned  {} ({})",
+            report.ledger.condemned_objects,
+            human_bytes(report.ledger.condemned_bytes)
+        );
+        if let Some(f) = report.free_bytes {
+            println!("free       {}", human_bytes(f));
+        }
+        for (name, v) in &report.counters {
+            println!("{name:<28} {v}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -120,7 +120,9 @@ async fn budget_held_through_a_random_workload_and_ledger_equals_rebuild() {
             Ok(_) => turns[seed as usize] = t + 1,
             // The base was evicted, or this conversation alone no longer
             // fits beside the protected base: start it again.
-            Err(StoreError::BaseMismatch { .. }) | Err(StoreError::Capacity(_)) => turns[seed as usize] = 0,
+            Err(StoreError::BaseMismatch { .. }) | Err(StoreError::Capacity(_)) => {
+                turns[seed as usize] = 0
+            }
             Err(e) => panic!("step {step}: {e}"),
         }
         let on_disk = store_bytes(dir.path());
@@ -227,7 +229,10 @@ async fn grace_keeps_condemned_bytes_counted_until_deleted() {
     let id = identity("grace");
     publish_turn(&s, &id, 0, 0).await.expect("first");
     publish_turn(&s, &id, 2, 0).await.expect("second");
-    eprintln!("two roots use {} bytes", s.ledger_totals().await.expect("t").used_bytes);
+    eprintln!(
+        "two roots use {} bytes",
+        s.ledger_totals().await.expect("t").used_bytes
+    );
     // The third needs an eviction; the evicted bytes stay until the grace ends.
     let err = publish_turn(&s, &id, 4, 0)
         .await

@@ -169,7 +169,16 @@ pub struct RootRow {
 
 /// One root of a [`LedgerImage`]: namespace, context, schema, kind,
 /// boundary, base `(namespace, context)`, root bytes, sorted object keys.
-pub type ImageRoot = (String, String, String, String, u64, Option<(String, String)>, u64, Vec<String>);
+pub type ImageRoot = (
+    String,
+    String,
+    String,
+    String,
+    u64,
+    Option<(String, String)>,
+    u64,
+    Vec<String>,
+);
 
 /// The comparable content of a ledger (everything but access times).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

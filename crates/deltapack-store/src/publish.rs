@@ -218,7 +218,8 @@ impl Store {
         };
         // Upper bound of what this publication adds: the payload (objects
         // already present are not subtracted) and a generous root estimate.
-        self.make_room(receipt.payload_len + 4096 + 256 * objects).await?;
+        self.make_room(receipt.payload_len + 4096 + 256 * objects)
+            .await?;
         let guard = ProtectGuard::new(self).await?;
 
         let t_write = Instant::now();

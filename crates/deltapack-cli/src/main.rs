@@ -79,6 +79,9 @@ enum Command {
     Ledger(ops::LedgerArgs),
     /// Ledger gauges and counters (`--prometheus` for the text exposition).
     Stats(ops::StatsArgs),
+    /// Migrate legacy v1 roots to v2 (each replaced atomically after its
+    /// snapshot digest is proven unchanged).
+    Migrate(ops::MigrateArgs),
     /// Run the main job end to end: a multi-turn conversation published as
     /// v2 deltas and as legacy v1 roots, restored and verified.
     Demo(demo::DemoArgs),
@@ -160,6 +163,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     Command::Invalidate(a) => ops::invalidate(a).await,
                     Command::Ledger(a) => ops::ledger(a).await,
                     Command::Stats(a) => ops::stats(a).await,
+                    Command::Migrate(a) => ops::migrate(a).await,
                     Command::Identity(_) | Command::Synth(_) => {
                         unreachable!("handled without a runtime")
                     }

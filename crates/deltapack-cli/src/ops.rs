@@ -295,3 +295,52 @@ pub(crate) async fn stats(a: StatsArgs) -> Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// `deltapack migrate`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct MigrateArgs {
+    #[command(flatten)]
+    s: StoreArgs,
+    /// Only this namespace (hex).
+    #[arg(long, value_name = "HEX")]
+    namespace: Option<String>,
+    /// Print the plan without changing anything.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+pub(crate) async fn migrate(a: MigrateArgs) -> Result<ExitCode> {
+    let store = a.s.open()?;
+    let r = store
+        .migrate(a.namespace.as_deref().map(ns).transpose()?, a.dry_run)
+        .await?;
+    if a.s.json {
+        print_json(&r)?;
+    } else {
+        let mode = if r.dry_run {
+            " (dry run: nothing changed)"
+        } else {
+            ""
+        };
+        println!(
+            "migrate v1 → v2{mode}: {} v1 roots, {} migrated, {} skipped",
+            r.v1_roots,
+            r.migrated.len(),
+            r.skipped.len()
+        );
+        println!(
+            "objects before {} → after {}; {} written",
+            r.objects_before,
+            r.objects_after,
+            human_bytes(r.bytes_written)
+        );
+        for s in &r.skipped {
+            println!("  ! {s}");
+        }
+    }
+    Ok(if r.skipped.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(crate::EXIT_ERROR)
+    })
+}

@@ -116,6 +116,32 @@ pub struct PublishReceipt {
     pub total_time: Duration,
 }
 
+impl PublishReceipt {
+    /// A receipt with nothing done yet.
+    pub(crate) fn empty(
+        namespace: Namespace,
+        context: ContextDigest,
+        snapshot_digest: Digest,
+    ) -> Self {
+        PublishReceipt {
+            outcome: PublishOutcome::Created,
+            namespace,
+            context,
+            root_digest: None,
+            schema: root::SCHEMA_V2.into(),
+            snapshot_digest,
+            existing_snapshot_digest: None,
+            payload_len: 0,
+            objects_written: 0,
+            objects_reused: 0,
+            bytes_written: 0,
+            encode_time: Duration::ZERO,
+            write_time: Duration::ZERO,
+            total_time: Duration::ZERO,
+        }
+    }
+}
+
 /// Lets `Bytes` borrow a snapshot's encoding without copying it.
 struct SnapshotBytes(Arc<Snapshot>);
 
@@ -398,7 +424,7 @@ impl Store {
         }
     }
 
-    async fn write_v2(
+    pub(crate) async fn write_v2(
         &self,
         meta: &RootMeta,
         payload: Bytes,
@@ -611,14 +637,14 @@ fn prepare_extent(
 /// Protects the objects a publication writes or reuses from garbage
 /// collection until the publication ends (its root is recorded, or it
 /// fails); protections also expire on their own if the process dies.
-struct ProtectGuard {
+pub(crate) struct ProtectGuard {
     store: Store,
     owner: u64,
     until: u64,
 }
 
 impl ProtectGuard {
-    async fn new(store: &Store) -> Result<Self> {
+    pub(crate) async fn new(store: &Store) -> Result<Self> {
         use std::sync::atomic::{AtomicU64, Ordering};
         static SEQ: AtomicU64 = AtomicU64::new(1);
         store.ledger().await?;

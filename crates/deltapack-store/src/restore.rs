@@ -522,7 +522,10 @@ impl Store {
         }
     }
 
-    async fn fetch_v1(&self, m: &ManifestV1) -> Result<std::result::Result<Vec<u8>, MissReason>> {
+    pub(crate) async fn fetch_v1(
+        &self,
+        m: &ManifestV1,
+    ) -> Result<std::result::Result<Vec<u8>, MissReason>> {
         let mut payload = alloc(m.payload_len)?;
         let ranges = deltapack_format::root::v1_chunk_ranges(m.payload_len, m.chunks.len() as u64);
         let mut stream = futures::stream::iter(m.chunks.iter().copied().zip(ranges))

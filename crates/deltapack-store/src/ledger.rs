@@ -6,7 +6,7 @@
 //! shared by many roots — a base's extents, identical content — is counted
 //! once. Holds (named, persistent protections) are cached here too, but
 //! their source of truth is the store (`holds/<name>/<ns>/<ctx>` markers),
-//! so the whole ledger is *derived state*: [`Ledger::rebuild`] recomputes it
+//! so the whole ledger is *derived state*: [`crate::Store::rebuild_ledger`] recomputes it
 //! from a listing of the store and must agree with the incrementally
 //! maintained ledger.
 //!

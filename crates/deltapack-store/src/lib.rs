@@ -33,6 +33,7 @@ pub mod restore;
 pub mod stats;
 pub mod store;
 pub mod sweep;
+pub mod write_behind;
 
 pub use backend::{Backend, BackendKind};
 pub use capacity::{Pin, PruneFilter, RemovalReport, StatsReport};
@@ -44,3 +45,4 @@ pub use restore::{RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored};
 pub use stats::StatsSnapshot;
 pub use store::{RootInfo, RootStatus, Store, StoreConfig};
 pub use sweep::{SweepOptions, SweepReport};
+pub use write_behind::{WriteBehind, WriteBehindReport};

@@ -312,7 +312,7 @@ impl Ledger {
     /// it references are counted (once per root) and un-condemned.
     pub fn record_root(&self, e: &RootEntry, now: u64) -> Result<(), LedgerError> {
         self.with(|c| {
-            let tx = c.transaction()?;
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let (ns, ctx) = hexpair(&e.namespace, &e.context);
             let exists: bool = tx
                 .query_row("SELECT 1 FROM roots WHERE ns = ?1 AND ctx = ?2", params![ns, ctx], |_| Ok(true))
@@ -368,7 +368,7 @@ impl Ledger {
         now: u64,
     ) -> Result<Vec<(String, u64)>, LedgerError> {
         self.with(|c| {
-            let tx = c.transaction()?;
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let (ns, ctx) = hexpair(ns, ctx);
             let keys: Vec<String> = {
                 let mut st = tx.prepare("SELECT key FROM refs WHERE ns = ?1 AND ctx = ?2")?;
@@ -721,7 +721,7 @@ impl Ledger {
     /// Adds counter deltas to the persisted counters.
     pub fn add_counters(&self, deltas: &[(&str, u64)]) -> Result<(), LedgerError> {
         self.with(|c| {
-            let tx = c.transaction()?;
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             for (name, v) in deltas {
                 if *v > 0 {
                     tx.execute(

@@ -243,6 +243,49 @@ fn hexpair(ns: &Namespace, ctx: &ContextDigest) -> (String, String) {
     (ns.hex(), ctx.hex())
 }
 
+/// Records a root inside a transaction (see [`Ledger::record_root`]).
+fn record_in(tx: &rusqlite::Transaction<'_>, e: &RootEntry, now: u64) -> Result<(), LedgerError> {
+    let (ns, ctx) = hexpair(&e.namespace, &e.context);
+    let exists: bool = tx
+        .query_row(
+            "SELECT 1 FROM roots WHERE ns = ?1 AND ctx = ?2",
+            params![ns, ctx],
+            |_| Ok(true),
+        )
+        .optional()?
+        .unwrap_or(false);
+    if exists {
+        tx.execute(
+            "UPDATE roots SET last_access = ?3 WHERE ns = ?1 AND ctx = ?2",
+            params![ns, ctx, now as i64],
+        )?;
+        return Ok(());
+    }
+    let (bns, bctx) = match e.base {
+        Some((b, c)) => (Some(b.hex()), Some(c.hex())),
+        None => (None, None),
+    };
+    tx.execute(
+        "INSERT INTO roots(ns, ctx, schema, kind, boundary, base_ns, base_ctx, root_bytes, last_access)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        params![ns, ctx, e.schema, e.kind, e.boundary as i64, bns, bctx, e.root_bytes as i64, now as i64],
+    )?;
+    for (key, bytes) in &e.objects {
+        let fresh = tx.execute(
+            "INSERT OR IGNORE INTO refs(ns, ctx, key) VALUES (?1, ?2, ?3)",
+            params![ns, ctx, key],
+        )?;
+        if fresh == 1 {
+            tx.execute(
+                "INSERT INTO objects(key, bytes, refs, condemned_at) VALUES (?1, ?2, 1, NULL)
+                 ON CONFLICT(key) DO UPDATE SET refs = refs + 1, condemned_at = NULL",
+                params![key, *bytes as i64],
+            )?;
+        }
+    }
+    Ok(())
+}
+
 fn parse_pair(ns: &str, ctx: &str) -> Result<(Namespace, ContextDigest), LedgerError> {
     Ok((
         ns.parse()
@@ -313,35 +356,7 @@ impl Ledger {
     pub fn record_root(&self, e: &RootEntry, now: u64) -> Result<(), LedgerError> {
         self.with(|c| {
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let (ns, ctx) = hexpair(&e.namespace, &e.context);
-            let exists: bool = tx
-                .query_row("SELECT 1 FROM roots WHERE ns = ?1 AND ctx = ?2", params![ns, ctx], |_| Ok(true))
-                .optional()?
-                .unwrap_or(false);
-            if exists {
-                tx.execute("UPDATE roots SET last_access = ?3 WHERE ns = ?1 AND ctx = ?2", params![ns, ctx, now as i64])?;
-                tx.commit()?;
-                return Ok(());
-            }
-            let (bns, bctx) = match e.base {
-                Some((b, c)) => (Some(b.hex()), Some(c.hex())),
-                None => (None, None),
-            };
-            tx.execute(
-                "INSERT INTO roots(ns, ctx, schema, kind, boundary, base_ns, base_ctx, root_bytes, last_access)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                params![ns, ctx, e.schema, e.kind, e.boundary as i64, bns, bctx, e.root_bytes as i64, now as i64],
-            )?;
-            for (key, bytes) in &e.objects {
-                let fresh = tx.execute("INSERT OR IGNORE INTO refs(ns, ctx, key) VALUES (?1, ?2, ?3)", params![ns, ctx, key])?;
-                if fresh == 1 {
-                    tx.execute(
-                        "INSERT INTO objects(key, bytes, refs, condemned_at) VALUES (?1, ?2, 1, NULL)
-                         ON CONFLICT(key) DO UPDATE SET refs = refs + 1, condemned_at = NULL",
-                        params![key, *bytes as i64],
-                    )?;
-                }
-            }
+            record_in(&tx, e, now)?;
             tx.commit()?;
             Ok(())
         })
@@ -650,24 +665,27 @@ impl Ledger {
         present: &[(String, u64, u64)],
         now: u64,
     ) -> Result<(), LedgerError> {
+        // One transaction: other processes see the old ledger or the new
+        // one, never a half-built one.
         self.with(|c| {
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            tx.execute_batch(
-                "DELETE FROM refs; DELETE FROM roots; DELETE FROM objects; DELETE FROM holds;",
-            )?;
+            tx.execute_batch("DELETE FROM refs; DELETE FROM roots; DELETE FROM objects; DELETE FROM holds;")?;
+            for r in roots {
+                record_in(&tx, r, now)?;
+            }
+            for (name, ns, ctx) in holds {
+                let (ns, ctx) = hexpair(ns, ctx);
+                tx.execute("INSERT OR IGNORE INTO holds(name, ns, ctx) VALUES (?1, ?2, ?3)", params![name, ns, ctx])?;
+            }
+            for (key, bytes, mtime) in present {
+                tx.execute(
+                    "INSERT INTO objects(key, bytes, refs, condemned_at) VALUES (?1, ?2, 0, ?3) ON CONFLICT(key) DO NOTHING",
+                    params![key, *bytes as i64, *mtime as i64],
+                )?;
+            }
             tx.commit()?;
             Ok(())
-        })?;
-        for r in roots {
-            self.record_root(r, now)?;
-        }
-        for (name, ns, ctx) in holds {
-            self.add_hold(name, ns, ctx)?;
-        }
-        for (key, bytes, mtime) in present {
-            self.note_orphan(key, *bytes, *mtime)?;
-        }
-        Ok(())
+        })
     }
 
     /// The comparable content (everything but access and condemnation times).

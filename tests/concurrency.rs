@@ -204,3 +204,124 @@ async fn deadline_turns_a_slow_restore_into_a_miss() {
     // Without a deadline the same restore is a hit.
     assert!(s.restore(&id, c).await.expect("restore").hit().is_some());
 }
+
+/// 16 writers race on 4 contexts (mixed v1/v2, identical and different
+/// snapshots) while readers restore and a collector evicts and sweeps: no
+/// context ever shows two different snapshots, and every hit is exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixteen_writers_with_readers_eviction_and_sweep() {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = deltapack::store::Store::open(
+        &format!("file://{}", dir.path().display()),
+        deltapack::store::StoreConfig {
+            grace: Duration::ZERO,
+            budget_bytes: Some(200_000),
+            ..config()
+        },
+    )
+    .expect("open");
+    let id = identity("sixteen");
+    let contexts: Vec<_> = (0..4u64).map(|k| ctx(&id, 500 + k, 2048)).collect();
+    let seen: Arc<Mutex<HashMap<deltapack::format::ContextDigest, deltapack::format::Digest>>> =
+        Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+
+    let mut readers = Vec::new();
+    for r in 0..3usize {
+        let (s, id, contexts, seen, stop) = (
+            store.clone(),
+            id.clone(),
+            contexts.clone(),
+            seen.clone(),
+            stop.clone(),
+        );
+        readers.push(tokio::spawn(async move {
+            let mut hits = 0;
+            while !stop.load(Ordering::Relaxed) {
+                for c in &contexts {
+                    if let RestoreOutcome::Hit(h) = s.restore(&id, *c).await.expect("restore") {
+                        assert_eq!(
+                            deltapack::format::Digest::blake3(h.snapshot.encoded()),
+                            h.digest
+                        );
+                        let mut m = seen.lock().expect("lock");
+                        let first = *m.entry(*c).or_insert(h.digest);
+                        assert_eq!(
+                            first, h.digest,
+                            "reader {r}: context {c} showed two snapshots"
+                        );
+                        hits += 1;
+                    }
+                }
+            }
+            hits
+        }));
+    }
+    let (s, stop2) = (store.clone(), stop.clone());
+    let collector = tokio::spawn(async move {
+        let mut rounds = 0;
+        while !stop2.load(Ordering::Relaxed) {
+            s.sweep(&deltapack::store::SweepOptions::default())
+                .await
+                .expect("sweep");
+            s.evict_to(60_000, false).await.expect("evict");
+            rounds += 1;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        rounds
+    });
+    let mut writers = Vec::new();
+    for w in 0..16u64 {
+        let (s, id, c) = (store.clone(), id.clone(), contexts[(w % 4) as usize]);
+        // Writers w and w+8 publish identical bytes; w and w+4 differ.
+        let snap = turn(500 + (w % 8), 2048);
+        let format = if w % 3 == 0 {
+            RootFormat::V1
+        } else {
+            RootFormat::V2
+        };
+        writers.push(tokio::spawn(async move {
+            for _ in 0..3 {
+                let r = s
+                    .publish(PublishRequest {
+                        identity: id.clone(),
+                        context: c,
+                        snapshot: snap.clone(),
+                        base: None,
+                        format,
+                    })
+                    .await
+                    .expect("publish");
+                if r.outcome == PublishOutcome::Conflict {
+                    assert_ne!(r.existing_snapshot_digest, Some(snap.digest()));
+                }
+            }
+        }));
+    }
+    for w in writers {
+        w.await.expect("writer");
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    stop.store(true, Ordering::Relaxed);
+    let rounds = collector.await.expect("collector");
+    let mut hits = 0;
+    for r in readers {
+        hits += r.await.expect("reader");
+    }
+    assert!(
+        rounds > 0 && hits > 0,
+        "readers ({hits} hits) and the collector ({rounds} rounds) ran"
+    );
+    let sweep = store
+        .sweep(&deltapack::store::SweepOptions::default())
+        .await
+        .expect("sweep");
+    assert!(
+        sweep.missing.is_empty() && sweep.corrupt.is_empty(),
+        "{sweep:?}"
+    );
+}

@@ -223,6 +223,13 @@ async fn sweep_removes_only_old_staging_files() {
     let dir = root.join("objects/blake3/aa");
     std::fs::create_dir_all(&dir).expect("mkdir");
     std::fs::write(dir.join("aabb#1"), b"torn").expect("write");
+    std::fs::write(dir.join("aabb#2"), b"being written").expect("write");
+    let old = std::time::SystemTime::now() - Duration::from_secs(60);
+    std::fs::File::options()
+        .write(true)
+        .open(dir.join("aabb#1"))
+        .and_then(|f| f.set_modified(old))
+        .expect("age the torn staging file");
     let kept = t
         .store
         .sweep(&SweepOptions {
@@ -239,4 +246,8 @@ async fn sweep_removes_only_old_staging_files() {
         .expect("sweep");
     assert_eq!(r.staging_removed, 1);
     assert!(!dir.join("aabb#1").exists());
+    assert!(
+        dir.join("aabb#2").exists(),
+        "a fresh staging file may belong to a live writer"
+    );
 }

@@ -181,6 +181,8 @@ fn publish_killed_at_random_moments_never_tears() {
         reported.len()
     );
 
+    // Staging files of killed writers count as abandoned after 2 s.
+    std::thread::sleep(Duration::from_millis(2100));
     // The sweep finds no damage and reclaims every orphan.
     let out = bin()
         .args(["sweep", "--store", &store, "--grace", "0s", "--json"])

@@ -34,6 +34,12 @@ use crate::error::{Result, StoreError};
 use crate::keys;
 use crate::store::{RootStatus, Store};
 
+/// Staging files younger than this are never removed, whatever the grace:
+/// a writer (in this or another process) may be about to link one into
+/// place. Writers touch their staging file continuously while writing, so
+/// one untouched for this long is abandoned.
+pub const STAGING_MIN_AGE: Duration = Duration::from_secs(2);
+
 /// Options of a sweep.
 #[derive(Debug, Clone, Default)]
 pub struct SweepOptions {
@@ -261,10 +267,13 @@ impl Store {
         }
         if let BackendKind::Local { root } = self.backend_kind() {
             if !opts.dry_run {
-                report.staging_removed =
-                    backend::remove_staging_files(root, opts.grace).map_err(|e| {
-                        StoreError::Invalid(format!("staging cleanup in {}: {e}", root.display()))
-                    })? as u64;
+                report.staging_removed = backend::remove_staging_files(
+                    root,
+                    opts.grace.max(STAGING_MIN_AGE),
+                )
+                .map_err(|e| {
+                    StoreError::Invalid(format!("staging cleanup in {}: {e}", root.display()))
+                })? as u64;
             }
         }
         report.quarantined = self.stats().quarantined - quarantined_before;

@@ -10,6 +10,8 @@
 
 mod common;
 
+use common::copy_dir;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -23,19 +25,6 @@ fn fixture_store() -> PathBuf {
         .join("fixtures")
         .join(SET)
         .join("store")
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    for e in std::fs::read_dir(from).expect("read_dir") {
-        let e = e.expect("entry");
-        let dest = to.join(e.file_name());
-        if e.path().is_dir() {
-            std::fs::create_dir_all(&dest).expect("mkdir");
-            copy_dir(&e.path(), &dest);
-        } else {
-            std::fs::copy(e.path(), &dest).expect("copy");
-        }
-    }
 }
 
 type RootId = (Namespace, ContextDigest);

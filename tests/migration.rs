@@ -13,19 +13,6 @@ use common::*;
 use deltapack::format::{DecodedRoot, SCHEMA_V1, SCHEMA_V2};
 use deltapack::store::{RestoreOutcome, RootFormat, RootStatus, Store, StoreConfig, SweepOptions};
 
-fn copy_dir(from: &Path, to: &Path) {
-    for e in std::fs::read_dir(from).expect("read_dir") {
-        let e = e.expect("entry");
-        let dest = to.join(e.file_name());
-        if e.path().is_dir() {
-            std::fs::create_dir_all(&dest).expect("mkdir");
-            copy_dir(&e.path(), &dest);
-        } else {
-            std::fs::copy(e.path(), &dest).expect("copy");
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_fixture_v1_roots_and_a_mixed_chain() {
     let tmp = tempfile::tempdir().expect("tmp");

@@ -198,3 +198,17 @@ pub async fn restore_bytes(store: &Store, id: &CacheIdentity, ctx: ContextDigest
         deltapack::store::RestoreOutcome::Miss(m) => panic!("expected a hit, got miss {m}"),
     }
 }
+
+/// Copies a directory tree (e.g. a fixture store into a temp dir).
+pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    for e in std::fs::read_dir(from).expect("read_dir") {
+        let e = e.expect("entry");
+        let dest = to.join(e.file_name());
+        if e.path().is_dir() {
+            std::fs::create_dir_all(&dest).expect("mkdir");
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), &dest).expect("copy");
+        }
+    }
+}

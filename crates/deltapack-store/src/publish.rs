@@ -188,25 +188,10 @@ impl Store {
             Some(b) => Some(self.check_base(&ns, id, b, snap).await?),
         };
 
-        let mut receipt = PublishReceipt {
-            outcome: PublishOutcome::Created,
-            namespace: ns,
-            context: req.context,
-            root_digest: None,
-            schema: match req.format {
-                RootFormat::V2 => root::SCHEMA_V2.into(),
-                RootFormat::V1 => root::SCHEMA_V1.into(),
-            },
-            snapshot_digest,
-            existing_snapshot_digest: None,
-            payload_len: 0,
-            objects_written: 0,
-            objects_reused: 0,
-            bytes_written: 0,
-            encode_time: Duration::ZERO,
-            write_time: Duration::ZERO,
-            total_time: Duration::ZERO,
-        };
+        let mut receipt = PublishReceipt::empty(ns, req.context, snapshot_digest);
+        if req.format == RootFormat::V1 {
+            receipt.schema = root::SCHEMA_V1.into();
+        }
 
         // An existing root decides the outcome without writing anything.
         if let Some(done) = self

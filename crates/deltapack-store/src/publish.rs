@@ -265,7 +265,20 @@ impl Store {
         let key = keys::root_key(&ns, &req.context);
         let root_len = root_bytes.len() as u64;
         let root_digest = Digest::blake3(&root_bytes);
-        match put_create(self.object_store().as_ref(), &key, root_bytes).await? {
+        // An I/O error on the root write may hide a PUT that landed but whose
+        // response was lost: read the root back before reporting failure.
+        let created = match put_create(self.object_store().as_ref(), &key, root_bytes).await {
+            Ok(o) => o,
+            Err(e @ StoreError::Io { .. }) => {
+                tracing::warn!(error = %e, %key, "root write failed; reading the root back");
+                match self.existing_outcome(&ns, &req.context, &mut receipt).await {
+                    Ok(Some(_)) => PutOutcome::Existed,
+                    _ => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        match created {
             PutOutcome::Created => {
                 self.ledger_record(&entry).await;
                 receipt.root_digest = Some(root_digest);

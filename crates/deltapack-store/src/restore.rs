@@ -499,34 +499,54 @@ impl Store {
         &self,
         key: Path,
         stored_len: u64,
-        verify: impl FnOnce(Bytes) -> std::result::Result<Bytes, String> + Send + 'static,
+        verify: impl Fn(Bytes) -> std::result::Result<Bytes, String> + Send + Sync + Clone + 'static,
     ) -> Result<std::result::Result<Bytes, Damage>> {
-        let bytes = match self.fetch_exact(&key, stored_len).await? {
-            Ok(b) => b,
-            Err(what) if what.ends_with("is missing") => return Ok(Err(Damage::Missing(what))),
-            Err(what) => {
-                self.quarantine(&key).await;
-                return Ok(Err(Damage::Corrupt(what)));
-            }
-        };
-        let checked = tokio::task::spawn_blocking(move || verify(bytes))
-            .await
-            .map_err(|e| StoreError::Internal(format!("verify task: {e}")))?;
-        match checked {
-            Ok(b) => Ok(Ok(b)),
-            Err(what) => {
-                tracing::warn!(%key, %what, "object failed verification");
-                self.quarantine(&key).await;
-                Ok(Err(Damage::Corrupt(format!("{key}: {what}"))))
+        // A bad read may be damage in transit (a proxy, a flaky link) rather
+        // than at rest: read once more before quarantining a healthy object.
+        let mut last = String::new();
+        for attempt in 0..2 {
+            let bytes = match self.fetch_exact(&key, stored_len).await? {
+                Ok(b) => b,
+                Err(what) if what.ends_with("is missing") => return Ok(Err(Damage::Missing(what))),
+                Err(what) => {
+                    last = what;
+                    continue;
+                }
+            };
+            let v = verify.clone();
+            let checked = tokio::task::spawn_blocking(move || v(bytes))
+                .await
+                .map_err(|e| StoreError::Internal(format!("verify task: {e}")))?;
+            match checked {
+                Ok(b) => return Ok(Ok(b)),
+                Err(what) => {
+                    tracing::warn!(%key, %what, attempt, "object failed verification");
+                    last = format!("{key}: {what}");
+                }
             }
         }
+        self.quarantine(&key).await;
+        Ok(Err(Damage::Corrupt(last)))
     }
 
     pub(crate) async fn fetch_v1(
         &self,
         m: &ManifestV1,
     ) -> Result<std::result::Result<Vec<u8>, MissReason>> {
-        let mut payload = alloc(m.payload_len)?;
+        // Lazily committed zero pages: a forged root declaring a huge payload
+        // costs nothing until verified chunk bytes are written, and an
+        // impossible size is a corrupt miss, not an error.
+        let mut payload = match usize::try_from(m.payload_len)
+            .map_err(|_| format!("{} bytes do not fit in memory", m.payload_len))
+            .and_then(crate::reassembly::zeroed_buffer)
+        {
+            Ok(p) => p,
+            Err(what) => {
+                return Ok(Err(MissReason::Corrupt {
+                    what: format!("v1 root declares an unusable payload: {what}"),
+                }))
+            }
+        };
         let ranges = deltapack_format::root::v1_chunk_ranges(m.payload_len, m.chunks.len() as u64);
         let mut stream = futures::stream::iter(m.chunks.iter().copied().zip(ranges))
             .map(|(c, r)| {
@@ -565,17 +585,6 @@ impl Store {
         }
         Ok(Ok(payload))
     }
-}
-
-fn alloc(len: u64) -> Result<Vec<u8>> {
-    let n = usize::try_from(len)
-        .map_err(|_| StoreError::Invalid(format!("{len} bytes do not fit in memory")))?;
-    let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|e| {
-        StoreError::Invalid(format!("cannot allocate {n} bytes for a restore: {e}"))
-    })?;
-    v.resize(n, 0);
-    Ok(v)
 }
 
 /// Verifies one extent's stored bytes and returns its raw bytes.

@@ -515,6 +515,49 @@ impl Ledger {
         })
     }
 
+    /// Deletes an object the sweep found unreferenced, unless — checked in
+    /// the same transaction as the deletion — a root recorded since the
+    /// sweep's listing references it or a publication protects it. Returns
+    /// whether `delete` ran and succeeded.
+    pub fn delete_if_unused(
+        &self,
+        key: &str,
+        delete: impl FnOnce(&str) -> bool,
+    ) -> Result<bool, LedgerError> {
+        self.with(|c| {
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let used: bool = tx.query_row(
+                "SELECT COALESCE((SELECT refs FROM objects WHERE key = ?1), 0) > 0
+                     OR EXISTS (SELECT 1 FROM protected WHERE key = ?1 AND until > ?2)",
+                params![key, now_ms() as i64],
+                |r| r.get(0),
+            )?;
+            if used {
+                tx.commit()?;
+                return Ok(false);
+            }
+            let done = delete(key);
+            if done {
+                tx.execute("DELETE FROM objects WHERE key = ?1 AND refs = 0", [key])?;
+            }
+            tx.commit()?;
+            Ok(done)
+        })
+    }
+
+    /// Whether a recorded root references the object or a publication
+    /// protects it.
+    pub fn is_used(&self, key: &str) -> Result<bool, LedgerError> {
+        self.with(|c| {
+            Ok(c.query_row(
+                "SELECT COALESCE((SELECT refs FROM objects WHERE key = ?1), 0) > 0
+                     OR EXISTS (SELECT 1 FROM protected WHERE key = ?1 AND until > ?2)",
+                params![key, now_ms() as i64],
+                |r| r.get(0),
+            )?)
+        })
+    }
+
     /// Keys due for deletion (for backends deleted asynchronously).
     pub fn due(&self, cutoff: u64) -> Result<Vec<(String, u64)>, LedgerError> {
         self.with(|c| {

@@ -84,6 +84,23 @@ pub struct SweepReport {
     pub dry_run: bool,
 }
 
+/// Length of the base chain above a root (0 for a snapshot root).
+fn depth_of(
+    r: &(Namespace, ContextDigest),
+    bases: &BTreeMap<(Namespace, ContextDigest), (Namespace, ContextDigest)>,
+) -> usize {
+    let mut d = 0;
+    let mut cur = *r;
+    while let Some(b) = bases.get(&cur) {
+        d += 1;
+        cur = *b;
+        if d > 64 {
+            break;
+        }
+    }
+    d
+}
+
 /// How to verify one object on its own.
 #[derive(Debug, Clone)]
 enum Check {
@@ -217,21 +234,41 @@ impl Store {
             }
         }
 
-        // Invalidate damaged roots and, transitively, deltas over them.
+        // Invalidate damaged roots and, transitively, deltas over them. The
+        // listing may be stale by now (another writer may have re-published
+        // a context or rewritten an object), so each root with damage of its
+        // own is re-checked just before it is invalidated, and a delta is
+        // invalidated only if its base was, or its base root is gone now.
+        let mut confirmed: BTreeSet<(Namespace, ContextDigest)> = BTreeSet::new();
+        for (ns, ctx) in &bad_roots {
+            if opts.dry_run || !self.root_now_intact(ns, ctx).await? {
+                confirmed.insert((*ns, *ctx));
+            }
+        }
         let mut changed = true;
         while changed {
             changed = false;
             for (child, base) in &bases {
-                if live.contains(child)
-                    && !bad_roots.contains(child)
-                    && (bad_roots.contains(base) || !live.contains(base))
-                {
-                    bad_roots.insert(*child);
+                if !live.contains(child) || confirmed.contains(child) {
+                    continue;
+                }
+                let base_gone = confirmed.contains(base)
+                    || (!live.contains(base)
+                        && (opts.dry_run
+                            || !matches!(
+                                self.peek_root(&base.0, &base.1).await?,
+                                RootStatus::Found(_)
+                            )));
+                if base_gone {
+                    confirmed.insert(*child);
                     changed = true;
                 }
             }
         }
-        for (ns, ctx) in &bad_roots {
+        // Dependents first, so no delta is ever left without its base.
+        let mut order: Vec<_> = confirmed.iter().copied().collect();
+        order.sort_by_key(|r| std::cmp::Reverse(depth_of(r, &bases)));
+        for (ns, ctx) in &order {
             let key = keys::root_key(ns, ctx);
             report.invalidated_roots.push(key.to_string());
             if !opts.dry_run {
@@ -251,16 +288,42 @@ impl Store {
             let age = now
                 .duration_since(meta.last_modified.into())
                 .unwrap_or(Duration::ZERO);
-            if age < opts.grace || self.ledger().await?.is_protected(meta.location.as_ref())? {
+            if age < opts.grace {
                 report.orphans_in_grace += 1;
                 continue;
             }
             if !opts.dry_run {
-                match self.object_store().delete(&meta.location).await {
-                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                    Err(e) => return Err(StoreError::io(&meta.location, e)),
+                // Re-check against the ledger at deletion time: a root
+                // recorded after this sweep listed the roots, or a
+                // publication in progress, may use the object by now.
+                let ledger = self.ledger().await?;
+                let deleted = match self.backend_kind() {
+                    BackendKind::Local { root } => {
+                        let root = root.clone();
+                        ledger.delete_if_unused(meta.location.as_ref(), |k| {
+                            match std::fs::remove_file(root.join(k)) {
+                                Ok(()) => true,
+                                Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+                            }
+                        })?
+                    }
+                    _ => {
+                        if ledger.is_used(meta.location.as_ref())? {
+                            false
+                        } else {
+                            match self.object_store().delete(&meta.location).await {
+                                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                                Err(e) => return Err(StoreError::io(&meta.location, e)),
+                            }
+                            ledger.forget_object(meta.location.as_ref())?;
+                            true
+                        }
+                    }
+                };
+                if !deleted {
+                    report.orphans_in_grace += 1;
+                    continue;
                 }
-                self.ledger().await?.forget_object(meta.location.as_ref())?;
             }
             report.orphans_deleted += 1;
             report.reclaimed_bytes += meta.size;
@@ -286,6 +349,26 @@ impl Store {
             "sweep finished"
         );
         Ok(report)
+    }
+
+    /// Whether the root at `(ns, ctx)` is, right now, readable with every
+    /// object it references present at its recorded size.
+    async fn root_now_intact(&self, ns: &Namespace, ctx: &ContextDigest) -> Result<bool> {
+        let RootStatus::Found(r) = self.peek_root(ns, ctx).await? else {
+            return Ok(false);
+        };
+        let Some(s) = r.summary() else {
+            return Ok(false);
+        };
+        for (d, len) in &s.objects {
+            match self.object_store().head(&keys::object_key(d)).await {
+                Ok(m) if m.size == *len => {}
+                _ => return Ok(false),
+            }
+        }
+        // Present is not verified: a corrupt object found by this sweep was
+        // quarantined, so it is absent here.
+        Ok(true)
     }
 
     async fn read_root_for_sweep(

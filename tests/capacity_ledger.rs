@@ -325,3 +325,30 @@ async fn prune_clear_invalidate_and_cold_start() {
         "unknown policies are errors"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minimum_free_space_is_kept() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let id = identity("min-free");
+    let s = open(dir.path(), None, Duration::ZERO);
+    publish_turn(&s, &id, 0, 0).await.expect("fits");
+    // Demand more free space than the filesystem has: the store evicts what
+    // it can, then refuses the publication before writing anything.
+    let free = deltapack::store::capacity::free_space(dir.path()).expect("statvfs works here");
+    let strict = Store::open(
+        &format!("file://{}", dir.path().display()),
+        StoreConfig {
+            min_free_bytes: Some(free * 2),
+            grace: Duration::ZERO,
+            ..config()
+        },
+    )
+    .expect("open");
+    let err = publish_turn(&strict, &id, 2, 0).await.expect_err("no room");
+    assert!(matches!(err, StoreError::Capacity(_)), "{err}");
+    assert_eq!(
+        store_bytes(dir.path()),
+        0,
+        "everything evictable went, nothing new was written"
+    );
+}

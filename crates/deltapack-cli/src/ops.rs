@@ -40,9 +40,10 @@ impl StoreArgs {
 pub(crate) struct EvictArgs {
     #[command(flatten)]
     s: StoreArgs,
-    /// Evict least recently used roots until the store fits this many bytes.
+    /// Evict least recently used roots until the store fits this many bytes
+    /// (default: the `--budget`).
     #[arg(long = "to", value_name = "BYTES")]
-    target: u64,
+    target: Option<u64>,
     /// Print the plan without changing anything.
     #[arg(long)]
     dry_run: bool,
@@ -166,8 +167,11 @@ fn print_removal(what: &str, r: &RemovalReport, json: bool) -> Result<ExitCode> 
 }
 
 pub(crate) async fn evict(a: EvictArgs) -> Result<ExitCode> {
+    let Some(target) = a.target.or(a.s.capacity.budget) else {
+        anyhow::bail!("give --budget BYTES (or --to BYTES)");
+    };
     let store = a.s.open()?;
-    let r = store.evict_to(a.target, a.dry_run).await?;
+    let r = store.evict_to(target, a.dry_run).await?;
     print_removal("evict", &r, a.s.json)
 }
 

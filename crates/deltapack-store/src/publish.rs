@@ -665,7 +665,12 @@ impl ProtectGuard {
 
     fn protect(&self, keys: Vec<String>) -> Result<()> {
         if let Some(l) = self.store.inner.ledger.get() {
-            l.protect(self.owner, &keys, self.until)?;
+            if let Err(e) = l.protect(self.owner, &keys, self.until) {
+                // A ledger that cannot be written (full disk) cannot run a
+                // collection either, so publishing on is safe; the grace
+                // period still protects against other processes' sweeps.
+                tracing::warn!(error = %e, "could not record publication protections");
+            }
         }
         Ok(())
     }

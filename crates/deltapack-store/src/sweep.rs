@@ -273,9 +273,40 @@ impl Store {
             report.invalidated_roots.push(key.to_string());
             if !opts.dry_run {
                 self.quarantine(&key).await;
-                self.ledger()
+                if let Err(e) = self
+                    .ledger()
                     .await?
-                    .remove_root(ns, ctx, crate::ledger::now_ms())?;
+                    .remove_root(ns, ctx, crate::ledger::now_ms())
+                {
+                    tracing::warn!(error = %e, "ledger update failed during sweep (it will rebuild at next open)");
+                }
+            }
+        }
+
+        // The ledger may still list roots removed behind its back (another
+        // tool, a lost update). Forget those that are gone *now* — a root
+        // recorded after this sweep's listing still exists and is kept — so
+        // their objects become collectable.
+        let mut ledger_degraded = false;
+        if !opts.dry_run {
+            let ledger = self.ledger().await?;
+            for row in ledger.roots_lru()? {
+                let k = (row.namespace, row.context);
+                if live.contains(&k) || confirmed.contains(&k) {
+                    continue;
+                }
+                let key = keys::root_key(&k.0, &k.1);
+                if let Err(object_store::Error::NotFound { .. }) =
+                    self.object_store().head(&key).await
+                {
+                    if let Err(e) = ledger.remove_root(&k.0, &k.1, crate::ledger::now_ms()) {
+                        // Typically a full disk: reclaim space from the
+                        // listing's view first; the ledger is rebuilt after.
+                        tracing::warn!(error = %e, "ledger update failed during sweep; deleting orphans by listing");
+                        ledger_degraded = true;
+                        break;
+                    }
+                }
             }
         }
 
@@ -298,14 +329,28 @@ impl Store {
                 // publication in progress, may use the object by now.
                 let ledger = self.ledger().await?;
                 let deleted = match self.backend_kind() {
+                    BackendKind::Local { root } if ledger_degraded => {
+                        match std::fs::remove_file(root.join(meta.location.as_ref())) {
+                            Ok(()) => true,
+                            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+                        }
+                    }
                     BackendKind::Local { root } => {
                         let root = root.clone();
-                        ledger.delete_if_unused(meta.location.as_ref(), |k| {
-                            match std::fs::remove_file(root.join(k)) {
-                                Ok(()) => true,
-                                Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+                        let rm = |k: &str| match std::fs::remove_file(root.join(k)) {
+                            Ok(()) => true,
+                            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+                        };
+                        match ledger.delete_if_unused(meta.location.as_ref(), rm) {
+                            Ok(d) => d,
+                            Err(e) => {
+                                // The ledger cannot be written (full disk):
+                                // reclaim by the listing's view.
+                                tracing::warn!(error = %e, "ledger unavailable; deleting orphan by listing");
+                                ledger_degraded = true;
+                                rm(meta.location.as_ref())
                             }
-                        })?
+                        }
                     }
                     _ => {
                         if ledger.is_used(meta.location.as_ref())? {
@@ -315,7 +360,7 @@ impl Store {
                                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
                                 Err(e) => return Err(StoreError::io(&meta.location, e)),
                             }
-                            ledger.forget_object(meta.location.as_ref())?;
+                            let _ = ledger.forget_object(meta.location.as_ref());
                             true
                         }
                     }
@@ -323,6 +368,9 @@ impl Store {
                 if !deleted {
                     report.orphans_in_grace += 1;
                     continue;
+                }
+                if ledger_degraded {
+                    let _ = ledger.forget_object(meta.location.as_ref());
                 }
             }
             report.orphans_deleted += 1;
@@ -338,6 +386,14 @@ impl Store {
                     StoreError::Invalid(format!("staging cleanup in {}: {e}", root.display()))
                 })? as u64;
             }
+        }
+        if ledger_degraded {
+            // Not rebuilt here: on a full disk a rebuild's journal would eat
+            // the space just reclaimed. The next open sees the root count
+            // disagree and rebuilds.
+            tracing::warn!(
+                "ledger is behind the store after a degraded sweep; it will rebuild at next open"
+            );
         }
         report.quarantined = self.stats().quarantined - quarantined_before;
         tracing::info!(

@@ -559,6 +559,7 @@ impl Store {
         let mut live = t.object_bytes + t.root_bytes;
         let mut chosen = Vec::new();
         let mut gone = BTreeSet::new();
+        let image = ledger.image()?;
         for r in &rows {
             if live <= budget {
                 break;
@@ -578,7 +579,6 @@ impl Store {
                 continue;
             }
             // Estimate: root objects + objects used only by the closure.
-            let image = ledger.image()?;
             let mut freed = 0;
             let names: BTreeSet<(String, String)> =
                 closure.iter().map(|c| (c.0.hex(), c.1.hex())).collect();
@@ -678,13 +678,7 @@ impl Store {
             Ok(l) => l.clone(),
             Err(p) => p.into_inner().clone(),
         };
-        let pairs = counter_pairs(&now);
-        let before = counter_pairs(&last);
-        let deltas: Vec<(&str, u64)> = pairs
-            .iter()
-            .zip(before.iter())
-            .map(|((n, v), (_, b))| (*n, v.saturating_sub(*b)))
-            .collect();
+        let deltas = counter_deltas(&now, &last);
         self.ledger().await?.add_counters(&deltas)?;
         last = now;
         if let Ok(mut l) = self.inner.flushed.lock() {
@@ -711,8 +705,20 @@ impl Store {
     }
 }
 
+/// What accumulated between two snapshots of the counters, by name.
+pub(crate) fn counter_deltas(
+    now: &crate::StatsSnapshot,
+    last: &crate::StatsSnapshot,
+) -> Vec<(&'static str, u64)> {
+    counter_pairs(now)
+        .into_iter()
+        .zip(counter_pairs(last))
+        .map(|((n, v), (_, b))| (n, v.saturating_sub(b)))
+        .collect()
+}
+
 /// The counters persisted in the ledger, by name.
-pub(crate) fn counter_pairs(s: &crate::StatsSnapshot) -> Vec<(&'static str, u64)> {
+fn counter_pairs(s: &crate::StatsSnapshot) -> Vec<(&'static str, u64)> {
     vec![
         ("hits", s.hits),
         ("misses_absent", s.miss_absent),

@@ -488,22 +488,8 @@ fn blame(
                 false,
             ));
         }
-        let raw = match e.codec {
-            ExtentCodec::Raw => stored,
-            ExtentCodec::Zstd => match verify_zstd(e, &stored) {
-                Ok(r) => r,
-                Err(w) => return Some(damage(w, false)),
-            },
-        };
-        match plan.name(i as u64, &raw, false) {
-            Ok(n) if n == e.raw_digest => {}
-            Ok(n) => {
-                return Some(damage(
-                    format!("extent {i} name {n} != {}", e.raw_digest),
-                    false,
-                ))
-            }
-            Err(x) => return Some(damage(x.to_string(), false)),
+        if let Err(w) = verify_extent(plan, i as u64, e, bytes::Bytes::from(stored)) {
+            return Some(damage(w, false));
         }
     }
     None
@@ -521,6 +507,26 @@ fn read_at(f: &File, buf: &mut [u8], pos: u64) -> std::io::Result<usize> {
     let mut f = f;
     f.seek(SeekFrom::Start(pos))?;
     f.read(buf)
+}
+
+/// Verifies one extent's stored bytes (zstd: stored digest, then bounded
+/// decompression) against its raw name and returns the raw bytes. The one
+/// place restore, the blame pass and the sweep check an extent on its own.
+pub(crate) fn verify_extent(
+    plan: &ExtentPlan,
+    index: u64,
+    e: &ExtentEntry,
+    stored: bytes::Bytes,
+) -> Result<bytes::Bytes, String> {
+    let raw = match e.codec {
+        ExtentCodec::Raw => stored,
+        ExtentCodec::Zstd => bytes::Bytes::from(verify_zstd(e, &stored)?),
+    };
+    let name = plan.name(index, &raw, false).map_err(|x| x.to_string())?;
+    if name != e.raw_digest {
+        return Err(format!("extent {index} name {name} != {}", e.raw_digest));
+    }
+    Ok(raw)
 }
 
 /// Checks a zstd extent's stored digest and decompresses it within its

@@ -26,11 +26,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use deltapack_format::root::ExtentEntry;
 use deltapack_format::snapshot::digest_of_encoding;
 use deltapack_format::{
-    BaseRef, CacheIdentity, ContextDigest, DecodedRoot, Digest, ExtentCodec, ExtentPlan,
-    ManifestV1, ManifestV2, Namespace, PageDelta, Snapshot,
+    BaseRef, CacheIdentity, ContextDigest, DecodedRoot, Digest, ExtentPlan, ManifestV1, ManifestV2,
+    Namespace, PageDelta, Snapshot,
 };
 use futures::{FutureExt, StreamExt};
 use object_store::path::Path;
@@ -413,7 +412,7 @@ impl Store {
                 .map(|(i, e)| {
                     let key = keys::object_key(&e.object_digest());
                     self.fetch_verified(key, e.stored_len, move |b| {
-                        verify_extent(&plan, i as u64, &e, b)
+                        reassembly::verify_extent(&plan, i as u64, &e, b)
                     })
                     .map(move |r| r.map(|r| (e, r)))
                 })
@@ -585,32 +584,4 @@ impl Store {
         }
         Ok(Ok(payload))
     }
-}
-
-/// Verifies one extent's stored bytes and returns its raw bytes.
-fn verify_extent(
-    plan: &ExtentPlan,
-    index: u64,
-    e: &ExtentEntry,
-    stored: Bytes,
-) -> std::result::Result<Bytes, String> {
-    let raw = match e.codec {
-        ExtentCodec::Raw => stored,
-        ExtentCodec::Zstd => {
-            let want = e.stored_digest.ok_or("zstd extent without stored digest")?;
-            let found = Digest::blake3(&stored);
-            if found != want {
-                return Err(format!("stored digest {found} != {want}"));
-            }
-            Bytes::from(
-                deltapack_format::extent::decompress(&stored, e.raw_len)
-                    .map_err(|x| x.to_string())?,
-            )
-        }
-    };
-    let name = plan.name(index, &raw, false).map_err(|x| x.to_string())?;
-    if name != e.raw_digest {
-        return Err(format!("extent {index} name {name} != {}", e.raw_digest));
-    }
-    Ok(raw)
 }

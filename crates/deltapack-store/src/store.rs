@@ -175,13 +175,7 @@ impl Drop for Inner {
             Ok(l) => l.clone(),
             Err(p) => p.into_inner().clone(),
         };
-        let now_pairs = crate::capacity::counter_pairs(&now);
-        let last_pairs = crate::capacity::counter_pairs(&last);
-        let deltas: Vec<(&str, u64)> = now_pairs
-            .iter()
-            .zip(last_pairs.iter())
-            .map(|((n, v), (_, b))| (*n, v.saturating_sub(*b)))
-            .collect();
+        let deltas = crate::capacity::counter_deltas(&now, &last);
         if let Err(e) = ledger.add_counters(&deltas) {
             tracing::warn!(error = %e, "could not persist counters");
         }

@@ -23,7 +23,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant, SystemTime};
 
-use deltapack_format::{ContextDigest, DecodedRoot, Digest, ExtentCodec, ExtentPlan, Namespace};
+use deltapack_format::{ContextDigest, DecodedRoot, Digest, ExtentPlan, Namespace};
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::ObjectStoreExt;
@@ -449,14 +449,7 @@ impl Store {
         tokio::task::spawn_blocking(move || match check {
             Check::V1 { digest } => Digest::sha256(&bytes) == digest,
             Check::V2 { plan, index, entry } => {
-                let name = match entry.codec {
-                    ExtentCodec::Raw => plan.name(index, &bytes, false),
-                    ExtentCodec::Zstd => match crate::reassembly::verify_zstd(&entry, &bytes) {
-                        Ok(raw) => plan.name(index, &raw, false),
-                        Err(_) => return false,
-                    },
-                };
-                name.map(|n| n == entry.raw_digest).unwrap_or(false)
+                crate::reassembly::verify_extent(&plan, index, &entry, bytes).is_ok()
             }
         })
         .await

@@ -16,7 +16,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use deltapack::format::{ContextDigest, Digest, Namespace};
-use deltapack::store::{keys, RestoreOutcome, RootStatus, Store, StoreConfig, SweepOptions};
+use deltapack::store::{
+    keys, RestoreIntoOutcome, RestoreOutcome, RootStatus, Store, StoreConfig, SweepOptions,
+};
 
 const SET: &str = "2026-11-v1v2";
 
@@ -28,8 +30,9 @@ fn fixture_store() -> PathBuf {
 }
 
 type RootId = (Namespace, ContextDigest);
-/// (base root, object keys, expected snapshot digest) of one root.
-type RootFacts = (Option<RootId>, BTreeSet<String>, Digest);
+/// (base root, object keys, expected snapshot digest, its length) of one
+/// root.
+type RootFacts = (Option<RootId>, BTreeSet<String>, Digest, u64);
 
 struct World {
     roots: BTreeMap<RootId, RootFacts>,
@@ -60,6 +63,7 @@ async fn world() -> World {
                 sum.base.map(|b| (b.namespace, b.context)),
                 objs,
                 sum.result_snapshot_digest,
+                sum.result_snapshot_len,
             ),
         );
     }
@@ -167,6 +171,35 @@ async fn check_restores(h: &Handles, w: &World, bad: &Bad, what: &str) {
         } else {
             &h.plain
         };
+        // First into a caller's buffer (v2 roots reconstruct in place), then
+        // into a new one; both must agree with the expectation.
+        let mut buf = vec![0u8; w.roots[r].3 as usize];
+        let into = s
+            .restore_into_with(r.0, r.1, &mut buf, Default::default())
+            .await
+            .expect("restore_into never errors on damage");
+        match (&into, want) {
+            (RestoreIntoOutcome::Hit { digest, .. }, "hit") => {
+                assert_eq!(*digest, w.roots[r].2.to_string(), "{what}");
+                assert_eq!(
+                    Digest::blake3(&buf),
+                    w.roots[r].2,
+                    "{what}: restore_into filled the buffer with other bytes"
+                );
+            }
+            (RestoreIntoOutcome::Hit { .. }, _) => {
+                panic!("{what}: {r:?} restored into a buffer although {want} was expected")
+            }
+            (RestoreIntoOutcome::Miss { reason }, want) => {
+                let label = reason.label();
+                let root_damage_variant = bad.roots.contains(r)
+                    && matches!(label, "incompatible" | "unauthenticated" | "absent");
+                assert!(
+                    label == want || root_damage_variant,
+                    "{what}: {r:?} expected {want} from restore_into, got {reason}"
+                );
+            }
+        }
         let got = s
             .restore_with(r.0, r.1, Default::default())
             .await

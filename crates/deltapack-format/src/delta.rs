@@ -23,6 +23,8 @@
 //! as they stream in without holding a separate copy of the delta. The result
 //! is only valid once its digest matches `result_digest`.
 
+use std::ops::Range;
+
 use serde::{Deserialize, Serialize};
 
 use crate::digest::Digest;
@@ -151,48 +153,104 @@ fn reused_pages(base: &Snapshot, result: &Snapshot) -> Vec<u64> {
         .collect()
 }
 
-/// Encodes the delta from `base` to `result`.
+/// A delta described without materialising it: its header, then ranges of
+/// the result's *encoding* (the page tails) in payload order. The payload is
+/// `header_bytes()` followed by those ranges; a publisher streams it into
+/// extents straight from the result snapshot (see `deltapack-store`'s
+/// publication) instead of copying ~all of the result into a new buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeltaLayout {
+    /// The header (its digests are whatever the caller supplied).
+    pub header: DeltaHeader,
+    /// Ranges of `result.encoded()` that follow the header, in order.
+    pub tails: Vec<Range<usize>>,
+}
+
+impl DeltaLayout {
+    /// Lays out the delta from `base` to `result`, given both snapshots'
+    /// digests (the caller computes them once; nothing is hashed here).
+    ///
+    /// Rejects mismatching layouts, a result boundary not above the base
+    /// boundary, and boundaries that are not multiples of `chunk_tokens`.
+    pub fn new(
+        chunk_tokens: u32,
+        base: &Snapshot,
+        result: &Snapshot,
+        base_digest: Digest,
+        result_digest: Digest,
+    ) -> Result<Self> {
+        if base.layout() != result.layout() {
+            return Err(Error::Invalid("base and result layouts differ".into()));
+        }
+        check_boundary("base", base.boundary(), chunk_tokens)?;
+        check_boundary("result", result.boundary(), chunk_tokens)?;
+        if result.boundary() <= base.boundary() {
+            return Err(Error::Invalid(format!(
+                "result boundary {} must be greater than base boundary {}",
+                result.boundary(),
+                base.boundary()
+            )));
+        }
+        let reused = reused_pages(base, result);
+        let header = DeltaHeader {
+            schema: DELTA_SCHEMA.into(),
+            chunk_tokens,
+            base_digest,
+            result_digest,
+            base_boundary: base.boundary(),
+            result_boundary: result.boundary(),
+            base_block_counts: base.block_counts().to_vec(),
+            result_block_counts: result.block_counts().to_vec(),
+            reused_pages: reused.clone(),
+        };
+        let payload_at = result.encoded().len() - result.payload().len();
+        let mut tails: Vec<Range<usize>> = Vec::new();
+        for (gi, g) in result.layout().groups.iter().enumerate() {
+            for (li, l) in g.layers.iter().enumerate() {
+                let bpp = l.bytes_per_page as usize;
+                let r = result
+                    .layer_range(gi, li)
+                    .ok_or_else(|| Error::Delta("layer range".into()))?;
+                let t = payload_at + r.start + reused[gi] as usize * bpp..payload_at + r.end;
+                if t.is_empty() {
+                    continue;
+                }
+                match tails.last_mut() {
+                    Some(prev) if prev.end == t.start => prev.end = t.end,
+                    _ => tails.push(t),
+                }
+            }
+        }
+        Ok(DeltaLayout { header, tails })
+    }
+
+    /// The encoded header: magic, CBOR length (u32 LE), CBOR. Its length
+    /// does not depend on the digests' values.
+    pub fn header_bytes(&self) -> Result<Vec<u8>> {
+        let cbor = serde_cbor::to_vec(&self.header).map_err(|e| Error::Delta(e.to_string()))?;
+        let mut out = Vec::with_capacity(DELTA_PREFIX_LEN + cbor.len());
+        out.extend_from_slice(&DELTA_MAGIC);
+        out.extend_from_slice(&(cbor.len() as u32).to_le_bytes());
+        out.extend_from_slice(&cbor);
+        Ok(out)
+    }
+
+    /// Bytes of the tails (the payload minus its header).
+    pub fn tails_len(&self) -> u64 {
+        self.tails.iter().map(|r| (r.end - r.start) as u64).sum()
+    }
+}
+
+/// Encodes the delta from `base` to `result` into one buffer.
 ///
 /// Rejects mismatching layouts, a result boundary not above the base
 /// boundary, and boundaries that are not multiples of `chunk_tokens`.
 pub fn encode(chunk_tokens: u32, base: &Snapshot, result: &Snapshot) -> Result<Vec<u8>> {
-    if base.layout() != result.layout() {
-        return Err(Error::Invalid("base and result layouts differ".into()));
-    }
-    check_boundary("base", base.boundary(), chunk_tokens)?;
-    check_boundary("result", result.boundary(), chunk_tokens)?;
-    if result.boundary() <= base.boundary() {
-        return Err(Error::Invalid(format!(
-            "result boundary {} must be greater than base boundary {}",
-            result.boundary(),
-            base.boundary()
-        )));
-    }
-    let reused = reused_pages(base, result);
-    let header = DeltaHeader {
-        schema: DELTA_SCHEMA.into(),
-        chunk_tokens,
-        base_digest: base.digest(),
-        result_digest: result.digest(),
-        base_boundary: base.boundary(),
-        result_boundary: result.boundary(),
-        base_block_counts: base.block_counts().to_vec(),
-        result_block_counts: result.block_counts().to_vec(),
-        reused_pages: reused.clone(),
-    };
-    let cbor = serde_cbor::to_vec(&header).map_err(|e| Error::Delta(e.to_string()))?;
-    let mut out = Vec::new();
-    out.extend_from_slice(&DELTA_MAGIC);
-    out.extend_from_slice(&(cbor.len() as u32).to_le_bytes());
-    out.extend_from_slice(&cbor);
-    for (gi, g) in result.layout().groups.iter().enumerate() {
-        for (li, l) in g.layers.iter().enumerate() {
-            let bpp = l.bytes_per_page as usize;
-            let r = result
-                .layer_range(gi, li)
-                .ok_or_else(|| Error::Delta("layer range".into()))?;
-            out.extend_from_slice(&result.payload()[r.start + reused[gi] as usize * bpp..r.end]);
-        }
+    let layout = DeltaLayout::new(chunk_tokens, base, result, base.digest(), result.digest())?;
+    let mut out = layout.header_bytes()?;
+    out.reserve(layout.tails_len() as usize);
+    for r in &layout.tails {
+        out.extend_from_slice(&result.encoded()[r.clone()]);
     }
     Ok(out)
 }
@@ -528,6 +586,23 @@ mod tests {
                 }
             }
             prop_assert_eq!(delta.len() as u64, tails as u64 + stored);
+
+            // The streaming layout a publisher writes from is the same bytes,
+            // and its header length does not depend on the digests (the
+            // publisher lays the delta out before the result digest exists).
+            let (bd, rd) = (base.digest(), result.digest());
+            let l = DeltaLayout::new(chunk, &base, &result, bd, rd).expect("layout");
+            let mut streamed = l.header_bytes().expect("header");
+            for r in &l.tails {
+                streamed.extend_from_slice(&result.encoded()[r.clone()]);
+            }
+            prop_assert_eq!(&streamed, &delta);
+            let stand_in = DeltaLayout::new(chunk, &base, &result, bd, bd).expect("layout");
+            prop_assert_eq!(
+                stand_in.header_bytes().expect("header").len(),
+                l.header_bytes().expect("header").len()
+            );
+            prop_assert_eq!(stand_in.tails, l.tails);
         }
     }
 

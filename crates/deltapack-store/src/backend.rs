@@ -24,7 +24,6 @@
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
 
-use bytes::Bytes;
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
@@ -77,13 +76,17 @@ pub enum PutOutcome {
 /// Writes `bytes` under `key` only if absent. When this returns, a created
 /// object is durable (see the module docs). The only write path for
 /// objects and roots.
-pub async fn put_create(store: &dyn ObjectStore, key: &Path, bytes: Bytes) -> Result<PutOutcome> {
+pub async fn put_create(
+    store: &dyn ObjectStore,
+    key: &Path,
+    payload: impl Into<PutPayload>,
+) -> Result<PutOutcome> {
     let opts = PutOptions {
         mode: PutMode::Create,
         ..Default::default()
     };
     match store
-        .put_opts(key, PutPayload::from_bytes(bytes), opts)
+        .put_opts(key, payload.into(), opts)
         .await
     {
         Ok(_) => Ok(PutOutcome::Created),

@@ -112,15 +112,16 @@ impl Store {
             };
             let mut receipt = PublishReceipt::empty(ns, ctx, m.result_snapshot_digest);
             let guard = ProtectGuard::new(self).await?;
-            let new_root = self
+            let payload_len = payload.len() as u64;
+            let (entries, payload_digest) = self
                 .write_v2(
-                    &meta,
-                    Bytes::from(payload),
+                    Bytes::from(payload).into(),
                     &mut receipt,
                     &|_, _| {},
                     &guard,
                 )
                 .await?;
+            let new_root = self.encode_v2(&meta, payload_len, payload_digest, entries)?;
             let v2 = match root::decode(&new_root, self.inner.mac_key.as_ref())? {
                 DecodedRoot::V2(v2) => v2,
                 _ => return Err(StoreError::Internal("migrated root is not v2".into())),

@@ -2,39 +2,95 @@
 //!
 //! A naive restore materialises the whole payload (the delta), then copies it
 //! into the result: two large fresh allocations and an extra pass over ~1.6 GB.
-//! Here the result buffer is the only large allocation. The reconstruction
-//! plan of the delta (see `deltapack_format::delta`) maps every tail byte of
-//! the payload to one position in the result, monotonically, so each extent
-//! owns a disjoint region of the result buffer. Workers hash each extent as a
-//! BLAKE3 subtree in small pieces and copy each piece to its place while it
-//! is still in cache.
+//! Here the result buffer is the only large buffer, and it may be the
+//! caller's own (`Store::restore_into`), so a reader that restores into the
+//! same resident memory turn after turn pays no page faults at all. The
+//! reconstruction plan of the delta (see `deltapack_format::delta`) maps
+//! every tail byte of the payload to one position in the result,
+//! monotonically, so each extent owns a disjoint region of the result
+//! buffer. Worker threads take extents in order, read each in 256 KiB
+//! pieces into a buffer that stays in L2, hash the piece into the extent's
+//! BLAKE3 subtree, and copy it to its place while it is still in cache — the
+//! fused loop.
 //!
 //! Nothing is handed over before everything verified: every extent name, the
 //! merged payload digest, and — for a delta — the BLAKE3 of the rebuilt
-//! result. A failed check drops the buffer.
+//! result. A failed check drops the restore (an owned buffer is freed; a
+//! caller's buffer is declared meaningless by the miss).
 //!
-//! Two sources feed the same [`Reassembly`]:
+//! Two [`Source`]s feed the same loop:
 //!
-//! * **Local disk** ([`local_restore`]): extent files are read with positioned
-//!   reads into a 256 KiB buffer per worker (it stays in L2), hashed and copied
-//!   out — the fused loop — on all cores, with no `object_store` round trip.
-//! * **Any backend** (in `restore.rs`): objects fetched through `object_store`
-//!   with at most four in flight, verified on blocking threads, then placed.
+//! * **Local disk**: extent files are read with positioned reads, with no
+//!   `object_store` round trip.
+//! * **Any backend**: each worker drives its own GET through the runtime's
+//!   handle and pulls the body's chunks as they arrive, so at most one
+//!   256 KiB piece per worker is buffered, not a whole 64 MiB object. A
+//!   failed read or check is retried once (damage in transit) before the
+//!   object is blamed.
 
 use std::fs::File;
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
+use bytes::{Buf, Bytes};
 use deltapack_format::delta::{self, CopyOp, PageDelta};
 use deltapack_format::root::ExtentEntry;
 use deltapack_format::snapshot::digest_of_encoding;
 use deltapack_format::{Digest, ExtentCodec, ExtentPlan, ManifestV2, Snapshot};
+use futures::StreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
 
+use crate::error::StoreError;
 use crate::keys;
 
 /// Piece size of the fused read → hash → copy loop.
 pub(crate) const PIECE: usize = 256 * 1024;
+
+/// Bytes read from the first extent to find the delta header (one request
+/// usually suffices).
+const HEADER_PROBE: usize = 64 * 1024;
+
+/// Where extent bytes come from.
+pub(crate) enum Source {
+    /// Files under a local store's root directory.
+    Local(PathBuf),
+    /// Any `object_store` backend, driven from worker threads through the
+    /// runtime `handle` (which must be a multi-thread runtime, or one driven
+    /// by another thread).
+    Remote {
+        /// The backend.
+        store: Arc<dyn ObjectStore>,
+        /// The runtime the requests run on.
+        handle: tokio::runtime::Handle,
+    },
+}
+
+impl Source {
+    /// Worker threads for a restore from this source.
+    pub(crate) fn threads(&self, in_flight: usize) -> usize {
+        match self {
+            // Local reads are CPU-bound (page cache): one worker per core.
+            Source::Local(_) => std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+                .min(in_flight),
+            // Remote reads wait on the network: keep `in_flight` requests open.
+            Source::Remote { .. } => in_flight,
+        }
+    }
+
+    /// Attempts per extent before it is blamed: a remote read may be damaged
+    /// in transit, a local one is what is at rest.
+    fn attempts(&self) -> usize {
+        match self {
+            Source::Local(_) => 1,
+            Source::Remote { .. } => 2,
+        }
+    }
+}
 
 /// One contiguous copy from payload offset `src` to result offset `dst`.
 #[derive(Debug, Clone, Copy)]
@@ -44,21 +100,68 @@ struct Span {
     len: u64,
 }
 
+/// The result buffer: allocated here, or the caller's.
+enum Dest<'a> {
+    Owned(Vec<u8>),
+    Borrowed(&'a mut [u8]),
+}
+
+impl Dest<'_> {
+    fn bytes(&mut self) -> &mut [u8] {
+        match self {
+            Dest::Owned(v) => v,
+            Dest::Borrowed(b) => b,
+        }
+    }
+
+    fn take(len: usize, into: Option<&mut [u8]>) -> Result<Dest<'_>, String> {
+        match into {
+            None => Ok(Dest::Owned(zeroed_buffer(len)?)),
+            Some(b) if b.len() == len => Ok(Dest::Borrowed(b)),
+            Some(b) => Err(format!(
+                "the buffer is {} bytes, the snapshot {len}",
+                b.len()
+            )),
+        }
+    }
+}
+
+/// A verified restore: an owned snapshot, or the caller's buffer filled.
+pub(crate) enum Output {
+    /// The restore allocated the result.
+    Snapshot(Snapshot),
+    /// The caller's buffer holds the verified snapshot encoding.
+    Written,
+}
+
 /// The result buffer and the map from payload bytes to result positions.
-pub(crate) struct Reassembly {
-    result: Vec<u8>,
+struct Reassembly<'a> {
+    result: Dest<'a>,
     spans: Vec<Span>,
     /// For a delta: the header bytes the plan was made from (must equal the
     /// verified payload prefix), and the digest the result must have.
     delta: Option<(Vec<u8>, Digest)>,
 }
 
-/// Why a reassembly failed: the damaged object key (if one is to blame) and
-/// what was wrong.
+/// What went wrong with one object.
+#[derive(Debug)]
+pub(crate) enum DamageKind {
+    /// The object does not exist.
+    Missing,
+    /// The object exists but its bytes are wrong (or unreadable at rest).
+    Corrupt,
+    /// The restore's deadline passed.
+    Deadline,
+    /// The backend failed (network, permissions): not the object's fault.
+    Io(Box<StoreError>),
+}
+
+/// Why a reassembly failed: the object key to blame (if any), and what
+/// was wrong.
 #[derive(Debug)]
 pub(crate) struct Damage {
-    pub(crate) key: Option<object_store::path::Path>,
-    pub(crate) missing: bool,
+    pub(crate) key: Option<Path>,
+    pub(crate) kind: DamageKind,
     pub(crate) what: String,
 }
 
@@ -66,8 +169,24 @@ impl Damage {
     pub(crate) fn plain(what: impl Into<String>) -> Self {
         Damage {
             key: None,
-            missing: false,
+            kind: DamageKind::Corrupt,
             what: what.into(),
+        }
+    }
+
+    fn of(key: &Path, kind: DamageKind, what: impl std::fmt::Display) -> Self {
+        Damage {
+            key: Some(key.clone()),
+            kind,
+            what: format!("{key}: {what}"),
+        }
+    }
+
+    fn deadline() -> Self {
+        Damage {
+            key: None,
+            kind: DamageKind::Deadline,
+            what: "deadline exceeded".into(),
         }
     }
 }
@@ -98,12 +217,12 @@ pub(crate) fn zeroed_buffer(len: usize) -> Result<Vec<u8>, String> {
     }
 }
 
-impl Reassembly {
+impl<'a> Reassembly<'a> {
     /// A snapshot root: the payload *is* the result.
-    pub(crate) fn flat(m: &ManifestV2) -> Result<Self, String> {
+    fn flat(m: &ManifestV2, into: Option<&'a mut [u8]>) -> Result<Self, String> {
         let len = usize::try_from(m.payload_len).map_err(|_| "payload too large".to_string())?;
         Ok(Reassembly {
-            result: zeroed_buffer(len)?,
+            result: Dest::take(len, into)?,
             spans: vec![Span {
                 src: 0,
                 dst: 0,
@@ -114,12 +233,13 @@ impl Reassembly {
     }
 
     /// A delta root: plan from the (not yet verified) header bytes, checked
-    /// against the root before anything is allocated.
-    pub(crate) fn delta(
+    /// against the root before the result is allocated or written.
+    fn delta(
         m: &ManifestV2,
         base: &Snapshot,
         base_digest: &Digest,
         header_bytes: &[u8],
+        into: Option<&'a mut [u8]>,
     ) -> Result<Self, String> {
         let (h, tails) = delta::decode_header(header_bytes).map_err(|e| e.to_string())?;
         if h.result_digest != m.result_snapshot_digest {
@@ -142,8 +262,8 @@ impl Reassembly {
             ));
         }
         let len = usize::try_from(plan.result_len).map_err(|_| "result too large".to_string())?;
-        let mut result = zeroed_buffer(len)?;
-        plan.write_base_spans(base.payload(), &mut result)
+        let mut result = Dest::take(len, into)?;
+        plan.write_base_spans(base.payload(), result.bytes())
             .map_err(|e| e.to_string())?;
         let spans = plan
             .ops
@@ -165,11 +285,11 @@ impl Reassembly {
     /// regions are disjoint too.
     fn regions(&mut self, ranges: &[(u64, u64)]) -> Vec<Region<'_>> {
         let mut out = Vec::with_capacity(ranges.len());
-        let mut rest: &mut [u8] = &mut self.result;
+        let spans = &self.spans;
+        let mut rest: &mut [u8] = self.result.bytes();
         let mut consumed = 0u64;
         for &(a, b) in ranges {
-            let pieces: Vec<Span> = self
-                .spans
+            let pieces: Vec<Span> = spans
                 .iter()
                 .filter_map(|s| {
                     let lo = s.src.max(a);
@@ -201,19 +321,28 @@ impl Reassembly {
     }
 
     /// Final checks; hands the result over only if everything verified.
-    fn finish(self) -> Result<Snapshot, String> {
+    fn finish(mut self) -> Result<Output, String> {
         if let Some((_, want)) = &self.delta {
-            let found = digest_of_encoding(&self.result);
+            let found = digest_of_encoding(self.result.bytes());
             if found != *want {
                 return Err(format!("reconstructed result {found} != {want}"));
             }
         }
-        Snapshot::from_encoded(self.result).map_err(|e| e.to_string())
+        match self.result {
+            Dest::Owned(v) => Snapshot::from_encoded(v)
+                .map(Output::Snapshot)
+                .map_err(|e| e.to_string()),
+            // The bytes hash to the published snapshot digest (a flat root's
+            // payload digest is its snapshot digest; a delta's result was
+            // checked above), so they are the snapshot the publisher
+            // validated.
+            Dest::Borrowed(_) => Ok(Output::Written),
+        }
     }
 }
 
 /// The part of the result buffer one extent writes.
-pub(crate) struct Region<'a> {
+struct Region<'a> {
     buf: &'a mut [u8],
     dst_start: u64,
     src_start: u64,
@@ -238,33 +367,49 @@ impl Region<'_> {
     }
 }
 
-/// Hashes and places one extent's raw bytes, checking the delta header
-/// bytes the plan was made from.
+/// Why absorbing an extent stopped.
+enum AbsorbError {
+    /// The source failed to deliver bytes.
+    Read(std::io::Error),
+    /// The bytes were wrong (short, changed header, wrong name).
+    Bad(String),
+    /// The deadline passed.
+    Deadline,
+}
+
+/// Hashes and places one extent's raw bytes, pulled from `next` in pieces
+/// of `scratch`'s size, checking the delta header bytes the plan was made
+/// from.
+#[allow(clippy::too_many_arguments)]
 fn absorb(
     plan: &ExtentPlan,
     index: u64,
     e: &ExtentEntry,
     region: &mut Region<'_>,
     header: Option<&[u8]>,
+    deadline: Option<Instant>,
     mut next: impl FnMut(&mut [u8]) -> std::io::Result<usize>,
     scratch: &mut [u8],
-) -> Result<(), String> {
+) -> Result<(), AbsorbError> {
     let mut h = plan.hasher(index);
     let mut off = e.offset;
     let end = e.offset + e.raw_len;
     debug_assert_eq!(region.src_start, e.offset);
     while off < end {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(AbsorbError::Deadline);
+        }
         let want = ((end - off) as usize).min(scratch.len());
         let buf = &mut scratch[..want];
         let mut got = 0;
         while got < want {
-            let n = next(&mut buf[got..]).map_err(|x| format!("read: {x}"))?;
+            let n = next(&mut buf[got..]).map_err(AbsorbError::Read)?;
             if n == 0 {
-                return Err(format!(
+                return Err(AbsorbError::Bad(format!(
                     "extent {index} ended after {} of {} bytes",
                     off - e.offset + got as u64,
                     e.raw_len
-                ));
+                )));
             }
             got += n;
         }
@@ -274,7 +419,9 @@ fn absorb(
             if lo < hdr.len() {
                 let n = (hdr.len() - lo).min(want);
                 if buf[..n] != hdr[lo..lo + n] {
-                    return Err("delta header changed while it was read".into());
+                    return Err(AbsorbError::Bad(
+                        "delta header changed while it was read".into(),
+                    ));
                 }
             }
         }
@@ -282,33 +429,33 @@ fn absorb(
         off += want as u64;
     }
     h.verify(&format!("extent {index}"), &e.raw_digest)
-        .map_err(|x| x.to_string())
+        .map_err(|x| AbsorbError::Bad(x.to_string()))
 }
 
-/// Restores a v2 root whose objects are files under `root_dir` (a local
-/// store), on up to `threads` cores. `Ok(Err(damage))` is a miss.
-pub(crate) fn local_restore(
-    root_dir: &FsPath,
+/// Restores a v2 root from `source` on up to `threads` workers, into
+/// `into` (exactly the result's length) or a buffer allocated here.
+/// `Err(damage)` is a miss (or, for [`DamageKind::Io`], an error).
+pub(crate) fn restore_v2(
+    source: &Source,
     m: &ManifestV2,
     base: Option<(Arc<Snapshot>, Digest)>,
+    into: Option<&mut [u8]>,
     threads: usize,
-) -> Result<Snapshot, Damage> {
+    deadline: Option<Instant>,
+) -> Result<Output, Damage> {
     let plan = ExtentPlan::new(m.payload_len, m.max_extent_bytes)
         .map_err(|e| Damage::plain(e.to_string()))?;
-    let path_of = |e: &ExtentEntry| -> PathBuf {
-        root_dir.join(keys::object_key(&e.object_digest()).as_ref())
-    };
     let mut re = match &base {
-        None => Reassembly::flat(m).map_err(Damage::plain)?,
+        None => Reassembly::flat(m, into).map_err(Damage::plain)?,
         Some((b, d)) => {
-            let hdr = read_header_prefix(m, &path_of)?;
-            match Reassembly::delta(m, b, d, &hdr) {
+            let hdr = read_header_prefix(source, m)?;
+            match Reassembly::delta(m, b, d, &hdr, into) {
                 Ok(r) => r,
                 // The header bytes were read before verification: blame a
                 // damaged extent if there is one, else the delta itself.
                 Err(what) => {
                     return Err(
-                        blame(&plan, m, &path_of, hdr.len() as u64).unwrap_or(Damage::plain(what))
+                        blame(source, &plan, m, hdr.len() as u64).unwrap_or(Damage::plain(what))
                     )
                 }
             }
@@ -340,20 +487,30 @@ pub(crate) fn local_restore(
                     let Some(mut region) = regions[i].lock().ok().and_then(|mut r| r.take()) else {
                         break;
                     };
-                    let r = local_extent(
-                        &plan,
-                        i as u64,
-                        e,
-                        &path_of(e),
-                        &mut region,
-                        header.as_deref(),
-                        &mut scratch,
-                    );
+                    let mut r = Ok(());
+                    for attempt in 0..source.attempts() {
+                        r = read_extent(
+                            source,
+                            &plan,
+                            i as u64,
+                            e,
+                            &mut region,
+                            header.as_deref(),
+                            deadline,
+                            &mut scratch,
+                        );
+                        match &r {
+                            Err(d) if matches!(d.kind, DamageKind::Corrupt | DamageKind::Io(_)) => {
+                                tracing::warn!(what = %d.what, attempt, "extent read failed");
+                            }
+                            _ => break,
+                        }
+                    }
                     if let Err(d) = r {
                         if let Ok(mut f) = failures.lock() {
                             f.push(d);
                         }
-                        // Stop early: the restore is a miss either way.
+                        // Stop early: the restore fails either way.
                         next.store(m.extents.len(), Ordering::Relaxed);
                     }
                 }
@@ -378,59 +535,26 @@ pub(crate) fn local_restore(
     re.finish().map_err(Damage::plain)
 }
 
-fn local_extent(
+/// Reads one extent from `source` through the fused loop into `region`.
+#[allow(clippy::too_many_arguments)]
+fn read_extent(
+    source: &Source,
     plan: &ExtentPlan,
     index: u64,
     e: &ExtentEntry,
-    path: &FsPath,
     region: &mut Region<'_>,
     header: Option<&[u8]>,
+    deadline: Option<Instant>,
     scratch: &mut [u8],
 ) -> Result<(), Damage> {
     let key = keys::object_key(&e.object_digest());
-    let damage = |what: String, missing: bool| Damage {
-        key: Some(key.clone()),
-        missing,
-        what: format!("{key}: {what}"),
-    };
-    let file = match File::open(path) {
-        Ok(f) => f,
-        Err(x) if x.kind() == std::io::ErrorKind::NotFound => {
-            return Err(damage("object is missing".into(), true))
-        }
-        Err(x) => return Err(damage(format!("open: {x}"), false)),
-    };
-    let size = file
-        .metadata()
-        .map_err(|x| damage(format!("stat: {x}"), false))?
-        .len();
-    if size != e.stored_len {
-        return Err(damage(
-            format!("object is {size} bytes, expected {}", e.stored_len),
-            false,
-        ));
-    }
-    match e.codec {
-        ExtentCodec::Raw => {
-            let mut pos = 0u64;
-            absorb(
-                plan,
-                index,
-                e,
-                region,
-                header,
-                |buf| {
-                    let n = read_at(&file, buf, pos)?;
-                    pos += n as u64;
-                    Ok(n)
-                },
-                scratch,
-            )
-            .map_err(|w| damage(w, false))
-        }
-        ExtentCodec::Zstd => {
-            let stored = std::fs::read(path).map_err(|x| damage(format!("read: {x}"), false))?;
-            let raw = verify_zstd(e, &stored).map_err(|w| damage(w, false))?;
+    // Where the bytes come from: a positioned-read closure over a file, or
+    // the chunks of a GET body.
+    let absorbed = match (source, e.codec) {
+        (_, ExtentCodec::Zstd) => {
+            let stored = read_all(source, e)?;
+            let raw =
+                verify_zstd(e, &stored).map_err(|w| Damage::of(&key, DamageKind::Corrupt, w))?;
             let mut pos = 0usize;
             absorb(
                 plan,
@@ -438,6 +562,7 @@ fn local_extent(
                 e,
                 region,
                 header,
+                deadline,
                 |buf| {
                     let n = buf.len().min(raw.len() - pos);
                     buf[..n].copy_from_slice(&raw[pos..pos + n]);
@@ -446,50 +571,279 @@ fn local_extent(
                 },
                 scratch,
             )
-            .map_err(|w| damage(w, false))
+        }
+        (Source::Local(root), ExtentCodec::Raw) => {
+            let file = open_local(root, &key, e)?;
+            let mut pos = 0u64;
+            absorb(
+                plan,
+                index,
+                e,
+                region,
+                header,
+                deadline,
+                |buf| {
+                    let n = read_at(&file, buf, pos)?;
+                    pos += n as u64;
+                    Ok(n)
+                },
+                scratch,
+            )
+        }
+        (Source::Remote { store, handle }, ExtentCodec::Raw) => {
+            let got = handle.block_on(store.get(&key));
+            let got = remote_result(&key, e, got)?;
+            let mut body = got.into_stream();
+            let mut chunk = Bytes::new();
+            absorb(
+                plan,
+                index,
+                e,
+                region,
+                header,
+                deadline,
+                |buf| handle.block_on(fill(&mut body, &mut chunk, buf)),
+                scratch,
+            )
+        }
+    };
+    absorbed.map_err(|x| match x {
+        AbsorbError::Deadline => Damage::deadline(),
+        AbsorbError::Bad(w) => Damage::of(&key, DamageKind::Corrupt, w),
+        AbsorbError::Read(err) => match source {
+            // A local read error is the object's (the media's) problem.
+            Source::Local(_) => Damage::of(&key, DamageKind::Corrupt, format!("read: {err}")),
+            Source::Remote { .. } => {
+                let what = format!("read: {err}");
+                Damage::of(
+                    &key,
+                    DamageKind::Io(Box::new(StoreError::io(
+                        &key,
+                        object_store::Error::Generic {
+                            store: "restore",
+                            source: Box::new(err),
+                        },
+                    ))),
+                    what,
+                )
+            }
+        },
+    })
+}
+
+/// Fills `buf` from a GET body, keeping the unread rest of the current
+/// chunk in `chunk`; returns 0 only at the end of the body.
+async fn fill(
+    body: &mut futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
+    chunk: &mut Bytes,
+    buf: &mut [u8],
+) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        if chunk.is_empty() {
+            match body.next().await {
+                Some(Ok(b)) => *chunk = b,
+                Some(Err(e)) => return Err(std::io::Error::other(e)),
+                None => break,
+            }
+            continue;
+        }
+        let k = chunk.len().min(buf.len() - n);
+        buf[n..n + k].copy_from_slice(&chunk[..k]);
+        chunk.advance(k);
+        n += k;
+    }
+    Ok(n)
+}
+
+/// Opens a local extent file and checks its size.
+fn open_local(root: &FsPath, key: &Path, e: &ExtentEntry) -> Result<File, Damage> {
+    let file = match File::open(root.join(key.as_ref())) {
+        Ok(f) => f,
+        Err(x) if x.kind() == std::io::ErrorKind::NotFound => {
+            return Err(Damage::of(key, DamageKind::Missing, "object is missing"))
+        }
+        Err(x) => return Err(Damage::of(key, DamageKind::Corrupt, format!("open: {x}"))),
+    };
+    let size = file
+        .metadata()
+        .map_err(|x| Damage::of(key, DamageKind::Corrupt, format!("stat: {x}")))?
+        .len();
+    if size != e.stored_len {
+        return Err(Damage::of(
+            key,
+            DamageKind::Corrupt,
+            format!("object is {size} bytes, expected {}", e.stored_len),
+        ));
+    }
+    Ok(file)
+}
+
+/// Classifies a GET: missing, wrong size (from metadata, before any body
+/// byte is read), backend failure, or a body to read.
+fn remote_result(
+    key: &Path,
+    e: &ExtentEntry,
+    got: object_store::Result<object_store::GetResult>,
+) -> Result<object_store::GetResult, Damage> {
+    match got {
+        Ok(g) if g.meta.size == e.stored_len => Ok(g),
+        Ok(g) => Err(Damage::of(
+            key,
+            DamageKind::Corrupt,
+            format!("object is {} bytes, expected {}", g.meta.size, e.stored_len),
+        )),
+        Err(object_store::Error::NotFound { .. }) => {
+            Err(Damage::of(key, DamageKind::Missing, "object is missing"))
+        }
+        Err(x) => {
+            let what = x.to_string();
+            Err(Damage::of(
+                key,
+                DamageKind::Io(Box::new(StoreError::io(key, x))),
+                what,
+            ))
         }
     }
 }
 
+/// An extent's whole stored object (zstd extents, the blame pass).
+fn read_all(source: &Source, e: &ExtentEntry) -> Result<Bytes, Damage> {
+    let key = keys::object_key(&e.object_digest());
+    let bytes = match source {
+        Source::Local(root) => {
+            // Size first, so a huge file is not read into memory.
+            drop(open_local(root, &key, e)?);
+            Bytes::from(
+                std::fs::read(root.join(key.as_ref()))
+                    .map_err(|x| Damage::of(&key, DamageKind::Corrupt, format!("read: {x}")))?,
+            )
+        }
+        Source::Remote { store, handle } => {
+            let got = remote_result(&key, e, handle.block_on(store.get(&key)))?;
+            handle.block_on(got.bytes()).map_err(|x| {
+                let what = x.to_string();
+                Damage::of(
+                    &key,
+                    DamageKind::Io(Box::new(StoreError::io(&key, x))),
+                    what,
+                )
+            })?
+        }
+    };
+    if bytes.len() as u64 != e.stored_len {
+        return Err(Damage::of(
+            &key,
+            DamageKind::Corrupt,
+            format!("read {} bytes, expected {}", bytes.len(), e.stored_len),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// The first `len` raw bytes of an extent (unverified).
+fn read_prefix(source: &Source, e: &ExtentEntry, len: usize) -> Result<Vec<u8>, Damage> {
+    let key = keys::object_key(&e.object_digest());
+    let len = len.min(usize::try_from(e.raw_len).unwrap_or(usize::MAX));
+    match (source, e.codec) {
+        (_, ExtentCodec::Zstd) => {
+            let stored = read_all(source, e)?;
+            let mut raw =
+                verify_zstd(e, &stored).map_err(|w| Damage::of(&key, DamageKind::Corrupt, w))?;
+            raw.truncate(len);
+            Ok(raw)
+        }
+        (Source::Local(root), ExtentCodec::Raw) => {
+            let f = open_local(root, &key, e)?;
+            let mut buf = vec![0u8; len];
+            let mut got = 0;
+            while got < len {
+                let n = read_at(&f, &mut buf[got..], got as u64)
+                    .map_err(|x| Damage::of(&key, DamageKind::Corrupt, format!("read: {x}")))?;
+                if n == 0 {
+                    break;
+                }
+                got += n;
+            }
+            buf.truncate(got);
+            Ok(buf)
+        }
+        (Source::Remote { store, handle }, ExtentCodec::Raw) => {
+            let r = handle.block_on(store.get_range(&key, 0..len as u64));
+            match r {
+                Ok(b) => Ok(b.to_vec()),
+                Err(object_store::Error::NotFound { .. }) => {
+                    Err(Damage::of(&key, DamageKind::Missing, "object is missing"))
+                }
+                Err(x) => {
+                    let what = x.to_string();
+                    Err(Damage::of(
+                        &key,
+                        DamageKind::Io(Box::new(StoreError::io(&key, x))),
+                        what,
+                    ))
+                }
+            }
+        }
+    }
+}
+
+/// Reads the delta header bytes (unverified; checked again while hashing)
+/// from the first extents.
+fn read_header_prefix(source: &Source, m: &ManifestV2) -> Result<Vec<u8>, Damage> {
+    let need = |out: &[u8]| delta::header_extent(out).unwrap_or(delta::DELTA_PREFIX_LEN);
+    let mut out: Vec<u8> = Vec::new();
+    for e in &m.extents {
+        // `out` holds every byte before this extent; read more of it until
+        // the header is complete or the extent is exhausted.
+        let mut probe = HEADER_PROBE;
+        loop {
+            if out.len() >= need(&out) {
+                return Ok(out);
+            }
+            let from_here = out.len() as u64 - e.offset;
+            if from_here >= e.raw_len {
+                break;
+            }
+            let want = (need(&out) as u64 - e.offset).max(probe as u64);
+            let bytes = read_prefix(source, e, usize::try_from(want).unwrap_or(usize::MAX))?;
+            if (bytes.len() as u64) <= from_here {
+                // The object is shorter than its entry says; hashing will
+                // blame it.
+                return Err(blame(
+                    source,
+                    &ExtentPlan::new(m.payload_len, m.max_extent_bytes)
+                        .map_err(|x| Damage::plain(x.to_string()))?,
+                    m,
+                    e.offset + e.raw_len,
+                )
+                .unwrap_or(Damage::plain("payload ends inside the delta header")));
+            }
+            out.truncate(e.offset as usize);
+            out.extend_from_slice(&bytes);
+            probe = probe.saturating_mul(4);
+        }
+    }
+    if out.len() >= need(&out) {
+        return Ok(out);
+    }
+    Err(Damage::plain("payload ends inside the delta header"))
+}
+
 /// Verifies the extents covering the first `upto` payload bytes; returns
 /// the first damaged one.
-fn blame(
-    plan: &ExtentPlan,
-    m: &ManifestV2,
-    path_of: &dyn Fn(&ExtentEntry) -> PathBuf,
-    upto: u64,
-) -> Option<Damage> {
+fn blame(source: &Source, plan: &ExtentPlan, m: &ManifestV2, upto: u64) -> Option<Damage> {
     for (i, e) in m.extents.iter().enumerate() {
         if e.offset >= upto.max(1) {
             break;
         }
         let key = keys::object_key(&e.object_digest());
-        let damage = |what: String, missing: bool| Damage {
-            key: Some(key.clone()),
-            missing,
-            what: format!("{key}: {what}"),
-        };
-        let stored = match std::fs::read(path_of(e)) {
+        let stored = match read_all(source, e) {
             Ok(b) => b,
-            Err(x) => {
-                return Some(damage(
-                    x.to_string(),
-                    x.kind() == std::io::ErrorKind::NotFound,
-                ))
-            }
+            Err(d) => return Some(d),
         };
-        if stored.len() as u64 != e.stored_len {
-            return Some(damage(
-                format!(
-                    "object is {} bytes, expected {}",
-                    stored.len(),
-                    e.stored_len
-                ),
-                false,
-            ));
-        }
-        if let Err(w) = verify_extent(plan, i as u64, e, bytes::Bytes::from(stored)) {
-            return Some(damage(w, false));
+        if let Err(w) = verify_extent(plan, i as u64, e, stored) {
+            return Some(Damage::of(&key, DamageKind::Corrupt, w));
         }
     }
     None
@@ -511,7 +865,7 @@ fn read_at(f: &File, buf: &mut [u8], pos: u64) -> std::io::Result<usize> {
 
 /// Verifies one extent's stored bytes (zstd: stored digest, then bounded
 /// decompression) against its raw name and returns the raw bytes. The one
-/// place restore, the blame pass and the sweep check an extent on its own.
+/// place the blame pass and the sweep check an extent on its own.
 pub(crate) fn verify_extent(
     plan: &ExtentPlan,
     index: u64,
@@ -538,166 +892,4 @@ pub(crate) fn verify_zstd(e: &ExtentEntry, stored: &[u8]) -> Result<Vec<u8>, Str
         return Err(format!("stored digest {found} != {want}"));
     }
     deltapack_format::extent::decompress(stored, e.raw_len).map_err(|x| x.to_string())
-}
-
-/// Reads the delta header bytes (unverified; checked again while hashing)
-/// from the first extents' files.
-fn read_header_prefix(
-    m: &ManifestV2,
-    path_of: &dyn Fn(&ExtentEntry) -> PathBuf,
-) -> Result<Vec<u8>, Damage> {
-    let mut out: Vec<u8> = Vec::new();
-    let need = |out: &[u8]| delta::header_extent(out).unwrap_or(delta::DELTA_PREFIX_LEN);
-    for e in &m.extents {
-        let key = keys::object_key(&e.object_digest());
-        let io = |x: std::io::Error| Damage {
-            key: Some(key.clone()),
-            missing: x.kind() == std::io::ErrorKind::NotFound,
-            what: format!("{key}: {x}"),
-        };
-        // Bytes of this extent, read on demand.
-        let raw: Vec<u8> = match e.codec {
-            ExtentCodec::Zstd => {
-                let stored = std::fs::read(path_of(e)).map_err(io)?;
-                verify_zstd(e, &stored).map_err(|w| Damage {
-                    key: Some(key.clone()),
-                    missing: false,
-                    what: format!("{key}: {w}"),
-                })?
-            }
-            ExtentCodec::Raw => {
-                let f = File::open(path_of(e)).map_err(io)?;
-                let mut buf = Vec::new();
-                // Read until the header is complete or the extent ends (the
-                // needed length is only known once the first 12 bytes are).
-                loop {
-                    let want =
-                        need(&[&out[..], &buf[..]].concat()).saturating_sub(out.len() + buf.len());
-                    let room = (e.raw_len as usize).saturating_sub(buf.len());
-                    let n = want.min(room);
-                    if n == 0 {
-                        break;
-                    }
-                    let start = buf.len();
-                    buf.resize(start + n, 0);
-                    let got = read_at(&f, &mut buf[start..], start as u64).map_err(io)?;
-                    buf.truncate(start + got);
-                    if got == 0 {
-                        break;
-                    }
-                }
-                buf
-            }
-        };
-        let mut pos = 0;
-        while pos < raw.len() {
-            let missing = need(&out).saturating_sub(out.len());
-            if missing == 0 {
-                break;
-            }
-            let take = missing.min(raw.len() - pos);
-            out.extend_from_slice(&raw[pos..pos + take]);
-            pos += take;
-        }
-        if out.len() >= need(&out) {
-            return Ok(out);
-        }
-    }
-    Err(Damage::plain("payload ends inside the delta header"))
-}
-
-/// Streaming reassembly for any backend: feed verified raw extents in order.
-pub(crate) struct Streaming {
-    plan: ExtentPlan,
-    base: Option<(Arc<Snapshot>, Digest)>,
-    pending: Vec<(ExtentEntry, bytes::Bytes)>,
-    state: Option<Reassembly>,
-    header: Vec<u8>,
-}
-
-impl Streaming {
-    pub(crate) fn new(
-        m: &ManifestV2,
-        base: Option<(Arc<Snapshot>, Digest)>,
-    ) -> Result<Self, String> {
-        let plan = ExtentPlan::new(m.payload_len, m.max_extent_bytes).map_err(|e| e.to_string())?;
-        let state = match &base {
-            None => Some(Reassembly::flat(m)?),
-            Some(_) => None,
-        };
-        Ok(Streaming {
-            plan,
-            base,
-            pending: Vec::new(),
-            state,
-            header: Vec::new(),
-        })
-    }
-
-    /// Adds the next extent's verified raw bytes.
-    pub(crate) fn push(
-        &mut self,
-        m: &ManifestV2,
-        e: ExtentEntry,
-        raw: bytes::Bytes,
-    ) -> Result<(), String> {
-        if self.state.is_some() {
-            self.place(e, &raw);
-            return Ok(());
-        }
-        // A delta: hold extents until the header (which may span several
-        // small extents) is complete, then plan and place them all.
-        self.pending.push((e, raw));
-        let mut header: Vec<u8> = Vec::new();
-        for (_, r) in &self.pending {
-            let need = delta::header_extent(&header).unwrap_or(delta::DELTA_PREFIX_LEN);
-            let mut pos = 0;
-            while pos < r.len() {
-                let need =
-                    delta::header_extent(&header).unwrap_or(need.max(delta::DELTA_PREFIX_LEN));
-                let missing = need.saturating_sub(header.len());
-                if missing == 0 {
-                    break;
-                }
-                let take = missing.min(r.len() - pos);
-                header.extend_from_slice(&r[pos..pos + take]);
-                pos += take;
-            }
-        }
-        let need = delta::header_extent(&header).unwrap_or(usize::MAX);
-        if header.len() < need {
-            return Ok(());
-        }
-        let (base, digest) = self.base.as_ref().ok_or("delta without base")?;
-        self.state = Some(Reassembly::delta(m, base, digest, &header)?);
-        self.header = header;
-        for (e, raw) in std::mem::take(&mut self.pending) {
-            self.place(e, &raw);
-        }
-        Ok(())
-    }
-
-    fn place(&mut self, e: ExtentEntry, raw: &[u8]) {
-        if let Some(st) = self.state.as_mut() {
-            let mut regions = st.regions(&[(e.offset, e.offset + e.raw_len)]);
-            if let Some(r) = regions.first_mut() {
-                r.place(e.offset, raw);
-            }
-        }
-    }
-
-    /// All extents pushed and verified: final checks.
-    pub(crate) fn finish(
-        self,
-        names: &[Digest],
-        payload_digest: &Digest,
-    ) -> Result<Snapshot, String> {
-        let merged = self.plan.merge(names).map_err(|e| e.to_string())?;
-        if merged != *payload_digest {
-            return Err(format!("payload digest {merged} != {payload_digest}"));
-        }
-        self.state
-            .ok_or_else(|| "payload ends inside the delta header".to_string())?
-            .finish()
-    }
 }

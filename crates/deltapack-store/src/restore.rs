@@ -28,8 +28,8 @@ use std::time::Instant;
 use bytes::Bytes;
 use deltapack_format::snapshot::digest_of_encoding;
 use deltapack_format::{
-    BaseRef, CacheIdentity, ContextDigest, DecodedRoot, Digest, ExtentPlan, ManifestV1, ManifestV2,
-    Namespace, PageDelta, Snapshot,
+    BaseRef, CacheIdentity, ContextDigest, DecodedRoot, Digest, ManifestV1, ManifestV2, Namespace,
+    PageDelta, Snapshot,
 };
 use futures::{FutureExt, StreamExt};
 use object_store::path::Path;
@@ -112,6 +112,15 @@ pub enum RestoreIntoOutcome {
 
 type Inner = std::result::Result<RestoreOutcome, Arc<StoreError>>;
 
+/// A readable root with its base restored: ready for the payload.
+struct Resolved {
+    root: DecodedRoot,
+    base: Option<(Arc<Snapshot>, Digest)>,
+    want: Digest,
+    result_len: u64,
+    boundary: u64,
+}
+
 /// Why fetching an object did not produce verified bytes.
 enum Damage {
     Missing(String),
@@ -156,13 +165,23 @@ impl Store {
             Ok(e) => e,
             Err(shared) => StoreError::Internal(format!("shared restore failed: {shared}")),
         })?;
+        match &out {
+            RestoreOutcome::Hit(r) => self.record_restore(start, Ok(r.snapshot.boundary())),
+            RestoreOutcome::Miss(m) => self.record_restore(start, Err(m)),
+        }
+        Ok(out)
+    }
+
+    /// Counts one restore's outcome: latency, hit (with its boundary, for
+    /// the comparison with prefill) or miss by reason.
+    fn record_restore(&self, start: Instant, outcome: std::result::Result<u64, &MissReason>) {
         let st = self.stats_ref();
         st.record_latency(start.elapsed().as_micros() as u64);
-        match &out {
-            RestoreOutcome::Hit(r) => {
+        match outcome {
+            Ok(boundary) => {
                 Stats::add(&st.hits, 1);
                 if let Some(rate) = self.config().prefill_tokens_per_s.filter(|r| *r > 0.0) {
-                    let recompute = r.snapshot.boundary() as f64 / rate;
+                    let recompute = boundary as f64 / rate;
                     if start.elapsed().as_secs_f64() < recompute {
                         Stats::add(&st.hits_cheaper_than_prefill, 1);
                     } else {
@@ -170,7 +189,7 @@ impl Store {
                     }
                 }
             }
-            RestoreOutcome::Miss(m) => Stats::add(
+            Err(m) => Stats::add(
                 match m {
                     MissReason::Absent => &st.miss_absent,
                     MissReason::Corrupt { .. } => &st.miss_corrupt,
@@ -182,11 +201,23 @@ impl Store {
                 1,
             ),
         }
-        Ok(out)
     }
 
     /// Restores into a caller-provided buffer of exactly the snapshot's
     /// encoded length. The buffer is meaningful only on a hit.
+    ///
+    /// For a v2 root the verified extent bytes are reconstructed directly in
+    /// `buf`: no result buffer is allocated, so a caller that restores into
+    /// the same resident memory each turn pays no page faults, and peak
+    /// memory is `buf` plus a 256 KiB piece per worker. The work runs on the
+    /// calling thread and worker threads (`block_in_place` on a
+    /// multi-thread runtime), and does not join a concurrent
+    /// [`Store::restore`] of the same root; the base is restored once and
+    /// shared through the verified-base cache as usual. A wrong-sized `buf`
+    /// is an error found from the root, before any payload byte is read.
+    ///
+    /// v1 roots, and non-local backends on a current-thread runtime, restore
+    /// through [`Store::restore_with`] and copy into `buf`.
     pub async fn restore_into(
         &self,
         identity: &CacheIdentity,
@@ -194,10 +225,103 @@ impl Store {
         buf: &mut [u8],
         opts: RestoreOptions,
     ) -> Result<RestoreIntoOutcome> {
-        match self
-            .restore_with(identity.namespace(), context, opts)
-            .await?
+        self.restore_into_with(identity.namespace(), context, buf, opts)
+            .await
+    }
+
+    /// [`Store::restore_into`] by namespace (as [`Store::restore_with`]).
+    pub async fn restore_into_with(
+        &self,
+        ns: Namespace,
+        context: ContextDigest,
+        buf: &mut [u8],
+        opts: RestoreOptions,
+    ) -> Result<RestoreIntoOutcome> {
+        let start = Instant::now();
+        let miss = |reason: MissReason| {
+            self.record_restore(start, Err(&reason));
+            Ok(RestoreIntoOutcome::Miss { reason })
+        };
+        if opts
+            .deadline
+            .is_some_and(|d| d <= tokio::time::Instant::now())
         {
+            return miss(MissReason::DeadlineExceeded);
+        }
+        let multi_thread = tokio::runtime::Handle::current().runtime_flavor()
+            == tokio::runtime::RuntimeFlavor::MultiThread;
+        let direct = multi_thread || matches!(self.backend_kind(), BackendKind::Local { .. });
+        let _pin = self.pin(ns, context);
+        let resolved = if direct {
+            let fut = self.resolve(ns, context, 0);
+            match opts.deadline {
+                None => fut.await?,
+                Some(d) => match tokio::time::timeout_at(d, fut).await {
+                    Ok(r) => r?,
+                    Err(_) => return miss(MissReason::DeadlineExceeded),
+                },
+            }
+        } else {
+            Err(MissReason::Absent)
+        };
+        let (m, r) = match resolved {
+            Ok(Resolved {
+                root: DecodedRoot::V2(m),
+                base,
+                want,
+                result_len,
+                boundary,
+            }) => (m, (base, want, result_len, boundary)),
+            Err(reason) if direct => return miss(reason),
+            // v1 (or no direct path): restore, then copy.
+            _ => return self.restore_copy(ns, context, buf, opts).await,
+        };
+        let (base, want, result_len, boundary) = r;
+        if buf.len() as u64 != result_len {
+            return Err(StoreError::Invalid(format!(
+                "buffer is {} bytes, the snapshot is {result_len}",
+                buf.len()
+            )));
+        }
+        let source = self.reassembly_source();
+        let deadline = opts.deadline.map(|d| d.into_std());
+        let work = || {
+            let threads = source.threads(RESTORE_IN_FLIGHT);
+            reassembly::restore_v2(&source, &m, base, Some(buf), threads, deadline)
+        };
+        let r = if multi_thread {
+            tokio::task::block_in_place(work)
+        } else {
+            // A current-thread runtime with a local store: the work needs no
+            // runtime, so it runs here.
+            work()
+        };
+        match r {
+            Ok(_) => {
+                self.count_v2_read(&m);
+                self.ledger_touch(&ns, &context).await;
+                self.record_restore(start, Ok(boundary));
+                Ok(RestoreIntoOutcome::Hit {
+                    len: result_len,
+                    digest: want.to_string(),
+                })
+            }
+            Err(d) => {
+                let reason = self.damage_outcome(d).await?;
+                miss(reason)
+            }
+        }
+    }
+
+    /// `restore_into` by restoring into a new buffer and copying.
+    async fn restore_copy(
+        &self,
+        ns: Namespace,
+        context: ContextDigest,
+        buf: &mut [u8],
+        opts: RestoreOptions,
+    ) -> Result<RestoreIntoOutcome> {
+        match self.restore_with(ns, context, opts).await? {
             RestoreOutcome::Miss(reason) => Ok(RestoreIntoOutcome::Miss { reason }),
             RestoreOutcome::Hit(r) => {
                 let enc = r.snapshot.encoded();
@@ -258,24 +382,30 @@ impl Store {
         shared.boxed()
     }
 
-    async fn restore_uncached(
+    /// Reads and checks the root of `(ns, ctx)` and restores its base: all
+    /// a payload restore needs, or the miss that ends it.
+    async fn resolve(
         &self,
         ns: Namespace,
         ctx: ContextDigest,
         depth: usize,
-    ) -> Result<RestoreOutcome> {
-        let _pin = self.pin(ns, ctx);
+    ) -> Result<std::result::Result<Resolved, MissReason>> {
         let root = match self.read_root(&ns, &ctx).await? {
-            RootStatus::Absent => return Ok(RestoreOutcome::Miss(MissReason::Absent)),
-            RootStatus::Unusable(r) => return Ok(RestoreOutcome::Miss(r)),
+            RootStatus::Absent => return Ok(Err(MissReason::Absent)),
+            RootStatus::Unusable(r) => return Ok(Err(r)),
             RootStatus::Found(d) => *d,
         };
+        if let DecodedRoot::Incompatible { reason } = &root {
+            return Ok(Err(MissReason::Incompatible {
+                detail: reason.clone(),
+            }));
+        }
         let summary = root
             .summary()
             .ok_or_else(|| StoreError::Internal("summary of a readable root".into()))?;
         let limit = self.config().max_restore_bytes;
         if summary.payload_len > limit || summary.result_snapshot_len > limit {
-            return Ok(RestoreOutcome::Miss(MissReason::Corrupt {
+            return Ok(Err(MissReason::Corrupt {
                 what: format!(
                     "root {} declares {} payload / {} result bytes, above this store's restore limit {limit}",
                     keys::root_key(&ns, &ctx),
@@ -288,7 +418,7 @@ impl Store {
             None => None,
             Some(b) => {
                 if depth + 1 > self.config().max_base_depth {
-                    return Ok(RestoreOutcome::Miss(MissReason::Corrupt {
+                    return Ok(Err(MissReason::Corrupt {
                         what: format!(
                             "base chain deeper than {} (or a cycle)",
                             self.config().max_base_depth
@@ -296,17 +426,35 @@ impl Store {
                     }));
                 }
                 match self.base_snapshot(b, depth + 1).await? {
-                    Ok(s) => Some(s),
-                    Err(detail) => {
-                        return Ok(RestoreOutcome::Miss(MissReason::BaseMissing { detail }))
-                    }
+                    Ok(s) => Some((s, b.snapshot_digest)),
+                    Err(detail) => return Ok(Err(MissReason::BaseMissing { detail })),
                 }
             }
         };
-        let want = summary.result_snapshot_digest;
-        let base_pair = match (base, summary.base) {
-            (Some(s), Some(b)) => Some((s, b.snapshot_digest)),
-            _ => None,
+        Ok(Ok(Resolved {
+            want: summary.result_snapshot_digest,
+            result_len: summary.result_snapshot_len,
+            boundary: summary.boundary,
+            root,
+            base,
+        }))
+    }
+
+    async fn restore_uncached(
+        &self,
+        ns: Namespace,
+        ctx: ContextDigest,
+        depth: usize,
+    ) -> Result<RestoreOutcome> {
+        let _pin = self.pin(ns, ctx);
+        let Resolved {
+            root,
+            base: base_pair,
+            want,
+            ..
+        } = match self.resolve(ns, ctx, depth).await? {
+            Ok(r) => r,
+            Err(miss) => return Ok(RestoreOutcome::Miss(miss)),
         };
         let built: std::result::Result<Snapshot, MissReason> = match &root {
             DecodedRoot::V2(m) => match self.restore_v2(m, base_pair).await? {
@@ -366,77 +514,66 @@ impl Store {
         }
     }
 
-    /// v2: stream verified extents into the result buffer (local disk: the
-    /// fused parallel loop; other backends: fetched through object_store).
+    /// Where this store's v2 restores read extents from.
+    fn reassembly_source(&self) -> reassembly::Source {
+        match self.backend_kind() {
+            BackendKind::Local { root } => reassembly::Source::Local(root.clone()),
+            _ => reassembly::Source::Remote {
+                store: self.object_store().clone(),
+                handle: tokio::runtime::Handle::current(),
+            },
+        }
+    }
+
+    /// Turns a reassembly failure into a miss (quarantining a damaged
+    /// object) or an error (the backend failed).
+    async fn damage_outcome(&self, d: reassembly::Damage) -> Result<MissReason> {
+        use reassembly::DamageKind;
+        match d.kind {
+            DamageKind::Deadline => Ok(MissReason::DeadlineExceeded),
+            DamageKind::Io(e) => Err(*e),
+            DamageKind::Missing => Ok(MissReason::Corrupt { what: d.what }),
+            DamageKind::Corrupt => {
+                if let Some(key) = &d.key {
+                    self.quarantine(key).await;
+                }
+                Ok(MissReason::Corrupt { what: d.what })
+            }
+        }
+    }
+
+    fn count_v2_read(&self, m: &ManifestV2) {
+        Stats::add(&self.stats_ref().objects_read, m.extents.len() as u64);
+        Stats::add(
+            &self.stats_ref().bytes_read,
+            m.extents.iter().map(|e| e.stored_len).sum(),
+        );
+    }
+
+    /// v2: stream verified extents into a new result buffer.
     async fn restore_v2(
         &self,
         m: &ManifestV2,
         base: Option<(Arc<Snapshot>, Digest)>,
     ) -> Result<std::result::Result<Snapshot, MissReason>> {
-        if let BackendKind::Local { root } = self.backend_kind() {
-            let (root, m2) = (root.clone(), m.clone());
-            let threads = std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-                .min(RESTORE_IN_FLIGHT);
-            let r = tokio::task::spawn_blocking(move || {
-                reassembly::local_restore(&root, &m2, base, threads)
-            })
-            .await
-            .map_err(|e| StoreError::Internal(format!("local restore task: {e}")))?;
-            return Ok(match r {
-                Ok(s) => {
-                    Stats::add(&self.stats_ref().objects_read, m.extents.len() as u64);
-                    Stats::add(
-                        &self.stats_ref().bytes_read,
-                        m.extents.iter().map(|e| e.stored_len).sum(),
-                    );
-                    Ok(s)
-                }
-                Err(d) => {
-                    if let (Some(key), false) = (&d.key, d.missing) {
-                        self.quarantine(key).await;
-                    }
-                    Err(MissReason::Corrupt { what: d.what })
-                }
-            });
-        }
-        let plan = ExtentPlan::new(m.payload_len, m.max_extent_bytes)?;
-        let mut st = match reassembly::Streaming::new(m, base) {
-            Ok(s) => s,
-            Err(what) => return Ok(Err(MissReason::Corrupt { what })),
-        };
-        let mut names = Vec::with_capacity(m.extents.len());
-        {
-            let mut stream = futures::stream::iter(m.extents.iter().copied().enumerate())
-                .map(|(i, e)| {
-                    let key = keys::object_key(&e.object_digest());
-                    self.fetch_verified(key, e.stored_len, move |b| {
-                        reassembly::verify_extent(&plan, i as u64, &e, b)
-                    })
-                    .map(move |r| r.map(|r| (e, r)))
-                })
-                .buffered(RESTORE_IN_FLIGHT);
-            while let Some(item) = stream.next().await {
-                let (e, r) = item?;
-                match r {
-                    Ok(raw) => {
-                        if let Err(what) = st.push(m, e, raw) {
-                            return Ok(Err(MissReason::Corrupt { what }));
-                        }
-                        names.push(e.raw_digest);
-                    }
-                    Err(Damage::Missing(what)) | Err(Damage::Corrupt(what)) => {
-                        return Ok(Err(MissReason::Corrupt { what }));
-                    }
-                }
+        let source = self.reassembly_source();
+        let m2 = m.clone();
+        let r = tokio::task::spawn_blocking(move || {
+            let threads = source.threads(RESTORE_IN_FLIGHT);
+            reassembly::restore_v2(&source, &m2, base, None, threads, None)
+        })
+        .await
+        .map_err(|e| StoreError::Internal(format!("restore task: {e}")))?;
+        match r {
+            Ok(reassembly::Output::Snapshot(s)) => {
+                self.count_v2_read(m);
+                Ok(Ok(s))
             }
+            Ok(reassembly::Output::Written) => Err(StoreError::Internal(
+                "an owned restore reported a borrowed buffer".into(),
+            )),
+            Err(d) => Ok(Err(self.damage_outcome(d).await?)),
         }
-        let pd = m.payload_digest;
-        let out = tokio::task::spawn_blocking(move || st.finish(&names, &pd))
-            .await
-            .map_err(|e| StoreError::Internal(format!("finish task: {e}")))?;
-        Ok(out.map_err(|what| MissReason::Corrupt { what }))
     }
 
     /// Restores (or takes from cache) a base and checks its digest.

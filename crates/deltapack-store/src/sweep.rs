@@ -288,8 +288,25 @@ impl Store {
         // recorded after this sweep's listing still exists and is kept — so
         // their objects become collectable.
         let mut ledger_degraded = false;
-        if !opts.dry_run {
-            let ledger = self.ledger().await?;
+        // On a full local disk the ledger may not even open (a rebuild
+        // needs space): reclaim by the listing's view, which is what frees
+        // the space the ledger needs.
+        let ledger = if opts.dry_run {
+            None
+        } else {
+            match self.ledger().await {
+                Ok(l) => Some(l),
+                Err(e @ StoreError::Capacity(_))
+                    if matches!(self.backend_kind(), BackendKind::Local { .. }) =>
+                {
+                    tracing::warn!(error = %e, "ledger unavailable on a full disk; deleting orphans by listing");
+                    ledger_degraded = true;
+                    None
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        if let Some(ledger) = ledger {
             for row in ledger.roots_lru()? {
                 let k = (row.namespace, row.context);
                 if live.contains(&k) || confirmed.contains(&k) {
@@ -327,15 +344,14 @@ impl Store {
                 // Re-check against the ledger at deletion time: a root
                 // recorded after this sweep listed the roots, or a
                 // publication in progress, may use the object by now.
-                let ledger = self.ledger().await?;
-                let deleted = match self.backend_kind() {
-                    BackendKind::Local { root } if ledger_degraded => {
+                let deleted = match (self.backend_kind(), ledger) {
+                    (BackendKind::Local { root }, _) if ledger_degraded => {
                         match std::fs::remove_file(root.join(meta.location.as_ref())) {
                             Ok(()) => true,
                             Err(e) => e.kind() == std::io::ErrorKind::NotFound,
                         }
                     }
-                    BackendKind::Local { root } => {
+                    (BackendKind::Local { root }, Some(ledger)) => {
                         let root = root.clone();
                         let rm = |k: &str| match std::fs::remove_file(root.join(k)) {
                             Ok(()) => true,
@@ -352,7 +368,12 @@ impl Store {
                             }
                         }
                     }
-                    _ => {
+                    (_, None) => {
+                        return Err(StoreError::Internal(
+                            "sweep without a ledger outside degraded mode".into(),
+                        ))
+                    }
+                    (_, Some(ledger)) => {
                         if ledger.is_used(meta.location.as_ref())? {
                             false
                         } else {
@@ -369,7 +390,7 @@ impl Store {
                     report.orphans_in_grace += 1;
                     continue;
                 }
-                if ledger_degraded {
+                if let (true, Some(ledger)) = (ledger_degraded, ledger) {
                     let _ = ledger.forget_object(meta.location.as_ref());
                 }
             }

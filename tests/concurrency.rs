@@ -178,7 +178,12 @@ async fn restore_and_publish_hold_bounded_payloads() {
         held <= RESTORE_IN_FLIGHT,
         "restore held {held} object payloads at once"
     );
-    assert!(held >= 2, "restore does overlap fetches ({held})");
+    let gets = counters.max_object_gets();
+    assert!(
+        gets <= RESTORE_IN_FLIGHT,
+        "restore had {gets} object GETs in flight"
+    );
+    assert!(gets >= 2, "restore does overlap fetches ({gets})");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

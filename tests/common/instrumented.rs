@@ -24,6 +24,8 @@ use object_store::{
 pub struct Counters {
     pub held: AtomicUsize,
     pub max_held: AtomicUsize,
+    pub object_gets_in_flight: AtomicUsize,
+    pub max_object_gets_in_flight: AtomicUsize,
     pub puts_in_flight: AtomicUsize,
     pub max_puts_in_flight: AtomicUsize,
     pub gets: Mutex<HashMap<String, usize>>,
@@ -32,6 +34,9 @@ pub struct Counters {
 impl Counters {
     pub fn max_held(&self) -> usize {
         self.max_held.load(Ordering::SeqCst)
+    }
+    pub fn max_object_gets(&self) -> usize {
+        self.max_object_gets_in_flight.load(Ordering::SeqCst)
     }
     pub fn max_puts(&self) -> usize {
         self.max_puts_in_flight.load(Ordering::SeqCst)
@@ -113,11 +118,26 @@ impl ObjectStore for Instrumented {
         if let Ok(mut g) = self.counters.gets.lock() {
             *g.entry(location.to_string()).or_default() += 1;
         }
+        let object = location.as_ref().starts_with("objects/");
+        if object {
+            let n = self
+                .counters
+                .object_gets_in_flight
+                .fetch_add(1, Ordering::SeqCst)
+                + 1;
+            bump_max(n, &self.counters.max_object_gets_in_flight);
+        }
         if !self.get_delay.is_zero() {
             tokio::time::sleep(self.get_delay).await;
         }
-        let r = self.inner.get_opts(location, options).await?;
-        if !location.as_ref().starts_with("objects/") {
+        let r = self.inner.get_opts(location, options).await;
+        if object {
+            self.counters
+                .object_gets_in_flight
+                .fetch_sub(1, Ordering::SeqCst);
+        }
+        let r = r?;
+        if !object {
             return Ok(r);
         }
         let meta = r.meta.clone();

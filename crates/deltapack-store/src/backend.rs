@@ -2,13 +2,14 @@
 //!
 //! | URL                          | backend                                              |
 //! |------------------------------|------------------------------------------------------|
-//! | `file:///path` or `/path`    | `LocalFileSystem` with fsync on                      |
+//! | `file:///path` or `/path`    | `DirectLocal` (`LocalFileSystem`, fsync, direct I/O) |
 //! | `s3://bucket[/prefix]`       | `AmazonS3` (path-style; `AWS_*` env, `?endpoint=…`)  |
 //! | `memory://`                  | `InMemory` (process-local, for tests and demos)      |
 //!
 //! **Durability.** Every write deltapack makes goes through
 //! [`put_create`]: a create-if-absent `put_opts`. On local disk the backend is
-//! built with `with_fsync(true)`, so `object_store` writes a staging file,
+//! [`crate::local::DirectLocal`] over `LocalFileSystem::with_fsync(true)`:
+//! a create writes a staging file (with direct I/O where possible),
 //! `sync_all`s it, hard-links it into place (atomic create-if-absent) and
 //! fsyncs the parent directory before returning; on S3 the PUT (with
 //! `If-None-Match: *`) has completed. When `put_create` returns `Ok`, the
@@ -97,6 +98,29 @@ pub async fn put_create(
         ))),
         Err(e) => Err(StoreError::io(key, e)),
     }
+}
+
+/// Creates the 2 × 256 object fan-out directories (`objects/<alg>/<hh>/`)
+/// of a local store once, as restic does at `init`. Otherwise the first
+/// object in each directory creates it, and a durable create must fsync the
+/// parent chain as well: one more journal commit per object of a fresh
+/// store. `objects/sha256/ff` is made last, so its presence means done; a
+/// crash before that only leaves the lazy path in place, which is correct,
+/// just slower.
+fn create_fanout(root: &FsPath) -> std::io::Result<()> {
+    let objects = root.join(crate::keys::OBJECTS);
+    if objects.join("sha256").join("ff").is_dir() {
+        return Ok(());
+    }
+    for alg in ["blake3", "sha256"] {
+        let dir = objects.join(alg);
+        for b in 0..=255u8 {
+            std::fs::create_dir_all(dir.join(format!("{b:02x}")))?;
+        }
+        std::fs::File::open(&dir)?.sync_all()?;
+    }
+    std::fs::File::open(&objects)?.sync_all()?;
+    std::fs::File::open(root)?.sync_all()
 }
 
 /// Whether an error (or any error in its source chain) is "no space left".
@@ -192,17 +216,18 @@ fn open_local(path: &FsPath) -> Result<Backend, OpenError> {
     std::fs::create_dir_all(path).map_err(local_err)?;
     let root = std::fs::canonicalize(path).map_err(local_err)?;
     remove_staging_files(&root, STAGING_ABANDONED_AFTER).map_err(local_err)?;
+    create_fanout(&root).map_err(local_err)?;
     let fs = LocalFileSystem::new_with_prefix(&root)?
         .with_fsync(true)
         .with_automatic_cleanup(true);
     Ok(Backend {
-        store: Arc::new(fs),
+        store: Arc::new(crate::local::DirectLocal::new(fs, root.clone())),
         kind: BackendKind::Local { root },
     })
 }
 
 /// Whether a file name is an `object_store` staging file (`name#digits`).
-fn is_staging_name(name: &str) -> bool {
+pub(crate) fn is_staging_name(name: &str) -> bool {
     match name.rsplit_once('#') {
         Some((_, n)) => !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()),
         None => false,

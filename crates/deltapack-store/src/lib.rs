@@ -26,6 +26,7 @@ pub mod capacity;
 pub mod error;
 pub mod keys;
 pub mod ledger;
+pub mod local;
 pub mod migrate;
 pub mod publish;
 mod reassembly;

@@ -1,0 +1,411 @@
+//! The local-disk backend: `object_store`'s `LocalFileSystem` with one
+//! change — durable creates (`PutMode::Create`, the only way deltapack
+//! writes objects and roots) go through [`create_direct`], which writes with
+//! direct I/O.
+//!
+//! Why: a buffered write copies every byte into freshly allocated
+//! page-cache pages. On the reference VM that copy
+//! (`copy_folio_from_iter_atomic`) ran at 0.3–1.5 GB/s depending on how
+//! recently the guest had used those pages, and was half of a publication's
+//! CPU time; a 1.58 GB delta took 3.9–5.7 s to publish through
+//! `LocalFileSystem`, 1.0–1.2 s through this path. Direct writes skip the
+//! copy (the bytes go to the device from an 8 MiB aligned bounce buffer
+//! that stays resident) and do not fill the page cache with bytes the
+//! writer does not need again.
+//!
+//! Everything else (reads, lists, deletes, copies, overwrites) is the inner
+//! `LocalFileSystem`'s. Being an `ObjectStore`, the whole backend can still
+//! be wrapped (fault injection in the tests intercepts these writes like
+//! any other). Filesystems without `O_DIRECT` (some tmpfs) and non-Linux
+//! systems get buffered writes through the same protocol.
+
+use std::path::{Path as FsPath, PathBuf};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMode, PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions,
+    Result as OsResult,
+};
+
+/// `LocalFileSystem` (with fsync) whose durable creates use direct I/O.
+#[derive(Debug)]
+pub struct DirectLocal {
+    inner: LocalFileSystem,
+    root: PathBuf,
+}
+
+impl DirectLocal {
+    /// Wraps `inner`, which must be rooted at `root` (canonical).
+    pub fn new(inner: LocalFileSystem, root: PathBuf) -> Self {
+        DirectLocal { inner, root }
+    }
+}
+
+impl std::fmt::Display for DirectLocal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DirectLocal({})", self.inner)
+    }
+}
+
+#[async_trait]
+impl ObjectStore for DirectLocal {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> OsResult<PutResult> {
+        if !cfg!(target_os = "linux")
+            || !matches!(opts.mode, PutMode::Create)
+            || !opts.attributes.is_empty()
+        {
+            return self.inner.put_opts(location, payload, opts).await;
+        }
+        #[cfg(target_os = "linux")]
+        {
+            let (root, key) = (self.root.clone(), location.clone());
+            let created = tokio::task::spawn_blocking(move || {
+                let parts: Vec<Bytes> = payload.iter().cloned().collect();
+                create_direct(&root, &key, &parts)
+            })
+            .await
+            .map_err(|e| object_store::Error::Generic {
+                store: "DirectLocal",
+                source: Box::new(e),
+            })?;
+            match created {
+                Ok(true) => Ok(PutResult {
+                    e_tag: None,
+                    version: None,
+                    extensions: Default::default(),
+                }),
+                Ok(false) => Err(object_store::Error::AlreadyExists {
+                    path: location.to_string(),
+                    source: "the key exists".into(),
+                }),
+                // The io::Error stays the source, so a full disk is still
+                // recognised (`backend::is_storage_full`).
+                Err(e) => Err(object_store::Error::Generic {
+                    store: "DirectLocal",
+                    source: Box::new(e),
+                }),
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        unreachable!("non-Linux creates are delegated above")
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> OsResult<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> OsResult<GetResult> {
+        self.inner.get_opts(location, options).await
+    }
+
+    async fn get_ranges(
+        &self,
+        location: &Path,
+        ranges: &[std::ops::Range<u64>],
+    ) -> OsResult<Vec<Bytes>> {
+        self.inner.get_ranges(location, ranges).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, OsResult<Path>>,
+    ) -> BoxStream<'static, OsResult<Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, OsResult<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, OsResult<ObjectMeta>> {
+        self.inner.list_with_offset(prefix, offset)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> OsResult<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> OsResult<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+
+    async fn rename_opts(&self, from: &Path, to: &Path, options: RenameOptions) -> OsResult<()> {
+        self.inner.rename_opts(from, to, options).await
+    }
+}
+
+/// Alignment (and size granularity) of direct I/O.
+#[cfg(target_os = "linux")]
+const DIRECT_ALIGN: usize = 4096;
+
+/// Bounce buffer of a direct-I/O write; reused by each thread.
+#[cfg(target_os = "linux")]
+const BOUNCE: usize = 8 << 20;
+
+#[cfg(target_os = "linux")]
+thread_local! {
+    static BOUNCE_BUF: std::cell::RefCell<Option<AlignedBuf>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A heap buffer aligned for direct I/O.
+#[cfg(target_os = "linux")]
+struct AlignedBuf {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+#[cfg(target_os = "linux")]
+impl AlignedBuf {
+    fn new(len: usize) -> std::io::Result<Self> {
+        let layout = std::alloc::Layout::from_size_align(len, DIRECT_ALIGN)
+            .map_err(std::io::Error::other)?;
+        // SAFETY: `layout` has non-zero size (callers pass `BOUNCE`).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        std::ptr::NonNull::new(ptr)
+            .map(|ptr| AlignedBuf { ptr, len })
+            .ok_or_else(|| std::io::Error::other("cannot allocate a direct-I/O buffer"))
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` points to `len` initialised (zeroed) bytes owned by
+        // this value, and `&mut self` makes the borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with exactly this layout.
+        unsafe {
+            std::alloc::dealloc(
+                self.ptr.as_ptr(),
+                std::alloc::Layout::from_size_align_unchecked(self.len, DIRECT_ALIGN),
+            )
+        }
+    }
+}
+
+/// Durable create-if-absent of `key` under `root` from `parts` (blocking).
+/// `Ok(true)`: created and durable; `Ok(false)`: something already exists
+/// under the key (nothing was written).
+///
+/// Same protocol and staging names (`<key>#<n>`) as `LocalFileSystem`:
+/// create a staging file next to the key, write, `fsync`, hard-link it to
+/// the key (atomic create-if-absent), `fsync` the directory, remove the
+/// staging name. The bytes go through an 8 MiB aligned bounce buffer with
+/// `O_DIRECT` where the filesystem supports it (the last partial block is
+/// written normally).
+#[cfg(target_os = "linux")]
+pub(crate) fn create_direct(root: &FsPath, key: &Path, parts: &[Bytes]) -> std::io::Result<bool> {
+    let dest = root.join(key.as_ref());
+    if dest.exists() {
+        return Ok(false);
+    }
+    let dir = dest
+        .parent()
+        .ok_or_else(|| std::io::Error::other(format!("object key {key} has no directory")))?;
+    if !dir.is_dir() {
+        create_dirs_durably(root, dir)?;
+    }
+    let (file, staging) = create_staging(&dest)?;
+    let written = write_parts(file, &staging, parts).and_then(|f| {
+        f.sync_all()?;
+        drop(f);
+        Ok(())
+    });
+    let linked = written.and_then(|()| std::fs::hard_link(&staging, &dest));
+    let _ = std::fs::remove_file(&staging);
+    match linked {
+        Ok(()) => {
+            std::fs::File::open(dir)?.sync_all()?;
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Creates `dir` (under `root`) and fsyncs every directory whose entries
+/// changed.
+#[cfg(target_os = "linux")]
+fn create_dirs_durably(root: &FsPath, dir: &FsPath) -> std::io::Result<()> {
+    let mut missing = Vec::new();
+    let mut cur = dir;
+    while !cur.is_dir() && cur.starts_with(root) {
+        missing.push(cur.to_path_buf());
+        match cur.parent() {
+            Some(p) => cur = p,
+            None => break,
+        }
+    }
+    std::fs::create_dir_all(dir)?;
+    for d in missing.iter().rev() {
+        if let Some(p) = d.parent() {
+            std::fs::File::open(p)?.sync_all()?;
+        }
+    }
+    Ok(())
+}
+
+/// Opens a new staging file `<dest>#<n>`, with `O_DIRECT` if possible.
+#[cfg(target_os = "linux")]
+fn create_staging(dest: &FsPath) -> std::io::Result<(std::fs::File, PathBuf)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut n = 1u32;
+    loop {
+        let mut name = dest.as_os_str().to_owned();
+        name.push(format!("#{n}"));
+        let path = PathBuf::from(name);
+        let open = |flags: i32| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .custom_flags(flags)
+                .open(&path)
+        };
+        let r = match open(libc::O_DIRECT) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => open(0),
+            other => other,
+        };
+        match r {
+            Ok(f) => return Ok((f, path)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => n += 1,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Writes `parts` into the staging file; returns the file (reopened
+/// without `O_DIRECT` if its tail needed a buffered write).
+#[cfg(target_os = "linux")]
+fn write_parts(
+    file: std::fs::File,
+    path: &FsPath,
+    parts: &[Bytes],
+) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::FileExt;
+    // SAFETY: F_GETFL on an open descriptor has no preconditions.
+    let flags = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&file), libc::F_GETFL) };
+    if flags < 0 || flags & libc::O_DIRECT == 0 {
+        let mut pos = 0u64;
+        for p in parts {
+            file.write_all_at(p, pos)?;
+            pos += p.len() as u64;
+        }
+        return Ok(file);
+    }
+    BOUNCE_BUF.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(AlignedBuf::new(BOUNCE)?);
+        }
+        let buf = match slot.as_mut() {
+            Some(b) => b.as_mut_slice(),
+            None => return Err(std::io::Error::other("no bounce buffer")),
+        };
+        let mut pos = 0u64;
+        let mut fill = 0usize;
+        for p in parts {
+            let mut src: &[u8] = p;
+            while !src.is_empty() {
+                let k = src.len().min(buf.len() - fill);
+                buf[fill..fill + k].copy_from_slice(&src[..k]);
+                fill += k;
+                src = &src[k..];
+                if fill == buf.len() {
+                    file.write_all_at(buf, pos)?;
+                    pos += fill as u64;
+                    fill = 0;
+                }
+            }
+        }
+        let aligned = fill - fill % DIRECT_ALIGN;
+        if aligned > 0 {
+            file.write_all_at(&buf[..aligned], pos)?;
+            pos += aligned as u64;
+        }
+        if aligned == fill {
+            return Ok(file);
+        }
+        // The last partial block: buffered, through a descriptor without
+        // O_DIRECT.
+        let tail = std::fs::OpenOptions::new().write(true).open(path)?;
+        tail.write_all_at(&buf[aligned..fill], pos)?;
+        drop(file);
+        Ok(tail)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The local write path: exact bytes from unaligned parts of awkward
+    /// sizes (direct I/O blocks, bounce-buffer boundaries, a buffered tail),
+    /// create-if-absent, directories created, no staging file left.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn local_put_writes_exact_bytes_once() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = dir.path();
+        let big: Vec<u8> = (0..(BOUNCE * 2 + 4096 * 3 + 17))
+            .map(|i| (i * 31 % 251) as u8)
+            .collect();
+        let whole = Bytes::from(big);
+        let cases: Vec<Vec<Bytes>> = vec![
+            vec![],
+            vec![whole.slice(1..2)],
+            vec![whole.slice(3..4099)],
+            vec![whole.slice(0..4096)],
+            vec![whole.slice(5..BOUNCE + 5)],
+            vec![
+                whole.slice(7..1000),
+                Bytes::new(),
+                whole.slice(1000..BOUNCE + 4096 + 1),
+                whole.slice(BOUNCE + 4096 + 1..whole.len()),
+            ],
+        ];
+        for (i, parts) in cases.iter().enumerate() {
+            let key = Path::from(format!("objects/blake3/{i:02x}/case{i}"));
+            let want: Vec<u8> = parts.concat();
+            assert!(create_direct(root, &key, parts).expect("put"), "created");
+            let path = root.join(key.as_ref());
+            assert_eq!(std::fs::read(&path).expect("read"), want, "case {i}");
+            // Create-if-absent: other bytes under the same key change nothing.
+            assert!(
+                !create_direct(root, &key, &[Bytes::from_static(b"other")]).expect("put"),
+                "exists"
+            );
+            assert_eq!(std::fs::read(&path).expect("read"), want, "case {i}");
+            let leftovers: Vec<_> = std::fs::read_dir(path.parent().expect("dir"))
+                .expect("ls")
+                .filter_map(|e| e.ok())
+                .filter(|e| {
+                    e.file_name()
+                        .to_str()
+                        .is_some_and(crate::backend::is_staging_name)
+                })
+                .collect();
+            assert!(leftovers.is_empty(), "case {i}: {leftovers:?}");
+        }
+    }
+}

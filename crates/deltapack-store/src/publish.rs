@@ -196,7 +196,10 @@ impl Store {
         // digest, which the extent names give for free.
         let digest: Option<LateDigest> = base_ref.as_ref().map(|_| {
             let s = snap.clone();
-            let h = tokio::task::spawn_blocking(move || s.digest());
+            // One thread on purpose: it runs beside the extent writes, whose
+            // copy and naming threads need the other core (the multi-core
+            // digest made the first writes wait).
+            let h = tokio::task::spawn_blocking(move || Digest::blake3(s.encoded()));
             async move { h.await.map_err(|e| format!("digest task: {e}")) }
                 .boxed()
                 .shared()
@@ -498,13 +501,12 @@ impl Store {
     /// Names and writes `payload`'s extents; returns their entries (in
     /// order) and the payload digest.
     ///
-    /// Pipelined: the next extent is named (hashed) on a blocking thread
-    /// while the previous one is written. On local disk one object is
-    /// written at a time — two concurrent fsync'd 64 MiB streams were
-    /// measured *slower* than one on the reference disk — elsewhere
-    /// [`PUBLISH_BATCH`] PUTs are in flight. Extents that overlap a late
-    /// header (a delta's, which waits for the result digest) go last, so
-    /// hashing the result overlaps the other writes.
+    /// Pipelined: a producer task names (hashes) extents ahead of the
+    /// writes, and [`PUBLISH_BATCH`] writes are in flight. (On local disk
+    /// that is two direct-I/O streams, measured faster than one; with
+    /// buffered writes two streams had been slower than one.) Extents that
+    /// overlap a late header (a delta's, which waits for the result digest)
+    /// go last, so hashing the result overlaps the other writes.
     pub(crate) async fn write_v2(
         &self,
         payload: Payload,
@@ -522,34 +524,47 @@ impl Store {
             .map_or(0, |_| payload.parts[0].len() as u64);
         let (early, waiting): (Vec<u64>, Vec<u64>) =
             (0..plan.count()).partition(|&i| plan.range(i).start >= late);
-        let writers = match self.backend_kind() {
-            crate::backend::BackendKind::Local { .. } => 1,
-            _ => PUBLISH_BATCH,
-        };
+        let writers = PUBLISH_BATCH;
         let parts = Arc::new(payload.parts);
         let header = payload.header;
-        let prepared = futures::stream::iter(early.into_iter().chain(waiting))
-            .map(|i| {
-                let (parts, header) = (parts.clone(), header.clone());
-                async move {
-                    let r = plan.range(i);
-                    let raw = match header {
-                        Some(h) if r.start < late => {
-                            let h = h.await.map_err(StoreError::Internal)?;
+        // A producer task names (and maybe compresses) extents ahead of the
+        // writes, at most `writers` ahead: it runs on its own, so hashing
+        // extent i+1 overlaps writing extent i.
+        let (tx, rx) = tokio::sync::mpsc::channel(writers);
+        let order: Vec<u64> = early.into_iter().chain(waiting).collect();
+        let producer = tokio::spawn(async move {
+            for i in order {
+                let r = plan.range(i);
+                let raw = match &header {
+                    Some(h) if r.start < late => match h.clone().await {
+                        Ok(h) => {
                             let mut with = parts.as_ref().clone();
                             with[0] = h;
                             slice_parts(&with, r)
                         }
-                        _ => slice_parts(&parts, r),
-                    };
+                        Err(e) => {
+                            let _ = tx.send(Err(StoreError::Internal(e))).await;
+                            return;
+                        }
+                    },
+                    _ => slice_parts(&parts, r),
+                };
+                let prepared =
                     tokio::task::spawn_blocking(move || prepare_extent(&plan, i, raw, level))
                         .await
-                        .map_err(|e| StoreError::Internal(format!("extent task: {e}")))?
-                        .map(|(entry, obj)| (i, entry, obj))
+                        .map_err(|e| StoreError::Internal(format!("extent task: {e}")))
+                        .and_then(|r| r)
+                        .map(|(entry, obj)| (i, entry, obj));
+                let failed = prepared.is_err();
+                if tx.send(prepared).await.is_err() || failed {
+                    return;
                 }
-            })
-            .buffered(writers + 1);
-        let mut written = prepared
+            }
+        });
+        let prepared = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        });
+        let written = prepared
             .map(|p| async move {
                 let (i, entry, obj) = p?;
                 guard.protect(vec![obj.key.to_string()])?;
@@ -557,6 +572,7 @@ impl Store {
                 Ok::<_, StoreError>((i, entry, outcome, obj.len))
             })
             .buffered(writers);
+        let mut written = std::pin::pin!(written);
         let mut entries = Vec::with_capacity(plan.count() as usize);
         let mut done = 0u64;
         while let Some(w) = written.next().await {
@@ -566,6 +582,10 @@ impl Store {
             entries.push((i, entry));
             progress(done, total);
         }
+        // The stream ended: the producer has sent everything.
+        producer
+            .await
+            .map_err(|e| StoreError::Internal(format!("extent producer: {e}")))?;
         entries.sort_by_key(|(i, _)| *i);
         let entries: Vec<_> = entries.into_iter().map(|(_, e)| e).collect();
         let names: Vec<Digest> = entries.iter().map(|e| e.raw_digest).collect();

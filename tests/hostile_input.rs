@@ -17,7 +17,10 @@
 //!   restores as a `corrupt` miss without committing memory;
 //! * a zstd extent that expands past its declared raw length (correct
 //!   digests) is a `corrupt` miss;
-//! * a root naming an object by a path-like digest string does not decode.
+//! * a root naming an object by a path-like digest string does not decode;
+//! * a delta whose objects and payload digest are all correct but which
+//!   rebuilds other bytes than the result its root names is a `corrupt`
+//!   miss, from `restore` and from `restore_into`, and blames no object.
 //!
 //! Regression inputs found by the fuzz targets in `fuzz/` also belong here.
 
@@ -35,7 +38,7 @@ use deltapack::format::{
     CacheIdentity, ContextDigest, DecodedRoot, Digest, ExtentPlan, Namespace, Snapshot,
     SnapshotHeader, SCHEMA_V1, SCHEMA_V2,
 };
-use deltapack::store::{keys, MissReason, RestoreOutcome};
+use deltapack::store::{keys, MissReason, RestoreIntoOutcome, RestoreOutcome, RootFormat};
 use object_store::{ObjectStoreExt, PutPayload};
 use serde_cbor::Value;
 
@@ -860,4 +863,88 @@ async fn oversized_root_object_is_a_corrupt_miss() {
     tg.put_root(junk).await;
     let what = tg.expect_corrupt("17 MiB root").await;
     assert!(what.contains("limit") || what.contains("bytes"), "{what}");
+}
+
+/// A self-consistent delta (every extent name and the payload digest are
+/// right) that rebuilds other bytes than its root and header name — a
+/// publisher bug, or a forger holding the MAC key. Only the final check of
+/// the rebuilt result can catch it; it must, on every path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delta_rebuilding_other_bytes_than_its_result_is_corrupt() {
+    for t in [memory(config()), local(config())] {
+        let s = &t.store;
+        let id = identity("wrong-rebuild");
+        let ns = id.namespace();
+        let (a, b) = (turn(5, 1024), turn(5, 4096));
+        let (ca, cb) = (ctx(&id, 5, 1024), ctx(&id, 5, 4096));
+        publish_base(s, &id, ca, a.clone(), RootFormat::V2).await;
+        // The honest delta with one tail byte changed, named correctly.
+        let mut payload = deltapack::format::delta::encode(256, &a, &b).expect("encode");
+        let last = payload.len() - 1;
+        payload[last] ^= 0x5a;
+        let x = root::v2_extents(&payload, TEST_EXTENT, None).expect("extents");
+        assert!(x.entries.len() > 2, "several extents");
+        for e in &x.entries {
+            let r = e.offset as usize..(e.offset + e.raw_len) as usize;
+            s.object_store()
+                .put(
+                    &keys::object_key(&e.raw_digest),
+                    PutPayload::from(payload[r].to_vec()),
+                )
+                .await
+                .expect("put extent");
+        }
+        let meta = root::RootMeta {
+            namespace: ns,
+            context: cb,
+            chunk_tokens: 256,
+            result_header: b.header().clone(),
+            result_snapshot_digest: b.digest(),
+            result_snapshot_len: b.encoded().len() as u64,
+            base: Some(deltapack::format::BaseRef {
+                namespace: ns,
+                context: ca,
+                snapshot_digest: a.digest(),
+                boundary: a.boundary(),
+            }),
+        };
+        let m = ManifestV2::new(
+            &meta,
+            payload.len() as u64,
+            x.payload_digest,
+            TEST_EXTENT,
+            x.entries,
+        )
+        .expect("manifest");
+        s.object_store()
+            .put(
+                &keys::root_key(&ns, &cb),
+                PutPayload::from(root::encode_v2(&m, None).expect("encode")),
+            )
+            .await
+            .expect("put root");
+
+        match s.restore(&id, cb).await.expect("restore") {
+            RestoreOutcome::Miss(MissReason::Corrupt { what }) => {
+                assert!(what.contains("reconstructed result"), "{what}")
+            }
+            other => panic!("expected a corrupt miss, got {other:?}"),
+        }
+        let mut buf = vec![0u8; b.encoded().len()];
+        match s
+            .restore_into(&id, cb, &mut buf, Default::default())
+            .await
+            .expect("restore_into")
+        {
+            RestoreIntoOutcome::Miss {
+                reason: MissReason::Corrupt { what },
+            } => assert!(what.contains("reconstructed result"), "{what}"),
+            other => panic!("expected a corrupt miss, got {other:?}"),
+        }
+        assert_eq!(
+            s.stats().quarantined,
+            0,
+            "every object is what its name says: none is blamed"
+        );
+    }
 }

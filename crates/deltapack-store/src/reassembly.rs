@@ -37,7 +37,6 @@ use std::time::Instant;
 use bytes::{Buf, Bytes};
 use deltapack_format::delta::{self, CopyOp, PageDelta};
 use deltapack_format::root::ExtentEntry;
-use deltapack_format::snapshot::digest_of_encoding;
 use deltapack_format::{Digest, ExtentCodec, ExtentPlan, ManifestV2, Snapshot};
 use futures::StreamExt;
 use object_store::path::Path;
@@ -48,6 +47,11 @@ use crate::keys;
 
 /// Piece size of the fused read → hash → copy loop.
 pub(crate) const PIECE: usize = 256 * 1024;
+
+/// Largest block of the in-loop result hash (see [`Reassembly`]); blocks
+/// are a quarter of the extent size up to this, so that small extents (as
+/// in the tests) still own whole blocks.
+const RESULT_BLOCK: u64 = 256 * 1024;
 
 /// Bytes read from the first extent to find the delta header (one request
 /// usually suffices).
@@ -141,6 +145,11 @@ struct Reassembly<'a> {
     /// For a delta: the header bytes the plan was made from (must equal the
     /// verified payload prefix), and the digest the result must have.
     delta: Option<(Vec<u8>, Digest)>,
+    /// For a delta: the result cut into blocks (≤ [`RESULT_BLOCK`]), hashed as
+    /// BLAKE3 subtrees (the extent-tree arithmetic) so that workers can hash
+    /// each block right after writing it, while it is in cache, instead of
+    /// a second pass over the whole result.
+    result_plan: Option<ExtentPlan>,
 }
 
 /// What went wrong with one object.
@@ -229,6 +238,7 @@ impl<'a> Reassembly<'a> {
                 len: m.payload_len,
             }],
             delta: None,
+            result_plan: None,
         })
     }
 
@@ -273,10 +283,19 @@ impl<'a> Reassembly<'a> {
                 CopyOp::Base { .. } => None,
             })
             .collect();
+        let result_plan = Some(
+            ExtentPlan::new(
+                plan.result_len,
+                (m.max_extent_bytes / 4)
+                    .clamp(deltapack_format::extent::MIN_EXTENT_BYTES, RESULT_BLOCK),
+            )
+            .map_err(|e| e.to_string())?,
+        );
         Ok(Reassembly {
             result,
             spans,
             delta: Some((header_bytes[..tails].to_vec(), plan.header.result_digest)),
+            result_plan,
         })
     }
 
@@ -286,6 +305,7 @@ impl<'a> Reassembly<'a> {
     fn regions(&mut self, ranges: &[(u64, u64)]) -> Vec<Region<'_>> {
         let mut out = Vec::with_capacity(ranges.len());
         let spans = &self.spans;
+        let result_plan = self.result_plan;
         let mut rest: &mut [u8] = self.result.bytes();
         let mut consumed = 0u64;
         for &(a, b) in ranges {
@@ -315,15 +335,43 @@ impl<'a> Reassembly<'a> {
                 dst_start: start,
                 src_start: a,
                 pieces,
+                hash: result_plan.map(|plan| RegionHash {
+                    plan,
+                    next: start / plan.max_extent_bytes(),
+                    done: Vec::new(),
+                }),
             });
         }
         out
     }
 
     /// Final checks; hands the result over only if everything verified.
-    fn finish(mut self) -> Result<Output, String> {
-        if let Some((_, want)) = &self.delta {
-            let found = digest_of_encoding(self.result.bytes());
+    /// `hashed` are result blocks the workers hashed in the loop; the others
+    /// (blocks that straddle two extents' regions, or hold only base pages)
+    /// are hashed here.
+    fn finish(mut self, hashed: Vec<(u64, Digest)>) -> Result<Output, String> {
+        if let (Some((_, want)), Some(plan)) = (&self.delta, self.result_plan) {
+            let mut cvs: Vec<Option<Digest>> = vec![None; plan.count() as usize];
+            for (b, d) in hashed {
+                if let Some(slot) = cvs.get_mut(b as usize) {
+                    *slot = Some(d);
+                }
+            }
+            let bytes = self.result.bytes();
+            let mut names = Vec::with_capacity(cvs.len());
+            for (b, cv) in cvs.into_iter().enumerate() {
+                let d = match cv {
+                    Some(d) => d,
+                    None => {
+                        let r = plan.range(b as u64);
+                        let mut h = plan.hasher(b as u64);
+                        h.update(&bytes[r.start as usize..r.end as usize]);
+                        h.finish().map_err(|e| e.to_string())?
+                    }
+                };
+                names.push(d);
+            }
+            let found = plan.merge(&names).map_err(|e| e.to_string())?;
             if found != *want {
                 return Err(format!("reconstructed result {found} != {want}"));
             }
@@ -347,9 +395,73 @@ struct Region<'a> {
     dst_start: u64,
     src_start: u64,
     pieces: Vec<Span>,
+    /// In-loop result hashing (deltas only).
+    hash: Option<RegionHash>,
+}
+
+/// Result blocks hashed so far inside one region.
+struct RegionHash {
+    plan: ExtentPlan,
+    /// Next block to consider.
+    next: u64,
+    /// (block, chaining value) of blocks hashed.
+    done: Vec<(u64, Digest)>,
 }
 
 impl Region<'_> {
+    /// Forgets blocks hashed by an earlier attempt at this extent.
+    fn restart(&mut self) {
+        let start = self.dst_start;
+        if let Some(h) = self.hash.as_mut() {
+            h.next = start / h.plan.max_extent_bytes();
+            h.done.clear();
+        }
+    }
+
+    /// The result offset below which this region's bytes are final once
+    /// the payload up to `payload_end` is placed (bytes between two of its
+    /// pieces are base pages, written before the workers start).
+    fn frontier(&self, payload_end: u64) -> u64 {
+        for p in &self.pieces {
+            if payload_end < p.src + p.len {
+                return if payload_end <= p.src {
+                    p.dst
+                } else {
+                    p.dst + (payload_end - p.src)
+                };
+            }
+        }
+        self.dst_start + self.buf.len() as u64
+    }
+
+    /// Hashes the result blocks that lie wholly in this region and are
+    /// final (they were just written: still in cache).
+    fn hash_ready(&mut self, payload_end: u64) {
+        if self.hash.is_none() {
+            return;
+        }
+        let frontier = self.frontier(payload_end);
+        let (start, end) = (self.dst_start, self.dst_start + self.buf.len() as u64);
+        let Some(h) = self.hash.as_mut() else { return };
+        while h.next < h.plan.count() {
+            let r = h.plan.range(h.next);
+            if r.start < start {
+                // Straddles the region's start: hashed at the end.
+                h.next += 1;
+                continue;
+            }
+            if r.end > end || r.end > frontier {
+                break;
+            }
+            let mut hh = h.plan.hasher(h.next);
+            hh.update(&self.buf[(r.start - start) as usize..(r.end - start) as usize]);
+            if let Ok(d) = hh.finish() {
+                h.done.push((h.next, d));
+            }
+            h.next += 1;
+        }
+    }
+
     /// Places `bytes` found at payload offset `src` (within this region's
     /// extent).
     fn place(&mut self, src: u64, bytes: &[u8]) {
@@ -427,6 +539,7 @@ fn absorb(
         }
         region.place(off, buf);
         off += want as u64;
+        region.hash_ready(off);
     }
     h.verify(&format!("extent {index}"), &e.raw_digest)
         .map_err(|x| AbsorbError::Bad(x.to_string()))
@@ -474,6 +587,7 @@ pub(crate) fn restore_v2(
         .collect();
     let next = AtomicUsize::new(0);
     let failures: Mutex<Vec<Damage>> = Mutex::new(Vec::new());
+    let hashed: Mutex<Vec<(u64, Digest)>> = Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for _ in 0..threads.max(1).min(m.extents.len().max(1)) {
             s.spawn(|| {
@@ -489,6 +603,7 @@ pub(crate) fn restore_v2(
                     };
                     let mut r = Ok(());
                     for attempt in 0..source.attempts() {
+                        region.restart();
                         r = read_extent(
                             source,
                             &plan,
@@ -506,12 +621,19 @@ pub(crate) fn restore_v2(
                             _ => break,
                         }
                     }
-                    if let Err(d) = r {
-                        if let Ok(mut f) = failures.lock() {
-                            f.push(d);
+                    match r {
+                        Ok(()) => {
+                            if let (Some(h), Ok(mut all)) = (region.hash.take(), hashed.lock()) {
+                                all.extend(h.done);
+                            }
                         }
-                        // Stop early: the restore fails either way.
-                        next.store(m.extents.len(), Ordering::Relaxed);
+                        Err(d) => {
+                            if let Ok(mut f) = failures.lock() {
+                                f.push(d);
+                            }
+                            // Stop early: the restore fails either way.
+                            next.store(m.extents.len(), Ordering::Relaxed);
+                        }
                     }
                 }
             });
@@ -532,7 +654,8 @@ pub(crate) fn restore_v2(
             m.payload_digest
         )));
     }
-    re.finish().map_err(Damage::plain)
+    re.finish(hashed.into_inner().unwrap_or_default())
+        .map_err(Damage::plain)
 }
 
 /// Reads one extent from `source` through the fused loop into `region`.

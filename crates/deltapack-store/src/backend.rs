@@ -100,29 +100,6 @@ pub async fn put_create(
     }
 }
 
-/// Creates the 2 × 256 object fan-out directories (`objects/<alg>/<hh>/`)
-/// of a local store once, as restic does at `init`. Otherwise the first
-/// object in each directory creates it, and a durable create must fsync the
-/// parent chain as well: one more journal commit per object of a fresh
-/// store. `objects/sha256/ff` is made last, so its presence means done; a
-/// crash before that only leaves the lazy path in place, which is correct,
-/// just slower.
-fn create_fanout(root: &FsPath) -> std::io::Result<()> {
-    let objects = root.join(crate::keys::OBJECTS);
-    if objects.join("sha256").join("ff").is_dir() {
-        return Ok(());
-    }
-    for alg in ["blake3", "sha256"] {
-        let dir = objects.join(alg);
-        for b in 0..=255u8 {
-            std::fs::create_dir_all(dir.join(format!("{b:02x}")))?;
-        }
-        std::fs::File::open(&dir)?.sync_all()?;
-    }
-    std::fs::File::open(&objects)?.sync_all()?;
-    std::fs::File::open(root)?.sync_all()
-}
-
 /// Whether an error (or any error in its source chain) is "no space left".
 pub fn is_storage_full(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
@@ -216,7 +193,6 @@ fn open_local(path: &FsPath) -> Result<Backend, OpenError> {
     std::fs::create_dir_all(path).map_err(local_err)?;
     let root = std::fs::canonicalize(path).map_err(local_err)?;
     remove_staging_files(&root, STAGING_ABANDONED_AFTER).map_err(local_err)?;
-    create_fanout(&root).map_err(local_err)?;
     let fs = LocalFileSystem::new_with_prefix(&root)?
         .with_fsync(true)
         .with_automatic_cleanup(true);

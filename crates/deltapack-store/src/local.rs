@@ -1,6 +1,6 @@
 //! The local-disk backend: `object_store`'s `LocalFileSystem` with one
 //! change — durable creates (`PutMode::Create`, the only way deltapack
-//! writes objects and roots) go through [`create_direct`], which writes with
+//! writes objects and roots) go through `create_direct`, which writes with
 //! direct I/O.
 //!
 //! Why: a buffered write copies every byte into freshly allocated

@@ -19,10 +19,15 @@ fn run(dir: &Path, args: &[&str]) -> (i32, String) {
         .current_dir(dir)
         .output()
         .expect("run deltapack");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-    )
+    let code = out.status.code().unwrap_or(-1);
+    if code != 0 {
+        // Shown with the failing assertion's output.
+        eprintln!(
+            "deltapack {args:?} exited {code}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    (code, String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn dir_bytes(p: &Path) -> u64 {

@@ -301,6 +301,40 @@ const WAL_CHECKPOINT_PAGES: i64 = 64;
 /// Bytes the WAL is truncated to after a checkpoint.
 const WAL_SIZE_LIMIT: i64 = 256 * 1024;
 
+/// How long [`retry_busy`] keeps trying.
+const BUSY_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Whether SQLite refused for contention (`SQLITE_BUSY`/`SQLITE_LOCKED`).
+fn is_busy(e: &LedgerError) -> bool {
+    matches!(
+        e,
+        LedgerError::Sqlite(rusqlite::Error::SqliteFailure(f, _))
+            if matches!(f.code, rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
+/// Runs `op` again (with a growing pause) while it fails with a busy
+/// database, for up to [`BUSY_PATIENCE`]. The busy timeout covers waiting
+/// for a lock, but in WAL mode SQLite also returns `SQLITE_BUSY` at once in
+/// a few cases — another process recovering the WAL index, or closing and
+/// checkpointing the last connection while this one opens — which a
+/// multi-process test hit about once in 30 runs (`database is locked` from
+/// an `evict` process).
+fn retry_busy<T>(mut op: impl FnMut() -> Result<T, LedgerError>) -> Result<T, LedgerError> {
+    let start = std::time::Instant::now();
+    let mut pause = Duration::from_millis(2);
+    loop {
+        match op() {
+            Err(e) if is_busy(&e) && start.elapsed() < BUSY_PATIENCE => {
+                tracing::debug!(error = %e, "ledger busy; retrying");
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
+}
+
 impl Ledger {
     /// Opens (creating) the ledger database of a local store.
     pub fn open_file(path: &FsPath) -> Result<Self, LedgerError> {
@@ -310,6 +344,10 @@ impl Ledger {
                 source,
             })?;
         }
+        retry_busy(|| Self::open_file_once(path))
+    }
+
+    fn open_file_once(path: &FsPath) -> Result<Self, LedgerError> {
         let conn = Connection::open(path)?;
         conn.busy_timeout(Duration::from_secs(30))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
@@ -353,15 +391,18 @@ impl Ledger {
         })
     }
 
+    /// Runs `f` on the connection; retried while SQLite reports the
+    /// database busy (see [`retry_busy`]). Every `f` is one transaction (or
+    /// reads only), so a retry repeats nothing that took effect.
     fn with<T>(
         &self,
-        f: impl FnOnce(&mut Connection) -> Result<T, LedgerError>,
+        mut f: impl FnMut(&mut Connection) -> Result<T, LedgerError>,
     ) -> Result<T, LedgerError> {
         let mut guard = match self.conn.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
-        f(&mut guard)
+        retry_busy(|| f(&mut guard))
     }
 
     /// Records a root (idempotent: an existing root is only touched). Objects
@@ -537,6 +578,10 @@ impl Ledger {
         key: &str,
         delete: impl FnOnce(&str) -> bool,
     ) -> Result<bool, LedgerError> {
+        // `with` may retry on a busy database; the deletion itself runs at
+        // most once (a retry after it only finishes the bookkeeping).
+        let mut delete = Some(delete);
+        let mut ran: Option<bool> = None;
         self.with(|c| {
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let used: bool = tx.query_row(
@@ -545,11 +590,18 @@ impl Ledger {
                 params![key, now_ms() as i64],
                 |r| r.get(0),
             )?;
-            if used {
+            if used && ran.is_none() {
                 tx.commit()?;
                 return Ok(false);
             }
-            let done = delete(key);
+            let done = match ran {
+                Some(d) => d,
+                None => {
+                    let d = delete.take().is_some_and(|f| f(key));
+                    ran = Some(d);
+                    d
+                }
+            };
             if done {
                 tx.execute("DELETE FROM objects WHERE key = ?1 AND refs = 0", [key])?;
             }

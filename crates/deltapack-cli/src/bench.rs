@@ -1163,53 +1163,25 @@ fn durable_write_direct(dir: &FsPath, chunks: &[(Vec<u8>, usize)], streams: usiz
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(false),
         Err(e) => return Err(e.into()),
     }
-    let dir_file = Mutex::new(File::open(dir)?);
-    let next = AtomicUsize::new(0);
-    let errors: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        for _ in 0..streams.clamp(1, chunks.len().max(1)) {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some((v, off)) = chunks.get(i) else { break };
-                let r = (|| -> std::io::Result<()> {
-                    let len = v.len() - 4096;
-                    let c = &v[*off..*off + len];
-                    let tmp = dir.join(format!("{i}.tmp"));
-                    let f = std::fs::OpenOptions::new()
-                        .write(true)
-                        .create_new(true)
-                        .custom_flags(libc::O_DIRECT)
-                        .open(&tmp)?;
-                    let aligned = len - len % 4096;
-                    f.write_all_at(&c[..aligned], 0)?;
-                    let f = if aligned < len {
-                        drop(f);
-                        let t = std::fs::OpenOptions::new().write(true).open(&tmp)?;
-                        t.write_all_at(&c[aligned..], aligned as u64)?;
-                        t
-                    } else {
-                        f
-                    };
-                    f.sync_all()?;
-                    drop(f);
-                    std::fs::rename(&tmp, dir.join(format!("{i}")))?;
-                    match dir_file.lock() {
-                        Ok(d) => d.sync_all(),
-                        Err(p) => p.into_inner().sync_all(),
-                    }
-                })();
-                if let Err(e) = r {
-                    if let Ok(mut v) = errors.lock() {
-                        v.push(e.to_string());
-                    }
-                    break;
-                }
-            });
+    write_files_durably(dir, chunks.len(), streams, |i, tmp| {
+        let (v, off) = &chunks[i];
+        let len = v.len() - 4096;
+        let c = &v[*off..*off + len];
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(tmp)?;
+        let aligned = len - len % 4096;
+        f.write_all_at(&c[..aligned], 0)?;
+        if aligned == len {
+            return Ok(f);
         }
-    });
-    if let Some(e) = errors.into_inner().ok().and_then(|mut v| v.pop()) {
-        bail!("direct durable write floor failed: {e}");
-    }
+        drop(f);
+        let t = std::fs::OpenOptions::new().write(true).open(tmp)?;
+        t.write_all_at(&c[aligned..], aligned as u64)?;
+        Ok(t)
+    })?;
     Ok(true)
 }
 
@@ -1217,19 +1189,35 @@ fn durable_write_direct(dir: &FsPath, chunks: &[(Vec<u8>, usize)], streams: usiz
 /// directory fsync — on `streams` threads.
 fn durable_write(dir: &FsPath, chunks: &[Vec<u8>], streams: usize) -> Result<()> {
     std::fs::create_dir_all(dir)?;
+    write_files_durably(dir, chunks.len(), streams, |i, tmp| {
+        let mut f = File::create(tmp)?;
+        f.write_all(&chunks[i])?;
+        Ok(f)
+    })
+}
+
+/// The durable-write protocol shared by the write floors: on `streams`
+/// threads, `write(i, tmp)` writes file `i` under a temporary name and
+/// returns it; then fsync, rename to `i`, fsync the directory.
+fn write_files_durably(
+    dir: &FsPath,
+    files: usize,
+    streams: usize,
+    write: impl Fn(usize, &FsPath) -> std::io::Result<File> + Sync,
+) -> Result<()> {
     let next = AtomicUsize::new(0);
-    let dir_file = File::open(dir)?;
-    let dir_lock = Mutex::new(dir_file);
+    let dir_lock = Mutex::new(File::open(dir)?);
     let errors: Mutex<Vec<String>> = Mutex::new(Vec::new());
     std::thread::scope(|s| {
-        for _ in 0..streams.clamp(1, chunks.len().max(1)) {
+        for _ in 0..streams.clamp(1, files.max(1)) {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(c) = chunks.get(i) else { break };
+                if i >= files {
+                    break;
+                }
                 let r = (|| -> std::io::Result<()> {
                     let tmp = dir.join(format!("{i}.tmp"));
-                    let mut f = File::create(&tmp)?;
-                    f.write_all(c)?;
+                    let f = write(i, &tmp)?;
                     f.sync_all()?;
                     drop(f);
                     std::fs::rename(&tmp, dir.join(format!("{i}")))?;

@@ -191,6 +191,20 @@ impl Damage {
         }
     }
 
+    /// A failed backend call: a missing object, or the backend's own
+    /// failure (not the object's fault).
+    fn backend(key: &Path, x: object_store::Error) -> Self {
+        match x {
+            object_store::Error::NotFound { .. } => {
+                Damage::of(key, DamageKind::Missing, "object is missing")
+            }
+            x => {
+                let what = x.to_string();
+                Damage::of(key, DamageKind::Io(Box::new(StoreError::io(key, x))), what)
+            }
+        }
+    }
+
     fn deadline() -> Self {
         Damage {
             key: None,
@@ -816,17 +830,7 @@ fn remote_result(
             DamageKind::Corrupt,
             format!("object is {} bytes, expected {}", g.meta.size, e.stored_len),
         )),
-        Err(object_store::Error::NotFound { .. }) => {
-            Err(Damage::of(key, DamageKind::Missing, "object is missing"))
-        }
-        Err(x) => {
-            let what = x.to_string();
-            Err(Damage::of(
-                key,
-                DamageKind::Io(Box::new(StoreError::io(key, x))),
-                what,
-            ))
-        }
+        Err(x) => Err(Damage::backend(key, x)),
     }
 }
 
@@ -844,14 +848,9 @@ fn read_all(source: &Source, e: &ExtentEntry) -> Result<Bytes, Damage> {
         }
         Source::Remote { store, handle } => {
             let got = remote_result(&key, e, handle.block_on(store.get(&key)))?;
-            handle.block_on(got.bytes()).map_err(|x| {
-                let what = x.to_string();
-                Damage::of(
-                    &key,
-                    DamageKind::Io(Box::new(StoreError::io(&key, x))),
-                    what,
-                )
-            })?
+            handle
+                .block_on(got.bytes())
+                .map_err(|x| Damage::backend(&key, x))?
         }
     };
     if bytes.len() as u64 != e.stored_len {
@@ -893,20 +892,7 @@ fn read_prefix(source: &Source, e: &ExtentEntry, len: usize) -> Result<Vec<u8>, 
         }
         (Source::Remote { store, handle }, ExtentCodec::Raw) => {
             let r = handle.block_on(store.get_range(&key, 0..len as u64));
-            match r {
-                Ok(b) => Ok(b.to_vec()),
-                Err(object_store::Error::NotFound { .. }) => {
-                    Err(Damage::of(&key, DamageKind::Missing, "object is missing"))
-                }
-                Err(x) => {
-                    let what = x.to_string();
-                    Err(Damage::of(
-                        &key,
-                        DamageKind::Io(Box::new(StoreError::io(&key, x))),
-                        what,
-                    ))
-                }
-            }
+            r.map(|b| b.to_vec()).map_err(|x| Damage::backend(&key, x))
         }
     }
 }

@@ -472,6 +472,184 @@ impl PageDelta {
     }
 }
 
+/// Where one piece of a composed result comes from (see [`compose`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Origin {
+    /// The chain's bottom snapshot; `src` is an offset in its *encoding*
+    /// (which, for a flat root, is also its payload).
+    Bottom,
+    /// Delta `i` of the chain (0 = the delta over the bottom); `src` is an
+    /// offset in that delta's encoding (its root's payload).
+    Delta(usize),
+}
+
+/// One contiguous copy of a composed plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    /// Where the bytes are read.
+    pub origin: Origin,
+    /// Offset in the origin's encoding.
+    pub src: u64,
+    /// Offset in the final result encoding.
+    pub dst: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+/// The copy plan of a whole delta chain: every byte of the final result's
+/// payload comes from exactly one place — the newest delta whose tail wrote
+/// it, or the chain's bottom snapshot. No intermediate snapshot is needed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ComposedPlan {
+    /// The final result's header (magic + length + CBOR), written first.
+    pub result_prefix: Vec<u8>,
+    /// Length of the final result encoding.
+    pub result_len: u64,
+    /// Pieces in increasing `dst` order, covering
+    /// `result_prefix.len()..result_len` exactly once, adjacent pieces of
+    /// one origin merged.
+    pub pieces: Vec<Piece>,
+}
+
+impl ComposedPlan {
+    /// Bytes of the final result read from `origin`.
+    pub fn bytes_from(&self, origin: Origin) -> u64 {
+        self.pieces
+            .iter()
+            .filter(|p| p.origin == origin)
+            .map(|p| p.len)
+            .sum()
+    }
+}
+
+/// Composes the plans of a delta chain over `bottom` into one plan for the
+/// final result. `deltas[0]` must have been planned against `bottom`, and
+/// each later delta against the result of the one before it (checked: base
+/// boundary, block counts and layout of every link).
+///
+/// The plan says where bytes go, not that they are right: only the final
+/// result digest (the newest delta's `result_digest`) proves that. Every
+/// input is a verified header in practice, but a forged or inconsistent one
+/// can at worst produce a result that fails that digest, never an
+/// out-of-range copy: every piece lies inside its origin's declared length
+/// and inside the result.
+pub fn compose(bottom: &SnapshotHeader, deltas: &[PageDelta]) -> Result<ComposedPlan> {
+    let bad = |m: String| Err(Error::Delta(m));
+    let bottom_prefix = bottom.encode_prefix()?.len() as u64;
+    let bottom_payload = bottom.layout.payload_len(&bottom.block_counts)?;
+    // The current level's payload as pieces (dst = offsets in that level's
+    // encoding).
+    let mut cur: Vec<Piece> = Vec::new();
+    if bottom_payload > 0 {
+        cur.push(Piece {
+            origin: Origin::Bottom,
+            src: bottom_prefix,
+            dst: bottom_prefix,
+            len: bottom_payload,
+        });
+    }
+    let mut prev: &SnapshotHeader = bottom;
+    let mut prev_prefix = bottom_prefix;
+    let mut prev_len = bottom_prefix + bottom_payload;
+    for (i, d) in deltas.iter().enumerate() {
+        let h = &d.header;
+        if h.base_boundary != prev.boundary
+            || h.base_block_counts != prev.block_counts
+            || d.result_header.layout != prev.layout
+        {
+            return bad(format!(
+                "delta {i} of the chain is not planned against the result before it"
+            ));
+        }
+        let mut next: Vec<Piece> = Vec::with_capacity(cur.len() + d.ops.len());
+        let mut push = |p: Piece| {
+            if p.len == 0 {
+                return;
+            }
+            if let Some(last) = next.last_mut() {
+                if last.origin == p.origin
+                    && last.src + last.len == p.src
+                    && last.dst + last.len == p.dst
+                {
+                    last.len += p.len;
+                    return;
+                }
+            }
+            next.push(p);
+        };
+        for op in &d.ops {
+            match *op {
+                CopyOp::Delta { src, dst, len } => {
+                    if src.checked_add(len).is_none_or(|e| e > d.delta_len) {
+                        return bad(format!("delta {i} tail runs past its payload"));
+                    }
+                    push(Piece {
+                        origin: Origin::Delta(i),
+                        src,
+                        dst,
+                        len,
+                    });
+                }
+                CopyOp::Base { src, dst, len } => {
+                    // `src` is an offset in the base *payload*.
+                    let lo = prev_prefix
+                        .checked_add(src)
+                        .ok_or_else(|| Error::Bounds("base span overflows".into()))?;
+                    let hi = lo
+                        .checked_add(len)
+                        .ok_or_else(|| Error::Bounds("base span overflows".into()))?;
+                    if hi > prev_len {
+                        return bad(format!("delta {i} reuses bytes past its base"));
+                    }
+                    let first = cur.partition_point(|p| p.dst + p.len <= lo);
+                    let mut covered = 0u64;
+                    for p in &cur[first..] {
+                        if p.dst >= hi {
+                            break;
+                        }
+                        let a = p.dst.max(lo);
+                        let b = (p.dst + p.len).min(hi);
+                        push(Piece {
+                            origin: p.origin,
+                            src: p.src + (a - p.dst),
+                            dst: dst + (a - lo),
+                            len: b - a,
+                        });
+                        covered += b - a;
+                    }
+                    if covered != len {
+                        return bad(format!("delta {i} reuses base bytes no level holds"));
+                    }
+                }
+            }
+        }
+        cur = next;
+        prev = &d.result_header;
+        prev_prefix = d.result_prefix.len() as u64;
+        prev_len = d.result_len;
+    }
+    let (result_prefix, result_len) = match deltas.last() {
+        Some(d) => (d.result_prefix.clone(), d.result_len),
+        None => (bottom.encode_prefix()?, bottom_prefix + bottom_payload),
+    };
+    // Coverage: the pieces tile the result payload exactly.
+    let mut at = result_prefix.len() as u64;
+    for p in &cur {
+        if p.dst != at {
+            return bad("composed pieces do not tile the result".into());
+        }
+        at += p.len;
+    }
+    if at != result_len {
+        return bad("composed pieces do not cover the result".into());
+    }
+    Ok(ComposedPlan {
+        result_prefix,
+        result_len,
+        pieces: cur,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

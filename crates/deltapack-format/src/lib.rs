@@ -42,7 +42,9 @@ pub mod snapshot;
 pub mod synth;
 
 pub use context::{context_digest, ContextHasher};
-pub use delta::{CopyOp, DeltaHeader, DeltaLayout, PageDelta, DELTA_SCHEMA};
+pub use delta::{
+    compose, ComposedPlan, CopyOp, DeltaHeader, DeltaLayout, Origin, PageDelta, Piece, DELTA_SCHEMA,
+};
 pub use digest::{Algorithm, ContextDigest, Digest, Namespace};
 pub use error::{Error, Result};
 pub use extent::{ExtentCodec, ExtentPlan, ExtentSpec, ExtentVerifier, PayloadHasher};

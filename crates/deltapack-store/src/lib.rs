@@ -23,6 +23,7 @@
 
 pub mod backend;
 pub mod capacity;
+mod compose;
 pub mod error;
 pub mod keys;
 pub mod ledger;
@@ -44,6 +45,6 @@ pub use migrate::MigrationReport;
 pub use publish::{BaseInput, PublishOutcome, PublishReceipt, PublishRequest, RootFormat};
 pub use restore::{RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored};
 pub use stats::StatsSnapshot;
-pub use store::{RootInfo, RootStatus, Store, StoreConfig};
+pub use store::{ChainPolicy, RootInfo, RootStatus, Store, StoreConfig};
 pub use sweep::{SweepOptions, SweepReport};
 pub use write_behind::{WriteBehind, WriteBehindReport};

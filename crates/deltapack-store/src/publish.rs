@@ -116,6 +116,11 @@ pub struct PublishReceipt {
     pub write_time: Duration,
     /// Total time.
     pub total_time: Duration,
+    /// The request named a base but the chain policy
+    /// ([`crate::ChainPolicy`]) published the result as a flat root.
+    pub rebased: bool,
+    /// Deltas between this root and its flat root (0 for a flat root).
+    pub chain_depth: u32,
 }
 
 impl PublishReceipt {
@@ -140,6 +145,8 @@ impl PublishReceipt {
             encode_time: Duration::ZERO,
             write_time: Duration::ZERO,
             total_time: Duration::ZERO,
+            rebased: false,
+            chain_depth: 0,
         }
     }
 }

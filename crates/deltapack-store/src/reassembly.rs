@@ -51,7 +51,7 @@ pub(crate) const PIECE: usize = 256 * 1024;
 /// Largest block of the in-loop result hash (see [`Reassembly`]); blocks
 /// are a quarter of the extent size up to this, so that small extents (as
 /// in the tests) still own whole blocks.
-const RESULT_BLOCK: u64 = 256 * 1024;
+pub(crate) const RESULT_BLOCK: u64 = 256 * 1024;
 
 /// Bytes read from the first extent to find the delta header (one request
 /// usually suffices).
@@ -105,20 +105,20 @@ struct Span {
 }
 
 /// The result buffer: allocated here, or the caller's.
-enum Dest<'a> {
+pub(crate) enum Dest<'a> {
     Owned(Vec<u8>),
     Borrowed(&'a mut [u8]),
 }
 
 impl Dest<'_> {
-    fn bytes(&mut self) -> &mut [u8] {
+    pub(crate) fn bytes(&mut self) -> &mut [u8] {
         match self {
             Dest::Owned(v) => v,
             Dest::Borrowed(b) => b,
         }
     }
 
-    fn take(len: usize, into: Option<&mut [u8]>) -> Result<Dest<'_>, String> {
+    pub(crate) fn take(len: usize, into: Option<&mut [u8]>) -> Result<Dest<'_>, String> {
         match into {
             None => Ok(Dest::Owned(zeroed_buffer(len)?)),
             Some(b) if b.len() == len => Ok(Dest::Borrowed(b)),
@@ -172,6 +172,9 @@ pub(crate) struct Damage {
     pub(crate) key: Option<Path>,
     pub(crate) kind: DamageKind,
     pub(crate) what: String,
+    /// The damage lies in a base of the root being restored (a lower link
+    /// of its chain): the miss is `base-missing`, not `corrupt`.
+    pub(crate) in_base: bool,
 }
 
 impl Damage {
@@ -180,14 +183,16 @@ impl Damage {
             key: None,
             kind: DamageKind::Corrupt,
             what: what.into(),
+            in_base: false,
         }
     }
 
-    fn of(key: &Path, kind: DamageKind, what: impl std::fmt::Display) -> Self {
+    pub(crate) fn of(key: &Path, kind: DamageKind, what: impl std::fmt::Display) -> Self {
         Damage {
             key: Some(key.clone()),
             kind,
             what: format!("{key}: {what}"),
+            in_base: false,
         }
     }
 
@@ -205,11 +210,12 @@ impl Damage {
         }
     }
 
-    fn deadline() -> Self {
+    pub(crate) fn deadline() -> Self {
         Damage {
             key: None,
             kind: DamageKind::Deadline,
             what: "deadline exceeded".into(),
+            in_base: false,
         }
     }
 }
@@ -493,6 +499,27 @@ impl Region<'_> {
     }
 }
 
+/// Where the bytes of one extent go as they are read: [`Region`] for a
+/// single delta or flat root, `compose::ItemSink` for a delta chain.
+pub(crate) trait Sink {
+    /// Places `bytes` found at payload offset `src` of the extent.
+    fn place(&mut self, src: u64, bytes: &[u8]);
+    /// Every byte of the extent below payload offset `payload_end` has been
+    /// placed (a moment to hash finished result blocks while they are in
+    /// cache).
+    fn placed_upto(&mut self, payload_end: u64);
+}
+
+impl Sink for Region<'_> {
+    fn place(&mut self, src: u64, bytes: &[u8]) {
+        Region::place(self, src, bytes)
+    }
+
+    fn placed_upto(&mut self, payload_end: u64) {
+        self.hash_ready(payload_end)
+    }
+}
+
 /// Why absorbing an extent stopped.
 enum AbsorbError {
     /// The source failed to deliver bytes.
@@ -511,7 +538,7 @@ fn absorb(
     plan: &ExtentPlan,
     index: u64,
     e: &ExtentEntry,
-    region: &mut Region<'_>,
+    region: &mut dyn Sink,
     header: Option<&[u8]>,
     deadline: Option<Instant>,
     mut next: impl FnMut(&mut [u8]) -> std::io::Result<usize>,
@@ -520,7 +547,6 @@ fn absorb(
     let mut h = plan.hasher(index);
     let mut off = e.offset;
     let end = e.offset + e.raw_len;
-    debug_assert_eq!(region.src_start, e.offset);
     while off < end {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Err(AbsorbError::Deadline);
@@ -553,7 +579,7 @@ fn absorb(
         }
         region.place(off, buf);
         off += want as u64;
-        region.hash_ready(off);
+        region.placed_upto(off);
     }
     h.verify(&format!("extent {index}"), &e.raw_digest)
         .map_err(|x| AbsorbError::Bad(x.to_string()))
@@ -674,12 +700,12 @@ pub(crate) fn restore_v2(
 
 /// Reads one extent from `source` through the fused loop into `region`.
 #[allow(clippy::too_many_arguments)]
-fn read_extent(
+pub(crate) fn read_extent(
     source: &Source,
     plan: &ExtentPlan,
     index: u64,
     e: &ExtentEntry,
-    region: &mut Region<'_>,
+    region: &mut dyn Sink,
     header: Option<&[u8]>,
     deadline: Option<Instant>,
     scratch: &mut [u8],
@@ -899,7 +925,7 @@ fn read_prefix(source: &Source, e: &ExtentEntry, len: usize) -> Result<Vec<u8>, 
 
 /// Reads the delta header bytes (unverified; checked again while hashing)
 /// from the first extents.
-fn read_header_prefix(source: &Source, m: &ManifestV2) -> Result<Vec<u8>, Damage> {
+pub(crate) fn read_header_prefix(source: &Source, m: &ManifestV2) -> Result<Vec<u8>, Damage> {
     let need = |out: &[u8]| delta::header_extent(out).unwrap_or(delta::DELTA_PREFIX_LEN);
     let mut out: Vec<u8> = Vec::new();
     for e in &m.extents {
@@ -941,7 +967,7 @@ fn read_header_prefix(source: &Source, m: &ManifestV2) -> Result<Vec<u8>, Damage
 
 /// Verifies the extents covering the first `upto` payload bytes; returns
 /// the first damaged one.
-fn blame(source: &Source, plan: &ExtentPlan, m: &ManifestV2, upto: u64) -> Option<Damage> {
+pub(crate) fn blame(source: &Source, plan: &ExtentPlan, m: &ManifestV2, upto: u64) -> Option<Damage> {
     for (i, e) in m.extents.iter().enumerate() {
         if e.offset >= upto.max(1) {
             break;

@@ -22,6 +22,7 @@
 //! same result. The work runs to completion even if a caller gives up at its
 //! deadline, so a slow restore still warms the base cache for the next one.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -31,20 +32,24 @@ use deltapack_format::{
     BaseRef, CacheIdentity, ContextDigest, DecodedRoot, Digest, ManifestV1, ManifestV2, Namespace,
     PageDelta, Snapshot,
 };
-use futures::{FutureExt, StreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::ObjectStoreExt;
 use serde::Serialize;
 
 use crate::backend::BackendKind;
+use crate::compose;
 use crate::error::{MissReason, Result, StoreError};
 use crate::keys;
 use crate::reassembly;
 use crate::stats::Stats;
-use crate::store::{RootStatus, Store};
+use crate::store::{RootStatus, SharedRestore, Store};
 
 /// Most object payloads a restore holds in flight.
 pub const RESTORE_IN_FLIGHT: usize = 4;
+
+/// Roots of a delta chain read at once when its root lists them.
+const CHAIN_PREFETCH: usize = 32;
 
 /// A verified snapshot.
 #[derive(Debug, Clone)]
@@ -112,14 +117,35 @@ pub enum RestoreIntoOutcome {
 
 type Inner = std::result::Result<RestoreOutcome, Arc<StoreError>>;
 
-/// A readable root with its base restored: ready for the payload.
+/// A readable root and everything its payload restore needs: the chain
+/// below it resolved from roots alone.
 struct Resolved {
-    root: DecodedRoot,
-    base: Option<(Arc<Snapshot>, Digest)>,
+    what: Plan,
+    schema: &'static str,
     want: Digest,
     result_len: u64,
     boundary: u64,
 }
+
+/// How a resolved root is rebuilt.
+enum Plan {
+    /// A flat v2 root: its payload is the snapshot.
+    Flat(ManifestV2),
+    /// A v2 delta chain (oldest delta first) over its bottom: one composed
+    /// pass (see `compose`).
+    Chain {
+        bottom: compose::Bottom,
+        deltas: Vec<ManifestV2>,
+    },
+    /// A legacy v1 root, with its base (if any) restored the old way.
+    V1 {
+        m: ManifestV1,
+        base: Option<(Arc<Snapshot>, Digest)>,
+    },
+}
+
+/// Roots already on the base chain being resolved (a repeat is a cycle).
+type Visited = Vec<(Namespace, ContextDigest)>;
 
 /// Why fetching an object did not produce verified bytes.
 enum Damage {
@@ -153,7 +179,7 @@ impl Store {
             Stats::add(&self.stats_ref().miss_deadline, 1);
             return Ok(RestoreOutcome::Miss(MissReason::DeadlineExceeded));
         }
-        let fut = self.restore_root(ns, context, 0);
+        let fut = self.restore_root(ns, context, Vec::new());
         let out = match opts.deadline {
             None => fut.await,
             Some(d) => match tokio::time::timeout_at(d, fut).await {
@@ -251,63 +277,55 @@ impl Store {
         let multi_thread = tokio::runtime::Handle::current().runtime_flavor()
             == tokio::runtime::RuntimeFlavor::MultiThread;
         let direct = multi_thread || matches!(self.backend_kind(), BackendKind::Local { .. });
+        if !direct {
+            return self.restore_copy(ns, context, buf, opts).await;
+        }
         let _pin = self.pin(ns, context);
-        let resolved = if direct {
-            let fut = self.resolve(ns, context, 0);
-            match opts.deadline {
-                None => fut.await?,
-                Some(d) => match tokio::time::timeout_at(d, fut).await {
-                    Ok(r) => r?,
-                    Err(_) => return miss(MissReason::DeadlineExceeded),
-                },
-            }
-        } else {
-            Err(MissReason::Absent)
+        let fut = self.resolve(ns, context, Vec::new());
+        let resolved = match opts.deadline {
+            None => fut.await?,
+            Some(d) => match tokio::time::timeout_at(d, fut).await {
+                Ok(r) => r?,
+                Err(_) => return miss(MissReason::DeadlineExceeded),
+            },
         };
-        let (m, r) = match resolved {
-            Ok(Resolved {
-                root: DecodedRoot::V2(m),
-                base,
-                want,
-                result_len,
-                boundary,
-            }) => (m, (base, want, result_len, boundary)),
-            Err(reason) if direct => return miss(reason),
-            // v1 (or no direct path): restore, then copy.
-            _ => return self.restore_copy(ns, context, buf, opts).await,
+        let r = match resolved {
+            Err(reason) => return miss(reason),
+            Ok(r) => r,
         };
-        let (base, want, result_len, boundary) = r;
-        if buf.len() as u64 != result_len {
+        if let Plan::V1 { .. } = r.what {
+            // Legacy roots: restore, then copy.
+            return self.restore_copy(ns, context, buf, opts).await;
+        }
+        if buf.len() as u64 != r.result_len {
             return Err(StoreError::Invalid(format!(
-                "buffer is {} bytes, the snapshot is {result_len}",
-                buf.len()
+                "buffer is {} bytes, the snapshot is {}",
+                buf.len(),
+                r.result_len
             )));
         }
-        let source = self.reassembly_source();
         let deadline = opts.deadline.map(|d| d.into_std());
-        let work = || {
-            let threads = source.threads(RESTORE_IN_FLIGHT);
-            reassembly::restore_v2(&source, &m, base, Some(buf), threads, deadline)
-        };
-        let r = if multi_thread {
-            tokio::task::block_in_place(work)
+        let out = if multi_thread {
+            tokio::task::block_in_place(|| self.rebuild(&r.what, Some(&mut *buf), deadline))
         } else {
             // A current-thread runtime with a local store: the work needs no
             // runtime, so it runs here.
-            work()
+            self.rebuild(&r.what, Some(&mut *buf), deadline)
         };
-        match r {
+        match out {
             Ok(_) => {
-                self.count_v2_read(&m);
+                self.count_reads(&r.what);
                 self.ledger_touch(&ns, &context).await;
-                self.record_restore(start, Ok(boundary));
+                self.record_restore(start, Ok(r.boundary));
                 Ok(RestoreIntoOutcome::Hit {
-                    len: result_len,
-                    digest: want.to_string(),
+                    len: r.result_len,
+                    digest: r.want.to_string(),
                 })
             }
-            Err(d) => {
-                let reason = self.damage_outcome(d).await?;
+            Err(failed) => {
+                // No unverified byte stays in the caller's memory.
+                buf.fill(0);
+                let reason = self.damage_outcome(failed).await?;
                 miss(reason)
             }
         }
@@ -341,12 +359,14 @@ impl Store {
         }
     }
 
-    /// Joins or starts the single-flight restore of `(ns, ctx)`.
+    /// Joins or starts the single-flight restore of `(ns, ctx)`. `visited`
+    /// are the roots above it on a base chain (a v1 chain restored the old
+    /// way), so a cycle is a miss rather than a task awaiting itself.
     fn restore_root(
         &self,
         ns: Namespace,
         ctx: ContextDigest,
-        depth: usize,
+        visited: Visited,
     ) -> futures::future::BoxFuture<'static, Inner> {
         let key = (ns, ctx);
         let mut map = match self.inner.inflight.lock() {
@@ -360,7 +380,7 @@ impl Store {
         let this = self.clone();
         let handle = tokio::spawn(async move {
             let r = this
-                .restore_uncached(ns, ctx, depth)
+                .restore_uncached(ns, ctx, visited)
                 .await
                 .map_err(Arc::new);
             match this.inner.inflight.lock() {
@@ -382,27 +402,40 @@ impl Store {
         shared.boxed()
     }
 
-    /// Reads and checks the root of `(ns, ctx)` and restores its base: all
-    /// a payload restore needs, or the miss that ends it.
+    /// The single-flight restore of `(ns, ctx)` if one is running.
+    fn inflight(&self, ns: Namespace, ctx: ContextDigest) -> Option<SharedRestore> {
+        let map = match self.inner.inflight.lock() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        map.get(&(ns, ctx)).cloned()
+    }
+
+    /// Reads and checks the root of `(ns, ctx)` and resolves what its
+    /// payload restore needs — for a v2 delta the whole chain below it, from
+    /// roots alone — or the miss that ends it.
     async fn resolve(
         &self,
         ns: Namespace,
         ctx: ContextDigest,
-        depth: usize,
+        mut visited: Visited,
     ) -> Result<std::result::Result<Resolved, MissReason>> {
         let root = match self.read_root(&ns, &ctx).await? {
             RootStatus::Absent => return Ok(Err(MissReason::Absent)),
             RootStatus::Unusable(r) => return Ok(Err(r)),
             RootStatus::Found(d) => *d,
         };
-        if let DecodedRoot::Incompatible { reason } = &root {
-            return Ok(Err(MissReason::Incompatible {
-                detail: reason.clone(),
-            }));
-        }
-        let summary = root
-            .summary()
-            .ok_or_else(|| StoreError::Internal("summary of a readable root".into()))?;
+        let summary = match root.summary() {
+            Some(s) => s,
+            None => {
+                return Ok(Err(MissReason::Incompatible {
+                    detail: match &root {
+                        DecodedRoot::Incompatible { reason } => reason.clone(),
+                        _ => "unreadable root".into(),
+                    },
+                }))
+            }
+        };
         let limit = self.config().max_restore_bytes;
         if summary.payload_len > limit || summary.result_snapshot_len > limit {
             return Ok(Err(MissReason::Corrupt {
@@ -414,59 +447,174 @@ impl Store {
                 ),
             }));
         }
-        let base = match summary.base {
-            None => None,
-            Some(b) => {
-                if depth + 1 > self.config().max_base_depth {
-                    return Ok(Err(MissReason::Corrupt {
-                        what: format!(
-                            "base chain deeper than {} (or a cycle)",
-                            self.config().max_base_depth
-                        ),
-                    }));
-                }
-                match self.base_snapshot(b, depth + 1).await? {
-                    Ok(s) => Some((s, b.snapshot_digest)),
-                    Err(detail) => return Ok(Err(MissReason::BaseMissing { detail })),
-                }
+        visited.push((ns, ctx));
+        let what = match root {
+            DecodedRoot::V2(m) if m.base.is_none() => Plan::Flat(m),
+            DecodedRoot::V2(m) => match self.walk_chain(m, visited).await? {
+                Ok((bottom, deltas)) => Plan::Chain { bottom, deltas },
+                Err(miss) => return Ok(Err(miss)),
+            },
+            DecodedRoot::V1(m) => {
+                let base = match m.base {
+                    None => None,
+                    Some(b) => match self.base_snapshot(b, visited).await? {
+                        Ok(s) => Some((s, b.snapshot_digest)),
+                        Err(miss) => return Ok(Err(miss)),
+                    },
+                };
+                Plan::V1 { m, base }
+            }
+            DecodedRoot::Incompatible { reason } => {
+                return Ok(Err(MissReason::Incompatible { detail: reason }))
             }
         };
         Ok(Ok(Resolved {
+            what,
+            schema: summary.schema,
             want: summary.result_snapshot_digest,
             result_len: summary.result_snapshot_len,
             boundary: summary.boundary,
-            root,
-            base,
         }))
+    }
+
+    /// Follows the base links of the v2 delta `top` down to the chain's
+    /// bottom: a flat v2 root, a verified snapshot in the base cache (or
+    /// being restored right now by another caller), or a legacy root
+    /// restored the old way. Every link is checked from the roots: the base
+    /// root must exist, name the boundary and snapshot digest its child
+    /// needs, and not repeat (a cycle), within `max_base_depth`.
+    async fn walk_chain(
+        &self,
+        top: ManifestV2,
+        mut visited: Visited,
+    ) -> Result<std::result::Result<(compose::Bottom, Vec<ManifestV2>), MissReason>> {
+        let max_depth = self.config().max_base_depth;
+        let mut prefetched = self.prefetch_chain(&top, &visited).await?;
+        let mut deltas = vec![top];
+        let corrupt = |what: String| Ok(Err(MissReason::Corrupt { what }));
+        let gone = |b: &BaseRef, detail: String| {
+            Ok(Err(MissReason::BaseMissing {
+                detail: format!("base {}: {detail}", b.context),
+            }))
+        };
+        let bottom = loop {
+            let Some(b) = deltas.last().and_then(|m| m.base) else {
+                return Err(StoreError::Internal("a chain link without a base".into()));
+            };
+            if visited.contains(&(b.namespace, b.context)) {
+                return corrupt(format!(
+                    "the base chain of {} loops back to {}",
+                    visited[0].1, b.context
+                ));
+            }
+            if deltas.len() >= max_depth {
+                return corrupt(format!("base chain deeper than {max_depth}"));
+            }
+            if let Some(s) = self.cached_base(&b).await? {
+                break compose::Bottom::Memory(s, b.snapshot_digest);
+            }
+            let status = match prefetched.remove(&(b.namespace, b.context)) {
+                Some(s) => s,
+                None => self.read_root(&b.namespace, &b.context).await?,
+            };
+            let m = match status {
+                RootStatus::Absent => return gone(&b, "absent".into()),
+                RootStatus::Unusable(r) => return gone(&b, r.to_string()),
+                RootStatus::Found(d) => match *d {
+                    DecodedRoot::V2(m) => m,
+                    DecodedRoot::V1(_) => {
+                        // A legacy base: restored the old way, then the
+                        // bottom of the composed pass.
+                        match self.base_snapshot(b, visited).await? {
+                            Ok(s) => break compose::Bottom::Memory(s, b.snapshot_digest),
+                            Err(miss) => return Ok(Err(miss)),
+                        }
+                    }
+                    DecodedRoot::Incompatible { reason } => return gone(&b, reason),
+                },
+            };
+            if m.result_snapshot_digest != b.snapshot_digest || m.boundary != b.boundary {
+                return gone(
+                    &b,
+                    format!(
+                        "the root holds {} at {} tokens, the delta needs {} at {}",
+                        m.result_snapshot_digest, m.boundary, b.snapshot_digest, b.boundary
+                    ),
+                );
+            }
+            // Another caller is restoring this very base: share its work.
+            // (Safe from waiting on ourselves: its chain lies strictly
+            // below this link's boundary, checked just above.)
+            if let Some(running) = self.inflight(b.namespace, b.context) {
+                Stats::add(&self.stats_ref().restores_shared, 1);
+                match running.await {
+                    Ok(RestoreOutcome::Hit(r)) if r.digest == b.snapshot_digest => {
+                        break compose::Bottom::Memory(r.snapshot, b.snapshot_digest)
+                    }
+                    Ok(RestoreOutcome::Hit(r)) => {
+                        return gone(&b, format!("restores to {}", r.digest))
+                    }
+                    Ok(RestoreOutcome::Miss(miss)) => return gone(&b, miss.to_string()),
+                    Err(e) => return Err(StoreError::Internal(format!("shared base restore failed: {e}"))),
+                }
+            }
+            visited.push((b.namespace, b.context));
+            if m.base.is_none() {
+                break compose::Bottom::Flat(m);
+            }
+            deltas.push(m);
+        };
+        deltas.reverse();
+        Ok(Ok((bottom, deltas)))
+    }
+
+    /// Reads, concurrently, the roots a v2 root's chain hints name (none
+    /// for roots written without them): one round trip for the whole chain
+    /// instead of one per turn. The walk checks every root it uses.
+    async fn prefetch_chain(
+        &self,
+        top: &ManifestV2,
+        visited: &Visited,
+    ) -> Result<HashMap<(Namespace, ContextDigest), RootStatus>> {
+        let refs: Vec<BaseRef> = top
+            .chain_hints()
+            .iter()
+            .filter(|b| !visited.contains(&(b.namespace, b.context)))
+            .take(self.config().max_base_depth)
+            .copied()
+            .collect();
+        if refs.is_empty() {
+            return Ok(HashMap::new());
+        }
+        futures::stream::iter(refs)
+            .map(|b| async move {
+                let s = self.read_root(&b.namespace, &b.context).await?;
+                Ok(((b.namespace, b.context), s))
+            })
+            .buffer_unordered(CHAIN_PREFETCH)
+            .try_collect()
+            .await
     }
 
     async fn restore_uncached(
         &self,
         ns: Namespace,
         ctx: ContextDigest,
-        depth: usize,
+        visited: Visited,
     ) -> Result<RestoreOutcome> {
         let _pin = self.pin(ns, ctx);
-        let Resolved {
-            root,
-            base: base_pair,
-            want,
-            ..
-        } = match self.resolve(ns, ctx, depth).await? {
+        let r = match self.resolve(ns, ctx, visited).await? {
             Ok(r) => r,
             Err(miss) => return Ok(RestoreOutcome::Miss(miss)),
         };
-        let built: std::result::Result<Snapshot, MissReason> = match &root {
-            DecodedRoot::V2(m) => match self.restore_v2(m, base_pair).await? {
-                Ok(s) => Ok(s),
-                Err(reason) => return Ok(RestoreOutcome::Miss(reason)),
-            },
-            DecodedRoot::V1(m) => {
-                let payload = match self.fetch_v1(m).await? {
+        let built: std::result::Result<Snapshot, MissReason> = match r.what {
+            Plan::V1 { m, base } => {
+                let payload = match self.fetch_v1(&m).await? {
                     Ok(p) => p,
                     Err(reason) => return Ok(RestoreOutcome::Miss(reason)),
                 };
-                let base = base_pair.map(|(s, _)| s);
+                let want = r.want;
+                let base = base.map(|(s, _)| s);
                 tokio::task::spawn_blocking(move || -> std::result::Result<Snapshot, String> {
                     match base {
                         None => Snapshot::from_encoded(payload).map_err(|e| e.to_string()),
@@ -491,26 +639,92 @@ impl Store {
                     what: format!("reconstruction of {ns}/{ctx} failed verification: {e}"),
                 })
             }
-            DecodedRoot::Incompatible { reason } => {
-                return Ok(RestoreOutcome::Miss(MissReason::Incompatible {
-                    detail: reason.clone(),
-                }))
+            what => {
+                let this = self.clone();
+                let out = tokio::task::spawn_blocking(move || {
+                    let out = this.rebuild(&what, None, None);
+                    (what, out)
+                })
+                .await
+                .map_err(|e| StoreError::Internal(format!("restore task: {e}")))?;
+                match out {
+                    (what, Ok(reassembly::Output::Snapshot(s))) => {
+                        self.count_reads(&what);
+                        Ok(s)
+                    }
+                    (_, Ok(reassembly::Output::Written)) => {
+                        return Err(StoreError::Internal(
+                            "an owned restore reported a borrowed buffer".into(),
+                        ))
+                    }
+                    (_, Err(d)) => Err(self.damage_outcome(d).await?),
+                }
             }
-        };
-        let schema = match &root {
-            DecodedRoot::V1(_) => deltapack_format::SCHEMA_V1,
-            _ => deltapack_format::SCHEMA_V2,
         };
         match built {
             Ok(snapshot) => {
                 self.ledger_touch(&ns, &ctx).await;
+                let snapshot = Arc::new(snapshot);
+                // The next turn's restore starts from here (its delta only).
+                if let Ok(mut c) = self.inner.base_cache.lock() {
+                    c.put(
+                        (ns, ctx, r.want),
+                        snapshot.clone(),
+                        self.config().base_cache_bytes,
+                    );
+                }
                 Ok(RestoreOutcome::Hit(Restored {
-                    snapshot: Arc::new(snapshot),
-                    digest: want,
-                    schema,
+                    snapshot,
+                    digest: r.want,
+                    schema: r.schema,
                 }))
             }
             Err(reason) => Ok(RestoreOutcome::Miss(reason)),
+        }
+    }
+
+    /// Rebuilds a resolved v2 root (flat or chain) into `into` or a new
+    /// buffer, on blocking threads. A pass that fails on an object's bytes
+    /// or a read error runs once more: damage in transit, or an error that
+    /// passed, is not damage at rest; a digest mismatch of the same object
+    /// twice is (the caller quarantines it).
+    fn rebuild(
+        &self,
+        what: &Plan,
+        mut into: Option<&mut [u8]>,
+        deadline: Option<std::time::Instant>,
+    ) -> std::result::Result<reassembly::Output, reassembly::Damage> {
+        use reassembly::DamageKind;
+        let source = self.reassembly_source();
+        let threads = source.threads(RESTORE_IN_FLIGHT);
+        let pass = |into: Option<&mut [u8]>| match what {
+            Plan::Flat(m) => reassembly::restore_v2(&source, m, None, into, threads, deadline),
+            Plan::Chain { bottom, deltas } => {
+                compose::restore_chain(&source, bottom, deltas, into, threads, deadline)
+            }
+            Plan::V1 { .. } => Err(reassembly::Damage::plain(
+                "internal: a v1 root reached the v2 rebuild",
+            )),
+        };
+        let first = pass(into.as_deref_mut());
+        let Err(d) = first else { return first };
+        let again = matches!(d.kind, DamageKind::Io(_))
+            || (matches!(d.kind, DamageKind::Corrupt) && d.key.is_some());
+        if !again || matches!(what, Plan::Flat(_)) {
+            // (A flat restore already re-reads a failed extent itself.)
+            return Err(d);
+        }
+        tracing::warn!(what = %d.what, "composed restore failed; reading once more");
+        match pass(into) {
+            Ok(o) => Ok(o),
+            // Proof needs the same object to fail again.
+            Err(d2) if d2.key.is_some() && d2.key == d.key => Err(d2),
+            Err(mut d2) => {
+                if matches!(d2.kind, DamageKind::Corrupt) && d2.key.is_some() {
+                    d2.key = None;
+                }
+                Err(d2)
+            }
         }
     }
 
@@ -529,59 +743,51 @@ impl Store {
     /// object) or an error (the backend failed).
     async fn damage_outcome(&self, d: reassembly::Damage) -> Result<MissReason> {
         use reassembly::DamageKind;
+        let miss = |what: String| {
+            if d.in_base {
+                MissReason::BaseMissing { detail: what }
+            } else {
+                MissReason::Corrupt { what }
+            }
+        };
         match d.kind {
             DamageKind::Deadline => Ok(MissReason::DeadlineExceeded),
             DamageKind::Io(e) => Err(*e),
-            DamageKind::Missing => Ok(MissReason::Corrupt { what: d.what }),
+            DamageKind::Missing => Ok(miss(d.what)),
             DamageKind::Corrupt => {
                 if let Some(key) = &d.key {
                     self.quarantine(key).await;
                 }
-                Ok(MissReason::Corrupt { what: d.what })
+                Ok(miss(d.what))
             }
         }
     }
 
-    fn count_v2_read(&self, m: &ManifestV2) {
-        Stats::add(&self.stats_ref().objects_read, m.extents.len() as u64);
-        Stats::add(
-            &self.stats_ref().bytes_read,
-            m.extents.iter().map(|e| e.stored_len).sum(),
-        );
-    }
-
-    /// v2: stream verified extents into a new result buffer.
-    async fn restore_v2(
-        &self,
-        m: &ManifestV2,
-        base: Option<(Arc<Snapshot>, Digest)>,
-    ) -> Result<std::result::Result<Snapshot, MissReason>> {
-        let source = self.reassembly_source();
-        let m2 = m.clone();
-        let r = tokio::task::spawn_blocking(move || {
-            let threads = source.threads(RESTORE_IN_FLIGHT);
-            reassembly::restore_v2(&source, &m2, base, None, threads, None)
-        })
-        .await
-        .map_err(|e| StoreError::Internal(format!("restore task: {e}")))?;
-        match r {
-            Ok(reassembly::Output::Snapshot(s)) => {
-                self.count_v2_read(m);
-                Ok(Ok(s))
+    /// Counts the objects and bytes a rebuild read.
+    fn count_reads(&self, what: &Plan) {
+        let levels: Vec<&ManifestV2> = match what {
+            Plan::Flat(m) => vec![m],
+            Plan::Chain { bottom, deltas } => {
+                let mut v: Vec<&ManifestV2> = deltas.iter().collect();
+                if let compose::Bottom::Flat(m) = bottom {
+                    v.push(m);
+                }
+                v
             }
-            Ok(reassembly::Output::Written) => Err(StoreError::Internal(
-                "an owned restore reported a borrowed buffer".into(),
-            )),
-            Err(d) => Ok(Err(self.damage_outcome(d).await?)),
+            Plan::V1 { .. } => Vec::new(),
+        };
+        for m in levels {
+            Stats::add(&self.stats_ref().objects_read, m.extents.len() as u64);
+            Stats::add(
+                &self.stats_ref().bytes_read,
+                m.extents.iter().map(|e| e.stored_len).sum(),
+            );
         }
     }
 
-    /// Restores (or takes from cache) a base and checks its digest.
-    async fn base_snapshot(
-        &self,
-        b: BaseRef,
-        depth: usize,
-    ) -> Result<std::result::Result<Arc<Snapshot>, String>> {
+    /// A verified base from the cache, if its root still exists (an
+    /// evicted or invalidated base must not keep serving deltas).
+    async fn cached_base(&self, b: &BaseRef) -> Result<Option<Arc<Snapshot>>> {
         let key = (b.namespace, b.context, b.snapshot_digest);
         let cached = self
             .inner
@@ -589,25 +795,67 @@ impl Store {
             .lock()
             .ok()
             .and_then(|mut c| c.get(&key));
-        if let Some(s) = cached {
-            // Verified bytes stay valid, but the base root must still exist:
-            // an evicted or invalidated base must not keep serving deltas.
-            let rk = keys::root_key(&b.namespace, &b.context);
-            match self.object_store().head(&rk).await {
-                Ok(_) => {
-                    Stats::add(&self.stats_ref().base_cache_hits, 1);
-                    return Ok(Ok(s));
-                }
-                Err(object_store::Error::NotFound { .. }) => {
-                    if let Ok(mut c) = self.inner.base_cache.lock() {
-                        c.remove(&key);
-                    }
-                }
-                Err(e) => return Err(StoreError::io(&rk, e)),
+        let Some(s) = cached else { return Ok(None) };
+        let rk = keys::root_key(&b.namespace, &b.context);
+        match self.object_store().head(&rk).await {
+            Ok(_) => {
+                Stats::add(&self.stats_ref().base_cache_hits, 1);
+                Ok(Some(s))
             }
+            Err(object_store::Error::NotFound { .. }) => {
+                if let Ok(mut c) = self.inner.base_cache.lock() {
+                    c.remove(&key);
+                }
+                Ok(None)
+            }
+            Err(e) => Err(StoreError::io(&rk, e)),
+        }
+    }
+
+    /// Restores (or takes from cache) a whole base snapshot — the old way,
+    /// for legacy v1 links — and checks its digest. The base root is read
+    /// and checked against the reference *before* its restore is joined, so
+    /// links only ever lead to strictly smaller boundaries and no restore
+    /// can end up awaiting itself.
+    async fn base_snapshot(
+        &self,
+        b: BaseRef,
+        visited: Visited,
+    ) -> Result<std::result::Result<Arc<Snapshot>, MissReason>> {
+        let gone = |detail: String| {
+            Ok(Err(MissReason::BaseMissing {
+                detail: format!("base {}: {detail}", b.context),
+            }))
+        };
+        if visited.contains(&(b.namespace, b.context)) {
+            return Ok(Err(MissReason::Corrupt {
+                what: format!("the base chain loops back to {}", b.context),
+            }));
+        }
+        if visited.len() >= self.config().max_base_depth {
+            return Ok(Err(MissReason::Corrupt {
+                what: format!("base chain deeper than {}", self.config().max_base_depth),
+            }));
+        }
+        if let Some(s) = self.cached_base(&b).await? {
+            return Ok(Ok(s));
+        }
+        match self.peek_root(&b.namespace, &b.context).await? {
+            RootStatus::Found(d) => match d.summary() {
+                Some(s) if s.result_snapshot_digest == b.snapshot_digest && s.boundary == b.boundary => {}
+                Some(s) => {
+                    return gone(format!(
+                        "the root holds {} at {} tokens, the delta needs {} at {}",
+                        s.result_snapshot_digest, s.boundary, b.snapshot_digest, b.boundary
+                    ))
+                }
+                None => return gone("incompatible".into()),
+            },
+            RootStatus::Absent => return gone("absent".into()),
+            RootStatus::Unusable(r) => return gone(r.to_string()),
         }
         let out = self
-            .restore_root(b.namespace, b.context, depth)
+            .restore_root(b.namespace, b.context, visited)
             .await
             .map_err(|e| match Arc::try_unwrap(e) {
                 Ok(e) => e,
@@ -616,20 +864,11 @@ impl Store {
                 }
             })?;
         match out {
-            RestoreOutcome::Hit(r) if r.digest == b.snapshot_digest => {
-                if let Ok(mut c) = self.inner.base_cache.lock() {
-                    c.put(key, r.snapshot.clone(), self.config().base_cache_bytes);
-                }
-                Ok(Ok(r.snapshot))
-            }
-            RestoreOutcome::Hit(r) => Ok(Err(format!(
-                "base root {} restores to {}, the delta needs {}",
-                b.context, r.digest, b.snapshot_digest
-            ))),
-            RestoreOutcome::Miss(m) => Ok(Err(format!("base {}: {m}", b.context))),
+            RestoreOutcome::Hit(r) if r.digest == b.snapshot_digest => Ok(Ok(r.snapshot)),
+            RestoreOutcome::Hit(r) => gone(format!("restores to {}", r.digest)),
+            RestoreOutcome::Miss(m) => gone(m.to_string()),
         }
     }
-
     /// Fetches and verifies one object; quarantines it if damaged.
     async fn fetch_verified(
         &self,

@@ -34,8 +34,12 @@ pub struct StoreConfig {
     pub mac_secret: Option<Vec<u8>>,
     /// Bytes of verified base snapshots kept in memory for delta restores.
     pub base_cache_bytes: u64,
-    /// Longest base chain followed by a restore.
+    /// Longest base chain followed by a restore (a longer chain, or a
+    /// cycle, is a `corrupt` miss).
     pub max_base_depth: usize,
+    /// When a delta publication starts a new chain (publishes a flat root)
+    /// instead of growing the current one.
+    pub chain: ChainPolicy,
     /// Largest payload or result a restore will allocate.
     pub max_restore_bytes: u64,
     /// Hard budget in bytes (live + condemned objects + roots); `None` =
@@ -53,6 +57,47 @@ pub struct StoreConfig {
     pub prefill_tokens_per_s: Option<f64>,
 }
 
+/// When a delta publication rebases: publishes the result as a flat root
+/// (starting a new chain) instead of a delta on top of a long chain.
+///
+/// A composed restore reads each turn's root and delta header and every
+/// extent that still holds bytes of the result, so its cost grows with the
+/// chain's depth only through those small reads, and with the bytes of the
+/// chain that later turns replaced (each turn's boundary page, recurrent
+/// checkpoints). The policy bounds both; `docs/design.md` has the numbers
+/// behind the defaults.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ChainPolicy {
+    /// Most deltas between a root and its flat root; a delta that would be
+    /// deeper is published flat. `None`: unbounded (up to
+    /// [`StoreConfig::max_base_depth`], which restore enforces).
+    pub max_depth: Option<u32>,
+    /// Largest read overhead of a composed restore: the bytes of every
+    /// payload in the chain (flat root included) over the result's size,
+    /// minus one. A delta whose chain would exceed it is published flat.
+    /// `None`: unbounded.
+    pub max_read_overhead: Option<f64>,
+}
+
+impl ChainPolicy {
+    /// Never rebase (benchmarks, tests of deep chains).
+    pub fn unbounded() -> Self {
+        ChainPolicy {
+            max_depth: None,
+            max_read_overhead: None,
+        }
+    }
+}
+
+impl Default for ChainPolicy {
+    fn default() -> Self {
+        ChainPolicy {
+            max_depth: Some(64),
+            max_read_overhead: Some(0.5),
+        }
+    }
+}
+
 /// The MAC secret is never printed.
 impl std::fmt::Debug for StoreConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -65,6 +110,7 @@ impl std::fmt::Debug for StoreConfig {
             )
             .field("base_cache_bytes", &self.base_cache_bytes)
             .field("max_base_depth", &self.max_base_depth)
+            .field("chain", &self.chain)
             .field("max_restore_bytes", &self.max_restore_bytes)
             .field("budget_bytes", &self.budget_bytes)
             .field("min_free_bytes", &self.min_free_bytes)
@@ -82,7 +128,8 @@ impl Default for StoreConfig {
             compression: None,
             mac_secret: None,
             base_cache_bytes: 4 << 30,
-            max_base_depth: 16,
+            max_base_depth: 1024,
+            chain: ChainPolicy::default(),
             max_restore_bytes: 1 << 38,
             budget_bytes: None,
             min_free_bytes: None,

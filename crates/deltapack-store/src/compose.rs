@@ -1,0 +1,591 @@
+//! Composed restore of a delta chain: one pass over the chain, no
+//! intermediate snapshot.
+//!
+//! A conversation is stored as a chain: a flat root (or a snapshot this
+//! process already holds, verified) and deltas on top of it, turn after
+//! turn. Restoring the newest turn by restoring every turn before it costs
+//! the sum of all turns' sizes in time and memory. Here the chain's copy
+//! plans are composed first ([`deltapack_format::compose`]) from the delta
+//! headers alone, so every byte of the final result has exactly one origin:
+//! the newest delta whose tail wrote it, or the bottom. Then only the
+//! extents that still hold result bytes (plus each delta's header extent)
+//! are read, each once, each verified against its BLAKE3 name as it streams
+//! through the same fused read → hash → place loop as a single delta; a
+//! bottom held in memory is copied by the same workers.
+//!
+//! # Why skipping the intermediate digests is safe
+//!
+//! Every byte placed comes from a verified extent of a root that was
+//! authenticated on its own, or from a snapshot verified earlier, and the
+//! whole result is hashed (block by block, as blocks are completed, while
+//! they are still in cache) and compared with the result digest the target
+//! root names. A result that passes is, by BLAKE3's collision resistance,
+//! exactly the snapshot that root was published for, whatever the
+//! intermediate results would have been; a wrong header, a wrong link or a
+//! wrong extent can only make it fail. So the intermediate snapshots'
+//! digests prove nothing the final one does not.
+//!
+//! # Memory
+//!
+//! The result buffer (new, or the caller's), one 256 KiB piece per worker,
+//! the delta headers and the plan. Workers write disjoint parts of the
+//! result (the composed pieces tile it exactly once), so they share it
+//! through [`SharedDest`] without locks.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use deltapack_format::delta::{self, Origin, PageDelta};
+use deltapack_format::{Digest, ExtentPlan, ManifestV2, Snapshot, SnapshotHeader};
+
+use crate::reassembly::{
+    blame, read_extent, read_header_prefix, Damage, DamageKind, Dest, Output, Sink, Source, PIECE,
+    RESULT_BLOCK,
+};
+
+/// Largest piece of a memory-to-result copy handed to one worker.
+const MEMORY_ITEM: u64 = 8 << 20;
+
+/// The bottom of a chain: where the bytes no delta replaced come from.
+pub(crate) enum Bottom {
+    /// A flat v2 root: its extents are read like a delta's.
+    Flat(ManifestV2),
+    /// A snapshot verified earlier (the base cache, a concurrent restore of
+    /// the same base, a legacy v1 base restored the old way), with its
+    /// digest.
+    Memory(Arc<Snapshot>, Digest),
+}
+
+impl Bottom {
+    fn header(&self) -> SnapshotHeader {
+        match self {
+            Bottom::Flat(m) => SnapshotHeader {
+                layout: m.layout.clone(),
+                boundary: m.boundary,
+                block_counts: m.block_counts.clone(),
+            },
+            Bottom::Memory(s, _) => s.header().clone(),
+        }
+    }
+
+    fn digest(&self) -> Digest {
+        match self {
+            Bottom::Flat(m) => m.result_snapshot_digest,
+            Bottom::Memory(_, d) => *d,
+        }
+    }
+}
+
+/// A contiguous copy from an origin offset to a result offset.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    src: u64,
+    dst: u64,
+    len: u64,
+}
+
+/// The result buffer shared by the workers of one pass.
+///
+/// Workers only write ranges the composed plan gave to their work item (the
+/// plan's pieces tile the result exactly once, and every piece belongs to
+/// exactly one item), and a result block is read for hashing only after its
+/// counter of unwritten bytes reached zero, which no later write can follow.
+struct SharedDest {
+    ptr: *mut u8,
+    len: u64,
+}
+
+// SAFETY: the pointer is only used under the disjointness rules above; the
+// buffer outlives the scoped worker threads that use it.
+unsafe impl Send for SharedDest {}
+// SAFETY: as above.
+unsafe impl Sync for SharedDest {}
+
+impl SharedDest {
+    /// Copies `bytes` to offset `at`.
+    ///
+    /// # Safety
+    /// No other thread may access `at..at + bytes.len()` during the call.
+    unsafe fn write(&self, at: u64, bytes: &[u8]) {
+        let end = at.checked_add(bytes.len() as u64);
+        assert!(end.is_some_and(|e| e <= self.len), "write out of bounds");
+        // SAFETY: in bounds (checked above); exclusive by the caller's
+        // contract; `bytes` cannot overlap the result (it is a scratch
+        // buffer or another snapshot).
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.add(at as usize), bytes.len())
+        }
+    }
+
+    /// The bytes of `r`.
+    ///
+    /// # Safety
+    /// No thread may write `r` while the returned slice lives.
+    unsafe fn read(&self, r: Range<u64>) -> &[u8] {
+        assert!(r.start <= r.end && r.end <= self.len, "read out of bounds");
+        // SAFETY: in bounds (checked above); no concurrent writer by the
+        // caller's contract.
+        unsafe {
+            std::slice::from_raw_parts(self.ptr.add(r.start as usize), (r.end - r.start) as usize)
+        }
+    }
+}
+
+/// The in-loop hash of the result: unwritten bytes per block; the worker
+/// whose write completes a block hashes it.
+struct ResultHash {
+    plan: ExtentPlan,
+    remaining: Vec<AtomicU64>,
+}
+
+impl ResultHash {
+    fn new(result_len: u64, extent_bytes: u64) -> Result<Self, Damage> {
+        let block = (extent_bytes / 4).clamp(deltapack_format::extent::MIN_EXTENT_BYTES, RESULT_BLOCK);
+        let plan = ExtentPlan::new(result_len, block).map_err(|e| Damage::plain(e.to_string()))?;
+        let remaining = (0..plan.count())
+            .map(|b| {
+                let r = plan.range(b);
+                AtomicU64::new(r.end - r.start)
+            })
+            .collect();
+        Ok(ResultHash { plan, remaining })
+    }
+
+    /// Counts `dst..dst+len` as written; hashes (into `done`) every block
+    /// this completes.
+    fn wrote(&self, dest: &SharedDest, dst: u64, len: u64, done: &mut Vec<(u64, Digest)>) {
+        if len == 0 {
+            return;
+        }
+        let bsize = self.plan.max_extent_bytes();
+        let (first, last) = (dst / bsize, (dst + len - 1) / bsize);
+        for b in first..=last {
+            let r = self.plan.range(b);
+            let n = (dst + len).min(r.end) - dst.max(r.start);
+            let Some(slot) = self.remaining.get(b as usize) else {
+                continue;
+            };
+            if slot.fetch_sub(n, Ordering::AcqRel) == n {
+                // SAFETY: every byte of the block is written (the counter
+                // reached zero, and AcqRel makes those writes visible), and
+                // no byte is written twice in a pass.
+                let bytes = unsafe { dest.read(r) };
+                let mut h = self.plan.hasher(b);
+                h.update(bytes);
+                if let Ok(d) = h.finish() {
+                    done.push((b, d));
+                }
+            }
+        }
+    }
+
+    /// Merges the block names (hashing any block the loop did not) into the
+    /// result digest.
+    fn finish(&self, dest: &SharedDest, mut done: Vec<(u64, Digest)>) -> Result<Digest, String> {
+        done.sort_unstable_by_key(|(b, _)| *b);
+        let mut names = Vec::with_capacity(self.remaining.len());
+        let mut it = done.into_iter().peekable();
+        for b in 0..self.plan.count() {
+            let mut found = None;
+            while let Some((i, d)) = it.peek() {
+                if *i < b {
+                    it.next();
+                } else {
+                    if *i == b {
+                        found = Some(*d);
+                    }
+                    break;
+                }
+            }
+            let d = match found {
+                Some(d) => d,
+                None => {
+                    // SAFETY: the workers have all finished.
+                    let bytes = unsafe { dest.read(self.plan.range(b)) };
+                    let mut h = self.plan.hasher(b);
+                    h.update(bytes);
+                    h.finish().map_err(|e| e.to_string())?
+                }
+            };
+            names.push(d);
+        }
+        self.plan.merge(&names).map_err(|e| e.to_string())
+    }
+}
+
+/// One worker's share of the result: the spans of one extent, or a run of
+/// bytes from a bottom held in memory.
+enum Item<'p> {
+    Extent {
+        /// Index into the levels (deltas, then a flat bottom).
+        level: usize,
+        index: u64,
+        spans: Vec<Span>,
+        header: Option<&'p [u8]>,
+    },
+    Memory(Vec<Span>),
+}
+
+/// Places one extent's bytes into the shared result.
+struct ItemSink<'a> {
+    dest: &'a SharedDest,
+    hash: &'a ResultHash,
+    spans: &'a [Span],
+    done: &'a mut Vec<(u64, Digest)>,
+}
+
+impl Sink for ItemSink<'_> {
+    fn place(&mut self, src: u64, bytes: &[u8]) {
+        let end = src + bytes.len() as u64;
+        let first = self.spans.partition_point(|s| s.src + s.len <= src);
+        for s in &self.spans[first..] {
+            if s.src >= end {
+                break;
+            }
+            let lo = s.src.max(src);
+            let hi = (s.src + s.len).min(end);
+            let dst = s.dst + (lo - s.src);
+            // SAFETY: this span belongs to this item alone.
+            unsafe { self.dest.write(dst, &bytes[(lo - src) as usize..(hi - src) as usize]) };
+            self.hash.wrote(self.dest, dst, hi - lo, self.done);
+        }
+    }
+
+    fn placed_upto(&mut self, _payload_end: u64) {}
+}
+
+/// Runs `f(i)` for `i in 0..n` on up to `threads` scoped threads.
+fn pool<T: Send>(threads: usize, n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let next = AtomicUsize::new(0);
+    let out: Mutex<Vec<(usize, T)>> = Mutex::new(Vec::with_capacity(n));
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1).min(n.max(1)) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    break;
+                }
+                let r = f(i);
+                if let Ok(mut o) = out.lock() {
+                    o.push((i, r));
+                }
+            });
+        }
+    });
+    let mut out = out.into_inner().unwrap_or_default();
+    out.sort_by_key(|(i, _)| *i);
+    out.into_iter().map(|(_, r)| r).collect()
+}
+
+/// Restores the result of the chain `deltas` (oldest first; `deltas[0]` is
+/// the delta over `bottom`) in one pass, into `into` (exactly the result's
+/// length) or a buffer allocated here. One pass reads each needed extent
+/// once and makes no second attempt: the caller decides whether a failure
+/// is worth a second pass (see `Store`'s restore).
+pub(crate) fn restore_chain<'a>(
+    source: &Source,
+    bottom: &Bottom,
+    deltas: &[ManifestV2],
+    into: Option<&'a mut [u8]>,
+    threads: usize,
+    deadline: Option<Instant>,
+) -> Result<Output, Damage> {
+    let Some(top) = deltas.last() else {
+        return Err(Damage::plain("a chain needs at least one delta"));
+    };
+    // Extent geometry of every level read from storage: the deltas, then a
+    // flat bottom.
+    let mut levels: Vec<&ManifestV2> = deltas.iter().collect();
+    if let Bottom::Flat(m) = bottom {
+        levels.push(m);
+    }
+    let plans: Vec<ExtentPlan> = levels
+        .iter()
+        .map(|m| ExtentPlan::new(m.payload_len, m.max_extent_bytes))
+        .collect::<Result<_, _>>()
+        .map_err(|e| Damage::plain(e.to_string()))?;
+
+    // 1. Every delta's header (unverified here; each is checked again
+    //    byte for byte while its extent is hashed).
+    let headers: Vec<Vec<u8>> = pool(threads, deltas.len(), |i| read_header_prefix(source, &deltas[i]))
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+
+    // 2. Plan every link against the result before it, and check it against
+    //    the roots.
+    let mut base_header = bottom.header();
+    let mut base_digest = bottom.digest();
+    let mut links: Vec<PageDelta> = Vec::with_capacity(deltas.len());
+    let mut header_lens = Vec::with_capacity(deltas.len());
+    for (i, (m, hdr)) in deltas.iter().zip(&headers).enumerate() {
+        let planned = plan_link(m, hdr, &base_header, &base_digest);
+        let (link, hlen) = match planned {
+            Ok(x) => x,
+            Err(what) => {
+                let mut d = blame(source, &plans[i], m, hdr.len() as u64)
+                    .unwrap_or(Damage::plain(format!("turn {} of the chain: {what}", i + 1)));
+                d.in_base = i + 1 < deltas.len();
+                return Err(d);
+            }
+        };
+        base_header = link.result_header.clone();
+        base_digest = m.result_snapshot_digest;
+        header_lens.push(hlen);
+        links.push(link);
+    }
+    let composed = delta::compose(&bottom.header(), &links).map_err(|e| Damage::plain(e.to_string()))?;
+    if composed.result_len != top.result_snapshot_len {
+        return Err(Damage::plain(format!(
+            "the chain composes to {} bytes, the root says {}",
+            composed.result_len, top.result_snapshot_len
+        )));
+    }
+
+    // 3. Work items: per level, the spans each extent owns.
+    let level_of = |o: Origin| match o {
+        Origin::Delta(i) => Some(i),
+        Origin::Bottom => matches!(bottom, Bottom::Flat(_)).then_some(deltas.len()),
+    };
+    let mut by_level: Vec<Vec<Span>> = vec![Vec::new(); levels.len()];
+    let mut memory: Vec<Span> = Vec::new();
+    for p in &composed.pieces {
+        let s = Span {
+            src: p.src,
+            dst: p.dst,
+            len: p.len,
+        };
+        match level_of(p.origin) {
+            Some(l) if l < by_level.len() => by_level[l].push(s),
+            Some(_) => return Err(Damage::plain("a piece names a turn outside the chain")),
+            None => memory.push(s),
+        }
+    }
+    let mut items: Vec<Item<'_>> = Vec::new();
+    for (l, spans) in by_level.iter_mut().enumerate() {
+        spans.sort_unstable_by_key(|s| s.src);
+        let m = levels[l];
+        let header = headers.get(l).map(|h| &h[..header_lens[l].min(h.len())]);
+        for (j, e) in m.extents.iter().enumerate() {
+            let (a, b) = (e.offset, e.offset + e.raw_len);
+            let first = spans.partition_point(|s| s.src + s.len <= a);
+            let mine: Vec<Span> = spans[first..]
+                .iter()
+                .take_while(|s| s.src < b)
+                .map(|s| {
+                    let lo = s.src.max(a);
+                    let hi = (s.src + s.len).min(b);
+                    Span {
+                        src: lo,
+                        dst: s.dst + (lo - s.src),
+                        len: hi - lo,
+                    }
+                })
+                .collect();
+            // A delta's header extents are read even when later turns
+            // replaced all their bytes: the plan was made from them.
+            let holds_header = header.is_some_and(|h| (h.len() as u64) > a);
+            if mine.is_empty() && !holds_header {
+                continue;
+            }
+            items.push(Item::Extent {
+                level: l,
+                index: j as u64,
+                spans: mine,
+                header: header.filter(|_| holds_header),
+            });
+        }
+    }
+    for s in memory {
+        let mut at = 0;
+        while at < s.len {
+            let n = (s.len - at).min(MEMORY_ITEM);
+            items.push(Item::Memory(vec![Span {
+                src: s.src + at,
+                dst: s.dst + at,
+                len: n,
+            }]));
+            at += n;
+        }
+    }
+
+    // 4. The pass.
+    let len = usize::try_from(composed.result_len).map_err(|_| Damage::plain("result too large"))?;
+    let mut result = Dest::take(len, into).map_err(Damage::plain)?;
+    let hash = ResultHash::new(composed.result_len, top.max_extent_bytes)?;
+    let bytes = result.bytes();
+    let dest = SharedDest {
+        ptr: bytes.as_mut_ptr(),
+        len: bytes.len() as u64,
+    };
+    let mut done = Vec::new();
+    // SAFETY: no worker runs yet.
+    unsafe { dest.write(0, &composed.result_prefix) };
+    hash.wrote(&dest, 0, composed.result_prefix.len() as u64, &mut done);
+    let next = AtomicUsize::new(0);
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    let failures: Mutex<Vec<Damage>> = Mutex::new(Vec::new());
+    let hashed: Mutex<Vec<(u64, Digest)>> = Mutex::new(done);
+    let memory_src = match bottom {
+        Bottom::Memory(s, _) => Some(s.encoded()),
+        Bottom::Flat(_) => None,
+    };
+    let top_level = deltas.len() - 1;
+    std::thread::scope(|sc| {
+        for _ in 0..threads.max(1).min(items.len().max(1)) {
+            sc.spawn(|| {
+                let mut scratch = vec![0u8; PIECE];
+                let mut done = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= items.len() {
+                        break;
+                    }
+                    let in_base = match &items[i] {
+                        Item::Extent { level, .. } => *level != top_level,
+                        Item::Memory(_) => false,
+                    };
+                    // After a failure the pass is a miss either way; only
+                    // the bases' extents are still read, so that damage to
+                    // a base is reported as such (`base-missing`) whichever
+                    // worker found what first.
+                    if failed.load(Ordering::Relaxed) && !in_base {
+                        continue;
+                    }
+                    let r = match &items[i] {
+                        Item::Extent {
+                            level,
+                            index,
+                            spans,
+                            header,
+                        } => {
+                            let m = levels[*level];
+                            let mut sink = ItemSink {
+                                dest: &dest,
+                                hash: &hash,
+                                spans,
+                                done: &mut done,
+                            };
+                            read_extent(
+                                source,
+                                &plans[*level],
+                                *index,
+                                &m.extents[*index as usize],
+                                &mut sink,
+                                *header,
+                                deadline,
+                                &mut scratch,
+                            )
+                        }
+                        Item::Memory(spans) => {
+                            copy_memory(memory_src, spans, &dest, &hash, &mut done, deadline)
+                        }
+                    };
+                    if let Err(mut d) = r {
+                        d.in_base = in_base;
+                        let stop = matches!(d.kind, DamageKind::Deadline | DamageKind::Io(_));
+                        if let Ok(mut f) = failures.lock() {
+                            f.push(d);
+                        }
+                        failed.store(true, Ordering::Relaxed);
+                        if stop {
+                            next.store(items.len(), Ordering::Relaxed);
+                        }
+                    }
+                }
+                if let Ok(mut h) = hashed.lock() {
+                    h.append(&mut done);
+                }
+            });
+        }
+    });
+    let mut failures = failures.into_inner().unwrap_or_default();
+    // A base's damage first, then the rest, in the order found.
+    if let Some(i) = failures.iter().position(|d| d.in_base) {
+        return Err(failures.swap_remove(i));
+    }
+    if !failures.is_empty() {
+        return Err(failures.swap_remove(0));
+    }
+    let found = hash
+        .finish(&dest, hashed.into_inner().unwrap_or_default())
+        .map_err(Damage::plain)?;
+    if found != top.result_snapshot_digest {
+        return Err(Damage::plain(format!(
+            "reconstructed result {found} != {} named by the root",
+            top.result_snapshot_digest
+        )));
+    }
+    match result {
+        Dest::Owned(v) => Snapshot::from_encoded(v)
+            .map(Output::Snapshot)
+            .map_err(|e| Damage::plain(e.to_string())),
+        Dest::Borrowed(_) => Ok(Output::Written),
+    }
+}
+
+/// Plans one link of the chain from its header bytes, checked against its
+/// root and against the result below it. Returns the plan and the header's
+/// length.
+fn plan_link(
+    m: &ManifestV2,
+    hdr: &[u8],
+    base: &SnapshotHeader,
+    base_digest: &Digest,
+) -> Result<(PageDelta, usize), String> {
+    let (h, tails) = delta::decode_header(hdr).map_err(|e| e.to_string())?;
+    if h.result_digest != m.result_snapshot_digest {
+        return Err(format!(
+            "delta names result {}, the root {}",
+            h.result_digest, m.result_snapshot_digest
+        ));
+    }
+    if h.base_digest != *base_digest {
+        return Err(format!("delta's base {} is not the turn below it ({base_digest})", h.base_digest));
+    }
+    if h.result_boundary != m.boundary || h.result_block_counts != m.block_counts {
+        return Err("delta header and root disagree on the result's geometry".into());
+    }
+    let plan = PageDelta::plan(h, tails, base).map_err(|e| e.to_string())?;
+    if plan.delta_len != m.payload_len || plan.result_len != m.result_snapshot_len {
+        return Err(format!(
+            "delta header implies {} payload / {} result bytes, the root says {} / {}",
+            plan.delta_len, plan.result_len, m.payload_len, m.result_snapshot_len
+        ));
+    }
+    if plan.result_header.layout != m.layout {
+        return Err("delta's result layout is not the root's".into());
+    }
+    Ok((plan, tails))
+}
+
+/// Copies spans of a snapshot held in memory into the result.
+fn copy_memory(
+    from: Option<&[u8]>,
+    spans: &[Span],
+    dest: &SharedDest,
+    hash: &ResultHash,
+    done: &mut Vec<(u64, Digest)>,
+    deadline: Option<Instant>,
+) -> Result<(), Damage> {
+    let from = from.ok_or_else(|| Damage::plain("no bottom snapshot in memory"))?;
+    for s in spans {
+        let mut at = 0u64;
+        while at < s.len {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(Damage::deadline());
+            }
+            let n = (s.len - at).min(PIECE as u64);
+            let a = (s.src + at) as usize;
+            let bytes = from
+                .get(a..a + n as usize)
+                .ok_or_else(|| Damage::plain("a piece lies outside the bottom snapshot"))?;
+            // SAFETY: this span belongs to this item alone.
+            unsafe { dest.write(s.dst + at, bytes) };
+            hash.wrote(dest, s.dst + at, n, done);
+            at += n;
+        }
+    }
+    Ok(())
+}

@@ -567,6 +567,7 @@ async fn plausible_huge_v2_root_is_a_miss_without_committing_memory() {
         payload_digest,
         max_extent_bytes: m_bytes,
         extents,
+        chain: None,
     };
     m.validate()
         .expect("the forged manifest is internally consistent");

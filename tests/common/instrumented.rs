@@ -28,6 +28,8 @@ pub struct Counters {
     pub max_object_gets_in_flight: AtomicUsize,
     pub puts_in_flight: AtomicUsize,
     pub max_puts_in_flight: AtomicUsize,
+    pub root_gets_in_flight: AtomicUsize,
+    pub max_root_gets_in_flight: AtomicUsize,
     pub gets: Mutex<HashMap<String, usize>>,
 }
 
@@ -40,6 +42,20 @@ impl Counters {
     }
     pub fn max_puts(&self) -> usize {
         self.max_puts_in_flight.load(Ordering::SeqCst)
+    }
+    pub fn max_root_gets(&self) -> usize {
+        self.max_root_gets_in_flight.load(Ordering::SeqCst)
+    }
+    pub fn gets_of_roots(&self) -> usize {
+        self.gets
+            .lock()
+            .map(|g| {
+                g.iter()
+                    .filter(|(k, _)| k.starts_with("roots/"))
+                    .map(|(_, v)| *v)
+                    .sum()
+            })
+            .unwrap_or(0)
     }
     pub fn gets_of_objects(&self) -> usize {
         self.gets
@@ -127,10 +143,24 @@ impl ObjectStore for Instrumented {
                 + 1;
             bump_max(n, &self.counters.max_object_gets_in_flight);
         }
+        let root = location.as_ref().starts_with("roots/");
+        if root {
+            let n = self
+                .counters
+                .root_gets_in_flight
+                .fetch_add(1, Ordering::SeqCst)
+                + 1;
+            bump_max(n, &self.counters.max_root_gets_in_flight);
+        }
         if !self.get_delay.is_zero() {
             tokio::time::sleep(self.get_delay).await;
         }
         let r = self.inner.get_opts(location, options).await;
+        if root {
+            self.counters
+                .root_gets_in_flight
+                .fetch_sub(1, Ordering::SeqCst);
+        }
         if object {
             self.counters
                 .object_gets_in_flight

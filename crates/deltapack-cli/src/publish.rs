@@ -8,10 +8,14 @@ use anyhow::{bail, Result};
 use clap::ArgGroup;
 use deltapack_format::{ContextDigest, ContextHasher};
 use deltapack_store::{
-    BaseInput, PublishOutcome, PublishReceipt, PublishRequest, RootFormat, StoreConfig,
+    BaseInput, ChainPolicy, PublishOutcome, PublishReceipt, PublishRequest, RootFormat, StoreConfig,
 };
 
 use crate::common::{self, KeyArgs};
+
+fn default_chain() -> ChainPolicy {
+    ChainPolicy::default()
+}
 
 /// Root schema to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -72,6 +76,15 @@ pub(crate) struct PublishArgs {
     /// zstd-compress v2 extents at this level (1–22); raw by default.
     #[arg(long, value_name = "LEVEL", value_parser = clap::value_parser!(i32).range(1..=22))]
     compress: Option<i32>,
+    /// Chain policy: publish flat instead of a delta that would sit more
+    /// than N deltas above its flat root (0 = no limit).
+    #[arg(long, value_name = "N", default_value_t = default_chain().max_depth.unwrap_or(0))]
+    max_chain_depth: u32,
+    /// Chain policy: publish flat instead of a delta whose chain would hold
+    /// more payload than (1 + F) × the result (a composed restore's read
+    /// overhead; negative = no limit).
+    #[arg(long, value_name = "F", default_value_t = default_chain().max_read_overhead.unwrap_or(-1.0))]
+    max_read_overhead: f64,
     #[command(flatten)]
     key: KeyArgs,
     #[command(flatten)]
@@ -148,6 +161,10 @@ pub(crate) async fn run(args: PublishArgs) -> Result<ExitCode> {
             .unwrap_or(deltapack_format::DEFAULT_MAX_EXTENT_BYTES),
         compression: args.compress,
         mac_secret: args.key.mac_secret()?,
+        chain: ChainPolicy {
+            max_depth: Some(args.max_chain_depth).filter(|k| *k > 0),
+            max_read_overhead: Some(args.max_read_overhead).filter(|x| *x >= 0.0),
+        },
         ..args.capacity.apply(StoreConfig::default())
     };
     let store = common::open_store(&args.store, config)?;
@@ -235,6 +252,14 @@ fn receipt_text(r: &PublishReceipt) -> String {
         rows.push((
             "objects",
             format!("{} written, {} reused", r.objects_written, r.objects_reused),
+        ));
+        rows.push((
+            "chain",
+            if r.rebased {
+                "flat (rebased by the chain policy)".to_string()
+            } else {
+                format!("{} delta(s) above the flat root", r.chain_depth)
+            },
         ));
         rows.push((
             "written",

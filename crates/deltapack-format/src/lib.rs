@@ -51,8 +51,8 @@ pub use extent::{ExtentCodec, ExtentPlan, ExtentSpec, ExtentVerifier, PayloadHas
 pub use identity::CacheIdentity;
 pub use layout::{GroupKind, LayerSpec, PageGroup, PageLayout};
 pub use root::{
-    BaseRef, ChunkEntryV1, DecodedRoot, ExtentEntry, ManifestV1, ManifestV2, RootKind, RootMeta,
-    RootSummary, SCHEMA_V1, SCHEMA_V2,
+    BaseRef, ChainHints, ChunkEntryV1, DecodedRoot, ExtentEntry, ManifestV1, ManifestV2, RootKind,
+    RootMeta, RootSummary, SCHEMA_V1, SCHEMA_V2, SCHEMA_V2_1,
 };
 pub use snapshot::{Snapshot, SnapshotHeader};
 

@@ -50,6 +50,13 @@ pub const MAX_ROOT_BODY: u64 = 16 << 20;
 pub const ROOT_MAC_CONTEXT: &str = "deltapack 2026-11-30 root envelope mac v1";
 /// Schema string of v2 manifests.
 pub const SCHEMA_V2: &str = "deltapack-page-delta-manifest/v2";
+/// Schema string of v2.1 manifests: a v2 delta manifest that also lists the
+/// roots below its base ([`ChainHints`]), so a reader fetches a whole delta
+/// chain in one round trip. Readers of plain v2 see it as an unknown schema
+/// (a clean `incompatible` miss).
+pub const SCHEMA_V2_1: &str = "deltapack-page-delta-manifest/v2.1";
+/// Most roots a v2.1 manifest lists below its base.
+pub const MAX_CHAIN_HINTS: usize = 4096;
 /// Schema string of legacy v1 manifests.
 pub const SCHEMA_V1: &str = "deltapack-page-delta-manifest/v1";
 
@@ -136,6 +143,25 @@ pub struct ManifestV2 {
     pub max_extent_bytes: u64,
     /// Extents in payload order.
     pub extents: Vec<ExtentEntry>,
+    /// v2.1 only (absent, not null, in v2): the chain below `base`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain: Option<ChainHints>,
+}
+
+/// What a v2.1 delta root records about the chain below it: the roots to
+/// fetch at once, and the chain's size for the publisher's rebase policy.
+/// Hints only: a reader checks every root it uses, link by link.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChainHints {
+    /// The roots below `base`, nearest first (the base's base, its base, …),
+    /// down to and including the chain's flat root; empty when `base` is
+    /// itself flat. Boundaries strictly decrease; all in the root's
+    /// namespace; at most [`MAX_CHAIN_HINTS`].
+    pub ancestors: Vec<BaseRef>,
+    /// Payload bytes of this root and of every root below it, the flat root
+    /// included: what a composed restore reads at most.
+    pub payload_bytes: u64,
 }
 
 /// One chunk object of a legacy v1 manifest.
@@ -300,14 +326,57 @@ impl ManifestV2 {
     /// publisher recorded them (empty when it recorded none). A hint for
     /// fetching the chain at once: a reader checks every root it uses.
     pub fn chain_hints(&self) -> &[BaseRef] {
-        &[]
+        self.chain.as_ref().map_or(&[], |c| &c.ancestors)
+    }
+
+    /// The schema string this manifest is written under.
+    pub fn schema_str(&self) -> &'static str {
+        if self.chain.is_some() {
+            SCHEMA_V2_1
+        } else {
+            SCHEMA_V2
+        }
+    }
+
+    fn validate_chain(&self, c: &ChainHints) -> Result<()> {
+        let bad = |m: String| Err(Error::Root(m));
+        let Some(base) = self.base else {
+            return bad("chain hints on a snapshot root".into());
+        };
+        if c.ancestors.len() > MAX_CHAIN_HINTS {
+            return bad(format!(
+                "{} chain hints, at most {MAX_CHAIN_HINTS}",
+                c.ancestors.len()
+            ));
+        }
+        let mut below = base.boundary;
+        for a in &c.ancestors {
+            if a.namespace != self.namespace {
+                return bad("a chain hint lies in another namespace".into());
+            }
+            if a.boundary >= below || a.boundary % u64::from(self.logical_chunk_tokens) != 0 {
+                return bad(format!(
+                    "chain hint boundary {} is not below {below} on the chunk grid",
+                    a.boundary
+                ));
+            }
+            below = a.boundary;
+        }
+        if c.payload_bytes < self.payload_len {
+            return bad("the chain holds fewer payload bytes than this root".into());
+        }
+        Ok(())
     }
 
     /// Checks internal consistency (see module docs).
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Root(m));
-        if self.schema != SCHEMA_V2 {
-            return bad(format!("schema {:?} in a v2 body", self.schema));
+        match (self.schema.as_str(), &self.chain) {
+            (SCHEMA_V2, None) => {}
+            (SCHEMA_V2_1, Some(c)) => self.validate_chain(c)?,
+            (SCHEMA_V2, Some(_)) => return bad("a v2 body must not carry chain hints".into()),
+            (SCHEMA_V2_1, None) => return bad("a v2.1 body needs chain hints".into()),
+            (other, _) => return bad(format!("schema {other:?} in a v2 body")),
         }
         check_common(
             &self.namespace,
@@ -439,7 +508,7 @@ impl DecodedRoot {
     pub fn summary(&self) -> Option<RootSummary> {
         match self {
             DecodedRoot::V2(m) => Some(RootSummary {
-                schema: SCHEMA_V2,
+                schema: m.schema_str(),
                 namespace: m.namespace,
                 context: m.context,
                 kind: m.kind,
@@ -592,7 +661,7 @@ pub fn decode(bytes: &[u8], mac: Option<&[u8; 32]>) -> Result<DecodedRoot> {
     let probe: SchemaProbe = serde_cbor::from_slice(body)
         .map_err(|e| Error::Root(format!("body has no readable schema: {e}")))?;
     match probe.schema.as_str() {
-        SCHEMA_V2 => {
+        SCHEMA_V2 | SCHEMA_V2_1 => {
             let m: ManifestV2 =
                 serde_cbor::from_slice(body).map_err(|e| Error::Root(format!("v2 body: {e}")))?;
             m.validate()?;
@@ -672,9 +741,18 @@ impl ManifestV2 {
             payload_digest,
             max_extent_bytes,
             extents,
+            chain: None,
         };
         m.validate()?;
         Ok(m)
+    }
+
+    /// The same manifest as v2.1, with chain hints (deltas only).
+    pub fn with_chain(mut self, chain: ChainHints) -> Result<Self> {
+        self.schema = SCHEMA_V2_1.into();
+        self.chain = Some(chain);
+        self.validate()?;
+        Ok(self)
     }
 }
 

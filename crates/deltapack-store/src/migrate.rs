@@ -121,7 +121,7 @@ impl Store {
                     &guard,
                 )
                 .await?;
-            let new_root = self.encode_v2(&meta, payload_len, payload_digest, entries)?;
+            let new_root = self.encode_v2(&meta, payload_len, payload_digest, entries, None)?;
             let v2 = match root::decode(&new_root, self.inner.mac_key.as_ref())? {
                 DecodedRoot::V2(v2) => v2,
                 _ => return Err(StoreError::Internal("migrated root is not v2".into())),

@@ -18,9 +18,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use deltapack_format::root::{self, RootMeta};
+use deltapack_format::root::{self, RootMeta, MAX_CHAIN_HINTS};
 use deltapack_format::{
-    BaseRef, CacheIdentity, ContextDigest, DeltaLayout, Digest, ExtentPlan, Namespace, Snapshot,
+    BaseRef, CacheIdentity, ChainHints, DecodedRoot, ContextDigest, DeltaLayout, Digest, ExtentPlan, Namespace, Snapshot,
 };
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt};
@@ -192,10 +192,53 @@ impl Store {
                 "boundary {boundary} is not a positive multiple of chunk_tokens {ct}"
             )));
         }
-        let base_ref = match &req.base {
+        let checked = match &req.base {
             None => None,
             Some(b) => Some(self.check_base(&ns, id, b, snap).await?),
         };
+        // Lay a delta out now (the header's length does not depend on the
+        // result digest, so a stand-in serves): its size decides, with the
+        // chain below the base, whether the chain policy rebases.
+        let mut layout: Option<DeltaLayout> = None;
+        let mut chain: Option<ChainHints> = None;
+        let mut rebased = false;
+        if let (Some(b), Some((r, below))) = (&req.base, &checked) {
+            let (base, result, chunk) = (b.snapshot.clone(), snap.clone(), id.chunk_tokens);
+            let base_digest = r.snapshot_digest;
+            let l = tokio::task::spawn_blocking(move || {
+                DeltaLayout::new(chunk, &base, &result, base_digest, base_digest)
+            })
+            .await
+            .map_err(|e| StoreError::Internal(format!("delta layout task: {e}")))??;
+            let delta_len = l.header_bytes()?.len() as u64 + l.tails_len();
+            if req.format == RootFormat::V2 {
+                match below {
+                    Some((ancestors, bytes)) => {
+                        let hints = ChainHints {
+                            ancestors: ancestors.clone(),
+                            payload_bytes: bytes + delta_len,
+                        };
+                        rebased = self.config().chain.rebases(
+                            hints.ancestors.len() as u64 + 1,
+                            hints.payload_bytes,
+                            snap.encoded().len() as u64,
+                        );
+                        chain = Some(hints);
+                    }
+                    // The chain below the base cannot be followed to a flat
+                    // root: a delta on it could never be restored.
+                    None => rebased = true,
+                }
+            }
+            if rebased {
+                tracing::info!(context = %req.context, "chain policy: publishing flat");
+                chain = None;
+            } else {
+                layout = Some(l);
+            }
+        }
+        let base_ref = checked.filter(|_| !rebased).map(|(r, _)| r);
+        let base_in = req.base.as_ref().filter(|_| !rebased);
         // The result digest (one BLAKE3 pass over ~all of the result) starts
         // now on blocking threads and is awaited only where it is needed: a
         // delta's header (written last, see `write_v2`), an existing root's
@@ -247,23 +290,13 @@ impl Store {
             receipt.schema = root::SCHEMA_V1.into();
         }
         // The base must not be evicted while its delta is being published.
-        let _base_pin = req.base.as_ref().map(|b| self.pin(ns, b.context));
+        let _base_pin = base_in.map(|b| self.pin(ns, b.context));
 
         // The payload as parts of the caller's snapshot: nothing is copied.
         let t_encode = Instant::now();
         let whole = Bytes::from_owner(SnapshotBytes(snap.clone()));
-        let payload = match (&req.base, &digest, &base_ref) {
-            (Some(b), Some(d), Some(r)) => {
-                let (base, result, chunk) = (b.snapshot.clone(), snap.clone(), id.chunk_tokens);
-                let base_digest = r.snapshot_digest;
-                // Laid out with a stand-in result digest: the header's length
-                // does not depend on it; its bytes are produced once the real
-                // digest is known.
-                let layout = tokio::task::spawn_blocking(move || {
-                    DeltaLayout::new(chunk, &base, &result, base_digest, base_digest)
-                })
-                .await
-                .map_err(|e| StoreError::Internal(format!("delta layout task: {e}")))??;
+        let payload = match (layout, &digest) {
+            (Some(layout), Some(d)) => {
                 let stand_in = Bytes::from(layout.header_bytes()?);
                 let mut parts = vec![stand_in.clone()];
                 parts.extend(layout.tails.iter().map(|r| whole.slice(r.clone())));
@@ -315,7 +348,12 @@ impl Store {
                     None => payload_digest,
                 };
                 let meta = result_meta(&req, base_ref, receipt.snapshot_digest);
-                self.encode_v2(&meta, receipt.payload_len, payload_digest, entries)?
+                receipt.chain_depth = chain.as_ref().map_or(0, |c| c.ancestors.len() as u32 + 1);
+                receipt.rebased = rebased;
+                if chain.is_some() {
+                    receipt.schema = root::SCHEMA_V2_1.into();
+                }
+                self.encode_v2(&meta, receipt.payload_len, payload_digest, entries, chain)?
             }
             RootFormat::V1 => {
                 let whole = payload.assemble().await?;
@@ -407,14 +445,15 @@ impl Store {
         Ok(receipt)
     }
 
-    /// Validates a delta's base against its root; returns the reference.
+    /// Validates a delta's base against its root; returns the reference and
+    /// what lies below the base (see [`Store::chain_below`]).
     async fn check_base(
         &self,
         ns: &Namespace,
         id: &CacheIdentity,
         b: &BaseInput,
         result: &Snapshot,
-    ) -> Result<BaseRef> {
+    ) -> Result<(BaseRef, Option<(Vec<BaseRef>, u64)>)> {
         let mismatch = |detail: String| StoreError::BaseMismatch {
             namespace: *ns,
             context: b.context,
@@ -437,7 +476,7 @@ impl Store {
             return Err(StoreError::Invalid("base and result layouts differ".into()));
         }
         let digest = b.snapshot.digest();
-        match self.read_root(ns, &b.context).await? {
+        let below = match self.read_root(ns, &b.context).await? {
             RootStatus::Found(root) => {
                 let s = root
                     .summary()
@@ -454,18 +493,70 @@ impl Store {
                         s.boundary
                     )));
                 }
+                self.chain_below(&root).await?
             }
             RootStatus::Absent => return Err(mismatch("no base root is published".into())),
             RootStatus::Unusable(r) => {
                 return Err(mismatch(format!("the base root is unusable: {r}")))
             }
+        };
+        Ok((
+            BaseRef {
+                namespace: *ns,
+                context: b.context,
+                snapshot_digest: digest,
+                boundary: bb,
+            },
+            below,
+        ))
+    }
+
+    /// The chain a delta on `base` would sit on: the roots below `base`,
+    /// nearest first, down to the flat root, and the payload bytes of
+    /// `base` and all of them. From `base`'s own hints when it has them,
+    /// else by reading the roots link by link (a chain written before v2.1,
+    /// or through legacy roots). `None` if the chain cannot be followed to
+    /// a flat root within `max_base_depth`.
+    async fn chain_below(&self, base: &DecodedRoot) -> Result<Option<(Vec<BaseRef>, u64)>> {
+        let Some(s) = base.summary() else {
+            return Ok(None);
+        };
+        let Some(next) = s.base else {
+            return Ok(Some((Vec::new(), s.payload_len)));
+        };
+        if let DecodedRoot::V2(m) = base {
+            if let Some(c) = &m.chain {
+                let mut ancestors = Vec::with_capacity(c.ancestors.len() + 1);
+                ancestors.push(next);
+                ancestors.extend_from_slice(&c.ancestors);
+                return Ok(Some((ancestors, c.payload_bytes)));
+            }
         }
-        Ok(BaseRef {
-            namespace: *ns,
-            context: b.context,
-            snapshot_digest: digest,
-            boundary: bb,
-        })
+        let mut ancestors = Vec::new();
+        let mut bytes = s.payload_len;
+        let mut link = Some(next);
+        while let Some(b) = link {
+            if ancestors.len() >= self.config().max_base_depth.min(MAX_CHAIN_HINTS) {
+                return Ok(None);
+            }
+            let summary = match self.peek_root(&b.namespace, &b.context).await? {
+                RootStatus::Found(d) => match d.summary() {
+                    Some(x) => x,
+                    None => return Ok(None),
+                },
+                _ => return Ok(None),
+            };
+            if summary.result_snapshot_digest != b.snapshot_digest
+                || summary.boundary != b.boundary
+                || ancestors.last().is_some_and(|a: &BaseRef| a.boundary <= b.boundary)
+            {
+                return Ok(None);
+            }
+            ancestors.push(b);
+            bytes += summary.payload_len;
+            link = summary.base;
+        }
+        Ok(Some((ancestors, bytes)))
     }
 
     /// If a root exists at `(ns, ctx)`, the outcome it implies for this
@@ -607,14 +698,18 @@ impl Store {
         payload_len: u64,
         payload_digest: Digest,
         entries: Vec<deltapack_format::ExtentEntry>,
+        chain: Option<ChainHints>,
     ) -> Result<Bytes> {
-        let manifest = deltapack_format::ManifestV2::new(
+        let mut manifest = deltapack_format::ManifestV2::new(
             meta,
             payload_len,
             payload_digest,
             self.inner.config.max_extent_bytes,
             entries,
         )?;
+        if let Some(c) = chain {
+            manifest = manifest.with_chain(c)?;
+        }
         Ok(Bytes::from(root::encode_v2(
             &manifest,
             self.inner.mac_key.as_ref(),

@@ -89,6 +89,19 @@ impl ChainPolicy {
     }
 }
 
+impl ChainPolicy {
+    /// Whether a delta that would sit `depth` deltas above its flat root,
+    /// with `chain_bytes` of payload in its chain (flat root included), for
+    /// a result of `result_len` bytes, is published flat instead.
+    pub fn rebases(&self, depth: u64, chain_bytes: u64, result_len: u64) -> bool {
+        let too_deep = self.max_depth.is_some_and(|k| depth > u64::from(k));
+        let too_wide = self
+            .max_read_overhead
+            .is_some_and(|x| chain_bytes as f64 > (1.0 + x) * result_len as f64);
+        too_deep || too_wide
+    }
+}
+
 impl Default for ChainPolicy {
     fn default() -> Self {
         ChainPolicy {

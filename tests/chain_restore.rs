@@ -1,0 +1,727 @@
+//! Composed chain restore: a conversation is a chain of deltas (turn N+1
+//! against turn N), and restoring turn N must cost one pass over the bytes
+//! of the result, not one restore per turn — while staying exactly as safe.
+//!
+//! This file guards that a chain restores bit-exactly through the composed
+//! path whatever the turn lengths, page edits, recurrent groups and extent
+//! sizes (proptest, against the snapshots the turns were made from); that
+//! damage anywhere in a chain — an extent, a root, a base digest, a missing
+//! middle root, a cycle, a base that is itself — is a miss with the right
+//! reason and never wrong bytes or a hang; that `restore_into` leaves no
+//! unverified byte behind on a miss; that a warm restore of the next turn
+//! reads only its own delta, concurrent restores of one conversation share
+//! work, and a v2.1 root's chain is fetched in one round of concurrent
+//! reads; and that the chain policy rebases long or wasteful chains.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::instrumented::{Counters, Instrumented};
+use common::*;
+use deltapack::format::root::{self, DecodedRoot};
+use deltapack::format::{
+    BaseRef, CacheIdentity, ContextDigest, GroupKind, LayerSpec, PageGroup, PageLayout, Snapshot,
+    SnapshotHeader, SCHEMA_V2_1,
+};
+use deltapack::store::{
+    keys, Backend, BackendKind, ChainPolicy, MissReason, RestoreIntoOutcome, RestoreOutcome,
+    RootFormat, Store, StoreConfig,
+};
+use object_store::{ObjectStoreExt, PutPayload};
+use proptest::prelude::*;
+
+/// Every test bounds its restores: a cycle must never hang the suite.
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn unbounded(extent: u64) -> StoreConfig {
+    StoreConfig {
+        max_extent_bytes: extent,
+        chain: ChainPolicy::unbounded(),
+        ..Default::default()
+    }
+}
+
+fn fill(seed: u64, out: &mut [u8]) {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for b in out.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+}
+
+/// A layout with `full` full groups and `recurrent` recurrent ones, pages
+/// of `tpp` tokens (so 256-token boundaries often fall inside pages).
+fn layout(full: usize, recurrent: usize, tpp: u32, bpp: u64) -> PageLayout {
+    let group = |kind, i: usize| PageGroup {
+        kind,
+        tokens_per_page: tpp,
+        layers: (0..2)
+            .map(|l| LayerSpec {
+                name: format!("l{i}.{l}"),
+                dtype: "u8".into(),
+                bytes_per_page: bpp + (i + l) as u64,
+            })
+            .collect(),
+    };
+    PageLayout {
+        groups: (0..full)
+            .map(|i| group(GroupKind::Full, i))
+            .chain((0..recurrent).map(|i| group(GroupKind::Recurrent, full + i)))
+            .collect(),
+    }
+}
+
+/// The next turn: every page of `prev` kept except the edited ones (an
+/// edit index hits one page of every full group), new pages random.
+fn next_turn(
+    prev: Option<&Snapshot>,
+    l: &PageLayout,
+    boundary: u64,
+    seed: u64,
+    edits: &[u64],
+) -> Arc<Snapshot> {
+    let header = SnapshotHeader::new(l.clone(), boundary);
+    let plen = l.payload_len(&header.block_counts).expect("len") as usize;
+    let mut payload = vec![0u8; plen];
+    fill(seed, &mut payload);
+    if let Some(prev) = prev {
+        let offs = l.layer_offsets(&header.block_counts).expect("offsets");
+        for (gi, g) in l.groups.iter().enumerate() {
+            if g.kind == GroupKind::Recurrent {
+                continue;
+            }
+            let keep = prev.block_counts()[gi].min(header.block_counts[gi]);
+            for (li, layer) in g.layers.iter().enumerate() {
+                let bpp = layer.bytes_per_page as usize;
+                let from = prev.layer_range(gi, li).expect("range");
+                let d = offs[gi][li] as usize;
+                let n = keep as usize * bpp;
+                payload[d..d + n].copy_from_slice(&prev.payload()[from.start..from.start + n]);
+                for e in edits {
+                    if keep > 0 {
+                        let p = (e % keep) as usize;
+                        payload[d + p * bpp] ^= 0x5a;
+                    }
+                }
+            }
+        }
+    }
+    Arc::new(Snapshot::from_parts(header, &payload).expect("snapshot"))
+}
+
+/// A conversation: its turns (context, snapshot), oldest first.
+struct Conversation {
+    id: CacheIdentity,
+    turns: Vec<(ContextDigest, Arc<Snapshot>)>,
+}
+
+impl Conversation {
+    fn new(salt: &str, l: &PageLayout, chunks: &[u64], seed: u64, edits: &[Vec<u64>]) -> Self {
+        let id = identity(salt);
+        let mut turns: Vec<(ContextDigest, Arc<Snapshot>)> = Vec::new();
+        let mut boundary = 0;
+        for (i, c) in chunks.iter().enumerate() {
+            boundary += c * 256;
+            let prev = turns.last().map(|(_, s)| s.as_ref());
+            let none = Vec::new();
+            let e = edits.get(i).unwrap_or(&none);
+            let snap = next_turn(prev, l, boundary, seed ^ (i as u64 * 7919), e);
+            turns.push((ctx(&id, seed, boundary as usize), snap));
+        }
+        Conversation { id, turns }
+    }
+
+    /// Turn 1 flat, every later turn a delta on the one before.
+    async fn publish(
+        &self,
+        s: &Store,
+        format: RootFormat,
+    ) -> Vec<deltapack::store::PublishReceipt> {
+        let mut out = Vec::new();
+        for (i, (c, snap)) in self.turns.iter().enumerate() {
+            out.push(match i {
+                0 => publish_base(s, &self.id, *c, snap.clone(), format).await,
+                _ => {
+                    let (bc, b) = &self.turns[i - 1];
+                    publish_delta(s, &self.id, *c, snap.clone(), *bc, b.clone(), format).await
+                }
+            });
+        }
+        out
+    }
+}
+
+async fn restore(s: &Store, id: &CacheIdentity, c: ContextDigest) -> RestoreOutcome {
+    tokio::time::timeout(LIMIT, s.restore(id, c))
+        .await
+        .expect("restore finished")
+        .expect("restore")
+}
+
+async fn restore_into(
+    s: &Store,
+    id: &CacheIdentity,
+    c: ContextDigest,
+    buf: &mut [u8],
+) -> RestoreIntoOutcome {
+    tokio::time::timeout(LIMIT, s.restore_into(id, c, buf, Default::default()))
+        .await
+        .expect("restore_into finished")
+        .expect("restore_into")
+}
+
+fn hit_bytes(o: RestoreOutcome) -> Vec<u8> {
+    match o {
+        RestoreOutcome::Hit(r) => r.snapshot.encoded().to_vec(),
+        RestoreOutcome::Miss(m) => panic!("expected a hit, got {m}"),
+    }
+}
+
+/// A second handle on the same backend: no base cache, no single flight.
+fn fresh(s: &Store, config: StoreConfig) -> Store {
+    Store::from_backend(
+        Backend {
+            store: s.object_store().clone(),
+            kind: s.backend_kind().clone(),
+        },
+        config,
+    )
+    .expect("store")
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Random chains restore bit-exactly through the composed path, with a
+    /// new buffer and into the caller's, for the newest turn and a middle
+    /// one, on memory and local disk.
+    #[test]
+    fn random_chains_restore_bit_exactly(
+        full in 1usize..3,
+        recurrent in 0usize..2,
+        tpp in prop::sample::select(vec![64u32, 128, 512]),
+        bpp in 8u64..48,
+        chunks in prop::collection::vec(1u64..5, 2..7),
+        edits in prop::collection::vec(prop::collection::vec(any::<u64>(), 0..3), 0..7),
+        extent in prop::sample::select(vec![1024u64, 2048, 4096]),
+        seed in any::<u64>(),
+        local_disk in any::<bool>(),
+    ) {
+        let l = layout(full, recurrent, tpp, bpp);
+        let conv = Conversation::new("prop-chain", &l, &chunks, seed, &edits);
+        rt().block_on(async {
+            let t = if local_disk { local(unbounded(extent)) } else { memory(unbounded(extent)) };
+            conv.publish(&t.store, RootFormat::V2).await;
+            let last = conv.turns.len() - 1;
+            for k in [last, last / 2] {
+                let (c, want) = &conv.turns[k];
+                let s = fresh(&t.store, unbounded(extent));
+                prop_assert_eq!(&hit_bytes(restore(&s, &conv.id, *c).await), want.encoded());
+                let mut buf = vec![0xAAu8; want.encoded().len()];
+                let s = fresh(&t.store, unbounded(extent));
+                match restore_into(&s, &conv.id, *c, &mut buf).await {
+                    RestoreIntoOutcome::Hit { .. } => prop_assert_eq!(&buf[..], want.encoded()),
+                    RestoreIntoOutcome::Miss { reason } => prop_assert!(false, "miss {}", reason),
+                }
+            }
+            Ok(())
+        })?;
+    }
+}
+
+/// Five turns on local disk; returns the store, the conversation and the
+/// store's directory.
+async fn five_turns(salt: &str) -> (TestStore, Conversation) {
+    let l = layout(2, 1, 128, 40);
+    let conv = Conversation::new(
+        salt,
+        &l,
+        &[2, 2, 1, 3, 2],
+        17,
+        &[vec![], vec![3], vec![], vec![1, 8]],
+    );
+    let t = local(unbounded(1024));
+    conv.publish(&t.store, RootFormat::V2).await;
+    (t, conv)
+}
+
+fn dir(t: &TestStore) -> &std::path::Path {
+    t._dir.as_ref().expect("local store").path()
+}
+
+fn manifest(t: &TestStore, id: &CacheIdentity, c: ContextDigest) -> deltapack::format::ManifestV2 {
+    let bytes =
+        std::fs::read(dir(t).join(keys::root_key(&id.namespace(), &c).as_ref())).expect("root");
+    match root::decode(&bytes, None).expect("decode") {
+        DecodedRoot::V2(m) => m,
+        other => panic!("not v2: {other:?}"),
+    }
+}
+
+fn put_manifest(
+    t: &TestStore,
+    id: &CacheIdentity,
+    c: ContextDigest,
+    m: &deltapack::format::ManifestV2,
+) {
+    let path = dir(t).join(keys::root_key(&id.namespace(), &c).as_ref());
+    std::fs::write(path, root::encode_v2(m, None).expect("encode")).expect("write root");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damage_to_any_extent_is_a_miss_never_wrong_bytes() {
+    let (t, conv) = five_turns("chain-damage").await;
+    let (top, want) = conv.turns.last().cloned().expect("turns");
+    let mut cases = 0;
+    for (k, (c, _)) in conv.turns.iter().enumerate() {
+        let m = manifest(&t, &conv.id, *c);
+        for e in &m.extents {
+            let key = keys::object_key(&e.object_digest());
+            let path = dir(&t).join(key.as_ref());
+            let good = std::fs::read(&path).expect("extent");
+            let mut bad = good.clone();
+            let mid = bad.len() / 2;
+            bad[mid] ^= 0x01;
+            std::fs::write(&path, &bad).expect("damage");
+            let s = fresh(&t.store, unbounded(1024));
+            let mut buf = vec![0xAAu8; want.encoded().len()];
+            match restore_into(&s, &conv.id, top, &mut buf).await {
+                RestoreIntoOutcome::Hit { .. } => {
+                    // Possible only if later turns replaced every byte of
+                    // this extent and it holds no header: then it was not read.
+                    assert_eq!(
+                        &buf[..],
+                        want.encoded(),
+                        "turn {k}: a hit has the right bytes"
+                    );
+                    assert!(path.exists(), "an unread extent is not quarantined");
+                }
+                RestoreIntoOutcome::Miss { reason } => {
+                    let expect = if k + 1 == conv.turns.len() {
+                        "corrupt"
+                    } else {
+                        "base-missing"
+                    };
+                    assert_eq!(reason.label(), expect, "turn {k}: {reason}");
+                    assert!(
+                        buf.iter().all(|b| *b == 0),
+                        "turn {k}: no unverified byte stays in the buffer"
+                    );
+                    // Corruption at rest is seen twice: proven, quarantined.
+                    assert!(
+                        !path.exists(),
+                        "turn {k}: the damaged extent is quarantined"
+                    );
+                    assert_eq!(s.stats().quarantined, 1);
+                    cases += 1;
+                }
+            }
+            // Put it back for the next case (and check the restore).
+            std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+            std::fs::write(&path, &good).expect("repair");
+            let s = fresh(&t.store, unbounded(1024));
+            assert_eq!(hit_bytes(restore(&s, &conv.id, top).await), want.encoded());
+        }
+    }
+    assert!(
+        cases >= conv.turns.len(),
+        "every turn had a damage that mattered"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_links_are_misses() {
+    let (t, conv) = five_turns("chain-links").await;
+    let (top, _) = conv.turns[4];
+    let cfg = || unbounded(1024);
+
+    // A missing middle root: base-missing, from both entry points.
+    let mid = keys::root_key(&conv.id.namespace(), &conv.turns[2].0);
+    let saved = std::fs::read(dir(&t).join(mid.as_ref())).expect("root");
+    std::fs::remove_file(dir(&t).join(mid.as_ref())).expect("rm");
+    match restore(&fresh(&t.store, cfg()), &conv.id, top).await {
+        RestoreOutcome::Miss(MissReason::BaseMissing { detail }) => {
+            assert!(detail.contains("absent"), "{detail}")
+        }
+        other => panic!("expected base-missing, got {other:?}"),
+    }
+    let mut buf = vec![0xAA; conv.turns[4].1.encoded().len()];
+    match restore_into(&fresh(&t.store, cfg()), &conv.id, top, &mut buf).await {
+        RestoreIntoOutcome::Miss { reason } => assert_eq!(reason.label(), "base-missing"),
+        other => panic!("expected a miss, got {other:?}"),
+    }
+    std::fs::write(dir(&t).join(mid.as_ref()), &saved).expect("restore root");
+
+    // A link naming the wrong base digest: base-missing.
+    let mut m = manifest(&t, &conv.id, conv.turns[3].0);
+    let real = m.clone();
+    if let Some(b) = m.base.as_mut() {
+        b.snapshot_digest = conv.turns[0].1.digest();
+    }
+    put_manifest(&t, &conv.id, conv.turns[3].0, &m);
+    match restore(&fresh(&t.store, cfg()), &conv.id, top).await {
+        RestoreOutcome::Miss(MissReason::BaseMissing { .. }) => {}
+        other => panic!("expected base-missing, got {other:?}"),
+    }
+    put_manifest(&t, &conv.id, conv.turns[3].0, &real);
+    assert_eq!(
+        hit_bytes(restore(&fresh(&t.store, cfg()), &conv.id, top).await),
+        conv.turns[4].1.encoded()
+    );
+
+    // A damaged middle root: base-missing (and the root is quarantined).
+    let path = dir(&t).join(keys::root_key(&conv.id.namespace(), &conv.turns[1].0).as_ref());
+    let good = std::fs::read(&path).expect("root");
+    let mut bad = good.clone();
+    let n = bad.len();
+    bad[n - 3] ^= 0xff;
+    std::fs::write(&path, &bad).expect("damage");
+    match restore(&fresh(&t.store, cfg()), &conv.id, top).await {
+        RestoreOutcome::Miss(MissReason::BaseMissing { .. }) => {}
+        other => panic!("expected base-missing, got {other:?}"),
+    }
+}
+
+/// Rewrites the root of `c` so that its base names `target` (with a
+/// boundary below its own, as every valid root must).
+fn relink(
+    t: &TestStore,
+    conv: &Conversation,
+    c: ContextDigest,
+    target: ContextDigest,
+    boundary: u64,
+) {
+    let mut m = manifest(t, &conv.id, c);
+    m.base = Some(BaseRef {
+        namespace: conv.id.namespace(),
+        context: target,
+        snapshot_digest: conv.turns[0].1.digest(),
+        boundary,
+    });
+    m.chain = None;
+    m.schema = deltapack::format::SCHEMA_V2.into();
+    put_manifest(t, &conv.id, c, &m);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cycles_and_self_bases_are_corrupt_misses_not_hangs() {
+    // A root whose base is itself.
+    let (t, conv) = five_turns("chain-self").await;
+    let (c3, s3) = conv.turns[3].clone();
+    relink(&t, &conv, c3, c3, 256);
+    for _ in 0..2 {
+        match restore(&fresh(&t.store, unbounded(1024)), &conv.id, c3).await {
+            RestoreOutcome::Miss(MissReason::Corrupt { what }) => {
+                assert!(what.contains("loops"), "{what}")
+            }
+            other => panic!("expected corrupt, got {other:?}"),
+        }
+        let mut buf = vec![0u8; s3.encoded().len()];
+        match restore_into(&fresh(&t.store, unbounded(1024)), &conv.id, c3, &mut buf).await {
+            RestoreIntoOutcome::Miss { reason } => assert_eq!(reason.label(), "corrupt"),
+            other => panic!("expected a miss, got {other:?}"),
+        }
+    }
+    // A two-root cycle: turn 2's base rewritten to point at turn 3, whose
+    // base is turn 2; restores of both, concurrently, on one handle.
+    let (t, conv) = five_turns("chain-cycle").await;
+    let (c2, c3) = (conv.turns[2].0, conv.turns[3].0);
+    relink(&t, &conv, c2, c3, 256);
+    let s = fresh(&t.store, unbounded(1024));
+    let (a, b) = tokio::join!(restore(&s, &conv.id, c3), restore(&s, &conv.id, c2));
+    for o in [a, b] {
+        assert!(matches!(o, RestoreOutcome::Miss(_)), "{o:?}");
+    }
+    // And the top of the conversation over it.
+    let o = restore(&fresh(&t.store, unbounded(1024)), &conv.id, conv.turns[4].0).await;
+    assert!(matches!(o, RestoreOutcome::Miss(_)), "{o:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_v1_self_base_is_a_miss_not_a_hang() {
+    let l = layout(1, 1, 128, 24);
+    let conv = Conversation::new("chain-v1-self", &l, &[1, 2, 1], 5, &[]);
+    let t = local(unbounded(1024));
+    conv.publish(&t.store, RootFormat::V1).await;
+    let (c, _) = conv.turns[2];
+    let path = dir(&t).join(keys::root_key(&conv.id.namespace(), &c).as_ref());
+    let mut m = match root::decode(&std::fs::read(&path).expect("root"), None).expect("decode") {
+        DecodedRoot::V1(m) => m,
+        other => panic!("not v1: {other:?}"),
+    };
+    if let Some(b) = m.base.as_mut() {
+        b.context = c;
+    }
+    std::fs::write(&path, root::encode_v1(&m, None).expect("encode")).expect("write");
+    let s = fresh(&t.store, unbounded(1024));
+    match restore(&s, &conv.id, c).await {
+        RestoreOutcome::Miss(m) => assert!(matches!(m.label(), "corrupt" | "base-missing"), "{m}"),
+        other => panic!("expected a miss, got {other:?}"),
+    }
+}
+
+fn instrumented(delay: Duration, config: StoreConfig) -> (Store, Arc<Counters>) {
+    let counters = Arc::new(Counters::default());
+    let store = Arc::new(Instrumented {
+        inner: raw_backend("memory://").store,
+        counters: counters.clone(),
+        get_delay: delay,
+    });
+    (
+        wrapped(
+            Backend {
+                store,
+                kind: BackendKind::Memory,
+            },
+            config,
+        ),
+        counters,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_next_turn_reads_only_its_delta() {
+    let l = layout(2, 1, 128, 40);
+    let conv = Conversation::new("chain-warm", &l, &[2, 1, 2, 1, 2, 3], 9, &[]);
+    let (s, counters) = instrumented(Duration::ZERO, unbounded(1024));
+    let receipts = conv.publish(&s, RootFormat::V2).await;
+    let reader = fresh(&s, unbounded(1024));
+    // Cold: turn 5 reads its chain (each needed extent once, plus one header
+    // probe per delta).
+    assert_eq!(
+        hit_bytes(restore(&reader, &conv.id, conv.turns[4].0).await),
+        conv.turns[4].1.encoded()
+    );
+    // Warm: turn 6 right after turn 5 reads only its own objects and one
+    // header probe.
+    let before = counters.gets_of_objects();
+    assert_eq!(
+        hit_bytes(restore(&reader, &conv.id, conv.turns[5].0).await),
+        conv.turns[5].1.encoded()
+    );
+    let r = &receipts[5];
+    assert_eq!(
+        counters.gets_of_objects() - before,
+        (r.objects_written + r.objects_reused) as usize + 1
+    );
+    assert!(reader.stats().base_cache_hits >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_is_fetched_in_one_round_of_root_reads() {
+    let l = layout(1, 1, 128, 24);
+    let conv = Conversation::new("chain-hints", &l, &[1; 12], 3, &[]);
+    let (s, counters) = instrumented(Duration::from_millis(20), unbounded(1024));
+    let receipts = conv.publish(&s, RootFormat::V2).await;
+    assert_eq!(receipts[0].chain_depth, 0);
+    for (i, r) in receipts.iter().enumerate().skip(1) {
+        assert_eq!(r.chain_depth as usize, i, "turn {i}'s depth");
+        assert_eq!(r.schema, SCHEMA_V2_1);
+    }
+    let top = conv.turns[11].0;
+    let m = match s.read_root(&conv.id.namespace(), &top).await.expect("root") {
+        deltapack::store::RootStatus::Found(d) => match *d {
+            DecodedRoot::V2(m) => m,
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        m.chain_hints().len(),
+        10,
+        "every root below the base is listed"
+    );
+    let reader = fresh(&s, unbounded(1024));
+    // (A new handle on a remote store builds its ledger on first use, from
+    // every root: done here so that only the restore's reads are counted.)
+    reader.ledger_totals().await.expect("ledger");
+    let roots_before = counters.gets_of_roots();
+    assert_eq!(
+        hit_bytes(restore(&reader, &conv.id, top).await),
+        conv.turns[11].1.encoded()
+    );
+    // The ten roots below the base were read concurrently, not one per turn.
+    assert!(
+        counters.max_root_gets() >= 10,
+        "max root reads in flight: {}",
+        counters.max_root_gets()
+    );
+    assert_eq!(
+        counters.gets_of_roots() - roots_before,
+        12,
+        "each root read once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_restores_of_one_conversation_share_work() {
+    let l = layout(2, 0, 128, 40);
+    let conv = Conversation::new("chain-share", &l, &[2, 2, 2, 2, 2, 2, 2], 4, &[]);
+    let (s, _counters) = instrumented(Duration::from_millis(20), unbounded(1024));
+    conv.publish(&s, RootFormat::V2).await;
+    let reader = fresh(&s, unbounded(1024));
+    let (c6, c7) = (conv.turns[5].0, conv.turns[6].0);
+    let r6 = {
+        let (r, id) = (reader.clone(), conv.id.clone());
+        tokio::spawn(async move { r.restore(&id, c6).await })
+    };
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let b7 = hit_bytes(restore(&reader, &conv.id, c7).await);
+    let b6 = hit_bytes(r6.await.expect("join").expect("restore"));
+    assert_eq!(b6, conv.turns[5].1.encoded());
+    assert_eq!(b7, conv.turns[6].1.encoded());
+    assert!(
+        reader.stats().restores_shared >= 1,
+        "turn 7 built on turn 6's restore"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deep_chains_restore_and_the_depth_limit_holds() {
+    let l = layout(1, 1, 256, 16);
+    let conv = Conversation::new("chain-deep", &l, &[1; 40], 12, &[]);
+    let t = memory(unbounded(1024));
+    conv.publish(&t.store, RootFormat::V2).await;
+    let (top, want) = conv.turns[39].clone();
+    assert_eq!(
+        hit_bytes(restore(&fresh(&t.store, unbounded(1024)), &conv.id, top).await),
+        want.encoded()
+    );
+    let shallow = StoreConfig {
+        max_base_depth: 10,
+        ..unbounded(1024)
+    };
+    match restore(&fresh(&t.store, shallow), &conv.id, top).await {
+        RestoreOutcome::Miss(MissReason::Corrupt { what }) => {
+            assert!(what.contains("deeper"), "{what}")
+        }
+        other => panic!("expected corrupt, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chain_policy_rebases() {
+    let l = layout(2, 1, 128, 32);
+    let conv = Conversation::new("chain-policy", &l, &[2; 9], 21, &[]);
+    // At most 3 deltas above a flat root.
+    let t = memory(StoreConfig {
+        max_extent_bytes: 1024,
+        chain: ChainPolicy {
+            max_depth: Some(3),
+            max_read_overhead: None,
+        },
+        ..Default::default()
+    });
+    let receipts = conv.publish(&t.store, RootFormat::V2).await;
+    let depths: Vec<u32> = receipts.iter().map(|r| r.chain_depth).collect();
+    let rebased: Vec<bool> = receipts.iter().map(|r| r.rebased).collect();
+    assert_eq!(depths, vec![0, 1, 2, 3, 0, 1, 2, 3, 0]);
+    assert_eq!(
+        rebased,
+        vec![false, false, false, false, true, false, false, false, true]
+    );
+    for (c, snap) in &conv.turns {
+        assert_eq!(
+            hit_bytes(restore(&fresh(&t.store, unbounded(1024)), &conv.id, *c).await),
+            snap.encoded()
+        );
+    }
+    // A read-overhead bound of zero: every chain reads more than its result
+    // (the flat root alone is the base), so every turn is flat.
+    let t = memory(StoreConfig {
+        max_extent_bytes: 1024,
+        chain: ChainPolicy {
+            max_depth: None,
+            max_read_overhead: Some(0.0),
+        },
+        ..Default::default()
+    });
+    let receipts = conv.publish(&t.store, RootFormat::V2).await;
+    assert!(receipts
+        .iter()
+        .skip(1)
+        .all(|r| r.rebased && r.chain_depth == 0));
+    // A chain that cannot be followed below the base (a middle root gone)
+    // is not grown: the next turn is published flat.
+    let t = memory(unbounded(1024));
+    let receipts = conv.publish(&t.store, RootFormat::V2).await;
+    assert!(receipts.iter().all(|r| !r.rebased));
+    let more = Conversation::new("chain-policy", &l, &[2; 10], 21, &[]);
+    let mid = keys::root_key(&conv.id.namespace(), &conv.turns[4].0);
+    // Drop the hints' shortcut too: the root below the base is read link by link.
+    let base_root = keys::root_key(&conv.id.namespace(), &conv.turns[8].0);
+    let bytes = t
+        .store
+        .object_store()
+        .get(&base_root)
+        .await
+        .expect("get")
+        .bytes()
+        .await
+        .expect("bytes");
+    let mut m = match root::decode(&bytes, None).expect("decode") {
+        DecodedRoot::V2(m) => m,
+        other => panic!("{other:?}"),
+    };
+    m.chain = None;
+    m.schema = deltapack::format::SCHEMA_V2.into();
+    t.store
+        .object_store()
+        .put(
+            &base_root,
+            PutPayload::from(root::encode_v2(&m, None).expect("encode")),
+        )
+        .await
+        .expect("put");
+    t.store.object_store().delete(&mid).await.expect("delete");
+    let (c10, s10) = more.turns[9].clone();
+    let r = publish_delta(
+        &t.store,
+        &conv.id,
+        c10,
+        s10.clone(),
+        conv.turns[8].0,
+        conv.turns[8].1.clone(),
+        RootFormat::V2,
+    )
+    .await;
+    assert!(r.rebased && r.chain_depth == 0, "{r:?}");
+    assert_eq!(
+        hit_bytes(restore(&fresh(&t.store, unbounded(1024)), &conv.id, c10).await),
+        s10.encoded()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deltas_over_a_legacy_base_compose() {
+    // A v1 flat root, then v2 deltas: the v1 base is restored the old way
+    // and the v2 deltas composed over it.
+    let l = layout(2, 1, 128, 24);
+    let conv = Conversation::new("chain-mixed", &l, &[2, 1, 2, 2], 8, &[]);
+    let t = local(unbounded(1024));
+    let (c0, s0) = conv.turns[0].clone();
+    publish_base(&t.store, &conv.id, c0, s0, RootFormat::V1).await;
+    for i in 1..conv.turns.len() {
+        let (c, s) = conv.turns[i].clone();
+        let (bc, b) = conv.turns[i - 1].clone();
+        publish_delta(&t.store, &conv.id, c, s, bc, b, RootFormat::V2).await;
+    }
+    for (c, snap) in &conv.turns {
+        assert_eq!(
+            hit_bytes(restore(&fresh(&t.store, unbounded(1024)), &conv.id, *c).await),
+            snap.encoded()
+        );
+    }
+}

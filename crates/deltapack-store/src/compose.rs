@@ -51,7 +51,7 @@ const MEMORY_ITEM: u64 = 8 << 20;
 /// The bottom of a chain: where the bytes no delta replaced come from.
 pub(crate) enum Bottom {
     /// A flat v2 root: its extents are read like a delta's.
-    Flat(ManifestV2),
+    Flat(Box<ManifestV2>),
     /// A snapshot verified earlier (the base cache, a concurrent restore of
     /// the same base, a legacy v1 base restored the old way), with its
     /// digest.
@@ -284,11 +284,11 @@ fn pool<T: Send>(threads: usize, n: usize, f: impl Fn(usize) -> T + Sync) -> Vec
 /// length) or a buffer allocated here. One pass reads each needed extent
 /// once and makes no second attempt: the caller decides whether a failure
 /// is worth a second pass (see `Store`'s restore).
-pub(crate) fn restore_chain<'a>(
+pub(crate) fn restore_chain(
     source: &Source,
     bottom: &Bottom,
     deltas: &[ManifestV2],
-    into: Option<&'a mut [u8]>,
+    into: Option<&mut [u8]>,
     threads: usize,
     deadline: Option<Instant>,
 ) -> Result<Output, Damage> {

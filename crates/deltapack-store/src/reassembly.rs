@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::{Buf, Bytes};
-use deltapack_format::delta::{self, CopyOp, PageDelta};
+use deltapack_format::delta;
 use deltapack_format::root::ExtentEntry;
 use deltapack_format::{Digest, ExtentCodec, ExtentPlan, ManifestV2, Snapshot};
 use futures::StreamExt;
@@ -85,23 +85,6 @@ impl Source {
             Source::Remote { .. } => in_flight,
         }
     }
-
-    /// Attempts per extent before it is blamed: a remote read may be damaged
-    /// in transit, a local one is what is at rest.
-    fn attempts(&self) -> usize {
-        match self {
-            Source::Local(_) => 1,
-            Source::Remote { .. } => 2,
-        }
-    }
-}
-
-/// One contiguous copy from payload offset `src` to result offset `dst`.
-#[derive(Debug, Clone, Copy)]
-struct Span {
-    src: u64,
-    dst: u64,
-    len: u64,
 }
 
 /// The result buffer: allocated here, or the caller's.
@@ -136,20 +119,6 @@ pub(crate) enum Output {
     Snapshot(Snapshot),
     /// The caller's buffer holds the verified snapshot encoding.
     Written,
-}
-
-/// The result buffer and the map from payload bytes to result positions.
-struct Reassembly<'a> {
-    result: Dest<'a>,
-    spans: Vec<Span>,
-    /// For a delta: the header bytes the plan was made from (must equal the
-    /// verified payload prefix), and the digest the result must have.
-    delta: Option<(Vec<u8>, Digest)>,
-    /// For a delta: the result cut into blocks (≤ [`RESULT_BLOCK`]), hashed as
-    /// BLAKE3 subtrees (the extent-tree arithmetic) so that workers can hash
-    /// each block right after writing it, while it is in cache, instead of
-    /// a second pass over the whole result.
-    result_plan: Option<ExtentPlan>,
 }
 
 /// What went wrong with one object.
@@ -246,261 +215,15 @@ pub(crate) fn zeroed_buffer(len: usize) -> Result<Vec<u8>, String> {
     }
 }
 
-impl<'a> Reassembly<'a> {
-    /// A snapshot root: the payload *is* the result.
-    fn flat(m: &ManifestV2, into: Option<&'a mut [u8]>) -> Result<Self, String> {
-        let len = usize::try_from(m.payload_len).map_err(|_| "payload too large".to_string())?;
-        Ok(Reassembly {
-            result: Dest::take(len, into)?,
-            spans: vec![Span {
-                src: 0,
-                dst: 0,
-                len: m.payload_len,
-            }],
-            delta: None,
-            result_plan: None,
-        })
-    }
-
-    /// A delta root: plan from the (not yet verified) header bytes, checked
-    /// against the root before the result is allocated or written.
-    fn delta(
-        m: &ManifestV2,
-        base: &Snapshot,
-        base_digest: &Digest,
-        header_bytes: &[u8],
-        into: Option<&'a mut [u8]>,
-    ) -> Result<Self, String> {
-        let (h, tails) = delta::decode_header(header_bytes).map_err(|e| e.to_string())?;
-        if h.result_digest != m.result_snapshot_digest {
-            return Err(format!(
-                "delta names result {}, the root {}",
-                h.result_digest, m.result_snapshot_digest
-            ));
-        }
-        if h.base_digest != *base_digest {
-            return Err(format!(
-                "delta's base {} is not the restored base",
-                h.base_digest
-            ));
-        }
-        let plan = PageDelta::plan(h, tails, base.header()).map_err(|e| e.to_string())?;
-        if plan.delta_len != m.payload_len || plan.result_len != m.result_snapshot_len {
-            return Err(format!(
-                "delta header implies {} payload / {} result bytes, the root says {} / {}",
-                plan.delta_len, plan.result_len, m.payload_len, m.result_snapshot_len
-            ));
-        }
-        let len = usize::try_from(plan.result_len).map_err(|_| "result too large".to_string())?;
-        let mut result = Dest::take(len, into)?;
-        plan.write_base_spans(base.payload(), result.bytes())
-            .map_err(|e| e.to_string())?;
-        let spans = plan
-            .ops
-            .iter()
-            .filter_map(|op| match *op {
-                CopyOp::Delta { src, dst, len } => Some(Span { src, dst, len }),
-                CopyOp::Base { .. } => None,
-            })
-            .collect();
-        let result_plan = Some(
-            ExtentPlan::new(
-                plan.result_len,
-                (m.max_extent_bytes / 4)
-                    .clamp(deltapack_format::extent::MIN_EXTENT_BYTES, RESULT_BLOCK),
-            )
-            .map_err(|e| e.to_string())?,
-        );
-        Ok(Reassembly {
-            result,
-            spans,
-            delta: Some((header_bytes[..tails].to_vec(), plan.header.result_digest)),
-            result_plan,
-        })
-    }
-
-    /// Result-buffer regions owned by each payload range (extents), in order.
-    /// Ranges must be sorted and disjoint; spans map monotonically, so the
-    /// regions are disjoint too.
-    fn regions(&mut self, ranges: &[(u64, u64)]) -> Vec<Region<'_>> {
-        let mut out = Vec::with_capacity(ranges.len());
-        let spans = &self.spans;
-        let result_plan = self.result_plan;
-        let mut rest: &mut [u8] = self.result.bytes();
-        let mut consumed = 0u64;
-        for &(a, b) in ranges {
-            let pieces: Vec<Span> = spans
-                .iter()
-                .filter_map(|s| {
-                    let lo = s.src.max(a);
-                    let hi = (s.src + s.len).min(b);
-                    (lo < hi).then(|| Span {
-                        src: lo,
-                        dst: s.dst + (lo - s.src),
-                        len: hi - lo,
-                    })
-                })
-                .collect();
-            let (start, end) = match (pieces.first(), pieces.last()) {
-                (Some(f), Some(l)) => (f.dst, l.dst + l.len),
-                _ => (consumed, consumed),
-            };
-            let taken = std::mem::take(&mut rest);
-            let (_, tail) = taken.split_at_mut((start - consumed) as usize);
-            let (mine, tail) = tail.split_at_mut((end - start) as usize);
-            rest = tail;
-            consumed = end;
-            out.push(Region {
-                buf: mine,
-                dst_start: start,
-                src_start: a,
-                pieces,
-                hash: result_plan.map(|plan| RegionHash {
-                    plan,
-                    next: start / plan.max_extent_bytes(),
-                    done: Vec::new(),
-                }),
-            });
-        }
-        out
-    }
-
-    /// Final checks; hands the result over only if everything verified.
-    /// `hashed` are result blocks the workers hashed in the loop; the others
-    /// (blocks that straddle two extents' regions, or hold only base pages)
-    /// are hashed here.
-    fn finish(mut self, hashed: Vec<(u64, Digest)>) -> Result<Output, String> {
-        if let (Some((_, want)), Some(plan)) = (&self.delta, self.result_plan) {
-            let mut cvs: Vec<Option<Digest>> = vec![None; plan.count() as usize];
-            for (b, d) in hashed {
-                if let Some(slot) = cvs.get_mut(b as usize) {
-                    *slot = Some(d);
-                }
-            }
-            let bytes = self.result.bytes();
-            let mut names = Vec::with_capacity(cvs.len());
-            for (b, cv) in cvs.into_iter().enumerate() {
-                let d = match cv {
-                    Some(d) => d,
-                    None => {
-                        let r = plan.range(b as u64);
-                        let mut h = plan.hasher(b as u64);
-                        h.update(&bytes[r.start as usize..r.end as usize]);
-                        h.finish().map_err(|e| e.to_string())?
-                    }
-                };
-                names.push(d);
-            }
-            let found = plan.merge(&names).map_err(|e| e.to_string())?;
-            if found != *want {
-                return Err(format!("reconstructed result {found} != {want}"));
-            }
-        }
-        match self.result {
-            Dest::Owned(v) => Snapshot::from_encoded(v)
-                .map(Output::Snapshot)
-                .map_err(|e| e.to_string()),
-            // The bytes hash to the published snapshot digest (a flat root's
-            // payload digest is its snapshot digest; a delta's result was
-            // checked above), so they are the snapshot the publisher
-            // validated.
-            Dest::Borrowed(_) => Ok(Output::Written),
-        }
-    }
-}
-
-/// The part of the result buffer one extent writes.
+/// The part of the result one extent of a flat root writes: the payload
+/// is the snapshot, so extent bytes land at their own offsets.
 struct Region<'a> {
     buf: &'a mut [u8],
-    dst_start: u64,
-    src_start: u64,
-    pieces: Vec<Span>,
-    /// In-loop result hashing (deltas only).
-    hash: Option<RegionHash>,
+    start: u64,
 }
 
-/// Result blocks hashed so far inside one region.
-struct RegionHash {
-    plan: ExtentPlan,
-    /// Next block to consider.
-    next: u64,
-    /// (block, chaining value) of blocks hashed.
-    done: Vec<(u64, Digest)>,
-}
-
-impl Region<'_> {
-    /// Forgets blocks hashed by an earlier attempt at this extent.
-    fn restart(&mut self) {
-        let start = self.dst_start;
-        if let Some(h) = self.hash.as_mut() {
-            h.next = start / h.plan.max_extent_bytes();
-            h.done.clear();
-        }
-    }
-
-    /// The result offset below which this region's bytes are final once
-    /// the payload up to `payload_end` is placed (bytes between two of its
-    /// pieces are base pages, written before the workers start).
-    fn frontier(&self, payload_end: u64) -> u64 {
-        for p in &self.pieces {
-            if payload_end < p.src + p.len {
-                return if payload_end <= p.src {
-                    p.dst
-                } else {
-                    p.dst + (payload_end - p.src)
-                };
-            }
-        }
-        self.dst_start + self.buf.len() as u64
-    }
-
-    /// Hashes the result blocks that lie wholly in this region and are
-    /// final (they were just written: still in cache).
-    fn hash_ready(&mut self, payload_end: u64) {
-        if self.hash.is_none() {
-            return;
-        }
-        let frontier = self.frontier(payload_end);
-        let (start, end) = (self.dst_start, self.dst_start + self.buf.len() as u64);
-        let Some(h) = self.hash.as_mut() else { return };
-        while h.next < h.plan.count() {
-            let r = h.plan.range(h.next);
-            if r.start < start {
-                // Straddles the region's start: hashed at the end.
-                h.next += 1;
-                continue;
-            }
-            if r.end > end || r.end > frontier {
-                break;
-            }
-            let mut hh = h.plan.hasher(h.next);
-            hh.update(&self.buf[(r.start - start) as usize..(r.end - start) as usize]);
-            if let Ok(d) = hh.finish() {
-                h.done.push((h.next, d));
-            }
-            h.next += 1;
-        }
-    }
-
-    /// Places `bytes` found at payload offset `src` (within this region's
-    /// extent).
-    fn place(&mut self, src: u64, bytes: &[u8]) {
-        let end = src + bytes.len() as u64;
-        for p in &self.pieces {
-            let lo = p.src.max(src);
-            let hi = (p.src + p.len).min(end);
-            if lo < hi {
-                let d = (p.dst + (lo - p.src) - self.dst_start) as usize;
-                let s = (lo - src) as usize;
-                let n = (hi - lo) as usize;
-                self.buf[d..d + n].copy_from_slice(&bytes[s..s + n]);
-            }
-        }
-    }
-}
-
-/// Where the bytes of one extent go as they are read: [`Region`] for a
-/// single delta or flat root, `compose::ItemSink` for a delta chain.
+/// Where the bytes of one extent go as they are read: [`Region`] for a flat
+/// root, `compose::ItemSink` for a delta chain.
 pub(crate) trait Sink {
     /// Places `bytes` found at payload offset `src` of the extent.
     fn place(&mut self, src: u64, bytes: &[u8]);
@@ -512,12 +235,11 @@ pub(crate) trait Sink {
 
 impl Sink for Region<'_> {
     fn place(&mut self, src: u64, bytes: &[u8]) {
-        Region::place(self, src, bytes)
+        let d = (src - self.start) as usize;
+        self.buf[d..d + bytes.len()].copy_from_slice(bytes);
     }
 
-    fn placed_upto(&mut self, payload_end: u64) {
-        self.hash_ready(payload_end)
-    }
+    fn placed_upto(&mut self, _payload_end: u64) {}
 }
 
 /// Why absorbing an extent stopped.
@@ -585,49 +307,43 @@ fn absorb(
         .map_err(|x| AbsorbError::Bad(x.to_string()))
 }
 
-/// Restores a v2 root from `source` on up to `threads` workers, into
-/// `into` (exactly the result's length) or a buffer allocated here.
-/// `Err(damage)` is a miss (or, for [`DamageKind::Io`], an error).
-pub(crate) fn restore_v2(
+/// Restores a flat v2 root (its payload is the snapshot) from `source` on
+/// up to `threads` workers, into `into` (exactly the snapshot's length) or
+/// a buffer allocated here. Every extent is verified against its name as it
+/// streams in (a failed one is read once more before it is blamed), and the
+/// names merge to the payload digest, which for a flat root is the snapshot
+/// digest. `Err(damage)` is a miss (or, for [`DamageKind::Io`], an error).
+/// Delta roots go through `compose::restore_chain`.
+pub(crate) fn restore_flat(
     source: &Source,
     m: &ManifestV2,
-    base: Option<(Arc<Snapshot>, Digest)>,
     into: Option<&mut [u8]>,
     threads: usize,
     deadline: Option<Instant>,
 ) -> Result<Output, Damage> {
+    if m.base.is_some() {
+        return Err(Damage::plain("internal: a delta root reached the flat restore"));
+    }
     let plan = ExtentPlan::new(m.payload_len, m.max_extent_bytes)
         .map_err(|e| Damage::plain(e.to_string()))?;
-    let mut re = match &base {
-        None => Reassembly::flat(m, into).map_err(Damage::plain)?,
-        Some((b, d)) => {
-            let hdr = read_header_prefix(source, m)?;
-            match Reassembly::delta(m, b, d, &hdr, into) {
-                Ok(r) => r,
-                // The header bytes were read before verification: blame a
-                // damaged extent if there is one, else the delta itself.
-                Err(what) => {
-                    return Err(
-                        blame(source, &plan, m, hdr.len() as u64).unwrap_or(Damage::plain(what))
-                    )
-                }
-            }
-        }
-    };
-    let header = re.delta.as_ref().map(|(h, _)| h.clone());
-    let ranges: Vec<(u64, u64)> = m
-        .extents
-        .iter()
-        .map(|e| (e.offset, e.offset + e.raw_len))
-        .collect();
-    let regions: Vec<Mutex<Option<Region<'_>>>> = re
-        .regions(&ranges)
-        .into_iter()
-        .map(|r| Mutex::new(Some(r)))
-        .collect();
+    let len = usize::try_from(m.payload_len).map_err(|_| Damage::plain("payload too large"))?;
+    let mut result = Dest::take(len, into).map_err(Damage::plain)?;
+    let mut rest: &mut [u8] = result.bytes();
+    let mut regions: Vec<Mutex<Option<Region<'_>>>> = Vec::with_capacity(m.extents.len());
+    for e in &m.extents {
+        let n = usize::try_from(e.raw_len)
+            .ok()
+            .filter(|n| *n <= rest.len())
+            .ok_or_else(|| Damage::plain("extents run past the payload"))?;
+        let (mine, tail) = std::mem::take(&mut rest).split_at_mut(n);
+        rest = tail;
+        regions.push(Mutex::new(Some(Region {
+            buf: mine,
+            start: e.offset,
+        })));
+    }
     let next = AtomicUsize::new(0);
     let failures: Mutex<Vec<Damage>> = Mutex::new(Vec::new());
-    let hashed: Mutex<Vec<(u64, Digest)>> = Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for _ in 0..threads.max(1).min(m.extents.len().max(1)) {
             s.spawn(|| {
@@ -642,15 +358,16 @@ pub(crate) fn restore_v2(
                         break;
                     };
                     let mut r = Ok(());
-                    for attempt in 0..source.attempts() {
-                        region.restart();
+                    // A failed read or check is read once more: damage in
+                    // transit, or an error that passes, is not damage at rest.
+                    for attempt in 0..2 {
                         r = read_extent(
                             source,
                             &plan,
                             i as u64,
                             e,
                             &mut region,
-                            header.as_deref(),
+                            None,
                             deadline,
                             &mut scratch,
                         );
@@ -661,19 +378,12 @@ pub(crate) fn restore_v2(
                             _ => break,
                         }
                     }
-                    match r {
-                        Ok(()) => {
-                            if let (Some(h), Ok(mut all)) = (region.hash.take(), hashed.lock()) {
-                                all.extend(h.done);
-                            }
+                    if let Err(d) = r {
+                        if let Ok(mut f) = failures.lock() {
+                            f.push(d);
                         }
-                        Err(d) => {
-                            if let Ok(mut f) = failures.lock() {
-                                f.push(d);
-                            }
-                            // Stop early: the restore fails either way.
-                            next.store(m.extents.len(), Ordering::Relaxed);
-                        }
+                        // Stop early: the restore fails either way.
+                        next.store(m.extents.len(), Ordering::Relaxed);
                     }
                 }
             });
@@ -694,8 +404,14 @@ pub(crate) fn restore_v2(
             m.payload_digest
         )));
     }
-    re.finish(hashed.into_inner().unwrap_or_default())
-        .map_err(Damage::plain)
+    match result {
+        Dest::Owned(v) => Snapshot::from_encoded(v)
+            .map(Output::Snapshot)
+            .map_err(|e| Damage::plain(e.to_string())),
+        // The bytes are the payload, verified, and a flat root's payload
+        // digest is its snapshot digest.
+        Dest::Borrowed(_) => Ok(Output::Written),
+    }
 }
 
 /// Reads one extent from `source` through the fused loop into `region`.
@@ -773,24 +489,9 @@ pub(crate) fn read_extent(
     absorbed.map_err(|x| match x {
         AbsorbError::Deadline => Damage::deadline(),
         AbsorbError::Bad(w) => Damage::of(&key, DamageKind::Corrupt, w),
-        AbsorbError::Read(err) => match source {
-            // A local read error is the object's (the media's) problem.
-            Source::Local(_) => Damage::of(&key, DamageKind::Corrupt, format!("read: {err}")),
-            Source::Remote { .. } => {
-                let what = format!("read: {err}");
-                Damage::of(
-                    &key,
-                    DamageKind::Io(Box::new(StoreError::io(
-                        &key,
-                        object_store::Error::Generic {
-                            store: "restore",
-                            source: Box::new(err),
-                        },
-                    ))),
-                    what,
-                )
-            }
-        },
+        // A read error (EIO, EACCES, a dropped connection) proves nothing
+        // about the bytes at rest: an error, never a quarantine.
+        AbsorbError::Read(err) => io_damage(&key, "read", err),
     })
 }
 
@@ -819,6 +520,23 @@ async fn fill(
     Ok(n)
 }
 
+/// A failed local or remote read of `key`: the backend's (or the media's)
+/// failure, not evidence about the object's bytes.
+fn io_damage(key: &Path, op: &str, err: std::io::Error) -> Damage {
+    let what = format!("{op}: {err}");
+    Damage::of(
+        key,
+        DamageKind::Io(Box::new(StoreError::io(
+            key,
+            object_store::Error::Generic {
+                store: "restore",
+                source: Box::new(err),
+            },
+        ))),
+        what,
+    )
+}
+
 /// Opens a local extent file and checks its size.
 fn open_local(root: &FsPath, key: &Path, e: &ExtentEntry) -> Result<File, Damage> {
     let file = match File::open(root.join(key.as_ref())) {
@@ -826,12 +544,9 @@ fn open_local(root: &FsPath, key: &Path, e: &ExtentEntry) -> Result<File, Damage
         Err(x) if x.kind() == std::io::ErrorKind::NotFound => {
             return Err(Damage::of(key, DamageKind::Missing, "object is missing"))
         }
-        Err(x) => return Err(Damage::of(key, DamageKind::Corrupt, format!("open: {x}"))),
+        Err(x) => return Err(io_damage(key, "open", x)),
     };
-    let size = file
-        .metadata()
-        .map_err(|x| Damage::of(key, DamageKind::Corrupt, format!("stat: {x}")))?
-        .len();
+    let size = file.metadata().map_err(|x| io_damage(key, "stat", x))?.len();
     if size != e.stored_len {
         return Err(Damage::of(
             key,
@@ -868,8 +583,7 @@ fn read_all(source: &Source, e: &ExtentEntry) -> Result<Bytes, Damage> {
             // Size first, so a huge file is not read into memory.
             drop(open_local(root, &key, e)?);
             Bytes::from(
-                std::fs::read(root.join(key.as_ref()))
-                    .map_err(|x| Damage::of(&key, DamageKind::Corrupt, format!("read: {x}")))?,
+                std::fs::read(root.join(key.as_ref())).map_err(|x| io_damage(&key, "read", x))?,
             )
         }
         Source::Remote { store, handle } => {
@@ -907,7 +621,7 @@ fn read_prefix(source: &Source, e: &ExtentEntry, len: usize) -> Result<Vec<u8>, 
             let mut got = 0;
             while got < len {
                 let n = read_at(&f, &mut buf[got..], got as u64)
-                    .map_err(|x| Damage::of(&key, DamageKind::Corrupt, format!("read: {x}")))?;
+                    .map_err(|x| io_damage(&key, "read", x))?;
                 if n == 0 {
                     break;
                 }

@@ -560,7 +560,7 @@ impl Store {
             }
             visited.push((b.namespace, b.context));
             if m.base.is_none() {
-                break compose::Bottom::Flat(m);
+                break compose::Bottom::Flat(Box::new(m));
             }
             deltas.push(m);
         };
@@ -698,7 +698,7 @@ impl Store {
         let source = self.reassembly_source();
         let threads = source.threads(RESTORE_IN_FLIGHT);
         let pass = |into: Option<&mut [u8]>| match what {
-            Plan::Flat(m) => reassembly::restore_v2(&source, m, None, into, threads, deadline),
+            Plan::Flat(m) => reassembly::restore_flat(&source, m, into, threads, deadline),
             Plan::Chain { bottom, deltas } => {
                 compose::restore_chain(&source, bottom, deltas, into, threads, deadline)
             }

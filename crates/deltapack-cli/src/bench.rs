@@ -24,8 +24,11 @@
 //!   bytes in 64 MiB files (one and two streams, buffered and with direct
 //!   I/O from aligned buffers; the fastest counts).
 //!
+//! `deltapack bench chain` (also part of `all`) measures restore cost
+//! against the number of turns of a conversation: see [`chain`].
+//!
 //! Outputs (under `--out`): `results.json`, `results.md`, `results.svg` and
-//! `machine.txt`.
+//! `machine.txt`, and `chain.svg` when the chain scenario ran.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -62,6 +65,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::common;
 
+#[path = "bench_chain.rs"]
+mod chain;
+
 /// Result tokens of the reference workload (`--scale 1`).
 pub(crate) const REFERENCE_RESULT_TOKENS: u64 = 262_144;
 /// Base tokens of the workload (every scale).
@@ -82,7 +88,11 @@ pub(crate) enum Suite {
     Restore,
     /// Durable v2 and v1 publication and the durable write floor.
     Publish,
-    /// Both, plus the zstd study.
+    /// Restore cost against the number of turns of a conversation (chains
+    /// of 1, 4, 16, 64 and 256 deltas ending in the same snapshot) and the
+    /// publication of each conversation's last turn.
+    Chain,
+    /// Restore and publish, the zstd study and chain.
     All,
 }
 
@@ -123,6 +133,11 @@ pub(crate) struct BenchArgs {
     /// Keep the temporary stores (their path is printed).
     #[arg(long)]
     keep: bool,
+    /// Conversation lengths of the chain scenario (comma-separated; default
+    /// 1,4,16,64,256). N = 1 (the flat root) always runs; an N larger than
+    /// the final snapshot's number of chunks is skipped.
+    #[arg(long, value_name = "N,N,…", value_delimiter = ',')]
+    chain_turns: Option<Vec<u32>>,
     /// Before each timed child, wait up to this many seconds for the
     /// machine to be idle (other processes using < 0.3 cores over 1 s), so
     /// that a shared machine's load disturbs the figures less.
@@ -283,6 +298,14 @@ enum Job {
         store_v2: PathBuf,
         repeats: u32,
     },
+    /// Publication of one conversation of the chain scenario.
+    ChainPublish {
+        spec: chain::PublishSpec,
+    },
+    /// One restore of the last turn of a chain scenario conversation.
+    ChainRestore {
+        spec: chain::RestoreSpec,
+    },
 }
 
 /// What a child reports.
@@ -413,6 +436,9 @@ struct Report {
     scenarios: Vec<Scenario>,
     targets: Vec<Target>,
     zstd: Vec<ZstdRow>,
+    /// The chain scenario (restore cost against the number of turns).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    chain: Option<chain::ChainSummary>,
     total_s: f64,
 }
 
@@ -574,7 +600,11 @@ fn mib(b: u64) -> String {
 }
 
 fn open_local(dir: &FsPath, w: &Workload) -> Result<Store> {
-    common::open_store(&format!("file://{}", dir.display()), w.config())
+    open_local_with(dir, w.config())
+}
+
+fn open_local_with(dir: &FsPath, config: StoreConfig) -> Result<Store> {
+    common::open_store(&format!("file://{}", dir.display()), config)
 }
 
 /// Reads the v2 delta manifest of the workload from a local store.
@@ -917,6 +947,8 @@ pub(crate) async fn run_one(args: BenchOneArgs) -> Result<ExitCode> {
             store_v2,
             repeats,
         } => job_zstd(w, &store_v2, repeats).await?,
+        Job::ChainPublish { spec } => chain::job_publish(spec).await?,
+        Job::ChainRestore { spec } => chain::job_restore(spec).await?,
     };
     out.rss_start = rss_start;
     out.peak = proc_status("VmHWM");
@@ -1337,28 +1369,32 @@ async fn job_read_floor(
 fn restore_store(source: &Source, w: &Workload) -> Result<Store> {
     match source {
         Source::Warm { dir } | Source::Cold { dir } => open_local(dir, w),
-        Source::Throttled { dir, latency_ms } => {
-            let local = object_store::local::LocalFileSystem::new_with_prefix(dir)
-                .with_context(|| format!("opening {}", dir.display()))?;
-            let throttled = ThrottledStore::new(
-                StreamedObjects {
-                    inner: Arc::new(local),
-                },
-                ThrottleConfig {
-                    wait_get_per_call: Duration::from_millis(*latency_ms),
-                    ..Default::default()
-                },
-            );
-            Ok(Store::from_backend(
-                Backend {
-                    store: Arc::new(throttled),
-                    kind: BackendKind::Memory,
-                },
-                w.config(),
-            )?)
-        }
+        Source::Throttled { dir, latency_ms } => throttled_store(dir, *latency_ms, w.config()),
         Source::S3 { url } => common::open_store(url, w.config()),
     }
+}
+
+/// The S3-like emulation: the local store's files through `object_store`,
+/// streamed bodies, `latency_ms` per GET.
+fn throttled_store(dir: &FsPath, latency_ms: u64, config: StoreConfig) -> Result<Store> {
+    let local = object_store::local::LocalFileSystem::new_with_prefix(dir)
+        .with_context(|| format!("opening {}", dir.display()))?;
+    let throttled = ThrottledStore::new(
+        StreamedObjects {
+            inner: Arc::new(local),
+        },
+        ThrottleConfig {
+            wait_get_per_call: Duration::from_millis(latency_ms),
+            ..Default::default()
+        },
+    );
+    Ok(Store::from_backend(
+        Backend {
+            store: Arc::new(throttled),
+            kind: BackendKind::Memory,
+        },
+        config,
+    )?)
 }
 
 async fn job_restore(w: Workload, format: Fmt, source: Source, into: bool) -> Result<JobOutput> {
@@ -1838,8 +1874,13 @@ pub(crate) async fn run(args: BenchArgs) -> Result<ExitCode> {
     } else {
         print!("{}", markdown(&report));
         println!(
-            "\nwritten: {}/results.{{json,md,svg}}, machine.txt",
-            args.out.display()
+            "\nwritten: {}/results.{{json,md,svg}}, machine.txt{}",
+            args.out.display(),
+            if report.chain.is_some() {
+                ", chain.svg"
+            } else {
+                ""
+            }
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -1854,6 +1895,7 @@ async fn run_suite(
 ) -> Result<Report> {
     let do_publish = matches!(args.suite, Suite::Publish | Suite::All);
     let do_restore = matches!(args.suite, Suite::Restore | Suite::All);
+    let do_chain = matches!(args.suite, Suite::Chain | Suite::All);
     let repeats = args.repeats;
     let store_v2 = work.join("store-v2");
     let store_v1 = work.join("store-v1");
@@ -1872,17 +1914,21 @@ async fn run_suite(
     // Publication and the durable write floor, interleaved per round in one
     // child (timed when publishing; a single round to create the stores
     // otherwise).
-    let o = child(
-        &Job::PublishSuite {
-            w,
-            keep_v2: store_v2.clone(),
-            keep_v1: store_v1.clone(),
-            scratch: scratch.clone(),
-            rounds: if do_publish { repeats } else { 1 },
-        },
-        "publish v2, v1 + durable write floor",
-    )
-    .await?;
+    let o = if do_publish || do_restore {
+        child(
+            &Job::PublishSuite {
+                w,
+                keep_v2: store_v2.clone(),
+                keep_v1: store_v1.clone(),
+                scratch: scratch.clone(),
+                rounds: if do_publish { repeats } else { 1 },
+            },
+            "publish v2, v1 + durable write floor",
+        )
+        .await?
+    } else {
+        JobOutput::default()
+    };
     let get = |k: &str| o.info.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
     let (base_bytes, result_bytes) = (get("base_bytes"), get("result_bytes"));
     for (id, runs) in o.sub {
@@ -2119,6 +2165,14 @@ async fn run_suite(
         ));
     }
 
+    // Restore cost against the number of turns (own stores and floors).
+    let mut chain_accs: BTreeMap<String, Acc> = BTreeMap::new();
+    let chain = if do_chain {
+        Some(chain::run(args, w, work, &mut chain_accs).await?)
+    } else {
+        None
+    };
+
     let mut report = Report {
         deltapack_version: env!("CARGO_PKG_VERSION"),
         suite: format!("{:?}", args.suite).to_lowercase(),
@@ -2138,10 +2192,16 @@ async fn run_suite(
         scenarios: Vec::new(),
         targets: Vec::new(),
         zstd,
+        chain,
         total_s: 0.0,
     };
     report.scenarios = scenarios(&report, &accs, do_publish, args.latency_ms);
     report.targets = targets(&report);
+    if let Some(c) = &report.chain {
+        let rows = chain::scenarios(c, &chain_accs);
+        report.scenarios.extend(rows);
+        report.targets.extend(chain::targets(c));
+    }
     Ok(report)
 }
 
@@ -2512,7 +2572,18 @@ fn targets(r: &Report) -> Vec<Target> {
 fn markdown(r: &Report) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# deltapack bench — {} at scale {}\n", r.suite, r.scale);
-    let _ = writeln!(
+    if let (Some(c), true) = (&r.chain, r.suite == "chain") {
+        let _ = writeln!(
+            s,
+            "Workload: `default` preset; conversations of {:?} turns ending in the same {}-token snapshot ({}), {} extents. Median of {} repetition(s); every restore runs in its own fresh child process, round-robin.\n",
+            c.turns,
+            c.final_tokens,
+            mib(c.result_bytes),
+            mib(r.extent_bytes),
+            r.repeats
+        );
+    } else {
+        let _ = writeln!(
         s,
         "Workload: `default` preset, base {} tokens ({}), result {} tokens ({}); delta payload {} bytes = {} v2 extents of {} / {} v1 chunks. Median of {} repetition(s); every restore and read floor runs in its own child process, round-robin.\n",
         r.base_tokens,
@@ -2525,6 +2596,7 @@ fn markdown(r: &Report) -> String {
         r.v1_chunks,
         r.repeats
     );
+    }
     let _ = writeln!(
         s,
         "| scenario | median | GB/s | objects | floor | ratio | CPU time | CPU ratio | peak memory (VmHWM − start) | bound | other load |"
@@ -2603,6 +2675,9 @@ fn markdown(r: &Report) -> String {
     if let Some(s3) = &r.s3 {
         let _ = writeln!(s, "\nReal S3 server: {s3}");
     }
+    if let Some(c) = &r.chain {
+        chain::markdown(c, &mut s);
+    }
     if !r.zstd.is_empty() {
         let _ = writeln!(s, "\n## zstd per extent (one core)\n");
         let _ = writeln!(
@@ -2663,6 +2738,10 @@ fn write_outputs(dir: &FsPath, r: &Report) -> Result<()> {
     common::write_atomic(&dir.join("machine.txt"), machine_txt(r).as_bytes())?;
     let svg = plot(r)?;
     common::write_atomic(&dir.join("results.svg"), svg.as_bytes())?;
+    if let Some(c) = &r.chain {
+        let svg = chain::plot(r, c)?;
+        common::write_atomic(&dir.join("chain.svg"), svg.as_bytes())?;
+    }
     Ok(())
 }
 
@@ -2671,7 +2750,15 @@ fn write_outputs(dir: &FsPath, r: &Report) -> Result<()> {
 fn plot(r: &Report) -> Result<String> {
     use plotters::coord::ranged1d::SegmentValue;
     use plotters::prelude::*;
-    let rows: Vec<&Scenario> = r.scenarios.iter().rev().collect();
+    // The chain rows have their own plot (`chain.svg`); they are drawn here
+    // only when nothing else ran.
+    let others = r.scenarios.iter().any(|s| !s.id.starts_with("chain-"));
+    let rows: Vec<&Scenario> = r
+        .scenarios
+        .iter()
+        .rev()
+        .filter(|s| !(others && s.id.starts_with("chain-")))
+        .collect();
     let n = rows.len().max(1);
     let xmax = rows
         .iter()
@@ -2684,11 +2771,18 @@ fn plot(r: &Report) -> Result<String> {
         let height = 90 + 30 * n as u32;
         let root = SVGBackend::with_string(&mut svg, (1100, height)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| anyhow!("plot: {e}"))?;
-        let title = format!(
-            "deltapack bench, scale {} ({} MB delta): median time vs floor",
-            r.scale,
-            r.payload_bytes / 1_000_000
-        );
+        let title = match (&r.chain, r.payload_bytes) {
+            (Some(c), 0) => format!(
+                "deltapack bench, scale {} ({} MB chain result): median time vs floor",
+                r.scale,
+                c.result_bytes / 1_000_000
+            ),
+            _ => format!(
+                "deltapack bench, scale {} ({} MB delta): median time vs floor",
+                r.scale,
+                r.payload_bytes / 1_000_000
+            ),
+        };
         let labels: Vec<String> = rows.iter().map(|s| s.label.clone()).collect();
         let mut chart = ChartBuilder::on(&root)
             .caption(title, ("sans-serif", 18))

@@ -784,6 +784,75 @@ mod tests {
         }
     }
 
+    /// Replays a composed plan: the final encoding from the bottom's
+    /// encoding and the deltas' encodings alone.
+    fn replay(plan: &ComposedPlan, bottom: &[u8], deltas: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = vec![0u8; plan.result_len as usize];
+        out[..plan.result_prefix.len()].copy_from_slice(&plan.result_prefix);
+        for p in &plan.pieces {
+            let from: &[u8] = match p.origin {
+                Origin::Bottom => bottom,
+                Origin::Delta(i) => &deltas[i],
+            };
+            let (s, d, n) = (p.src as usize, p.dst as usize, p.len as usize);
+            out[d..d + n].copy_from_slice(&from[s..s + n]);
+        }
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(100))]
+        /// Composing a chain's plans gives exactly what applying the deltas
+        /// one after another gives, and every piece reads inside its origin.
+        #[test]
+        fn composed_chain_equals_step_by_step(
+            layout in layout_strategy(),
+            chunk in prop::sample::select(vec![1u32, 4, 16]),
+            base_chunks in 0u64..6,
+            grows in prop::collection::vec(1u64..6, 1..6),
+            seed in any::<u64>(),
+            mutate in prop::collection::vec(any::<u64>(), 0..3),
+        ) {
+            let mut b = base_chunks * u64::from(chunk);
+            let bh = SnapshotHeader::new(layout.clone(), b);
+            let blen = layout.payload_len(&bh.block_counts).expect("len") as usize;
+            let bottom = Snapshot::from_parts(bh, &fill(seed ^ 0xabc, blen)).expect("base");
+            let mut turns = vec![bottom.clone()];
+            let mut encoded = Vec::new();
+            let mut plans = Vec::new();
+            for (i, g) in grows.iter().enumerate() {
+                b += g * u64::from(chunk);
+                let prev = turns.last().expect("turn").clone();
+                let next = extend(&prev, b, seed.wrapping_add(i as u64), &mutate);
+                let d = encode(chunk, &prev, &next).expect("encode");
+                // Step by step: apply each delta to the previous result.
+                let stepped = PageDelta::apply(&prev, &d).expect("apply");
+                prop_assert_eq!(stepped.encoded(), next.encoded());
+                let (h, tails) = decode_header(&d).expect("header");
+                plans.push(PageDelta::plan(h, tails, prev.header()).expect("plan"));
+                encoded.push(d);
+                turns.push(next);
+            }
+            let plan = compose(bottom.header(), &plans).expect("compose");
+            let last = turns.last().expect("last");
+            prop_assert_eq!(plan.result_len, last.encoded().len() as u64);
+            for p in &plan.pieces {
+                let len = match p.origin {
+                    Origin::Bottom => bottom.encoded().len(),
+                    Origin::Delta(i) => encoded[i].len(),
+                } as u64;
+                prop_assert!(p.src + p.len <= len);
+            }
+            prop_assert_eq!(replay(&plan, bottom.encoded(), &encoded), last.encoded().to_vec());
+            // A link planned against the wrong base is refused.
+            if plans.len() >= 2 {
+                let mut swapped = plans.clone();
+                swapped.swap(0, 1);
+                prop_assert!(compose(bottom.header(), &swapped).is_err());
+            }
+        }
+    }
+
     fn simple() -> (Snapshot, Snapshot) {
         let layout = PageLayout {
             groups: vec![

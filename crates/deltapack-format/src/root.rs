@@ -162,6 +162,12 @@ pub struct ChainHints {
     /// Payload bytes of this root and of every root below it, the flat root
     /// included: what a composed restore reads at most.
     pub payload_bytes: u64,
+    /// This root's delta header as it opens the payload (magic, length,
+    /// CBOR header), so that a reader plans the whole chain from roots
+    /// alone; it is compared with the payload's first bytes as they stream
+    /// in and verify.
+    #[serde(with = "serde_bytes")]
+    pub delta_header: Vec<u8>,
 }
 
 /// One chunk object of a legacy v1 manifest.
@@ -364,6 +370,21 @@ impl ManifestV2 {
         }
         if c.payload_bytes < self.payload_len {
             return bad("the chain holds fewer payload bytes than this root".into());
+        }
+        let (h, end) = crate::delta::decode_header(&c.delta_header)?;
+        if end != c.delta_header.len() || end as u64 > self.payload_len {
+            return bad(
+                "the recorded delta header has trailing bytes or outgrows the payload".into(),
+            );
+        }
+        if h.result_digest != self.result_snapshot_digest
+            || h.base_digest != base.snapshot_digest
+            || h.result_boundary != self.boundary
+            || h.base_boundary != base.boundary
+            || h.result_block_counts != self.block_counts
+            || h.chunk_tokens != self.logical_chunk_tokens
+        {
+            return bad("the recorded delta header does not match the root".into());
         }
         Ok(())
     }

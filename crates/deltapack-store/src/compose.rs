@@ -142,7 +142,8 @@ struct ResultHash {
 
 impl ResultHash {
     fn new(result_len: u64, extent_bytes: u64) -> Result<Self, Damage> {
-        let block = (extent_bytes / 4).clamp(deltapack_format::extent::MIN_EXTENT_BYTES, RESULT_BLOCK);
+        let block =
+            (extent_bytes / 4).clamp(deltapack_format::extent::MIN_EXTENT_BYTES, RESULT_BLOCK);
         let plan = ExtentPlan::new(result_len, block).map_err(|e| Damage::plain(e.to_string()))?;
         let remaining = (0..plan.count())
             .map(|b| {
@@ -248,7 +249,10 @@ impl Sink for ItemSink<'_> {
             let hi = (s.src + s.len).min(end);
             let dst = s.dst + (lo - s.src);
             // SAFETY: this span belongs to this item alone.
-            unsafe { self.dest.write(dst, &bytes[(lo - src) as usize..(hi - src) as usize]) };
+            unsafe {
+                self.dest
+                    .write(dst, &bytes[(lo - src) as usize..(hi - src) as usize])
+            };
             self.hash.wrote(self.dest, dst, hi - lo, self.done);
         }
     }
@@ -309,9 +313,13 @@ pub(crate) fn restore_chain(
 
     // 1. Every delta's header (unverified here; each is checked again
     //    byte for byte while its extent is hashed).
-    let headers: Vec<Vec<u8>> = pool(threads, deltas.len(), |i| read_header_prefix(source, &deltas[i]))
-        .into_iter()
-        .collect::<Result<_, _>>()?;
+    //    A v2.1 root carries its header: no read at all.
+    let headers: Vec<Vec<u8>> = pool(threads, deltas.len(), |i| match deltas[i].chain.as_ref() {
+        Some(c) => Ok(c.delta_header.clone()),
+        None => read_header_prefix(source, &deltas[i]),
+    })
+    .into_iter()
+    .collect::<Result<_, _>>()?;
 
     // 2. Plan every link against the result before it, and check it against
     //    the roots.
@@ -324,8 +332,9 @@ pub(crate) fn restore_chain(
         let (link, hlen) = match planned {
             Ok(x) => x,
             Err(what) => {
-                let mut d = blame(source, &plans[i], m, hdr.len() as u64)
-                    .unwrap_or(Damage::plain(format!("turn {} of the chain: {what}", i + 1)));
+                let mut d = blame(source, &plans[i], m, hdr.len() as u64).unwrap_or(Damage::plain(
+                    format!("turn {} of the chain: {what}", i + 1),
+                ));
                 d.in_base = i + 1 < deltas.len();
                 return Err(d);
             }
@@ -335,7 +344,8 @@ pub(crate) fn restore_chain(
         header_lens.push(hlen);
         links.push(link);
     }
-    let composed = delta::compose(&bottom.header(), &links).map_err(|e| Damage::plain(e.to_string()))?;
+    let composed =
+        delta::compose(&bottom.header(), &links).map_err(|e| Damage::plain(e.to_string()))?;
     if composed.result_len != top.result_snapshot_len {
         return Err(Damage::plain(format!(
             "the chain composes to {} bytes, the root says {}",
@@ -411,7 +421,8 @@ pub(crate) fn restore_chain(
     }
 
     // 4. The pass.
-    let len = usize::try_from(composed.result_len).map_err(|_| Damage::plain("result too large"))?;
+    let len =
+        usize::try_from(composed.result_len).map_err(|_| Damage::plain("result too large"))?;
     let mut result = Dest::take(len, into).map_err(Damage::plain)?;
     let hash = ResultHash::new(composed.result_len, top.max_extent_bytes)?;
     let bytes = result.bytes();
@@ -542,7 +553,10 @@ fn plan_link(
         ));
     }
     if h.base_digest != *base_digest {
-        return Err(format!("delta's base {} is not the turn below it ({base_digest})", h.base_digest));
+        return Err(format!(
+            "delta's base {} is not the turn below it ({base_digest})",
+            h.base_digest
+        ));
     }
     if h.result_boundary != m.boundary || h.result_block_counts != m.block_counts {
         return Err("delta header and root disagree on the result's geometry".into());

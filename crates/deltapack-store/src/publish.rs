@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use deltapack_format::root::{self, RootMeta, MAX_CHAIN_HINTS};
 use deltapack_format::{
-    BaseRef, CacheIdentity, ChainHints, DecodedRoot, ContextDigest, DeltaLayout, Digest, ExtentPlan, Namespace, Snapshot,
+    BaseRef, CacheIdentity, ChainHints, ContextDigest, DecodedRoot, DeltaLayout, Digest,
+    ExtentPlan, Namespace, Snapshot,
 };
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt};
@@ -217,6 +218,8 @@ impl Store {
                         let hints = ChainHints {
                             ancestors: ancestors.clone(),
                             payload_bytes: bytes + delta_len,
+                            // Filled in once the result digest is known.
+                            delta_header: Vec::new(),
                         };
                         rebased = self.config().chain.rebases(
                             hints.ancestors.len() as u64 + 1,
@@ -295,11 +298,13 @@ impl Store {
         // The payload as parts of the caller's snapshot: nothing is copied.
         let t_encode = Instant::now();
         let whole = Bytes::from_owner(SnapshotBytes(snap.clone()));
+        let mut header_template = None;
         let payload = match (layout, &digest) {
             (Some(layout), Some(d)) => {
                 let stand_in = Bytes::from(layout.header_bytes()?);
                 let mut parts = vec![stand_in.clone()];
                 parts.extend(layout.tails.iter().map(|r| whole.slice(r.clone())));
+                header_template = Some(layout.header.clone());
                 let (d, mut late) = (d.clone(), layout.header);
                 let header = async move {
                     late.result_digest = d.await?;
@@ -348,6 +353,16 @@ impl Store {
                     None => payload_digest,
                 };
                 let meta = result_meta(&req, base_ref, receipt.snapshot_digest);
+                if let (Some(c), Some(h)) = (chain.as_mut(), header_template.take()) {
+                    c.delta_header = DeltaLayout {
+                        header: deltapack_format::DeltaHeader {
+                            result_digest: receipt.snapshot_digest,
+                            ..h
+                        },
+                        tails: Vec::new(),
+                    }
+                    .header_bytes()?;
+                }
                 receipt.chain_depth = chain.as_ref().map_or(0, |c| c.ancestors.len() as u32 + 1);
                 receipt.rebased = rebased;
                 if chain.is_some() {
@@ -548,7 +563,9 @@ impl Store {
             };
             if summary.result_snapshot_digest != b.snapshot_digest
                 || summary.boundary != b.boundary
-                || ancestors.last().is_some_and(|a: &BaseRef| a.boundary <= b.boundary)
+                || ancestors
+                    .last()
+                    .is_some_and(|a: &BaseRef| a.boundary <= b.boundary)
             {
                 return Ok(None);
             }

@@ -246,8 +246,11 @@ impl Sink for Region<'_> {
 enum AbsorbError {
     /// The source failed to deliver bytes.
     Read(std::io::Error),
-    /// The bytes were wrong (short, changed header, wrong name).
+    /// The bytes were wrong (short, wrong name).
     Bad(String),
+    /// The bytes verified, but the delta header the plan was made from
+    /// differs from them: the plan, not the object, is at fault.
+    Plan(String),
     /// The deadline passed.
     Deadline,
 }
@@ -269,6 +272,7 @@ fn absorb(
     let mut h = plan.hasher(index);
     let mut off = e.offset;
     let end = e.offset + e.raw_len;
+    let mut header_differs = false;
     while off < end {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Err(AbsorbError::Deadline);
@@ -292,11 +296,7 @@ fn absorb(
             let lo = off as usize;
             if lo < hdr.len() {
                 let n = (hdr.len() - lo).min(want);
-                if buf[..n] != hdr[lo..lo + n] {
-                    return Err(AbsorbError::Bad(
-                        "delta header changed while it was read".into(),
-                    ));
-                }
+                header_differs |= buf[..n] != hdr[lo..lo + n];
             }
         }
         region.place(off, buf);
@@ -304,7 +304,15 @@ fn absorb(
         region.placed_upto(off);
     }
     h.verify(&format!("extent {index}"), &e.raw_digest)
-        .map_err(|x| AbsorbError::Bad(x.to_string()))
+        .map_err(|x| AbsorbError::Bad(x.to_string()))?;
+    if header_differs {
+        // The extent is what its name says, so the header the plan was
+        // made from (read earlier, or taken from the root) is what is wrong.
+        return Err(AbsorbError::Plan(
+            "the delta header the plan was made from is not the one stored".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Restores a flat v2 root (its payload is the snapshot) from `source` on
@@ -322,7 +330,9 @@ pub(crate) fn restore_flat(
     deadline: Option<Instant>,
 ) -> Result<Output, Damage> {
     if m.base.is_some() {
-        return Err(Damage::plain("internal: a delta root reached the flat restore"));
+        return Err(Damage::plain(
+            "internal: a delta root reached the flat restore",
+        ));
     }
     let plan = ExtentPlan::new(m.payload_len, m.max_extent_bytes)
         .map_err(|e| Damage::plain(e.to_string()))?;
@@ -489,6 +499,7 @@ pub(crate) fn read_extent(
     absorbed.map_err(|x| match x {
         AbsorbError::Deadline => Damage::deadline(),
         AbsorbError::Bad(w) => Damage::of(&key, DamageKind::Corrupt, w),
+        AbsorbError::Plan(w) => Damage::plain(format!("{key}: {w}")),
         // A read error (EIO, EACCES, a dropped connection) proves nothing
         // about the bytes at rest: an error, never a quarantine.
         AbsorbError::Read(err) => io_damage(&key, "read", err),
@@ -546,7 +557,10 @@ fn open_local(root: &FsPath, key: &Path, e: &ExtentEntry) -> Result<File, Damage
         }
         Err(x) => return Err(io_damage(key, "open", x)),
     };
-    let size = file.metadata().map_err(|x| io_damage(key, "stat", x))?.len();
+    let size = file
+        .metadata()
+        .map_err(|x| io_damage(key, "stat", x))?
+        .len();
     if size != e.stored_len {
         return Err(Damage::of(
             key,
@@ -681,7 +695,12 @@ pub(crate) fn read_header_prefix(source: &Source, m: &ManifestV2) -> Result<Vec<
 
 /// Verifies the extents covering the first `upto` payload bytes; returns
 /// the first damaged one.
-pub(crate) fn blame(source: &Source, plan: &ExtentPlan, m: &ManifestV2, upto: u64) -> Option<Damage> {
+pub(crate) fn blame(
+    source: &Source,
+    plan: &ExtentPlan,
+    m: &ManifestV2,
+    upto: u64,
+) -> Option<Damage> {
     for (i, e) in m.extents.iter().enumerate() {
         if e.offset >= upto.max(1) {
             break;

@@ -555,7 +555,11 @@ impl Store {
                         return gone(&b, format!("restores to {}", r.digest))
                     }
                     Ok(RestoreOutcome::Miss(miss)) => return gone(&b, miss.to_string()),
-                    Err(e) => return Err(StoreError::Internal(format!("shared base restore failed: {e}"))),
+                    Err(e) => {
+                        return Err(StoreError::Internal(format!(
+                            "shared base restore failed: {e}"
+                        )))
+                    }
                 }
             }
             visited.push((b.namespace, b.context));
@@ -568,17 +572,22 @@ impl Store {
         Ok(Ok((bottom, deltas)))
     }
 
-    /// Reads, concurrently, the roots a v2 root's chain hints name (none
-    /// for roots written without them): one round trip for the whole chain
-    /// instead of one per turn. The walk checks every root it uses.
+    /// Reads, concurrently, the base and the roots a v2.1 root's chain
+    /// hints name (nothing for roots written without hints): one round trip
+    /// for the whole chain instead of one per turn. The walk checks every
+    /// root it uses.
     async fn prefetch_chain(
         &self,
         top: &ManifestV2,
         visited: &Visited,
     ) -> Result<HashMap<(Namespace, ContextDigest), RootStatus>> {
+        if top.chain.is_none() {
+            return Ok(HashMap::new());
+        }
         let refs: Vec<BaseRef> = top
-            .chain_hints()
+            .base
             .iter()
+            .chain(top.chain_hints())
             .filter(|b| !visited.contains(&(b.namespace, b.context)))
             .take(self.config().max_base_depth)
             .copied()
@@ -697,10 +706,11 @@ impl Store {
         use reassembly::DamageKind;
         let source = self.reassembly_source();
         let threads = source.threads(RESTORE_IN_FLIGHT);
+        let chain_threads = source.threads(self.config().chain_gets_in_flight.max(1));
         let pass = |into: Option<&mut [u8]>| match what {
             Plan::Flat(m) => reassembly::restore_flat(&source, m, into, threads, deadline),
             Plan::Chain { bottom, deltas } => {
-                compose::restore_chain(&source, bottom, deltas, into, threads, deadline)
+                compose::restore_chain(&source, bottom, deltas, into, chain_threads, deadline)
             }
             Plan::V1 { .. } => Err(reassembly::Damage::plain(
                 "internal: a v1 root reached the v2 rebuild",
@@ -842,7 +852,9 @@ impl Store {
         }
         match self.peek_root(&b.namespace, &b.context).await? {
             RootStatus::Found(d) => match d.summary() {
-                Some(s) if s.result_snapshot_digest == b.snapshot_digest && s.boundary == b.boundary => {}
+                Some(s)
+                    if s.result_snapshot_digest == b.snapshot_digest
+                        && s.boundary == b.boundary => {}
                 Some(s) => {
                     return gone(format!(
                         "the root holds {} at {} tokens, the delta needs {} at {}",

@@ -40,6 +40,13 @@ pub struct StoreConfig {
     /// When a delta publication starts a new chain (publishes a flat root)
     /// instead of growing the current one.
     pub chain: ChainPolicy,
+    /// Objects a delta-chain restore reads at once from a remote backend.
+    /// A chain has many small extents (one or more per turn), so it needs
+    /// more requests in flight than a flat root's few large ones to hide
+    /// per-request latency; each one streams through a 256 KiB piece, so
+    /// memory stays bounded by this × 256 KiB. Local disk uses one worker
+    /// per core.
+    pub chain_gets_in_flight: usize,
     /// Largest payload or result a restore will allocate.
     pub max_restore_bytes: u64,
     /// Hard budget in bytes (live + condemned objects + roots); `None` =
@@ -124,6 +131,7 @@ impl std::fmt::Debug for StoreConfig {
             .field("base_cache_bytes", &self.base_cache_bytes)
             .field("max_base_depth", &self.max_base_depth)
             .field("chain", &self.chain)
+            .field("chain_gets_in_flight", &self.chain_gets_in_flight)
             .field("max_restore_bytes", &self.max_restore_bytes)
             .field("budget_bytes", &self.budget_bytes)
             .field("min_free_bytes", &self.min_free_bytes)
@@ -143,6 +151,7 @@ impl Default for StoreConfig {
             base_cache_bytes: 4 << 30,
             max_base_depth: 1024,
             chain: ChainPolicy::default(),
+            chain_gets_in_flight: 32,
             max_restore_bytes: 1 << 38,
             budget_bytes: None,
             min_free_bytes: None,

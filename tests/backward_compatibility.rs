@@ -17,10 +17,22 @@ use deltapack::format::{
 use deltapack::store::{RestoreOutcome, RootFormat, Store, StoreConfig};
 use serde::{Deserialize, Serialize};
 
-const SET: &str = "2026-11-v1v2";
-/// BLAKE3 over the sorted `(relative path, BLAKE3 of contents)` list of the
-/// fixture set. Frozen: a failure here means a fixture changed.
-const PINNED_SET_DIGEST: &str = "3bd85ebe1ba5e71529fd4b411874ec238c569e1ec19e18781ce34832f21eb855";
+/// Every released fixture set with the BLAKE3 over the sorted `(relative
+/// path, BLAKE3 of contents)` list of its files. Frozen: a failure means a
+/// fixture changed. A new format adds a set here (written once by
+/// `write_fixture_set`), never edits one.
+const SETS: &[(&str, &str)] = &[
+    (
+        "2026-11-v1v2",
+        "3bd85ebe1ba5e71529fd4b411874ec238c569e1ec19e18781ce34832f21eb855",
+    ),
+    (
+        "2026-12-v2.1-chain",
+        "3a80cb87c58a11b5a93e3998784fa31859fda7a77f262fb06bf48883f4ec3275",
+    ),
+];
+/// The set `write_fixture_set` writes (the newest).
+const NEWEST: &str = "2026-12-v2.1-chain";
 const FIXTURE_SECRET: &[u8] = b"deltapack-fixture-secret-2026-11";
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -42,10 +54,10 @@ struct ExpectedRoot {
     snapshot_digest: Digest,
 }
 
-fn set_dir() -> PathBuf {
+fn set_dir(set: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fixtures")
-        .join(SET)
+        .join(set)
 }
 
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -90,51 +102,66 @@ fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
-fn expected() -> Expected {
-    serde_json::from_slice(&std::fs::read(set_dir().join("expected.json")).expect("expected.json"))
-        .expect("json")
+fn expected(set: &str) -> Expected {
+    serde_json::from_slice(
+        &std::fs::read(set_dir(set).join("expected.json")).expect("expected.json"),
+    )
+    .expect("json")
 }
 
 #[test]
 fn fixture_files_are_frozen() {
-    assert!(set_dir().exists(), "fixture set {SET} is missing");
-    assert_eq!(
-        set_digest(&set_dir()),
-        PINNED_SET_DIGEST,
-        "a file under fixtures/{SET} changed"
-    );
+    for (set, pinned) in SETS {
+        assert!(set_dir(set).exists(), "fixture set {set} is missing");
+        assert_eq!(
+            set_digest(&set_dir(set)),
+            *pinned,
+            "a file under fixtures/{set} changed"
+        );
+    }
 }
 
 #[test]
 fn every_fixture_root_decodes_and_reencodes_byte_identically() {
-    let exp = expected();
     let key = root::mac_key(FIXTURE_SECRET);
-    let mut roots = Vec::new();
-    walk(&set_dir().join("store/roots"), &mut roots);
-    assert_eq!(roots.len(), exp.roots.len());
     let mut schemas = BTreeMap::new();
-    for p in roots {
-        let bytes = std::fs::read(&p).expect("read");
-        let keyed = root::has_mac(&bytes);
-        let decoded = root::decode(&bytes, keyed.then_some(&key)).expect("fixture root decodes");
-        let again = root::encode(&decoded, keyed.then_some(&key)).expect("re-encode");
-        assert_eq!(again, bytes, "{} re-encodes byte-identically", p.display());
-        let s = decoded.summary().expect("summary");
-        *schemas.entry(s.schema).or_insert(0) += 1;
-        assert!(matches!(decoded, DecodedRoot::V1(_) | DecodedRoot::V2(_)));
+    for (set, _) in SETS {
+        let exp = expected(set);
+        let mut roots = Vec::new();
+        walk(&set_dir(set).join("store/roots"), &mut roots);
+        assert_eq!(roots.len(), exp.roots.len());
+        for p in roots {
+            let bytes = std::fs::read(&p).expect("read");
+            let keyed = root::has_mac(&bytes);
+            let decoded =
+                root::decode(&bytes, keyed.then_some(&key)).expect("fixture root decodes");
+            let again = root::encode(&decoded, keyed.then_some(&key)).expect("re-encode");
+            assert_eq!(again, bytes, "{} re-encodes byte-identically", p.display());
+            let s = decoded.summary().expect("summary");
+            *schemas.entry(s.schema).or_insert(0) += 1;
+            assert!(matches!(decoded, DecodedRoot::V1(_) | DecodedRoot::V2(_)));
+        }
     }
     assert!(
-        schemas.contains_key(root::SCHEMA_V1) && schemas.contains_key(root::SCHEMA_V2),
+        schemas.contains_key(root::SCHEMA_V1)
+            && schemas.contains_key(root::SCHEMA_V2)
+            && schemas.contains_key(root::SCHEMA_V2_1),
         "{schemas:?}"
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_fixture_context_restores_to_its_recorded_digest() {
-    let exp = expected();
+    for (set, _) in SETS {
+        restore_set(set).await;
+    }
+}
+
+async fn restore_set(set: &str) {
+    let exp = expected(set);
     // Work on a copy: a restore may quarantine, and fixtures are read-only.
     let tmp = tempfile::tempdir().expect("tmp");
-    copy_tree(&set_dir().join("store"), tmp.path());
+    copy_tree(&set_dir(set).join("store"), tmp.path());
     let url = format!("file://{}", tmp.path().display());
     let plain = Store::open(&url, StoreConfig::default()).expect("open");
     let keyed = Store::open(
@@ -146,9 +173,10 @@ async fn every_fixture_context_restores_to_its_recorded_digest() {
     )
     .expect("open");
     for r in &exp.roots {
-        let id =
-            CacheIdentity::from_json(&std::fs::read(set_dir().join(&r.identity_file)).expect("id"))
-                .expect("id");
+        let id = CacheIdentity::from_json(
+            &std::fs::read(set_dir(set).join(&r.identity_file)).expect("id"),
+        )
+        .expect("id");
         assert_eq!(
             id.namespace(),
             r.namespace,
@@ -160,7 +188,7 @@ async fn every_fixture_context_restores_to_its_recorded_digest() {
             RestoreOutcome::Hit(h) => {
                 assert_eq!(h.digest, r.snapshot_digest, "{}", r.label);
                 assert_eq!(h.schema, r.schema, "{}", r.label);
-                let input = std::fs::read(set_dir().join(&r.snapshot_file)).expect("input");
+                let input = std::fs::read(set_dir(set).join(&r.snapshot_file)).expect("input");
                 assert_eq!(h.snapshot.encoded(), &input[..], "{}: bit-exact", r.label);
             }
             RestoreOutcome::Miss(m) => panic!("{}: fixture restore missed: {m}", r.label),
@@ -206,12 +234,104 @@ async fn write_fixture_set() {
     if std::env::var("DELTAPACK_WRITE_FIXTURES").as_deref() != Ok("1") {
         return;
     }
-    let dir = set_dir();
+    let dir = set_dir(NEWEST);
     assert!(
         !dir.exists(),
-        "fixture set {SET} exists and is frozen; add a new set instead"
+        "fixture set {NEWEST} exists and is frozen; add a new set instead"
     );
     std::fs::create_dir_all(dir.join("inputs")).expect("mkdir");
+    match NEWEST {
+        "2026-11-v1v2" => write_v1v2_set(&dir).await,
+        "2026-12-v2.1-chain" => write_chain_set(&dir).await,
+        other => panic!("no writer for fixture set {other}"),
+    }
+    println!("fixture set digest: {}", set_digest(&dir));
+}
+
+/// `2026-12-v2.1-chain`: a five-turn conversation (tiny preset, seed 2026,
+/// 1,024 tokens per turn): turn 1 a flat v2 root, turns 2–5 v2.1 deltas,
+/// each on the turn before; once unkeyed, once with a keyed root MAC.
+async fn write_chain_set(dir: &Path) {
+    let url = format!("file://{}", dir.join("store").display());
+    let m = 4096;
+    let tokens: Vec<u64> = (1..=5).map(|k| k * 1024).collect();
+    let snaps: Vec<_> = tokens.iter().map(|t| turn(2026, *t)).collect();
+    for (t, snap) in tokens.iter().zip(&snaps) {
+        std::fs::write(
+            dir.join(format!("inputs/turn-{t}.snapshot")),
+            snap.encoded(),
+        )
+        .expect("w");
+    }
+    std::fs::write(
+        dir.join("inputs/tokens-5120.u32le"),
+        deltapack::format::context::tokens_to_le_bytes(&deltapack::format::synth::tokens(
+            2026, 5120,
+        )),
+    )
+    .expect("w");
+    let mut roots = Vec::new();
+    for (label, keyed) in [("chain", false), ("chain-keyed", true)] {
+        let id = identity(&format!("fixture-{label}"));
+        let id_file = format!("inputs/identity-{label}.json");
+        std::fs::write(dir.join(&id_file), id.to_json_pretty()).expect("w");
+        let cfg = StoreConfig {
+            max_extent_bytes: m,
+            mac_secret: keyed.then(|| FIXTURE_SECRET.to_vec()),
+            ..Default::default()
+        };
+        let store = Store::open(&url, cfg).expect("open");
+        for (k, (t, snap)) in tokens.iter().zip(&snaps).enumerate() {
+            let c = ctx(&id, 2026, *t as usize);
+            let receipt = if k == 0 {
+                publish_base(&store, &id, c, snap.clone(), RootFormat::V2).await
+            } else {
+                let bc = ctx(&id, 2026, tokens[k - 1] as usize);
+                publish_delta(
+                    &store,
+                    &id,
+                    c,
+                    snap.clone(),
+                    bc,
+                    snaps[k - 1].clone(),
+                    RootFormat::V2,
+                )
+                .await
+            };
+            assert_eq!(receipt.chain_depth as usize, k);
+            roots.push(ExpectedRoot {
+                label: format!("{label}-turn-{}", k + 1),
+                identity_file: id_file.clone(),
+                namespace: id.namespace(),
+                context: c,
+                schema: receipt.schema.clone(),
+                keyed,
+                snapshot_file: format!("inputs/turn-{t}.snapshot"),
+                snapshot_digest: snap.digest(),
+            });
+        }
+    }
+    let exp = Expected {
+        description: "Five-turn synthetic conversation (tiny preset, seed 2026, 1024 tokens per turn): \
+                      turn 1 a flat v2 root, turns 2-5 deltapack-page-delta-manifest/v2.1 roots (chain hints: the \
+                      roots below the base, the chain's payload bytes, the delta header), each on the \
+                      turn before; in two namespaces, unkeyed and with a keyed root MAC. M = 4096 bytes."
+            .into(),
+        max_extent_bytes: m,
+        roots,
+    };
+    std::fs::write(
+        dir.join("expected.json"),
+        serde_json::to_string_pretty(&exp).expect("json"),
+    )
+    .expect("w");
+    // The ledger is derived state, rebuilt from the store by any reader.
+    std::fs::remove_dir_all(dir.join("store/ledger")).expect("rm ledger");
+}
+
+/// `2026-11-v1v2` (released; kept for the record, never run again): base
+/// and delta in four namespaces (v2 raw, v1, v2 zstd, v2 keyed).
+async fn write_v1v2_set(dir: &Path) {
     let url = format!("file://{}", dir.join("store").display());
     let m = 4096;
     let base = turn(2026, 1024);
@@ -280,5 +400,4 @@ async fn write_fixture_set() {
     )
     .expect("w");
     let _: Snapshot = (*base).clone();
-    println!("fixture set digest: {}", set_digest(&dir));
 }

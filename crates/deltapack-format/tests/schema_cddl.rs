@@ -35,8 +35,8 @@ use deltapack_format::root::{
     RootMeta,
 };
 use deltapack_format::{
-    delta, BaseRef, ContextDigest, Digest, ExtentCodec, GroupKind, LayerSpec, Namespace, PageGroup,
-    PageLayout, RootKind, Snapshot, SnapshotHeader,
+    delta, BaseRef, ChainHints, ContextDigest, Digest, ExtentCodec, GroupKind, LayerSpec,
+    Namespace, PageGroup, PageLayout, RootKind, Snapshot, SnapshotHeader,
 };
 use serde_cbor::Value;
 
@@ -76,6 +76,9 @@ struct Docs {
     v1: String,
     /// `manifest-v2.cddl` + `common.cddl` (root rule `manifest-v2`).
     v2: String,
+    /// `manifest-v2.1.cddl` + `manifest-v2.cddl` + `common.cddl` (root rule
+    /// `manifest-v2.1`).
+    v2_1: String,
     /// `envelope.cddl` + both manifests + `common.cddl` (root rule `root-body`).
     body: String,
 }
@@ -85,10 +88,12 @@ impl Docs {
         Docs {
             v1: document(&["manifest-v1.cddl", "common.cddl"]),
             v2: document(&["manifest-v2.cddl", "common.cddl"]),
+            v2_1: document(&["manifest-v2.1.cddl", "manifest-v2.cddl", "common.cddl"]),
             body: document(&[
                 "envelope.cddl",
                 "manifest-v1.cddl",
                 "manifest-v2.cddl",
+                "manifest-v2.1.cddl",
                 "common.cddl",
             ]),
         }
@@ -98,13 +103,16 @@ impl Docs {
         match v {
             Version::V1 => &self.v1,
             Version::V2 => &self.v2,
+            Version::V2_1 => &self.v2_1,
         }
     }
 
-    fn other_version(&self, v: Version) -> &str {
+    /// The other versions' documents: a body must match none of them.
+    fn other_versions(&self, v: Version) -> Vec<&str> {
         match v {
-            Version::V1 => &self.v2,
-            Version::V2 => &self.v1,
+            Version::V1 => vec![&self.v2, &self.v2_1],
+            Version::V2 => vec![&self.v1, &self.v2_1],
+            Version::V2_1 => vec![&self.v1, &self.v2],
         }
     }
 }
@@ -135,6 +143,7 @@ fn validate(doc: &str, cbor: &[u8]) -> Result<(), String> {
 enum Version {
     V1,
     V2,
+    V2_1,
 }
 
 struct Opened<'a> {
@@ -452,6 +461,35 @@ fn build_v2(
     (m, bytes)
 }
 
+/// A v2.1 delta root: the v2 delta plus chain hints naming one root below
+/// its base.
+fn build_v2_1(
+    result: &Snapshot,
+    base: &Snapshot,
+    max_extent_bytes: u64,
+    level: Option<i32>,
+    keyed: bool,
+) -> (ManifestV2, Vec<u8>) {
+    let (m, _) = build_v2(result, Some(base), max_extent_bytes, level, false);
+    let p = payload(result, Some(base));
+    let (_, header_len) = delta::decode_header(&p).expect("header");
+    let m = m
+        .with_chain(ChainHints {
+            ancestors: vec![BaseRef {
+                namespace: namespace(),
+                context: context(u64::from(CHUNK_TOKENS)),
+                snapshot_digest: Digest::blake3(b"the flat root below the base"),
+                boundary: u64::from(CHUNK_TOKENS),
+            }],
+            payload_bytes: p.len() as u64 * 3,
+            delta_header: p[..header_len].to_vec(),
+        })
+        .expect("v2.1 manifest");
+    let key = keyed.then(|| root::mac_key(SECRET));
+    let bytes = encode_v2(&m, key.as_ref()).expect("encode v2.1");
+    (m, bytes)
+}
+
 fn build_v1(result: &Snapshot, base: Option<&Snapshot>, keyed: bool) -> (ManifestV1, Vec<u8>) {
     let p = payload(result, base);
     let chunks = v1_chunks(&p, result.boundary(), CHUNK_TOKENS).expect("chunks");
@@ -498,6 +536,19 @@ fn cases() -> Vec<Case> {
                 decoded: DecodedRoot::V2(manifest),
             });
         }
+        for (name, m, level, keyed) in [
+            ("v2.1 delta raw", 1024, None, false),
+            ("v2.1 delta zstd keyed", 2048, Some(3), true),
+        ] {
+            let (manifest, bytes) = build_v2_1(&result, &base, m, level, keyed);
+            out.push(Case {
+                name: format!("{lname}: {name}"),
+                version: Version::V2_1,
+                keyed,
+                bytes,
+                decoded: DecodedRoot::V2(manifest),
+            });
+        }
         for (name, b, keyed) in [
             ("v1 snapshot", None, false),
             ("v1 snapshot keyed", None, true),
@@ -529,10 +580,12 @@ fn check_root(docs: &Docs, what: &str, bytes: &[u8], version: Version) -> Vec<St
     if let Err(e) = validate(&docs.body, body) {
         panic!("{what}: body does not match root-body: {e}");
     }
-    assert!(
-        validate(docs.other_version(version), body).is_err(),
-        "{what}: a {version:?} body must not match the other manifest version"
-    );
+    for other in docs.other_versions(version) {
+        assert!(
+            validate(other, body).is_err(),
+            "{what}: a {version:?} body must not match another manifest version"
+        );
+    }
     check_key_order(&docs.body, body, what)
 }
 
@@ -645,8 +698,13 @@ fn fixture_roots_match_the_schemas() {
                 check_root(&docs, &what, &bytes, Version::V1);
                 checked += 1;
             }
-            Ok(DecodedRoot::V2(_)) => {
-                check_root(&docs, &what, &bytes, Version::V2);
+            Ok(DecodedRoot::V2(m)) => {
+                let v = if m.chain.is_some() {
+                    Version::V2_1
+                } else {
+                    Version::V2
+                };
+                check_root(&docs, &what, &bytes, v);
                 checked += 1;
             }
             Ok(DecodedRoot::Incompatible { reason }) => {
@@ -944,8 +1002,41 @@ fn invalid_v2_bodies_fail_validation() {
             "v1 chunks field",
             insert("", "chunks", Value::Array(vec![])),
         ),
+        (
+            "v2.1 chain hints in a v2 body",
+            insert("", "chain", Value::Map(Default::default())),
+        ),
     ];
     assert_all_refused(&docs, Version::V2, &body, Decoder::Refuses, mutations);
+
+    // v2.1: the chain hints are required, typed and closed.
+    let (_, v21) = build_v2_1(&result, &base, 1024, None, false);
+    let v21_body = open_envelope(&v21).expect("envelope").body.to_vec();
+    assert_all_refused(
+        &docs,
+        Version::V2_1,
+        &v21_body,
+        Decoder::Refuses,
+        vec![
+            ("no chain", remove("", "chain")),
+            ("v2 schema string", set("schema", text(root::SCHEMA_V2))),
+            ("kind snapshot", set("kind", text("snapshot"))),
+            ("null base", set("base", Value::Null)),
+            (
+                "delta_header as text",
+                set("chain.delta_header", text("DPDELTA")),
+            ),
+            (
+                "ancestors as a number",
+                set("chain.ancestors", Value::Integer(1)),
+            ),
+            ("no payload_bytes", remove("chain", "payload_bytes")),
+            (
+                "unknown chain field",
+                insert("chain", "depth", Value::Integer(3)),
+            ),
+        ],
+    );
 
     // Nullable keys must be present (as null); the decoder is laxer here.
     let (_, snapshot_bytes) = build_v2(&result, None, 1024, None, false);

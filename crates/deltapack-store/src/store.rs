@@ -113,7 +113,7 @@ impl Default for ChainPolicy {
     fn default() -> Self {
         ChainPolicy {
             max_depth: Some(64),
-            max_read_overhead: Some(0.5),
+            max_read_overhead: Some(0.25),
         }
     }
 }

@@ -504,8 +504,9 @@ async fn warm_next_turn_reads_only_its_delta() {
     // Cold: turn 5 reads its chain, each needed extent once (v2.1 roots
     // carry their delta headers: no header probes).
     let before = counters.gets_of_objects();
+    let held = restore(&reader, &conv.id, conv.turns[4].0).await;
     assert_eq!(
-        hit_bytes(restore(&reader, &conv.id, conv.turns[4].0).await),
+        held.hit().expect("hit").snapshot.encoded(),
         conv.turns[4].1.encoded()
     );
     let chain: usize = receipts[..5]
@@ -513,7 +514,8 @@ async fn warm_next_turn_reads_only_its_delta() {
         .map(|r| (r.objects_written + r.objects_reused) as usize)
         .sum();
     assert!(counters.gets_of_objects() - before <= chain);
-    // Warm: turn 6 right after turn 5 reads only its own objects.
+    // Warm: turn 6 right after turn 5, while the caller still holds turn
+    // 5, reads only its own objects.
     let before = counters.gets_of_objects();
     assert_eq!(
         hit_bytes(restore(&reader, &conv.id, conv.turns[5].0).await),
@@ -525,6 +527,24 @@ async fn warm_next_turn_reads_only_its_delta() {
         (r.objects_written + r.objects_reused) as usize
     );
     assert!(reader.stats().base_cache_hits >= 1);
+    // Once the caller lets turn 5 go, the store does not keep it: restoring
+    // turn 6 again reads the chain (the cache never holds a result alive).
+    drop(held);
+    let (c6, _) = conv.turns[5];
+    let fresh_reader = fresh(&s, unbounded(1024));
+    let before = counters.gets_of_objects();
+    let again = restore(&fresh_reader, &conv.id, c6).await;
+    drop(again);
+    let before2 = counters.gets_of_objects();
+    assert!(before2 - before > (r.objects_written + r.objects_reused) as usize);
+    assert_eq!(
+        hit_bytes(restore(&fresh_reader, &conv.id, c6).await),
+        conv.turns[5].1.encoded()
+    );
+    assert!(
+        counters.gets_of_objects() - before2 > (r.objects_written + r.objects_reused) as usize,
+        "a dropped result is not cached"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -120,9 +120,13 @@ async fn concurrent_restores_share_one_fetch() {
             tokio::spawn(async move { s.restore(&id, cb).await })
         })
         .collect();
+    let mut held = Vec::new();
     for t in tasks {
         match t.await.expect("join").expect("restore") {
-            RestoreOutcome::Hit(r) => assert_eq!(r.snapshot.encoded(), b.encoded()),
+            RestoreOutcome::Hit(r) => {
+                assert_eq!(r.snapshot.encoded(), b.encoded());
+                held.push(r);
+            }
             RestoreOutcome::Miss(m) => panic!("miss {m}"),
         }
     }
@@ -134,10 +138,9 @@ async fn concurrent_restores_share_one_fetch() {
         "8 concurrent restores fetched each object once"
     );
     assert!(s.stats().restores_shared >= 7);
-    // The next turn restores from the last one: a warm restore of a delta
-    // over the snapshot just restored reads only its own objects (the
-    // restored result is the verified base the cache keeps), and its base
-    // is never read again.
+    // The next turn restores from the last one: while the caller holds the
+    // snapshot just restored, a delta over it reads only its own objects,
+    // and its base is never read again.
     let (c3, b3) = (ctx(&id, 31, 12288), turn(31, 12288));
     let r3 = publish_delta(&s, &id, c3, b3.clone(), cb, b.clone(), RootFormat::V2).await;
     let before = counters.gets_of_objects();

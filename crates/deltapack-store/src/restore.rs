@@ -674,13 +674,10 @@ impl Store {
             Ok(snapshot) => {
                 self.ledger_touch(&ns, &ctx).await;
                 let snapshot = Arc::new(snapshot);
-                // The next turn's restore starts from here (its delta only).
+                // While the caller holds it, the next turn's restore starts
+                // from here (its delta only).
                 if let Ok(mut c) = self.inner.base_cache.lock() {
-                    c.put(
-                        (ns, ctx, r.want),
-                        snapshot.clone(),
-                        self.config().base_cache_bytes,
-                    );
+                    c.put_handed_out((ns, ctx, r.want), &snapshot);
                 }
                 Ok(RestoreOutcome::Hit(Restored {
                     snapshot,
@@ -876,7 +873,17 @@ impl Store {
                 }
             })?;
         match out {
-            RestoreOutcome::Hit(r) if r.digest == b.snapshot_digest => Ok(Ok(r.snapshot)),
+            RestoreOutcome::Hit(r) if r.digest == b.snapshot_digest => {
+                // A base materialised the old way is kept for its next delta.
+                if let Ok(mut c) = self.inner.base_cache.lock() {
+                    c.put(
+                        (b.namespace, b.context, b.snapshot_digest),
+                        r.snapshot.clone(),
+                        self.config().base_cache_bytes,
+                    );
+                }
+                Ok(Ok(r.snapshot))
+            }
             RestoreOutcome::Hit(r) => gone(format!("restores to {}", r.digest)),
             RestoreOutcome::Miss(m) => gone(m.to_string()),
         }

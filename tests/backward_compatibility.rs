@@ -320,13 +320,17 @@ async fn write_chain_set(dir: &Path) {
         max_extent_bytes: m,
         roots,
     };
-    std::fs::write(
-        dir.join("expected.json"),
-        serde_json::to_string_pretty(&exp).expect("json"),
-    )
-    .expect("w");
+    write_expected(dir, &exp);
     // The ledger is derived state, rebuilt from the store by any reader.
     std::fs::remove_dir_all(dir.join("store/ledger")).expect("rm ledger");
+}
+
+fn write_expected(dir: &Path, exp: &Expected) {
+    std::fs::write(
+        dir.join("expected.json"),
+        serde_json::to_string_pretty(exp).expect("json"),
+    )
+    .expect("w");
 }
 
 /// `2026-11-v1v2` (released; kept for the record, never run again): base
@@ -394,10 +398,6 @@ async fn write_v1v2_set(dir: &Path) {
         max_extent_bytes: m,
         roots,
     };
-    std::fs::write(
-        dir.join("expected.json"),
-        serde_json::to_string_pretty(&exp).expect("json"),
-    )
-    .expect("w");
+    write_expected(dir, &exp);
     let _: Snapshot = (*base).clone();
 }

@@ -18,7 +18,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::instrumented::{Counters, Instrumented};
+use common::instrumented::Counters;
 use common::*;
 use deltapack::format::root::{self, DecodedRoot};
 use deltapack::format::{
@@ -26,8 +26,8 @@ use deltapack::format::{
     SnapshotHeader, SCHEMA_V2_1,
 };
 use deltapack::store::{
-    keys, Backend, BackendKind, ChainPolicy, MissReason, RestoreIntoOutcome, RestoreOutcome,
-    RootFormat, Store, StoreConfig,
+    keys, Backend, ChainPolicy, MissReason, RestoreIntoOutcome, RestoreOutcome, RootFormat, Store,
+    StoreConfig,
 };
 use object_store::{ObjectStoreExt, PutPayload};
 use proptest::prelude::*;
@@ -476,22 +476,7 @@ async fn legacy_v1_self_base_is_a_miss_not_a_hang() {
 }
 
 fn instrumented(delay: Duration, config: StoreConfig) -> (Store, Arc<Counters>) {
-    let counters = Arc::new(Counters::default());
-    let store = Arc::new(Instrumented {
-        inner: raw_backend("memory://").store,
-        counters: counters.clone(),
-        get_delay: delay,
-    });
-    (
-        wrapped(
-            Backend {
-                store,
-                kind: BackendKind::Memory,
-            },
-            config,
-        ),
-        counters,
-    )
+    common::instrumented::instrumented_store(raw_backend("memory://"), delay, config)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

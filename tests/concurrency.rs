@@ -10,32 +10,17 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::instrumented::{Counters, Instrumented};
+use common::instrumented::Counters;
 use common::*;
 use deltapack::store::publish::PUBLISH_BATCH;
 use deltapack::store::restore::RESTORE_IN_FLIGHT;
 use deltapack::store::{
-    Backend, BackendKind, MissReason, PublishOutcome, PublishRequest, RestoreIntoOutcome,
-    RestoreOptions, RestoreOutcome, RootFormat,
+    Backend, MissReason, PublishOutcome, PublishRequest, RestoreIntoOutcome, RestoreOptions,
+    RestoreOutcome, RootFormat,
 };
 
 fn instrumented(inner: Backend, delay: Duration) -> (deltapack::store::Store, Arc<Counters>) {
-    let counters = Arc::new(Counters::default());
-    let store = Arc::new(Instrumented {
-        inner: inner.store,
-        counters: counters.clone(),
-        get_delay: delay,
-    });
-    (
-        wrapped(
-            Backend {
-                store,
-                kind: BackendKind::Memory,
-            },
-            config(),
-        ),
-        counters,
-    )
+    common::instrumented::instrumented_store(inner, delay, config())
 }
 
 async fn racing_writers(t: TestStore) {

@@ -211,3 +211,29 @@ impl ObjectStore for Instrumented {
         self.inner.copy_opts(from, to, options).await
     }
 }
+
+/// A store over `inner` wrapped in an [`Instrumented`] layer (reported as a
+/// memory backend, so restores stream through `object_store`), with its
+/// counters.
+pub fn instrumented_store(
+    inner: deltapack::store::Backend,
+    delay: Duration,
+    config: deltapack::store::StoreConfig,
+) -> (deltapack::store::Store, Arc<Counters>) {
+    let counters = Arc::new(Counters::default());
+    let store = Arc::new(Instrumented {
+        inner: inner.store,
+        counters: counters.clone(),
+        get_delay: delay,
+    });
+    (
+        super::wrapped(
+            deltapack::store::Backend {
+                store,
+                kind: deltapack::store::BackendKind::Memory,
+            },
+            config,
+        ),
+        counters,
+    )
+}

@@ -528,10 +528,8 @@ fn machine_busy_jiffies() -> u64 {
         .sum()
 }
 
-/// Drops every file under `dir` from the page cache
-/// (`posix_fadvise(POSIX_FADV_DONTNEED)`). Returns the number of files.
-fn evict(dir: &FsPath) -> Result<usize> {
-    let mut n = 0;
+/// Calls `f` on every regular file below `dir` (depth first).
+pub(crate) fn for_each_file(dir: &FsPath, mut f: impl FnMut(&FsPath) -> Result<()>) -> Result<()> {
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         for entry in std::fs::read_dir(&d).with_context(|| format!("listing {}", d.display()))? {
@@ -540,13 +538,23 @@ fn evict(dir: &FsPath) -> Result<usize> {
             if ft.is_dir() {
                 stack.push(entry.path());
             } else if ft.is_file() {
-                let f = File::open(entry.path())?;
-                fadvise_dontneed(&f)
-                    .with_context(|| format!("evicting {}", entry.path().display()))?;
-                n += 1;
+                f(&entry.path())?;
             }
         }
     }
+    Ok(())
+}
+
+/// Drops every file under `dir` from the page cache
+/// (`posix_fadvise(POSIX_FADV_DONTNEED)`). Returns the number of files.
+fn evict(dir: &FsPath) -> Result<usize> {
+    let mut n = 0;
+    for_each_file(dir, |p| {
+        let f = File::open(p)?;
+        fadvise_dontneed(&f).with_context(|| format!("evicting {}", p.display()))?;
+        n += 1;
+        Ok(())
+    })?;
     Ok(n)
 }
 

@@ -250,18 +250,12 @@ fn clone_store(from: &FsPath, to: &FsPath) -> Result<()> {
 /// Total bytes of the files under `dir/objects`.
 fn objects_bytes(dir: &FsPath) -> u64 {
     let mut n = 0;
-    let mut stack = vec![dir.join("objects")];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            match e.metadata() {
-                Ok(m) if m.is_dir() => stack.push(e.path()),
-                Ok(m) => n += m.len(),
-                Err(_) => {}
-            }
-        }
+    let counted = super::for_each_file(&dir.join("objects"), |p| {
+        n += std::fs::metadata(p)?.len();
+        Ok(())
+    });
+    if counted.is_err() {
+        return 0;
     }
     n
 }
@@ -272,25 +266,16 @@ fn warm_page_cache(dir: &FsPath) -> Result<u64> {
     use std::io::Read;
     let mut buf = vec![0u8; 1 << 20];
     let mut total = 0u64;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).with_context(|| format!("listing {}", d.display()))? {
-            let entry = entry?;
-            let ft = entry.file_type()?;
-            if ft.is_dir() {
-                stack.push(entry.path());
-            } else if ft.is_file() {
-                let mut f = std::fs::File::open(entry.path())?;
-                loop {
-                    let n = f.read(&mut buf)?;
-                    if n == 0 {
-                        break;
-                    }
-                    total += n as u64;
-                }
+    super::for_each_file(dir, |p| {
+        let mut f = std::fs::File::open(p)?;
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                return Ok(());
             }
+            total += n as u64;
         }
-    }
+    })?;
     Ok(total)
 }
 

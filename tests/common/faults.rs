@@ -34,6 +34,14 @@ pub struct FaultPlan {
     pub flip_bodies: bool,
     /// Seed for `fail_fraction`.
     pub seed: u64,
+    /// Flip one bit in the bodies of the next this many GETs whose key
+    /// starts with `once_prefix` (damage in transit), then stop.
+    pub flip_next: u64,
+    /// Fail the next this many GETs whose key starts with `once_prefix`
+    /// (a transient error), then stop.
+    pub fail_next: u64,
+    /// Key prefix `flip_next` and `fail_next` apply to ("" = every key).
+    pub once_prefix: &'static str,
 }
 
 /// The wrapper.
@@ -71,6 +79,32 @@ impl Faulty {
     /// Operations seen so far.
     pub fn ops(&self) -> u64 {
         self.ops.load(Ordering::SeqCst)
+    }
+
+    /// Replaces the plan (e.g. arms a one-shot fault after setting up).
+    pub fn set_plan(&self, plan: FaultPlan) {
+        if let Ok(mut p) = self.plan.lock() {
+            *p = plan;
+        }
+    }
+
+    /// Takes one of the one-shot faults for a GET of `key`: (fail, flip).
+    fn one_shot(&self, key: &str) -> (bool, bool) {
+        let Ok(mut p) = self.plan.lock() else {
+            return (false, false);
+        };
+        if !key.starts_with(p.once_prefix) {
+            return (false, false);
+        }
+        if p.fail_next > 0 {
+            p.fail_next -= 1;
+            return (true, false);
+        }
+        if p.flip_next > 0 {
+            p.flip_next -= 1;
+            return (false, true);
+        }
+        (false, false)
     }
 
     /// Faults injected so far.
@@ -128,10 +162,22 @@ impl ObjectStore for Faulty {
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
         self.gate("get").await?;
+        let head = options.head;
+        let (fail_once, flip_once) = if head {
+            (false, false)
+        } else {
+            self.one_shot(location.as_ref())
+        };
+        if fail_once {
+            self.injected.fetch_add(1, Ordering::SeqCst);
+            return Err(injected("get (one-shot)", self.ops()));
+        }
         let r = self.inner.get_opts(location, options).await?;
         let plan = self.plan();
-        if !(plan.truncate_bodies || plan.flip_bodies) || !location.as_ref().starts_with("objects/")
-        {
+        let damage = flip_once
+            || ((plan.truncate_bodies || plan.flip_bodies)
+                && location.as_ref().starts_with("objects/"));
+        if !damage {
             return Ok(r);
         }
         let (meta, range, attributes, extensions) = (
@@ -144,7 +190,7 @@ impl ObjectStore for Faulty {
         if plan.truncate_bodies {
             b.pop();
         }
-        if plan.flip_bodies && !b.is_empty() {
+        if (plan.flip_bodies || flip_once) && !b.is_empty() {
             let i = b.len() / 3;
             b[i] ^= 0x04;
         }

@@ -46,6 +46,26 @@ impl KeyArgs {
     }
 }
 
+/// The ledger cold-start policies a command may choose: the library's
+/// `ColdStart::Clear` deletes every root and object, so no command offers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum ColdStartArg {
+    /// Trust the persisted ledger after a consistency check.
+    Load,
+    /// Rebuild the ledger from the store.
+    Rebuild,
+}
+
+impl ColdStartArg {
+    /// The library policy.
+    pub(crate) fn policy(self) -> deltapack_store::ColdStart {
+        match self {
+            ColdStartArg::Load => deltapack_store::ColdStart::Load,
+            ColdStartArg::Rebuild => deltapack_store::ColdStart::Rebuild,
+        }
+    }
+}
+
 /// Capacity options shared by the commands that open a store.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct CapacityArgs {
@@ -60,9 +80,11 @@ pub(crate) struct CapacityArgs {
     /// Zero is only safe for a store used by one process.
     #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = crate::sweep::parse_duration)]
     pub(crate) grace: Duration,
-    /// What to do with the persisted ledger at open: load, rebuild or clear.
-    #[arg(long, value_name = "POLICY", default_value = "load")]
-    pub(crate) cold_start: deltapack_store::ColdStart,
+    /// What to do with the persisted ledger at open: load (check it against
+    /// a listing, rebuild if it disagrees) or rebuild. Emptying a store is
+    /// `deltapack clear --yes`, never a side effect of another command.
+    #[arg(long, value_name = "POLICY", value_enum, default_value = "load")]
+    pub(crate) cold_start: ColdStartArg,
     /// Prefill rate in tokens/s, to count hits that beat recomputation.
     #[arg(long, value_name = "TOKENS_PER_S")]
     pub(crate) prefill_rate: Option<f64>,
@@ -75,7 +97,7 @@ impl CapacityArgs {
             budget_bytes: self.budget,
             min_free_bytes: self.min_free,
             grace: self.grace,
-            cold_start: self.cold_start,
+            cold_start: self.cold_start.policy(),
             prefill_tokens_per_s: self.prefill_rate,
             ..c
         }

@@ -32,6 +32,8 @@ use clap::{ArgGroup, Parser, Subcommand};
 pub(crate) const EXIT_MISS: u8 = 3;
 /// Exit code of an error.
 pub(crate) const EXIT_ERROR: u8 = 1;
+/// Exit code of a usage error (as clap's).
+pub(crate) const EXIT_USAGE: u8 = 2;
 
 /// Authenticated macro-object delta store for paged prefix state.
 #[derive(Debug, Parser)]

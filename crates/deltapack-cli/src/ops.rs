@@ -98,6 +98,10 @@ pub(crate) struct ClearArgs {
     /// Print the plan without changing anything.
     #[arg(long)]
     dry_run: bool,
+    /// Confirm: delete every root and object in scope (required unless
+    /// --dry-run).
+    #[arg(long)]
+    yes: bool,
 }
 
 /// `deltapack invalidate`.
@@ -213,6 +217,18 @@ pub(crate) async fn prune(a: PruneArgs) -> Result<ExitCode> {
 }
 
 pub(crate) async fn clear(a: ClearArgs) -> Result<ExitCode> {
+    if !a.yes && !a.dry_run {
+        eprintln!(
+            "error: `deltapack clear` deletes every root and object{}; run it again with --yes \
+             (or see what it would remove with --dry-run)",
+            if a.namespace.is_some() {
+                " of the namespace"
+            } else {
+                " of the store"
+            }
+        );
+        return Ok(ExitCode::from(crate::EXIT_USAGE));
+    }
     let store = a.s.open()?;
     let r = store
         .clear(a.namespace.as_deref().map(ns).transpose()?, a.dry_run)

@@ -440,11 +440,32 @@ impl Store {
         ctx: &ContextDigest,
         quarantine: bool,
     ) -> Result<RootStatus> {
+        let (status, damaged) = self.read_root_once(ns, ctx).await?;
+        if !(damaged && quarantine) {
+            return Ok(status);
+        }
+        // Quarantine needs proof: a bad read may be damage in transit, so
+        // the root is read once more and moved aside only if it is damaged
+        // again.
+        let (again, damaged) = self.read_root_once(ns, ctx).await?;
+        if damaged {
+            self.quarantine(&keys::root_key(ns, ctx)).await;
+        }
+        Ok(again)
+    }
+
+    /// One read and decode of a root; `true` with an unusable status when
+    /// the bytes read are damaged (not when they are unknown or forged).
+    async fn read_root_once(
+        &self,
+        ns: &Namespace,
+        ctx: &ContextDigest,
+    ) -> Result<(RootStatus, bool)> {
         let key = keys::root_key(ns, ctx);
         let store = self.object_store();
         let got = match store.get(&key).await {
             Ok(g) => g,
-            Err(object_store::Error::NotFound { .. }) => return Ok(RootStatus::Absent),
+            Err(object_store::Error::NotFound { .. }) => return Ok((RootStatus::Absent, false)),
             Err(e) => return Err(StoreError::io(&key, e)),
         };
         if got.meta.size > MAX_ROOT_OBJECT {
@@ -452,16 +473,14 @@ impl Store {
                 "root {key} is {} bytes, limit {MAX_ROOT_OBJECT}",
                 got.meta.size
             );
-            if quarantine {
-                self.quarantine(&key).await;
-            }
-            return Ok(RootStatus::Unusable(MissReason::Corrupt { what }));
+            return Ok((RootStatus::Unusable(MissReason::Corrupt { what }), true));
         }
         let bytes = got.bytes().await.map_err(|e| StoreError::io(&key, e))?;
         Ok(match root::decode(&bytes, self.inner.mac_key.as_ref()) {
-            Ok(DecodedRoot::Incompatible { reason }) => {
-                RootStatus::Unusable(MissReason::Incompatible { detail: reason })
-            }
+            Ok(DecodedRoot::Incompatible { reason }) => (
+                RootStatus::Unusable(MissReason::Incompatible { detail: reason }),
+                false,
+            ),
             Ok(decoded) => {
                 let s = decoded
                     .summary()
@@ -473,24 +492,19 @@ impl Store {
                         s.context.hex()
                     );
                     tracing::warn!(%what, "refusing misplaced root");
-                    if quarantine {
-                        self.quarantine(&key).await;
-                    }
-                    RootStatus::Unusable(MissReason::Corrupt { what })
+                    (RootStatus::Unusable(MissReason::Corrupt { what }), true)
                 } else {
-                    RootStatus::Found(Box::new(decoded))
+                    (RootStatus::Found(Box::new(decoded)), false)
                 }
             }
-            Err(deltapack_format::Error::Unauthenticated(detail)) => {
-                RootStatus::Unusable(MissReason::Unauthenticated { detail })
-            }
+            Err(deltapack_format::Error::Unauthenticated(detail)) => (
+                RootStatus::Unusable(MissReason::Unauthenticated { detail }),
+                false,
+            ),
             Err(e) => {
                 let what = format!("root {key}: {e}");
                 tracing::warn!(%what, "corrupt root");
-                if quarantine {
-                    self.quarantine(&key).await;
-                }
-                RootStatus::Unusable(MissReason::Corrupt { what })
+                (RootStatus::Unusable(MissReason::Corrupt { what }), true)
             }
         })
     }

@@ -461,7 +461,22 @@ impl Store {
         }
     }
 
+    /// Whether `key` is what the roots referencing it say. Quarantine needs
+    /// proof: a failed check is read and checked once more (damage in
+    /// transit is not damage at rest), and a read error is retried once,
+    /// then reported as an error — never as corruption.
     async fn verify_object(&self, key: &Path, r: &Referenced) -> Result<bool> {
+        match self.verify_object_once(key, r).await {
+            Ok(true) => Ok(true),
+            Ok(false) | Err(StoreError::Io { .. }) => {
+                tracing::warn!(%key, "object failed a check or a read; reading it once more");
+                self.verify_object_once(key, r).await
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn verify_object_once(&self, key: &Path, r: &Referenced) -> Result<bool> {
         let bytes = match self.fetch_exact(key, r.stored_len).await? {
             Ok(b) => b,
             Err(_) => return Ok(false),

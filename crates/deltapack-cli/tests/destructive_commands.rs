@@ -1,0 +1,161 @@
+//! Only the commands that say they delete may delete.
+//!
+//! A read command once accepted `--cold-start clear`, returned a hit, and
+//! left an empty store behind. This file guards that no command but
+//! `deltapack clear` can empty a store, that `clear` asks for `--yes` (a
+//! dry run needs none), and that a refused command leaves every root and
+//! object where it was.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn deltapack(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_deltapack"))
+        .args(args)
+        .current_dir(dir)
+        .env("RUST_LOG", "error")
+        .env_remove("DELTAPACK_ROOT_KEY")
+        .output()
+        .expect("run the deltapack binary")
+}
+
+fn expect_code(dir: &Path, args: &[&str], code: i32) -> String {
+    let out = deltapack(dir, args);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "deltapack {args:?}\nstdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Every file below `dir`, sorted.
+fn files(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).expect("prefix").display().to_string());
+            }
+        }
+    }
+    out.retain(|f| f.starts_with("roots/") || f.starts_with("objects/"));
+    out.sort();
+    out
+}
+
+#[test]
+fn only_clear_with_yes_empties_a_store() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let store = format!("file://{}", dir.join("store").display());
+    let s = store.as_str();
+    let id = expect_code(dir, &["identity", "--example"], 0);
+    std::fs::write(dir.join("id.json"), id).expect("id");
+    expect_code(
+        dir,
+        &[
+            "synth",
+            "--preset",
+            "tiny",
+            "--seed",
+            "3",
+            "--tokens",
+            "2048",
+            "--out",
+            "a.snap",
+            "--tokens-out",
+            "a.tok",
+        ],
+        0,
+    );
+    expect_code(
+        dir,
+        &[
+            "publish",
+            "--store",
+            s,
+            "--identity",
+            "id.json",
+            "--tokens",
+            "a.tok",
+            "--snapshot",
+            "a.snap",
+        ],
+        0,
+    );
+    let before = files(&dir.join("store"));
+    assert!(before.iter().any(|f| f.starts_with("roots/")), "{before:?}");
+
+    // No command accepts a cold-start policy that deletes: a usage error
+    // (exit 2) before the store is opened, and nothing changes.
+    let restore = [
+        "restore",
+        "--store",
+        s,
+        "--identity",
+        "id.json",
+        "--tokens",
+        "a.tok",
+        "--out",
+        "r.snap",
+        "--cold-start",
+        "clear",
+    ];
+    expect_code(dir, &restore, 2);
+    let publish = [
+        "publish",
+        "--store",
+        s,
+        "--identity",
+        "id.json",
+        "--tokens",
+        "a.tok",
+        "--snapshot",
+        "a.snap",
+        "--cold-start",
+        "clear",
+    ];
+    expect_code(dir, &publish, 2);
+    expect_code(dir, &["stats", "--store", s, "--cold-start", "clear"], 2);
+    assert_eq!(
+        files(&dir.join("store")),
+        before,
+        "refused commands change nothing"
+    );
+    // The policies that do not delete still work.
+    let restore_rebuild = [
+        "restore",
+        "--store",
+        s,
+        "--identity",
+        "id.json",
+        "--tokens",
+        "a.tok",
+        "--out",
+        "r.snap",
+        "--cold-start",
+        "rebuild",
+    ];
+    expect_code(dir, &restore_rebuild, 0);
+    assert_eq!(files(&dir.join("store")), before);
+
+    // `clear` without --yes refuses (exit 2), a dry run needs no --yes and
+    // changes nothing, and `clear --yes` empties the store.
+    expect_code(dir, &["clear", "--store", s], 2);
+    expect_code(dir, &["clear", "--store", s, "--dry-run"], 0);
+    assert_eq!(files(&dir.join("store")), before);
+    expect_code(dir, &["clear", "--store", s, "--yes"], 0);
+    assert!(
+        !files(&dir.join("store"))
+            .iter()
+            .any(|f| f.starts_with("roots/")),
+        "clear --yes removed every root"
+    );
+}

@@ -222,23 +222,38 @@ pub fn remove_staging_files(root: &FsPath, min_age: std::time::Duration) -> std:
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => return Err(e),
         };
+        // Other processes (writers, sweeps, other opens) change the tree
+        // meanwhile: an entry that is gone by the time it is looked at, or
+        // removed by someone else first, is simply done.
+        let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
         for entry in entries {
-            let entry = entry?;
-            let ft = entry.file_type()?;
+            let entry = match entry {
+                Ok(e) => e,
+                Err(e) if gone(&e) => continue,
+                Err(e) => return Err(e),
+            };
+            let ft = match entry.file_type() {
+                Ok(t) => t,
+                Err(e) if gone(&e) => continue,
+                Err(e) => return Err(e),
+            };
             if ft.is_dir() {
                 stack.push(entry.path());
             } else if ft.is_file() && entry.file_name().to_str().is_some_and(is_staging_name) {
-                let age = entry
-                    .metadata()?
-                    .modified()
-                    .ok()
-                    .and_then(|m| now.duration_since(m).ok());
+                let age = match entry.metadata() {
+                    Ok(m) => m.modified().ok().and_then(|m| now.duration_since(m).ok()),
+                    Err(e) if gone(&e) => continue,
+                    Err(e) => return Err(e),
+                };
                 if age.unwrap_or_default() < min_age {
                     continue;
                 }
                 tracing::info!(path = %entry.path().display(), "removing orphaned staging file");
-                std::fs::remove_file(entry.path())?;
-                removed += 1;
+                match std::fs::remove_file(entry.path()) {
+                    Ok(()) => removed += 1,
+                    Err(e) if gone(&e) => {}
+                    Err(e) => return Err(e),
+                }
             }
         }
     }

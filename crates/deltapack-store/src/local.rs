@@ -245,23 +245,61 @@ impl Drop for AlignedBuf {
 /// written normally).
 #[cfg(target_os = "linux")]
 pub(crate) fn create_direct(root: &FsPath, key: &Path, parts: &[Bytes]) -> std::io::Result<bool> {
+    create_direct_with(root, key, parts, &|| {})
+}
+
+/// [`create_direct`] with a hook run between the directory check and the
+/// staging file's creation: the window in which another process's cleanup
+/// can remove the directory (tests put that removal there).
+#[cfg(target_os = "linux")]
+fn create_direct_with(
+    root: &FsPath,
+    key: &Path,
+    parts: &[Bytes],
+    between: &dyn Fn(),
+) -> std::io::Result<bool> {
     let dest = root.join(key.as_ref());
-    if dest.exists() {
-        return Ok(false);
-    }
     let dir = dest
         .parent()
         .ok_or_else(|| std::io::Error::other(format!("object key {key} has no directory")))?;
+    // The fan-out directory can vanish at any moment: a delete elsewhere
+    // removes empty directories (automatic cleanup), possibly between our
+    // check and our create. A create that finds its directory gone makes
+    // it again and retries; a directory that keeps vanishing is an error.
+    let mut attempts = 0;
+    loop {
+        match create_once(root, dir, &dest, parts, between) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && attempts < 16 => {
+                attempts += 1;
+                tracing::debug!(%key, attempts, "directory vanished during a create; retrying");
+            }
+            other => return other,
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn create_once(
+    root: &FsPath,
+    dir: &FsPath,
+    dest: &FsPath,
+    parts: &[Bytes],
+    between: &dyn Fn(),
+) -> std::io::Result<bool> {
+    if dest.exists() {
+        return Ok(false);
+    }
     if !dir.is_dir() {
         create_dirs_durably(root, dir)?;
     }
-    let (file, staging) = create_staging(&dest)?;
+    between();
+    let (file, staging) = create_staging(dest)?;
     let written = write_parts(file, &staging, parts).and_then(|f| {
         f.sync_all()?;
         drop(f);
         Ok(())
     });
-    let linked = written.and_then(|()| std::fs::hard_link(&staging, &dest));
+    let linked = written.and_then(|()| std::fs::hard_link(&staging, dest));
     let _ = std::fs::remove_file(&staging);
     match linked {
         Ok(()) => {
@@ -432,6 +470,41 @@ fn write_parts(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A create whose fan-out directory is removed (by another process's
+    /// cleanup of empty directories) between its check and its create makes
+    /// the directory again and lands; the old code failed with NotFound.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_create_survives_its_directory_vanishing() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let root = tmp.path();
+        let key = Path::from(format!("objects/blake3/ab/ab{:062x}", 1));
+        let dir = root.join("objects/blake3/ab");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let removals = std::cell::Cell::new(0);
+        let vanish = || {
+            if removals.get() < 3 {
+                std::fs::remove_dir(&dir).expect("the directory is empty");
+                removals.set(removals.get() + 1);
+            }
+        };
+        let created = create_direct_with(root, &key, &[Bytes::from_static(b"bytes")], &vanish);
+        assert!(matches!(created, Ok(true)), "{created:?}");
+        assert_eq!(removals.get(), 3, "the directory vanished three times");
+        assert_eq!(
+            std::fs::read(root.join(key.as_ref())).expect("object"),
+            b"bytes"
+        );
+        // A directory that never stays is an error, not a hang.
+        let key2 = Path::from(format!("objects/blake3/cd/cd{:062x}", 2));
+        let dir2 = root.join("objects/blake3/cd");
+        let always = || {
+            let _ = std::fs::remove_dir(&dir2);
+        };
+        let r = create_direct_with(root, &key2, &[Bytes::from_static(b"x")], &always);
+        assert!(r.is_err(), "{r:?}");
+    }
 
     /// The local write path: exact bytes from unaligned parts of awkward
     /// sizes (direct I/O blocks, bounce-buffer boundaries, a buffered tail),

@@ -287,6 +287,7 @@ fn create_once(
     between: &dyn Fn(),
 ) -> std::io::Result<bool> {
     if dest.exists() {
+        make_durable(dest, dir)?;
         return Ok(false);
     }
     if !dir.is_dir() {
@@ -306,9 +307,23 @@ fn create_once(
             std::fs::File::open(dir)?.sync_all()?;
             Ok(true)
         }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            make_durable(dest, dir)?;
+            Ok(false)
+        }
         Err(e) => Err(e),
     }
+}
+
+/// Makes an object another writer created durable before this publication
+/// relies on it: that writer may have linked it and not yet synced the
+/// directory (or crashed before it did), and a root must never outlive an
+/// object it names. Cheap next to a write: the file's data is already on
+/// its way, and syncing clean pages costs nothing.
+#[cfg(target_os = "linux")]
+fn make_durable(dest: &FsPath, dir: &FsPath) -> std::io::Result<()> {
+    std::fs::File::open(dest)?.sync_all()?;
+    std::fs::File::open(dir)?.sync_all()
 }
 
 /// Creates `dir` (under `root`) and fsyncs every directory whose entries

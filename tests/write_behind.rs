@@ -76,3 +76,105 @@ async fn read_your_writes_under_a_full_queue() {
         );
     }
 }
+
+/// A conversation published turn after turn through write-behind, with two
+/// writers and a queue of one (so some turns publish inline while their
+/// base is still queued or being written): every delta waits for its base,
+/// nothing fails, and every turn restores exactly from the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_chain_publishes_in_order_through_two_writers() {
+    let slow = Arc::new(Faulty::new(
+        raw_backend("memory://").store,
+        FaultPlan {
+            latency: Duration::from_millis(5),
+            ..Default::default()
+        },
+    ));
+    let store = wrapped(
+        Backend {
+            store: slow,
+            kind: deltapack::store::BackendKind::Memory,
+        },
+        config(),
+    );
+    let wb = WriteBehind::new(store.clone(), 1, 2);
+    let id = identity("write-behind-chain");
+    let turns: Vec<_> = (1..=8u64)
+        .map(|k| (ctx(&id, 61, (k * 1024) as usize), turn(61, k * 1024)))
+        .collect();
+    for (i, (c, s)) in turns.iter().enumerate() {
+        let base = (i > 0).then(|| deltapack::store::BaseInput {
+            context: turns[i - 1].0,
+            snapshot: turns[i - 1].1.clone(),
+        });
+        wb.publish_async(PublishRequest {
+            identity: id.clone(),
+            context: *c,
+            snapshot: s.clone(),
+            base,
+            format: RootFormat::V2,
+        })
+        .await
+        .expect("publish_async");
+    }
+    let report = wb.shutdown().await.expect("shutdown");
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(report.written, turns.len() as u64);
+    for (c, s) in &turns {
+        assert_eq!(restore_bytes(&store, &id, *c).await, s.encoded());
+    }
+}
+
+/// A publication that can only end in a conflict is refused when it is
+/// queued, and the buffer never serves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflicting_publication_is_refused_at_enqueue() {
+    let store = memory(config()).store;
+    let id = identity("write-behind-conflict");
+    let c = ctx(&id, 62, 2048);
+    let (a, b) = (turn(62, 2048), turn(63, 2048));
+    publish_base(&store, &id, c, a.clone(), RootFormat::V2).await;
+    let wb = WriteBehind::new(store.clone(), 4, 1);
+    let refused = wb
+        .publish_async(PublishRequest {
+            identity: id.clone(),
+            context: c,
+            snapshot: b.clone(),
+            base: None,
+            format: RootFormat::V2,
+        })
+        .await;
+    assert!(refused.is_err(), "a conflicting publish_async is refused");
+    // The store's root is what a reader sees, never the refused snapshot.
+    match wb.restore(&id, c).await.expect("restore") {
+        RestoreOutcome::Hit(h) => assert_eq!(h.snapshot.encoded(), a.encoded()),
+        RestoreOutcome::Miss(m) => panic!("{m}"),
+    }
+    // A second buffered snapshot of a context already buffered with other
+    // bytes is refused too.
+    let c2 = ctx(&id, 64, 2048);
+    let slow = WriteBehind::new(store.clone(), 4, 1);
+    slow.publish_async(PublishRequest {
+        identity: id.clone(),
+        context: c2,
+        snapshot: turn(64, 2048),
+        base: None,
+        format: RootFormat::V2,
+    })
+    .await
+    .expect("first");
+    let second = slow
+        .publish_async(PublishRequest {
+            identity: id.clone(),
+            context: c2,
+            snapshot: turn(65, 2048),
+            base: None,
+            format: RootFormat::V2,
+        })
+        .await;
+    assert!(second.is_err(), "two different snapshots for one context");
+    let report = slow.shutdown().await.expect("shutdown");
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    let r = wb.shutdown().await.expect("shutdown");
+    assert!(r.failed.is_empty(), "{:?}", r.failed);
+}

@@ -10,6 +10,14 @@
 //! payload cannot exist by construction (one map holds both); if the map were
 //! ever inconsistent that would be reported as an error, never a quiet miss.
 //!
+//! The buffer serves only what will publish: a publication is checked when
+//! it is queued — against the root already stored for its context and any
+//! other snapshot buffered for it (a conflict is refused at once), and, for a
+//! delta, against its base, which must be stored or itself buffered with the
+//! same digest. A delta whose base is still queued waits for that base's
+//! publication before its own starts, so turns of one conversation publish
+//! in order whatever the number of writers.
+//!
 //! The queue is bounded and never drops: when it is full the caller publishes
 //! inline (and that is counted). [`WriteBehind::shutdown`] stops accepting
 //! work and waits until every queued publication finished.
@@ -25,9 +33,33 @@ use tokio::sync::mpsc;
 use crate::error::{Result, StoreError};
 use crate::publish::{PublishOutcome, PublishRequest};
 use crate::restore::{RestoreOutcome, Restored};
-use crate::store::Store;
+use crate::store::{RootStatus, Store};
 
 type Key = (Namespace, ContextDigest);
+
+/// A buffered snapshot: served to readers until its publication finished,
+/// which `done` announces (a delta waiting for this base listens to it).
+struct Entry {
+    snapshot: Arc<Snapshot>,
+    digest: deltapack_format::Digest,
+    done: tokio::sync::watch::Sender<bool>,
+}
+
+/// A queued publication, and the base publication it must wait for.
+struct Job {
+    req: PublishRequest,
+    after: Option<tokio::sync::watch::Receiver<bool>>,
+}
+
+/// Waits until a base's publication finished (or its entry is gone).
+async fn wait_for(after: Option<tokio::sync::watch::Receiver<bool>>) {
+    let Some(mut rx) = after else { return };
+    while !*rx.borrow_and_update() {
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
 
 /// Counters of a write-behind queue.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
@@ -45,7 +77,7 @@ pub struct WriteBehindReport {
 }
 
 struct Shared {
-    buffer: Mutex<HashMap<Key, (Arc<Snapshot>, deltapack_format::Digest)>>,
+    buffer: Mutex<HashMap<Key, Entry>>,
     accepted: AtomicU64,
     written: AtomicU64,
     inline: AtomicU64,
@@ -56,7 +88,7 @@ struct Shared {
 /// A write-behind publisher over a store.
 pub struct WriteBehind {
     store: Store,
-    tx: Option<mpsc::Sender<PublishRequest>>,
+    tx: Option<mpsc::Sender<Job>>,
     shared: Arc<Shared>,
     workers: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -74,10 +106,15 @@ impl Shared {
                 }
             }
         }
-        // Durable (or failed): the buffer no longer stands in for the store.
+        // Durable (or failed): the buffer no longer stands in for the store,
+        // and deltas waiting for this base may go.
         if let Ok(mut b) = self.buffer.lock() {
-            if b.get(key).is_some_and(|s| Arc::ptr_eq(&s.0, snapshot)) {
-                b.remove(key);
+            if b.get(key)
+                .is_some_and(|e| Arc::ptr_eq(&e.snapshot, snapshot))
+            {
+                if let Some(e) = b.remove(key) {
+                    e.done.send_replace(true);
+                }
             }
         }
     }
@@ -86,7 +123,7 @@ impl Shared {
 impl WriteBehind {
     /// Starts `workers` writer tasks with a queue of `capacity` jobs.
     pub fn new(store: Store, capacity: usize, workers: usize) -> Self {
-        let (tx, rx) = mpsc::channel::<PublishRequest>(capacity.max(1));
+        let (tx, rx) = mpsc::channel::<Job>(capacity.max(1));
         let rx = Arc::new(tokio::sync::Mutex::new(rx));
         let shared = Arc::new(Shared {
             buffer: Mutex::new(HashMap::new()),
@@ -102,7 +139,8 @@ impl WriteBehind {
                 tokio::spawn(async move {
                     loop {
                         let job = rx.lock().await.recv().await;
-                        let Some(req) = job else { break };
+                        let Some(Job { req, after }) = job else { break };
+                        wait_for(after).await;
                         let key = (req.identity.namespace(), req.context);
                         let snapshot = req.snapshot.clone();
                         let r = store.publish(req).await.map(|r| r.outcome);
@@ -119,16 +157,101 @@ impl WriteBehind {
         }
     }
 
-    /// Buffers the snapshot, makes it visible to [`WriteBehind::restore`],
-    /// and queues its publication; publishes inline if the queue is full.
+    /// Checks the publication, buffers the snapshot, makes it visible to
+    /// [`WriteBehind::restore`], and queues its publication (after its base's,
+    /// if that is still queued); publishes inline if the queue is full.
+    ///
+    /// Refused at once (nothing buffered): an invalid identity; a context
+    /// whose stored root, or another buffered snapshot, holds other bytes
+    /// (a conflict); a delta whose base is neither stored nor buffered with
+    /// the base snapshot's digest. Publishing a snapshot that is already
+    /// stored or buffered is a no-op.
     pub async fn publish_async(&self, req: PublishRequest) -> Result<()> {
         req.identity.validate()?;
-        let key = (req.identity.namespace(), req.context);
+        let ns = req.identity.namespace();
+        let key = (ns, req.context);
         let snapshot = req.snapshot.clone();
-        // buffer → index (one map) …
         let digest = snapshot.digest();
+        let conflict = |held: deltapack_format::Digest| {
+            Err(StoreError::Invalid(format!(
+                "conflict: context {} already holds {held}, this snapshot is {digest}; \
+                 nothing was buffered",
+                req.context
+            )))
+        };
+        if let Some(held) = self.buffered_digest(&key) {
+            return if held == digest {
+                Ok(())
+            } else {
+                conflict(held)
+            };
+        }
+        match self.store.peek_root(&ns, &req.context).await? {
+            RootStatus::Found(root) => {
+                if let Some(s) = root.summary() {
+                    return if s.result_snapshot_digest == digest {
+                        Ok(())
+                    } else {
+                        conflict(s.result_snapshot_digest)
+                    };
+                }
+            }
+            RootStatus::Absent | RootStatus::Unusable(_) => {}
+        }
+        // A delta's base: buffered here (then this waits for it), or stored.
+        let mut after = None;
+        if let Some(b) = &req.base {
+            let base_key = (ns, b.context);
+            let want = b.snapshot.digest();
+            let buffered = self
+                .shared
+                .buffer
+                .lock()
+                .ok()
+                .and_then(|buf| buf.get(&base_key).map(|e| (e.digest, e.done.subscribe())));
+            match buffered {
+                Some((d, rx)) if d == want => after = Some(rx),
+                Some((d, _)) => {
+                    return Err(StoreError::BaseMismatch {
+                        namespace: ns,
+                        context: b.context,
+                        detail: format!("the buffered base is {d}, the given one {want}"),
+                    })
+                }
+                None => match self.store.peek_root(&ns, &b.context).await? {
+                    RootStatus::Found(root)
+                        if root
+                            .summary()
+                            .is_some_and(|s| s.result_snapshot_digest == want) => {}
+                    _ => {
+                        return Err(StoreError::BaseMismatch {
+                            namespace: ns,
+                            context: b.context,
+                            detail: "the base is neither stored nor queued with these bytes".into(),
+                        })
+                    }
+                },
+            }
+        }
+        // buffer → index (one map) …
         if let Ok(mut b) = self.shared.buffer.lock() {
-            b.insert(key, (snapshot.clone(), digest));
+            if let Some(e) = b.get(&key) {
+                // Buffered meanwhile by a concurrent call.
+                return if e.digest == digest {
+                    Ok(())
+                } else {
+                    conflict(e.digest)
+                };
+            }
+            let (done, _) = tokio::sync::watch::channel(false);
+            b.insert(
+                key,
+                Entry {
+                    snapshot: snapshot.clone(),
+                    digest,
+                    done,
+                },
+            );
         }
         self.shared.accepted.fetch_add(1, Ordering::Relaxed);
         // … → queue.
@@ -136,12 +259,13 @@ impl WriteBehind {
             .tx
             .as_ref()
             .ok_or_else(|| StoreError::Invalid("write-behind queue is shut down".into()))?;
-        match tx.try_send(req) {
+        match tx.try_send(Job { req, after }) {
             Ok(()) => Ok(()),
-            Err(mpsc::error::TrySendError::Full(req))
-            | Err(mpsc::error::TrySendError::Closed(req)) => {
+            Err(mpsc::error::TrySendError::Full(job))
+            | Err(mpsc::error::TrySendError::Closed(job)) => {
                 self.shared.inline.fetch_add(1, Ordering::Relaxed);
-                let r = self.store.publish(req).await.map(|r| r.outcome);
+                wait_for(job.after).await;
+                let r = self.store.publish(job.req).await.map(|r| r.outcome);
                 let failed = r.as_ref().err().map(|e| e.to_string());
                 self.shared.finish(&key, &snapshot, r);
                 match failed {
@@ -152,6 +276,15 @@ impl WriteBehind {
                 }
             }
         }
+    }
+
+    /// The digest of the snapshot buffered for `key`, if any.
+    fn buffered_digest(&self, key: &Key) -> Option<deltapack_format::Digest> {
+        self.shared
+            .buffer
+            .lock()
+            .ok()
+            .and_then(|b| b.get(key).map(|e| e.digest))
     }
 
     /// Restores a context, serving buffered (not yet durable) snapshots from
@@ -167,7 +300,7 @@ impl WriteBehind {
             .buffer
             .lock()
             .ok()
-            .and_then(|b| b.get(&key).cloned());
+            .and_then(|b| b.get(&key).map(|e| (e.snapshot.clone(), e.digest)));
         if let Some((snapshot, digest)) = buffered {
             self.shared.served.fetch_add(1, Ordering::Relaxed);
             return Ok(RestoreOutcome::Hit(Restored {

@@ -137,3 +137,47 @@ async fn migrate_fixture_v1_roots_and_a_mixed_chain() {
     );
     assert_eq!(s.migrate(None, false).await.expect("again").v1_roots, 0);
 }
+
+/// A keyed v1 root is never rewritten without its MAC: a migration without
+/// the key skips it (and says why), a migration with the key migrates it
+/// and the new root carries a MAC that verifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_roots_migrate_only_with_the_key() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let url = format!("file://{}", tmp.path().display());
+    let keyed_cfg = || StoreConfig {
+        mac_secret: Some(b"migration test key".to_vec()),
+        grace: Duration::ZERO,
+        ..config()
+    };
+    let keyed = Store::open(&url, keyed_cfg()).expect("open");
+    let id = identity("migrate-keyed");
+    let (c, snap) = (ctx(&id, 82, 2048), turn(82, 2048));
+    publish_base(&keyed, &id, c, snap.clone(), RootFormat::V1).await;
+    let path = tmp
+        .path()
+        .join(deltapack::store::keys::root_key(&id.namespace(), &c).as_ref());
+    let before = std::fs::read(&path).expect("root");
+    assert!(deltapack::format::root::has_mac(&before));
+
+    let plain = Store::open(
+        &url,
+        StoreConfig {
+            grace: Duration::ZERO,
+            ..config()
+        },
+    )
+    .expect("open");
+    for dry_run in [true, false] {
+        let r = plain.migrate(None, dry_run).await.expect("migrate");
+        assert!(r.migrated.is_empty(), "{r:?}");
+        assert!(r.skipped.iter().any(|s| s.contains("keyed")), "{r:?}");
+        assert_eq!(std::fs::read(&path).expect("root"), before, "untouched");
+    }
+
+    let r = keyed.migrate(None, false).await.expect("migrate");
+    assert_eq!(r.migrated.len(), 1, "{r:?}");
+    let after = std::fs::read(&path).expect("root");
+    assert!(deltapack::format::root::has_mac(&after), "still keyed");
+    assert_eq!(restore_bytes(&keyed, &id, c).await, snap.encoded());
+}

@@ -64,6 +64,25 @@ impl Store {
                 continue;
             };
             report.v1_roots += 1;
+            // A keyed root migrated without the key would lose its MAC:
+            // keyed readers would then refuse it, and publication would
+            // treat it as a permanent conflict.
+            if self.inner.mac_key.is_none() {
+                let raw = self
+                    .object_store()
+                    .get(&key)
+                    .await
+                    .map_err(|e| StoreError::io(&key, e))?
+                    .bytes()
+                    .await
+                    .map_err(|e| StoreError::io(&key, e))?;
+                if root::has_mac(&raw) {
+                    report.skipped.push(format!(
+                        "{key}: a keyed root; migrate with the store's root key"
+                    ));
+                    continue;
+                }
+            }
             if dry_run {
                 report.migrated.push(key.to_string());
                 report.objects_before += m.chunks.len() as u64;

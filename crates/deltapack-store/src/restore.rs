@@ -230,7 +230,13 @@ impl Store {
     }
 
     /// Restores into a caller-provided buffer of exactly the snapshot's
-    /// encoded length. The buffer is meaningful only on a hit.
+    /// encoded length.
+    ///
+    /// **Contract:** on a hit the buffer holds the verified snapshot
+    /// encoding. After a miss (or an error) it holds no byte of unverified
+    /// data: if the restore had placed any bytes, the whole buffer is zeroed;
+    /// a miss found before anything was placed (no root, an unusable root,
+    /// the deadline already past) leaves it as the caller gave it.
     ///
     /// For a v2 root the verified extent bytes are reconstructed directly in
     /// `buf`: no result buffer is allocated, so a caller that restores into
@@ -323,7 +329,8 @@ impl Store {
                 })
             }
             Err(failed) => {
-                // No unverified byte stays in the caller's memory.
+                // No unverified byte stays in the caller's memory, whether
+                // this ends as a miss or as an error.
                 buf.fill(0);
                 let reason = self.damage_outcome(failed).await?;
                 miss(reason)

@@ -7,31 +7,11 @@
 //! bytes in the output file); an unknown context is an `absent` miss (exit
 //! 3); a usage error exits 2; and the `demo` runs end to end and verifies.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn deltapack(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_deltapack"))
-        .args(args)
-        .current_dir(dir)
-        .env("RUST_LOG", "error")
-        .env_remove("DELTAPACK_ROOT_KEY")
-        .output()
-        .expect("run the deltapack binary")
-}
+use std::path::PathBuf;
 
-/// Runs and asserts the exit code, returning stdout.
-fn expect_code(dir: &Path, args: &[&str], code: i32) -> String {
-    let out = deltapack(dir, args);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert_eq!(
-        out.status.code(),
-        Some(code),
-        "deltapack {args:?}\nstdout:\n{stdout}\nstderr:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
+use common::expect_code;
 
 fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}):\n{text}"))

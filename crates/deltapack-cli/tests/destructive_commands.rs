@@ -6,30 +6,11 @@
 //! dry run needs none), and that a refused command leaves every root and
 //! object where it was.
 
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Output};
 
-fn deltapack(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_deltapack"))
-        .args(args)
-        .current_dir(dir)
-        .env("RUST_LOG", "error")
-        .env_remove("DELTAPACK_ROOT_KEY")
-        .output()
-        .expect("run the deltapack binary")
-}
-
-fn expect_code(dir: &Path, args: &[&str], code: i32) -> String {
-    let out = deltapack(dir, args);
-    assert_eq!(
-        out.status.code(),
-        Some(code),
-        "deltapack {args:?}\nstdout:\n{}\nstderr:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use common::expect_code;
 
 /// Every file below `dir`, sorted.
 fn files(dir: &Path) -> Vec<String> {

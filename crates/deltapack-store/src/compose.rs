@@ -184,34 +184,27 @@ impl ResultHash {
 
     /// Merges the block names (hashing any block the loop did not) into the
     /// result digest.
-    fn finish(&self, dest: &SharedDest, mut done: Vec<(u64, Digest)>) -> Result<Digest, String> {
-        done.sort_unstable_by_key(|(b, _)| *b);
-        let mut names = Vec::with_capacity(self.remaining.len());
-        let mut it = done.into_iter().peekable();
-        for b in 0..self.plan.count() {
-            let mut found = None;
-            while let Some((i, d)) = it.peek() {
-                if *i < b {
-                    it.next();
-                } else {
-                    if *i == b {
-                        found = Some(*d);
-                    }
-                    break;
-                }
+    fn finish(&self, dest: &SharedDest, done: Vec<(u64, Digest)>) -> Result<Digest, String> {
+        let mut names: Vec<Option<Digest>> = vec![None; self.remaining.len()];
+        for (b, d) in done {
+            if let Some(slot) = names.get_mut(b as usize) {
+                *slot = Some(d);
             }
-            let d = match found {
-                Some(d) => d,
+        }
+        let names = names
+            .into_iter()
+            .enumerate()
+            .map(|(b, name)| match name {
+                Some(d) => Ok(d),
                 None => {
                     // SAFETY: the workers have all finished.
-                    let bytes = unsafe { dest.read(self.plan.range(b)) };
-                    let mut h = self.plan.hasher(b);
+                    let bytes = unsafe { dest.read(self.plan.range(b as u64)) };
+                    let mut h = self.plan.hasher(b as u64);
                     h.update(bytes);
-                    h.finish().map_err(|e| e.to_string())?
+                    h.finish().map_err(|e| e.to_string())
                 }
-            };
-            names.push(d);
-        }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         self.plan.merge(&names).map_err(|e| e.to_string())
     }
 }
@@ -323,7 +316,8 @@ pub(crate) fn restore_chain(
 
     // 2. Plan every link against the result before it, and check it against
     //    the roots.
-    let mut base_header = bottom.header();
+    let bottom_header = bottom.header();
+    let mut base_header = bottom_header.clone();
     let mut base_digest = bottom.digest();
     let mut links: Vec<PageDelta> = Vec::with_capacity(deltas.len());
     let mut header_lens = Vec::with_capacity(deltas.len());
@@ -345,7 +339,7 @@ pub(crate) fn restore_chain(
         links.push(link);
     }
     let composed =
-        delta::compose(&bottom.header(), &links).map_err(|e| Damage::plain(e.to_string()))?;
+        delta::compose(&bottom_header, &links).map_err(|e| Damage::plain(e.to_string()))?;
     if composed.result_len != top.result_snapshot_len {
         return Err(Damage::plain(format!(
             "the chain composes to {} bytes, the root says {}",

@@ -202,27 +202,30 @@ impl WriteBehind {
         let mut after = None;
         if let Some(b) = &req.base {
             let base_key = (ns, b.context);
-            let want = b.snapshot.digest();
-            let buffered = self
-                .shared
-                .buffer
-                .lock()
-                .ok()
-                .and_then(|buf| buf.get(&base_key).map(|e| (e.digest, e.done.subscribe())));
+            let buffered = self.shared.buffer.lock().ok().and_then(|buf| {
+                buf.get(&base_key).map(|e| {
+                    // The caller usually hands back the very snapshot it
+                    // buffered: then nothing needs hashing here.
+                    let same = Arc::ptr_eq(&e.snapshot, &b.snapshot);
+                    (same, e.digest, e.done.subscribe())
+                })
+            });
+            let want = || b.snapshot.digest();
             match buffered {
-                Some((d, rx)) if d == want => after = Some(rx),
-                Some((d, _)) => {
+                Some((true, _, rx)) => after = Some(rx),
+                Some((false, d, rx)) if d == want() => after = Some(rx),
+                Some((_, d, _)) => {
                     return Err(StoreError::BaseMismatch {
                         namespace: ns,
                         context: b.context,
-                        detail: format!("the buffered base is {d}, the given one {want}"),
+                        detail: format!("the buffered base is {d}, the given one {}", want()),
                     })
                 }
                 None => match self.store.peek_root(&ns, &b.context).await? {
                     RootStatus::Found(root)
                         if root
                             .summary()
-                            .is_some_and(|s| s.result_snapshot_digest == want) => {}
+                            .is_some_and(|s| s.result_snapshot_digest == want()) => {}
                     _ => {
                         return Err(StoreError::BaseMismatch {
                             namespace: ns,

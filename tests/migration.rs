@@ -181,3 +181,166 @@ async fn keyed_roots_migrate_only_with_the_key() {
     assert!(deltapack::format::root::has_mac(&after), "still keyed");
     assert_eq!(restore_bytes(&keyed, &id, c).await, snap.encoded());
 }
+
+/// A root removed or rewritten by another actor while it is being migrated
+/// keeps what that actor did. The race is placed exactly in the window the
+/// old code left open: after migration's last read of the root and before
+/// its overwrite (the fault wrapper acts right after that read is served).
+/// The old code overwrote unconditionally and brought an evicted root back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_removed_or_replaced_during_migration_is_not_brought_back() {
+    use common::faults::{FaultPlan, Faulty, Race};
+    use deltapack::store::{keys, Backend};
+    use object_store::ObjectStoreExt;
+    use std::sync::Arc;
+
+    let mut kinds = vec!["memory"];
+    if s3_endpoint().is_some() {
+        kinds.push("s3");
+    }
+    for name in kinds {
+        for republish in [false, true] {
+            let url = match name {
+                "s3" => s3_url().expect("s3 url"),
+                _ => "memory://".to_string(),
+            };
+            let raw = raw_backend(&url);
+            let faulty = Arc::new(Faulty::new(raw.store.clone(), FaultPlan::default()));
+            let s = wrapped(
+                Backend {
+                    store: faulty.clone(),
+                    kind: raw.kind.clone(),
+                },
+                StoreConfig {
+                    grace: Duration::ZERO,
+                    ..config()
+                },
+            );
+            let id = identity("migrate-race");
+            let (c, snap) = (ctx(&id, 83, 2048), turn(83, 2048));
+            publish_base(&s, &id, c, snap, RootFormat::V1).await;
+            let key = keys::root_key(&id.namespace(), &c);
+            let other = bytes::Bytes::from_static(b"another writer's root");
+            faulty.set_plan(FaultPlan {
+                race: Some(if republish {
+                    Race::Put(key.clone(), other.clone())
+                } else {
+                    Race::Delete(key.clone())
+                }),
+                race_after_put: "objects/",
+                ..Default::default()
+            });
+            let r = s.migrate(None, false).await.expect("migrate");
+            let what = format!("{name}, republish={republish}: {r:?}");
+            assert!(r.migrated.is_empty(), "{what}");
+            assert!(
+                r.skipped
+                    .iter()
+                    .any(|x| x.contains("changed during migration")),
+                "{what}"
+            );
+            match raw.store.get(&key).await {
+                Ok(g) => {
+                    assert!(republish, "evicted root brought back ({what})");
+                    assert_eq!(g.bytes().await.expect("body"), other, "{what}");
+                }
+                Err(object_store::Error::NotFound { .. }) => assert!(!republish, "{what}"),
+                Err(e) => panic!("{what}: {e}"),
+            }
+        }
+    }
+}
+
+/// A backend that cannot overwrite conditionally (no `If-Match`) makes
+/// migration fail with a clear error, and the root stays as it was: an
+/// unconditional overwrite could undo a concurrent eviction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_refuses_a_backend_without_conditional_overwrite() {
+    use common::faults::{FaultPlan, Faulty};
+    use deltapack::store::{keys, Backend, StoreError};
+    use object_store::ObjectStoreExt;
+    use std::sync::Arc;
+
+    let raw = raw_backend("memory://");
+    let faulty = Arc::new(Faulty::new(raw.store.clone(), FaultPlan::default()));
+    let s = wrapped(
+        Backend {
+            store: faulty.clone(),
+            kind: raw.kind.clone(),
+        },
+        config(),
+    );
+    let id = identity("migrate-no-if-match");
+    let (c, snap) = (ctx(&id, 84, 2048), turn(84, 2048));
+    publish_base(&s, &id, c, snap.clone(), RootFormat::V1).await;
+    let key = keys::root_key(&id.namespace(), &c);
+    let before = raw
+        .store
+        .get(&key)
+        .await
+        .expect("root")
+        .bytes()
+        .await
+        .expect("body");
+    faulty.set_plan(FaultPlan {
+        updates_unsupported: true,
+        ..Default::default()
+    });
+    match s.migrate(None, false).await {
+        Err(e @ StoreError::Unsupported(_)) => {
+            assert!(e.to_string().contains("If-Match"), "{e}")
+        }
+        other => panic!("expected an Unsupported error, got {other:?}"),
+    }
+    let after = raw
+        .store
+        .get(&key)
+        .await
+        .expect("root")
+        .bytes()
+        .await
+        .expect("body");
+    assert_eq!(before, after, "root untouched");
+    assert_eq!(restore_bytes(&s, &id, c).await, snap.encoded());
+}
+
+/// Local disk: migration and eviction in two stores (two ledger
+/// connections, as two processes have) on one directory, concurrently. The
+/// replacement compares and renames under the ledger's lock and every root
+/// deletion takes that lock too, so once eviction has removed everything no
+/// migrated root may reappear. Racy by nature (it cannot fail spuriously:
+/// migration never creates a root, so any root left is one brought back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_migration_racing_eviction_never_resurrects_a_root() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let url = format!("file://{}", tmp.path().display());
+    let cfg = || StoreConfig {
+        grace: Duration::ZERO,
+        ..config()
+    };
+    let id = identity("migrate-vs-evict");
+    for round in 0..3u64 {
+        let a = Store::open(&url, cfg()).expect("open");
+        for k in 0..6u64 {
+            let seed = 100 + round * 10 + k;
+            publish_base(
+                &a,
+                &id,
+                ctx(&id, seed, 1024),
+                turn(seed, 1024),
+                RootFormat::V1,
+            )
+            .await;
+        }
+        let b = Store::open(&url, cfg()).expect("open");
+        let migrating = tokio::spawn(async move { a.migrate(None, false).await });
+        tokio::time::sleep(Duration::from_millis(round * 5)).await;
+        b.evict_to(0, false).await.expect("evict");
+        let _ = migrating.await.expect("join").expect("migrate");
+        let left = b.list_roots(None).await.expect("list");
+        assert!(
+            left.is_empty(),
+            "round {round}: roots brought back: {left:?}"
+        );
+    }
+}

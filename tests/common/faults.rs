@@ -42,6 +42,34 @@ pub struct FaultPlan {
     pub fail_next: u64,
     /// Key prefix `flip_next` and `fail_next` apply to ("" = every key).
     pub once_prefix: &'static str,
+    /// Another actor's change to the inner store, made once: armed by the
+    /// first successful PUT whose key starts with `race_after_put`, applied
+    /// right after the next GET of the race's key has been served — the
+    /// window between a writer's check of a key and its overwrite (e.g. an
+    /// eviction in another process during a migration).
+    pub race: Option<Race>,
+    /// Key prefix of the PUT that arms `race`.
+    pub race_after_put: &'static str,
+    /// Conditional overwrites (`PutMode::Update`) fail as not implemented,
+    /// like a backend without `If-Match`.
+    pub updates_unsupported: bool,
+}
+
+/// A change another actor makes to the store behind the wrapper's back.
+#[derive(Debug, Clone)]
+pub enum Race {
+    /// The key is deleted.
+    Delete(Path),
+    /// The key is overwritten with these bytes.
+    Put(Path, Bytes),
+}
+
+impl Race {
+    fn key(&self) -> &Path {
+        match self {
+            Race::Delete(k) | Race::Put(k, _) => k,
+        }
+    }
 }
 
 /// The wrapper.
@@ -51,6 +79,7 @@ pub struct Faulty {
     plan: Mutex<FaultPlan>,
     ops: AtomicU64,
     injected: AtomicU64,
+    race_armed: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Display for Faulty {
@@ -73,6 +102,7 @@ impl Faulty {
             plan: Mutex::new(plan),
             ops: AtomicU64::new(0),
             injected: AtomicU64::new(0),
+            race_armed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -148,7 +178,20 @@ impl ObjectStore for Faulty {
         opts: PutOptions,
     ) -> Result<PutResult> {
         self.gate("put").await?;
-        self.inner.put_opts(location, payload, opts).await
+        if matches!(opts.mode, object_store::PutMode::Update(_)) && self.plan().updates_unsupported
+        {
+            return Err(object_store::Error::NotImplemented {
+                operation: "conditional overwrite".into(),
+                implementer: self.to_string(),
+            });
+        }
+        let r = self.inner.put_opts(location, payload, opts).await?;
+        if let Ok(p) = self.plan.lock() {
+            if p.race.is_some() && location.as_ref().starts_with(p.race_after_put) {
+                self.race_armed.store(true, Ordering::SeqCst);
+            }
+        }
+        Ok(r)
     }
 
     async fn put_multipart_opts(
@@ -174,10 +217,20 @@ impl ObjectStore for Faulty {
         }
         let r = self.inner.get_opts(location, options).await?;
         let plan = self.plan();
+        let race = match self.plan.lock() {
+            Ok(mut p)
+                if !head
+                    && self.race_armed.load(Ordering::SeqCst)
+                    && p.race.as_ref().is_some_and(|r| r.key() == location) =>
+            {
+                p.race.take()
+            }
+            _ => None,
+        };
         let damage = flip_once
             || ((plan.truncate_bodies || plan.flip_bodies)
                 && location.as_ref().starts_with("objects/"));
-        if !damage {
+        if !damage && race.is_none() {
             return Ok(r);
         }
         let (meta, range, attributes, extensions) = (
@@ -187,6 +240,27 @@ impl ObjectStore for Faulty {
             r.extensions.clone(),
         );
         let mut b = r.bytes().await?.to_vec();
+        match race {
+            Some(Race::Delete(key)) => {
+                object_store::ObjectStoreExt::delete(&*self.inner, &key).await?
+            }
+            Some(Race::Put(key, bytes)) => {
+                object_store::ObjectStoreExt::put(&*self.inner, &key, bytes.into()).await?;
+            }
+            None => {}
+        }
+        if !damage {
+            let body = Bytes::from(b);
+            return Ok(GetResult {
+                payload: GetResultPayload::Stream(
+                    futures::stream::once(async move { Ok(body) }).boxed(),
+                ),
+                meta,
+                range,
+                attributes,
+                extensions,
+            });
+        }
         if plan.truncate_bodies {
             b.pop();
         }

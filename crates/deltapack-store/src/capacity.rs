@@ -463,10 +463,7 @@ impl Store {
         report: &mut RemovalReport,
     ) -> Result<()> {
         let key = keys::root_key(&k.0, &k.1);
-        match self.object_store().delete(&key).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => return Err(StoreError::io(&key, e)),
-        }
+        self.delete_root_object(&key).await?;
         for (name, ns, ctx) in self
             .list_holds()
             .await?

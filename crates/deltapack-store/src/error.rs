@@ -125,12 +125,27 @@ pub enum StoreError {
     /// The capacity ledger failed.
     #[error("ledger: {0}")]
     Ledger(String),
+    /// The backend lacks an operation this request needs safely (e.g. a
+    /// conditional overwrite); nothing was changed.
+    #[error("not supported by this store: {0}")]
+    Unsupported(String),
     /// An internal invariant broke (a bug): never a data problem.
     #[error("internal invariant broken: {0}")]
     Internal(String),
 }
 
 impl StoreError {
+    /// A local-disk error on `key` (outside `object_store`).
+    pub(crate) fn local_io(key: &object_store::path::Path, source: std::io::Error) -> Self {
+        StoreError::Io {
+            key: key.to_string(),
+            source: object_store::Error::Generic {
+                store: "local",
+                source: Box::new(source),
+            },
+        }
+    }
+
     pub(crate) fn io(key: &object_store::path::Path, source: object_store::Error) -> Self {
         StoreError::Io {
             key: key.to_string(),

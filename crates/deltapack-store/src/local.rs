@@ -482,6 +482,83 @@ fn write_parts(
     result
 }
 
+/// What a conditional root replacement found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Replaced {
+    /// The key held the expected bytes and now holds the new ones.
+    Yes,
+    /// The key was absent or held other bytes; nothing was written.
+    Changed,
+}
+
+/// Replaces the object at `key` with `new` only if it currently holds
+/// exactly `expected`: read and compare, write a staging file next to it,
+/// `fsync`, rename over the key (atomic), `fsync` the directory. The caller
+/// holds the ledger's lock ([`crate::ledger::Ledger::exclusive`]), which
+/// every deletion of a root also takes, so nothing can remove or replace
+/// the key between the comparison and the rename.
+pub(crate) fn replace_if_unchanged(
+    root: &FsPath,
+    key: &Path,
+    expected: &[u8],
+    new: &[u8],
+) -> std::io::Result<Replaced> {
+    use std::io::Write;
+    let dest = root.join(key.as_ref());
+    match std::fs::read(&dest) {
+        Ok(cur) if cur == expected => {}
+        Ok(_) => return Ok(Replaced::Changed),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Replaced::Changed),
+        Err(e) => return Err(e),
+    }
+    let dir = dest
+        .parent()
+        .ok_or_else(|| std::io::Error::other(format!("object key {key} has no directory")))?;
+    let mut n = 1u32;
+    let (mut file, staging) = loop {
+        let mut name = dest.as_os_str().to_owned();
+        name.push(format!("#{n}"));
+        let path = PathBuf::from(name);
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        {
+            Ok(f) => break (f, path),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => n += 1,
+            Err(e) => return Err(e),
+        }
+    };
+    let written = file
+        .write_all(new)
+        .and_then(|()| file.sync_all())
+        .and_then(|()| std::fs::rename(&staging, &dest));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&staging);
+        return Err(e);
+    }
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(Replaced::Yes)
+}
+
+/// Deletes the object at `key` (absent is fine) and makes the deletion
+/// durable (`fsync` of its directory): a root whose removal a crash could
+/// undo would come back naming objects the collector has since deleted.
+/// Roots are deleted this way under the ledger's lock (see
+/// [`replace_if_unchanged`]).
+pub(crate) fn delete_durably(root: &FsPath, key: &Path) -> std::io::Result<()> {
+    let dest = root.join(key.as_ref());
+    match std::fs::remove_file(&dest) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    }
+    match dest.parent() {
+        Some(dir) => std::fs::File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,9 +4,16 @@
 //! snapshot digest), fetch its verified payload, write that payload as v2
 //! extents (durable), build the v2 manifest from the same metadata — so the
 //! result snapshot digest and the payload digest are provably unchanged — and
-//! only then replace the root object atomically (a single overwrite: a rename
-//! on local disk, a PUT on S3), after re-reading it to make sure nobody
-//! changed it meanwhile. Readers see the v1 root or the v2 root at every
+//! only then replace the root object atomically — and only if it still holds
+//! exactly the bytes read at the start. On local disk the comparison and the
+//! rename happen under the ledger's lock, which every root deletion
+//! (eviction, pruning, invalidation) also takes; on S3 the overwrite is a
+//! conditional PUT on the root's ETag (`If-Match`), and a backend without
+//! conditional overwrites makes migration fail with a clear error instead of
+//! risking an unconditional one. So a root evicted, invalidated or
+//! republished while it was being migrated is never brought back. A keyed
+//! root is migrated only by a store that has the key (without it the new
+//! root would carry no MAC). Readers see the v1 root or the v2 root at every
 //! moment, never neither. The v1 chunk objects are then condemned in the
 //! ledger and reclaimed after the grace period. Deltas based on a migrated
 //! root keep working: the base reference names the snapshot digest, which
@@ -15,12 +22,13 @@
 use bytes::Bytes;
 use deltapack_format::root::{self, RootMeta};
 use deltapack_format::{DecodedRoot, Digest, SnapshotHeader};
-use object_store::{ObjectStoreExt, PutPayload};
+use object_store::ObjectStoreExt;
 use serde::Serialize;
 
 use crate::error::{Result, StoreError};
 use crate::keys;
 use crate::ledger::{now_ms, RootEntry};
+use crate::local::Replaced;
 use crate::publish::{ProtectGuard, PublishReceipt};
 use crate::restore::RestoreOutcome;
 use crate::store::{RootStatus, Store};
@@ -64,24 +72,35 @@ impl Store {
                 continue;
             };
             report.v1_roots += 1;
+            // The root's bytes as read now: the replacement at the end
+            // happens only if the root still holds exactly these.
+            let raw = match self.object_store().get(&key).await {
+                Ok(g) => g.bytes().await.map_err(|e| StoreError::io(&key, e))?,
+                Err(object_store::Error::NotFound { .. }) => {
+                    report
+                        .skipped
+                        .push(format!("{key}: removed during migration"));
+                    continue;
+                }
+                Err(e) => return Err(StoreError::io(&key, e)),
+            };
+            match root::decode(&raw, self.inner.mac_key.as_ref()) {
+                Ok(DecodedRoot::V1(again)) if again == m => {}
+                _ => {
+                    report
+                        .skipped
+                        .push(format!("{key}: changed during migration"));
+                    continue;
+                }
+            }
             // A keyed root migrated without the key would lose its MAC:
             // keyed readers would then refuse it, and publication would
             // treat it as a permanent conflict.
-            if self.inner.mac_key.is_none() {
-                let raw = self
-                    .object_store()
-                    .get(&key)
-                    .await
-                    .map_err(|e| StoreError::io(&key, e))?
-                    .bytes()
-                    .await
-                    .map_err(|e| StoreError::io(&key, e))?;
-                if root::has_mac(&raw) {
-                    report.skipped.push(format!(
-                        "{key}: a keyed root; migrate with the store's root key"
-                    ));
-                    continue;
-                }
+            if self.inner.mac_key.is_none() && root::has_mac(&raw) {
+                report.skipped.push(format!(
+                    "{key}: a keyed root; migrate with the store's root key"
+                ));
+                continue;
             }
             if dry_run {
                 report.migrated.push(key.to_string());
@@ -152,31 +171,22 @@ impl Store {
                     "{key}: migration changed a digest"
                 )));
             }
-            // 3. Replace atomically, unless the root changed meanwhile.
-            let current = self
-                .object_store()
-                .get(&key)
-                .await
-                .map_err(|e| StoreError::io(&key, e))?;
-            let current = current.bytes().await.map_err(|e| StoreError::io(&key, e))?;
-            let DecodedRoot::V1(again) = root::decode(&current, self.inner.mac_key.as_ref())?
-            else {
-                report
-                    .skipped
-                    .push(format!("{key}: changed during migration"));
-                continue;
-            };
-            if again != m {
-                report
-                    .skipped
-                    .push(format!("{key}: changed during migration"));
-                continue;
-            }
+            // 3. Replace atomically, only if the root still holds the bytes
+            //    read at the start: an eviction, invalidation or
+            //    republication in between wins, and is never undone.
             let root_len = new_root.len() as u64;
-            self.object_store()
-                .put(&key, PutPayload::from_bytes(new_root.clone()))
-                .await
-                .map_err(|e| StoreError::io(&key, e))?;
+            match self
+                .replace_root_if_unchanged(&key, &raw, new_root.clone())
+                .await?
+            {
+                Replaced::Yes => {}
+                Replaced::Changed => {
+                    report
+                        .skipped
+                        .push(format!("{key}: changed during migration"));
+                    continue;
+                }
+            }
             drop(guard);
             // 4. Ledger: the v1 chunks are condemned, the extents recorded.
             let ledger = self.ledger().await?;

@@ -509,6 +509,85 @@ impl Store {
         })
     }
 
+    /// Deletes a root object. On local disk the deletion happens under the
+    /// ledger's lock and is made durable, so it cannot interleave with a
+    /// conditional replacement ([`Store::replace_root_if_unchanged`]) in
+    /// any process. An absent root is not an error.
+    pub(crate) async fn delete_root_object(&self, key: &Path) -> Result<()> {
+        if let BackendKind::Local { root } = self.backend_kind() {
+            let ledger = self.ledger().await?;
+            return ledger
+                .exclusive(|| crate::local::delete_durably(root, key))?
+                .map_err(|e| StoreError::local_io(key, e));
+        }
+        match self.object_store().delete(key).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(StoreError::io(key, e)),
+        }
+    }
+
+    /// Replaces the root object at `key` with `new` only if it still holds
+    /// exactly `expected` (the bytes the caller read and verified). Returns
+    /// whether it did; `Changed` if the root was removed or rewritten in
+    /// between (nothing is written then: a removed root is never brought
+    /// back).
+    ///
+    /// Local disk: compare and rename under the ledger's lock, which every
+    /// root deletion takes too. S3 and memory: a conditional PUT on the
+    /// object's ETag (`If-Match`); a backend that cannot do one gets
+    /// [`StoreError::Unsupported`] and the root stays as it was.
+    pub(crate) async fn replace_root_if_unchanged(
+        &self,
+        key: &Path,
+        expected: &[u8],
+        new: Bytes,
+    ) -> Result<crate::local::Replaced> {
+        use crate::local::Replaced;
+        if let BackendKind::Local { root } = self.backend_kind() {
+            let ledger = self.ledger().await?;
+            return ledger
+                .exclusive(|| crate::local::replace_if_unchanged(root, key, expected, &new))?
+                .map_err(|e| StoreError::local_io(key, e));
+        }
+        let store = self.object_store();
+        let current = match store.get(key).await {
+            Ok(g) => g,
+            Err(object_store::Error::NotFound { .. }) => return Ok(Replaced::Changed),
+            Err(e) => return Err(StoreError::io(key, e)),
+        };
+        let version = object_store::UpdateVersion {
+            e_tag: current.meta.e_tag.clone(),
+            version: current.meta.version.clone(),
+        };
+        let bytes = current.bytes().await.map_err(|e| StoreError::io(key, e))?;
+        if bytes.as_ref() != expected {
+            return Ok(Replaced::Changed);
+        }
+        if version.e_tag.is_none() && version.version.is_none() {
+            return Err(StoreError::Unsupported(format!(
+                "{key}: the backend reports no ETag or version, so the root cannot be replaced \
+                 conditionally; refusing to overwrite it (a concurrent eviction could be undone)"
+            )));
+        }
+        let opts = object_store::PutOptions {
+            mode: object_store::PutMode::Update(version),
+            ..Default::default()
+        };
+        match store.put_opts(key, new.into(), opts).await {
+            Ok(_) => Ok(Replaced::Yes),
+            Err(object_store::Error::Precondition { .. })
+            | Err(object_store::Error::NotFound { .. }) => Ok(Replaced::Changed),
+            Err(e @ object_store::Error::NotImplemented { .. }) => {
+                Err(StoreError::Unsupported(format!(
+                    "{key}: the backend has no conditional overwrite (If-Match); refusing to \
+                     overwrite the root, since a concurrent eviction or republication could be \
+                     undone ({e})"
+                )))
+            }
+            Err(e) => Err(StoreError::io(key, e)),
+        }
+    }
+
     /// Moves a damaged key to `quarantine/…` (copy, then delete) and counts
     /// it. Failures are logged, never fatal: the restore is a miss anyway.
     pub async fn quarantine(&self, key: &Path) {

@@ -78,7 +78,7 @@ pub(crate) struct CapacityArgs {
     pub(crate) min_free: Option<u64>,
     /// Grace period before condemned objects are deleted (e.g. 0s, 15m, 1h).
     /// Zero is only safe for a store used by one process.
-    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = crate::sweep::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
     pub(crate) grace: Duration,
     /// What to do with the persisted ledger at open: load (check it against
     /// a listing, rebuild if it disagrees) or rebuild. Emptying a store is
@@ -280,6 +280,26 @@ pub(crate) fn table(header: &[&str], rows: &[Vec<String>], right: &[usize]) -> S
     out
 }
 
+/// Parses `90`, `90s`, `15m`, `2h`, `1d`.
+pub(crate) fn parse_duration(s: &str) -> std::result::Result<std::time::Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?} (e.g. 0s, 90s, 15m, 2h)"))?;
+    let unit_secs: u64 = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("unknown duration unit {unit:?} (s, m, h, d)")),
+    };
+    let secs = n
+        .checked_mul(unit_secs)
+        .ok_or_else(|| format!("duration {s:?} is too long"))?;
+    Ok(std::time::Duration::from_secs(secs))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,5 +318,25 @@ mod tests {
             &[1],
         );
         assert_eq!(t, "a    bb\nxxx   1\ny    22\n");
+    }
+}
+
+#[cfg(test)]
+mod duration_tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert!(parse_duration("5y").is_err());
+        assert!(parse_duration("x").is_err());
+        assert!(
+            parse_duration("18446744073709551615d").is_err(),
+            "overflow is an error"
+        );
     }
 }

@@ -80,7 +80,7 @@ pub(crate) struct PruneArgs {
     #[arg(long)]
     schema: Option<String>,
     /// Only roots not accessed for this long (e.g. 7d, 12h).
-    #[arg(long, value_name = "DURATION", value_parser = crate::sweep::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::common::parse_duration)]
     idle: Option<Duration>,
     /// Print the plan without changing anything.
     #[arg(long)]
@@ -283,7 +283,7 @@ pub(crate) async fn stats(a: StatsArgs) -> Result<ExitCode> {
     let store = a.s.open()?;
     let report = store.stats_report().await?;
     if a.prometheus {
-        print!("{}", deltapack_store::capacity::prometheus(&report));
+        print!("{}", deltapack_store::prometheus(&report));
     } else if a.s.json {
         print_json(&report)?;
     } else {

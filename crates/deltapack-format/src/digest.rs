@@ -232,7 +232,7 @@ hex_id!(
 
 hex_id!(
     /// Identifies a token prefix of a given length under a namespace (see
-    /// [`crate::context`]).
+    /// the `context` module).
     ContextDigest,
     "ContextDigest"
 );

@@ -124,7 +124,16 @@ pub enum StoreError {
     Capacity(String),
     /// The capacity ledger failed.
     #[error("ledger: {0}")]
-    Ledger(String),
+    Ledger(#[source] crate::ledger::LedgerError),
+    /// A worker task (hashing, verifying, writing) panicked or was
+    /// cancelled: a bug or a shutdown, never a data problem.
+    #[error("{what} task failed: {source}")]
+    Task {
+        /// Which task.
+        what: &'static str,
+        /// Why it did not finish.
+        source: tokio::task::JoinError,
+    },
     /// The backend lacks an operation this request needs safely (e.g. a
     /// conditional overwrite); nothing was changed.
     #[error("not supported by this store: {0}")]
@@ -134,7 +143,25 @@ pub enum StoreError {
     Internal(String),
 }
 
+impl From<crate::ledger::LedgerError> for StoreError {
+    /// A full disk under the ledger is a capacity error, like one under the
+    /// objects; anything else keeps the ledger's error as its source.
+    fn from(e: crate::ledger::LedgerError) -> Self {
+        if let crate::ledger::LedgerError::Sqlite(rusqlite::Error::SqliteFailure(f, _)) = &e {
+            if f.code == rusqlite::ErrorCode::DiskFull {
+                return StoreError::Capacity(format!("no space left for the ledger: {e}"));
+            }
+        }
+        StoreError::Ledger(e)
+    }
+}
+
 impl StoreError {
+    /// A worker task that did not finish.
+    pub(crate) fn task(what: &'static str, source: tokio::task::JoinError) -> Self {
+        StoreError::Task { what, source }
+    }
+
     /// A local-disk error on `key` (outside `object_store`).
     pub(crate) fn local_io(key: &object_store::path::Path, source: std::io::Error) -> Self {
         StoreError::Io {

@@ -23,14 +23,13 @@
 
 pub mod backend;
 pub mod capacity;
-mod compose;
 pub mod error;
+mod fault;
 pub mod keys;
 pub mod ledger;
 pub mod local;
 pub mod migrate;
 pub mod publish;
-mod reassembly;
 pub mod restore;
 pub mod stats;
 pub mod store;
@@ -38,13 +37,13 @@ pub mod sweep;
 pub mod write_behind;
 
 pub use backend::{Backend, BackendKind};
-pub use capacity::{Pin, PruneFilter, RemovalReport, StatsReport};
+pub use capacity::{Pin, PruneFilter, RemovalReport};
 pub use error::{MissReason, OpenError, Result, StoreError};
 pub use ledger::{ColdStart, Totals};
 pub use migrate::MigrationReport;
 pub use publish::{BaseInput, PublishOutcome, PublishReceipt, PublishRequest, RootFormat};
 pub use restore::{RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored};
-pub use stats::StatsSnapshot;
+pub use stats::{prometheus, StatsReport, StatsSnapshot};
 pub use store::{ChainPolicy, RootInfo, RootStatus, Store, StoreConfig};
 pub use sweep::{SweepOptions, SweepReport};
 pub use write_behind::{WriteBehind, WriteBehindReport};

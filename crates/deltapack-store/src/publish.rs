@@ -210,7 +210,7 @@ impl Store {
                 DeltaLayout::new(chunk, &base, &result, base_digest, base_digest)
             })
             .await
-            .map_err(|e| StoreError::Internal(format!("delta layout task: {e}")))??;
+            .map_err(|e| StoreError::task("delta layout", e))??;
             let delta_len = l.header_bytes()?.len() as u64 + l.tails_len();
             if req.format == RootFormat::V2 {
                 match below {
@@ -264,7 +264,7 @@ impl Store {
                     let s = snap.clone();
                     tokio::task::spawn_blocking(move || s.digest())
                         .await
-                        .map_err(|e| StoreError::Internal(format!("digest task: {e}")))
+                        .map_err(|e| StoreError::task("digest", e))
                 }
             }
         };
@@ -667,7 +667,7 @@ impl Store {
                 let prepared =
                     tokio::task::spawn_blocking(move || prepare_extent(&plan, i, raw, level))
                         .await
-                        .map_err(|e| StoreError::Internal(format!("extent task: {e}")))
+                        .map_err(|e| StoreError::task("extent", e))
                         .and_then(|r| r)
                         .map(|(entry, obj)| (i, entry, obj));
                 let failed = prepared.is_err();
@@ -700,7 +700,7 @@ impl Store {
         // The stream ended: the producer has sent everything.
         producer
             .await
-            .map_err(|e| StoreError::Internal(format!("extent producer: {e}")))?;
+            .map_err(|e| StoreError::task("extent producer", e))?;
         entries.sort_by_key(|(i, _)| *i);
         let entries: Vec<_> = entries.into_iter().map(|(_, e)| e).collect();
         let names: Vec<Digest> = entries.iter().map(|e| e.raw_digest).collect();
@@ -880,7 +880,7 @@ impl Payload {
         }
         tokio::task::spawn_blocking(move || Bytes::from(self.parts.concat()))
             .await
-            .map_err(|e| StoreError::Internal(format!("assemble task: {e}")))
+            .map_err(|e| StoreError::task("assemble", e))
     }
 }
 

@@ -139,3 +139,111 @@ impl Stats {
         }
     }
 }
+
+/// Ledger gauges, persisted and live counters, and free space.
+#[derive(Debug, Clone, Serialize)]
+pub struct StatsReport {
+    /// Ledger totals.
+    pub ledger: crate::ledger::Totals,
+    /// Free bytes on the store's filesystem (local disk only).
+    pub free_bytes: Option<u64>,
+    /// Configured budget.
+    pub budget_bytes: Option<u64>,
+    /// Counters accumulated by every process that used this store (local
+    /// disk; for other backends, this process only).
+    pub counters: Vec<(String, u64)>,
+    /// This process's live counters and latency figures.
+    pub process: StatsSnapshot,
+}
+
+/// What accumulated between two snapshots of the counters, by name.
+pub(crate) fn counter_deltas(
+    now: &StatsSnapshot,
+    last: &StatsSnapshot,
+) -> Vec<(&'static str, u64)> {
+    counter_pairs(now)
+        .into_iter()
+        .zip(counter_pairs(last))
+        .map(|((n, v), (_, b))| (n, v.saturating_sub(b)))
+        .collect()
+}
+
+/// The counters persisted in the ledger, by name.
+fn counter_pairs(s: &StatsSnapshot) -> Vec<(&'static str, u64)> {
+    vec![
+        ("hits", s.hits),
+        ("misses_absent", s.miss_absent),
+        ("misses_corrupt", s.miss_corrupt),
+        ("misses_incompatible", s.miss_incompatible),
+        ("misses_base_missing", s.miss_base_missing),
+        ("misses_deadline_exceeded", s.miss_deadline),
+        ("misses_unauthenticated", s.miss_unauthenticated),
+        ("objects_read", s.objects_read),
+        ("bytes_read", s.bytes_read),
+        ("objects_written", s.objects_written),
+        ("bytes_written", s.bytes_written),
+        ("roots_written", s.roots_written),
+        ("evictions", s.evictions),
+        ("quarantined", s.quarantined),
+        ("conflicts", s.conflicts),
+        ("hits_cheaper_than_prefill", s.hits_cheaper_than_prefill),
+        ("hits_dearer_than_prefill", s.hits_dearer_than_prefill),
+    ]
+}
+
+/// Prometheus text exposition of a stats report.
+pub fn prometheus(r: &StatsReport) -> String {
+    let mut out = String::new();
+    let mut gauge = |name: &str, help: &str, v: u64| {
+        out.push_str(&format!(
+            "# HELP deltapack_{name} {help}\n# TYPE deltapack_{name} gauge\ndeltapack_{name} {v}\n"
+        ));
+    };
+    gauge(
+        "ledger_used_bytes",
+        "Bytes counted against the budget (live + condemned + roots).",
+        r.ledger.used_bytes,
+    );
+    gauge(
+        "ledger_object_bytes",
+        "Bytes of live objects, each counted once.",
+        r.ledger.object_bytes,
+    );
+    gauge(
+        "ledger_condemned_bytes",
+        "Bytes of condemned objects awaiting deletion.",
+        r.ledger.condemned_bytes,
+    );
+    gauge("ledger_roots", "Roots in the ledger.", r.ledger.roots);
+    gauge(
+        "ledger_objects",
+        "Live objects in the ledger.",
+        r.ledger.objects,
+    );
+    if let Some(f) = r.free_bytes {
+        gauge("free_bytes", "Free bytes on the store's filesystem.", f);
+    }
+    if let Some(b) = r.budget_bytes {
+        gauge("budget_bytes", "Configured byte budget.", b);
+    }
+    out.push_str("# HELP deltapack_namespace_bytes Physical bytes per namespace.\n# TYPE deltapack_namespace_bytes gauge\n");
+    for (ns, b) in &r.ledger.per_namespace {
+        out.push_str(&format!(
+            "deltapack_namespace_bytes{{namespace=\"{ns}\"}} {b}\n"
+        ));
+    }
+    for (name, v) in &r.counters {
+        out.push_str(&format!(
+            "# HELP deltapack_{name}_total Accumulated {name} (all processes).\n# TYPE deltapack_{name}_total counter\ndeltapack_{name}_total {v}\n"
+        ));
+    }
+    let lat = r.process.restore_latency_us;
+    out.push_str("# HELP deltapack_restore_latency_seconds Restore latency quantiles of this process.\n# TYPE deltapack_restore_latency_seconds summary\n");
+    for (q, v) in [("0.5", lat[0]), ("0.9", lat[1]), ("0.99", lat[2])] {
+        out.push_str(&format!(
+            "deltapack_restore_latency_seconds{{quantile=\"{q}\"}} {}\n",
+            v as f64 / 1e6
+        ));
+    }
+    out
+}

@@ -2,21 +2,21 @@
 //! quarantine, listing and lookup. Publication lives in `publish.rs`,
 //! restore in `restore.rs`.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, Weak};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use deltapack_format::root::{self, RootSummary};
-use deltapack_format::{CacheIdentity, ContextDigest, DecodedRoot, Digest, Namespace, Snapshot};
-use futures::future::{BoxFuture, Shared};
+use deltapack_format::{CacheIdentity, ContextDigest, DecodedRoot, Namespace};
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 
 use crate::backend::{self, Backend, BackendKind};
 use crate::error::{MissReason, Result, StoreError};
+use crate::fault::{FaultKind, ObjectFault};
 use crate::keys;
-use crate::restore::RestoreOutcome;
+use crate::restore::cache::{BaseCache, SharedRestore};
 use crate::stats::Stats;
 
 /// Largest root object accepted from storage (envelope header + body + MAC).
@@ -162,90 +162,6 @@ impl Default for StoreConfig {
     }
 }
 
-pub(crate) type SharedRestore =
-    Shared<BoxFuture<'static, std::result::Result<RestoreOutcome, Arc<StoreError>>>>;
-
-/// Verified snapshots a delta restore may start from.
-///
-/// Two kinds of entry: bases this handle materialised itself (legacy v1
-/// links restored the old way), kept strongly in an LRU bounded in bytes;
-/// and snapshots handed to callers by `restore`, kept only as weak
-/// references — a caller that still holds turn N when it restores turn N+1
-/// gets a restore of N+1's delta alone, and nothing outlives the caller's
-/// own reference (the cache never doubles a process's memory).
-#[derive(Default)]
-pub(crate) struct BaseCache {
-    entries: VecDeque<(BaseKey, Arc<Snapshot>)>,
-    bytes: u64,
-    handed_out: VecDeque<(BaseKey, Weak<Snapshot>)>,
-}
-
-/// Namespace, context and snapshot digest of a cached base.
-pub(crate) type BaseKey = (Namespace, ContextDigest, Digest);
-
-/// Most weak entries kept (dead ones are dropped first).
-const HANDED_OUT: usize = 64;
-
-impl BaseCache {
-    pub(crate) fn get(&mut self, key: &BaseKey) -> Option<Arc<Snapshot>> {
-        if let Some(pos) = self.entries.iter().position(|(k, _)| k == key) {
-            let e = self.entries.remove(pos)?;
-            let s = e.1.clone();
-            self.entries.push_back(e);
-            return Some(s);
-        }
-        self.handed_out.retain(|(_, w)| w.strong_count() > 0);
-        self.handed_out
-            .iter()
-            .find(|(k, _)| k == key)
-            .and_then(|(_, w)| w.upgrade())
-    }
-
-    pub(crate) fn remove(&mut self, key: &BaseKey) {
-        if let Some(pos) = self.entries.iter().position(|(k, _)| k == key) {
-            if let Some((_, s)) = self.entries.remove(pos) {
-                self.bytes -= s.encoded().len() as u64;
-            }
-        }
-        self.handed_out.retain(|(k, _)| k != key);
-    }
-
-    /// Drops every cached base (e.g. after an invalidation).
-    #[allow(dead_code)]
-    pub(crate) fn clear(&mut self) {
-        self.entries.clear();
-        self.bytes = 0;
-        self.handed_out.clear();
-    }
-
-    /// Keeps a base this handle materialised, within `cap` bytes.
-    pub(crate) fn put(&mut self, key: BaseKey, s: Arc<Snapshot>, cap: u64) {
-        let size = s.encoded().len() as u64;
-        if size > cap || self.entries.iter().any(|(k, _)| *k == key) {
-            return;
-        }
-        while self.bytes + size > cap {
-            match self.entries.pop_front() {
-                Some((_, old)) => self.bytes -= old.encoded().len() as u64,
-                None => break,
-            }
-        }
-        self.bytes += size;
-        self.entries.push_back((key, s));
-    }
-
-    /// Remembers a snapshot handed to a caller, for as long as the caller
-    /// keeps it.
-    pub(crate) fn put_handed_out(&mut self, key: BaseKey, s: &Arc<Snapshot>) {
-        self.handed_out
-            .retain(|(k, w)| w.strong_count() > 0 && *k != key);
-        if self.handed_out.len() >= HANDED_OUT {
-            self.handed_out.pop_front();
-        }
-        self.handed_out.push_back((key, Arc::downgrade(s)));
-    }
-}
-
 pub(crate) struct Inner {
     pub(crate) backend: Backend,
     pub(crate) config: StoreConfig,
@@ -270,7 +186,7 @@ impl Drop for Inner {
             Ok(l) => l.clone(),
             Err(p) => p.into_inner().clone(),
         };
-        let deltas = crate::capacity::counter_deltas(&now, &last);
+        let deltas = crate::stats::counter_deltas(&now, &last);
         if let Err(e) = ledger.add_counters(&deltas) {
             tracing::warn!(error = %e, "could not persist counters");
         }
@@ -389,37 +305,39 @@ impl Store {
     }
 
     /// Fetches an object whose stored size must be exactly `expected_len`
-    /// (checked from metadata before the body is read). `Ok(None)` if absent;
-    /// `Err(Ok(reason))` if the size is wrong.
+    /// (checked from metadata before the body is read). A fault says which:
+    /// missing, the wrong size (corrupt), or the backend failed (I/O).
     pub(crate) async fn fetch_exact(
         &self,
         key: &Path,
         expected_len: u64,
-    ) -> Result<std::result::Result<Bytes, String>> {
-        let store = self.object_store();
-        let got = match store.get(key).await {
-            Ok(g) => g,
-            Err(object_store::Error::NotFound { .. }) => {
-                return Ok(Err(format!("object {key} is missing")))
-            }
-            Err(e) => return Err(StoreError::io(key, e)),
-        };
+    ) -> std::result::Result<Bytes, ObjectFault> {
+        let got = self
+            .object_store()
+            .get(key)
+            .await
+            .map_err(|e| ObjectFault::backend(key, e))?;
         if got.meta.size != expected_len {
-            return Ok(Err(format!(
-                "object {key} is {} bytes, expected {expected_len}",
-                got.meta.size
-            )));
+            return Err(ObjectFault::of(
+                key,
+                FaultKind::Corrupt,
+                format!("is {} bytes, expected {expected_len}", got.meta.size),
+            ));
         }
-        let bytes = got.bytes().await.map_err(|e| StoreError::io(key, e))?;
+        let bytes = got
+            .bytes()
+            .await
+            .map_err(|e| ObjectFault::backend(key, e))?;
         if bytes.len() as u64 != expected_len {
-            return Ok(Err(format!(
-                "object {key} returned {} bytes, expected {expected_len}",
-                bytes.len()
-            )));
+            return Err(ObjectFault::of(
+                key,
+                FaultKind::Corrupt,
+                format!("returned {} bytes, expected {expected_len}", bytes.len()),
+            ));
         }
         Stats::add(&self.inner.stats.objects_read, 1);
         Stats::add(&self.inner.stats.bytes_read, bytes.len() as u64);
-        Ok(Ok(bytes))
+        Ok(bytes)
     }
 
     /// Reads and decodes the root at `(ns, ctx)`. Damaged roots are

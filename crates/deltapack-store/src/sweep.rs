@@ -477,18 +477,18 @@ impl Store {
     }
 
     async fn verify_object_once(&self, key: &Path, r: &Referenced) -> Result<bool> {
-        let bytes = match self.fetch_exact(key, r.stored_len).await? {
+        let bytes = match self.fetch_exact(key, r.stored_len).await {
             Ok(b) => b,
-            Err(_) => return Ok(false),
+            Err(f) => return f.into_error().map(|_| false),
         };
         let check = r.check.clone();
         tokio::task::spawn_blocking(move || match check {
             Check::V1 { digest } => Digest::sha256(&bytes) == digest,
             Check::V2 { plan, index, entry } => {
-                crate::reassembly::verify_extent(&plan, index, &entry, bytes).is_ok()
+                crate::restore::reassembly::verify_extent(&plan, index, &entry, bytes).is_ok()
             }
         })
         .await
-        .map_err(|e| StoreError::Internal(format!("verify task: {e}")))
+        .map_err(|e| StoreError::task("verify", e))
     }
 }

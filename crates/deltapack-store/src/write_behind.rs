@@ -336,7 +336,7 @@ impl WriteBehind {
         drop(self.tx.take());
         for w in self.workers.drain(..) {
             w.await
-                .map_err(|e| StoreError::Internal(format!("write-behind worker: {e}")))?;
+                .map_err(|e| StoreError::task("write-behind worker", e))?;
         }
         let pending = self.shared.buffer.lock().map(|b| b.len()).unwrap_or(0);
         if pending != 0 {

@@ -40,9 +40,9 @@ use std::time::Instant;
 use deltapack_format::delta::{self, Origin, PageDelta};
 use deltapack_format::{Digest, ExtentPlan, ManifestV2, Snapshot, SnapshotHeader};
 
-use crate::reassembly::{
-    blame, read_extent, read_header_prefix, Damage, DamageKind, Dest, Output, Sink, Source, PIECE,
-    RESULT_BLOCK,
+use super::reassembly::{
+    blame, read_extent, read_header_prefix, Dest, FaultKind, ObjectFault, Output, Sink, Source,
+    PIECE, RESULT_BLOCK,
 };
 
 /// Largest piece of a memory-to-result copy handed to one worker.
@@ -141,10 +141,11 @@ struct ResultHash {
 }
 
 impl ResultHash {
-    fn new(result_len: u64, extent_bytes: u64) -> Result<Self, Damage> {
+    fn new(result_len: u64, extent_bytes: u64) -> Result<Self, ObjectFault> {
         let block =
             (extent_bytes / 4).clamp(deltapack_format::extent::MIN_EXTENT_BYTES, RESULT_BLOCK);
-        let plan = ExtentPlan::new(result_len, block).map_err(|e| Damage::plain(e.to_string()))?;
+        let plan =
+            ExtentPlan::new(result_len, block).map_err(|e| ObjectFault::plain(e.to_string()))?;
         let remaining = (0..plan.count())
             .map(|b| {
                 let r = plan.range(b);
@@ -288,9 +289,9 @@ pub(crate) fn restore_chain(
     into: Option<&mut [u8]>,
     threads: usize,
     deadline: Option<Instant>,
-) -> Result<Output, Damage> {
+) -> Result<Output, ObjectFault> {
     let Some(top) = deltas.last() else {
-        return Err(Damage::plain("a chain needs at least one delta"));
+        return Err(ObjectFault::plain("a chain needs at least one delta"));
     };
     // Extent geometry of every level read from storage: the deltas, then a
     // flat bottom.
@@ -302,7 +303,7 @@ pub(crate) fn restore_chain(
         .iter()
         .map(|m| ExtentPlan::new(m.payload_len, m.max_extent_bytes))
         .collect::<Result<_, _>>()
-        .map_err(|e| Damage::plain(e.to_string()))?;
+        .map_err(|e| ObjectFault::plain(e.to_string()))?;
 
     // 1. Every delta's header (unverified here; each is checked again
     //    byte for byte while its extent is hashed).
@@ -326,9 +327,9 @@ pub(crate) fn restore_chain(
         let (link, hlen) = match planned {
             Ok(x) => x,
             Err(what) => {
-                let mut d = blame(source, &plans[i], m, hdr.len() as u64).unwrap_or(Damage::plain(
-                    format!("turn {} of the chain: {what}", i + 1),
-                ));
+                let mut d = blame(source, &plans[i], m, hdr.len() as u64).unwrap_or(
+                    ObjectFault::plain(format!("turn {} of the chain: {what}", i + 1)),
+                );
                 d.in_base = i + 1 < deltas.len();
                 return Err(d);
             }
@@ -339,9 +340,9 @@ pub(crate) fn restore_chain(
         links.push(link);
     }
     let composed =
-        delta::compose(&bottom_header, &links).map_err(|e| Damage::plain(e.to_string()))?;
+        delta::compose(&bottom_header, &links).map_err(|e| ObjectFault::plain(e.to_string()))?;
     if composed.result_len != top.result_snapshot_len {
-        return Err(Damage::plain(format!(
+        return Err(ObjectFault::plain(format!(
             "the chain composes to {} bytes, the root says {}",
             composed.result_len, top.result_snapshot_len
         )));
@@ -362,7 +363,7 @@ pub(crate) fn restore_chain(
         };
         match level_of(p.origin) {
             Some(l) if l < by_level.len() => by_level[l].push(s),
-            Some(_) => return Err(Damage::plain("a piece names a turn outside the chain")),
+            Some(_) => return Err(ObjectFault::plain("a piece names a turn outside the chain")),
             None => memory.push(s),
         }
     }
@@ -416,8 +417,8 @@ pub(crate) fn restore_chain(
 
     // 4. The pass.
     let len =
-        usize::try_from(composed.result_len).map_err(|_| Damage::plain("result too large"))?;
-    let mut result = Dest::take(len, into).map_err(Damage::plain)?;
+        usize::try_from(composed.result_len).map_err(|_| ObjectFault::plain("result too large"))?;
+    let mut result = Dest::take(len, into).map_err(ObjectFault::plain)?;
     let hash = ResultHash::new(composed.result_len, top.max_extent_bytes)?;
     let bytes = result.bytes();
     let dest = SharedDest {
@@ -430,7 +431,7 @@ pub(crate) fn restore_chain(
     hash.wrote(&dest, 0, composed.result_prefix.len() as u64, &mut done);
     let next = AtomicUsize::new(0);
     let failed = std::sync::atomic::AtomicBool::new(false);
-    let failures: Mutex<Vec<Damage>> = Mutex::new(Vec::new());
+    let failures: Mutex<Vec<ObjectFault>> = Mutex::new(Vec::new());
     let hashed: Mutex<Vec<(u64, Digest)>> = Mutex::new(done);
     let memory_src = match bottom {
         Bottom::Memory(s, _) => Some(s.encoded()),
@@ -489,7 +490,7 @@ pub(crate) fn restore_chain(
                     };
                     if let Err(mut d) = r {
                         d.in_base = in_base;
-                        let stop = matches!(d.kind, DamageKind::Deadline | DamageKind::Io(_));
+                        let stop = matches!(d.kind, FaultKind::Deadline | FaultKind::Io(_));
                         if let Ok(mut f) = failures.lock() {
                             f.push(d);
                         }
@@ -515,9 +516,9 @@ pub(crate) fn restore_chain(
     }
     let found = hash
         .finish(&dest, hashed.into_inner().unwrap_or_default())
-        .map_err(Damage::plain)?;
+        .map_err(ObjectFault::plain)?;
     if found != top.result_snapshot_digest {
-        return Err(Damage::plain(format!(
+        return Err(ObjectFault::plain(format!(
             "reconstructed result {found} != {} named by the root",
             top.result_snapshot_digest
         )));
@@ -525,7 +526,7 @@ pub(crate) fn restore_chain(
     match result {
         Dest::Owned(v) => Snapshot::from_encoded(v)
             .map(Output::Snapshot)
-            .map_err(|e| Damage::plain(e.to_string())),
+            .map_err(|e| ObjectFault::plain(e.to_string())),
         Dest::Borrowed(_) => Ok(Output::Written),
     }
 }
@@ -576,19 +577,19 @@ fn copy_memory(
     hash: &ResultHash,
     done: &mut Vec<(u64, Digest)>,
     deadline: Option<Instant>,
-) -> Result<(), Damage> {
-    let from = from.ok_or_else(|| Damage::plain("no bottom snapshot in memory"))?;
+) -> Result<(), ObjectFault> {
+    let from = from.ok_or_else(|| ObjectFault::plain("no bottom snapshot in memory"))?;
     for s in spans {
         let mut at = 0u64;
         while at < s.len {
             if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(Damage::deadline());
+                return Err(ObjectFault::deadline());
             }
             let n = (s.len - at).min(PIECE as u64);
             let a = (s.src + at) as usize;
             let bytes = from
                 .get(a..a + n as usize)
-                .ok_or_else(|| Damage::plain("a piece lies outside the bottom snapshot"))?;
+                .ok_or_else(|| ObjectFault::plain("a piece lies outside the bottom snapshot"))?;
             // SAFETY: this span belongs to this item alone.
             unsafe { dest.write(s.dst + at, bytes) };
             hash.wrote(dest, s.dst + at, n, done);

@@ -42,7 +42,7 @@ use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 
-use crate::error::StoreError;
+pub(crate) use crate::fault::{FaultKind, ObjectFault};
 use crate::keys;
 
 /// Piece size of the fused read → hash → copy loop.
@@ -119,74 +119,6 @@ pub(crate) enum Output {
     Snapshot(Snapshot),
     /// The caller's buffer holds the verified snapshot encoding.
     Written,
-}
-
-/// What went wrong with one object.
-#[derive(Debug)]
-pub(crate) enum DamageKind {
-    /// The object does not exist.
-    Missing,
-    /// The object exists but its bytes are wrong (or unreadable at rest).
-    Corrupt,
-    /// The restore's deadline passed.
-    Deadline,
-    /// The backend failed (network, permissions): not the object's fault.
-    Io(Box<StoreError>),
-}
-
-/// Why a reassembly failed: the object key to blame (if any), and what
-/// was wrong.
-#[derive(Debug)]
-pub(crate) struct Damage {
-    pub(crate) key: Option<Path>,
-    pub(crate) kind: DamageKind,
-    pub(crate) what: String,
-    /// The damage lies in a base of the root being restored (a lower link
-    /// of its chain): the miss is `base-missing`, not `corrupt`.
-    pub(crate) in_base: bool,
-}
-
-impl Damage {
-    pub(crate) fn plain(what: impl Into<String>) -> Self {
-        Damage {
-            key: None,
-            kind: DamageKind::Corrupt,
-            what: what.into(),
-            in_base: false,
-        }
-    }
-
-    pub(crate) fn of(key: &Path, kind: DamageKind, what: impl std::fmt::Display) -> Self {
-        Damage {
-            key: Some(key.clone()),
-            kind,
-            what: format!("{key}: {what}"),
-            in_base: false,
-        }
-    }
-
-    /// A failed backend call: a missing object, or the backend's own
-    /// failure (not the object's fault).
-    fn backend(key: &Path, x: object_store::Error) -> Self {
-        match x {
-            object_store::Error::NotFound { .. } => {
-                Damage::of(key, DamageKind::Missing, "object is missing")
-            }
-            x => {
-                let what = x.to_string();
-                Damage::of(key, DamageKind::Io(Box::new(StoreError::io(key, x))), what)
-            }
-        }
-    }
-
-    pub(crate) fn deadline() -> Self {
-        Damage {
-            key: None,
-            kind: DamageKind::Deadline,
-            what: "deadline exceeded".into(),
-            in_base: false,
-        }
-    }
 }
 
 /// A zero-filled buffer obtained without touching its pages: the page
@@ -320,7 +252,7 @@ fn absorb(
 /// a buffer allocated here. Every extent is verified against its name as it
 /// streams in (a failed one is read once more before it is blamed), and the
 /// names merge to the payload digest, which for a flat root is the snapshot
-/// digest. `Err(damage)` is a miss (or, for [`DamageKind::Io`], an error).
+/// digest. `Err(damage)` is a miss (or, for [`FaultKind::Io`], an error).
 /// Delta roots go through `compose::restore_chain`.
 pub(crate) fn restore_flat(
     source: &Source,
@@ -328,23 +260,24 @@ pub(crate) fn restore_flat(
     into: Option<&mut [u8]>,
     threads: usize,
     deadline: Option<Instant>,
-) -> Result<Output, Damage> {
+) -> Result<Output, ObjectFault> {
     if m.base.is_some() {
-        return Err(Damage::plain(
+        return Err(ObjectFault::plain(
             "internal: a delta root reached the flat restore",
         ));
     }
     let plan = ExtentPlan::new(m.payload_len, m.max_extent_bytes)
-        .map_err(|e| Damage::plain(e.to_string()))?;
-    let len = usize::try_from(m.payload_len).map_err(|_| Damage::plain("payload too large"))?;
-    let mut result = Dest::take(len, into).map_err(Damage::plain)?;
+        .map_err(|e| ObjectFault::plain(e.to_string()))?;
+    let len =
+        usize::try_from(m.payload_len).map_err(|_| ObjectFault::plain("payload too large"))?;
+    let mut result = Dest::take(len, into).map_err(ObjectFault::plain)?;
     let mut rest: &mut [u8] = result.bytes();
     let mut regions: Vec<Mutex<Option<Region<'_>>>> = Vec::with_capacity(m.extents.len());
     for e in &m.extents {
         let n = usize::try_from(e.raw_len)
             .ok()
             .filter(|n| *n <= rest.len())
-            .ok_or_else(|| Damage::plain("extents run past the payload"))?;
+            .ok_or_else(|| ObjectFault::plain("extents run past the payload"))?;
         let (mine, tail) = std::mem::take(&mut rest).split_at_mut(n);
         rest = tail;
         regions.push(Mutex::new(Some(Region {
@@ -353,7 +286,7 @@ pub(crate) fn restore_flat(
         })));
     }
     let next = AtomicUsize::new(0);
-    let failures: Mutex<Vec<Damage>> = Mutex::new(Vec::new());
+    let failures: Mutex<Vec<ObjectFault>> = Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for _ in 0..threads.max(1).min(m.extents.len().max(1)) {
             s.spawn(|| {
@@ -382,7 +315,7 @@ pub(crate) fn restore_flat(
                             &mut scratch,
                         );
                         match &r {
-                            Err(d) if matches!(d.kind, DamageKind::Corrupt | DamageKind::Io(_)) => {
+                            Err(d) if matches!(d.kind, FaultKind::Corrupt | FaultKind::Io(_)) => {
                                 tracing::warn!(what = %d.what, attempt, "extent read failed");
                             }
                             _ => break,
@@ -407,9 +340,9 @@ pub(crate) fn restore_flat(
     let names: Vec<Digest> = m.extents.iter().map(|e| e.raw_digest).collect();
     let merged = plan
         .merge(&names)
-        .map_err(|e| Damage::plain(e.to_string()))?;
+        .map_err(|e| ObjectFault::plain(e.to_string()))?;
     if merged != m.payload_digest {
-        return Err(Damage::plain(format!(
+        return Err(ObjectFault::plain(format!(
             "payload digest {merged} != {}",
             m.payload_digest
         )));
@@ -417,7 +350,7 @@ pub(crate) fn restore_flat(
     match result {
         Dest::Owned(v) => Snapshot::from_encoded(v)
             .map(Output::Snapshot)
-            .map_err(|e| Damage::plain(e.to_string())),
+            .map_err(|e| ObjectFault::plain(e.to_string())),
         // The bytes are the payload, verified, and a flat root's payload
         // digest is its snapshot digest.
         Dest::Borrowed(_) => Ok(Output::Written),
@@ -435,15 +368,15 @@ pub(crate) fn read_extent(
     header: Option<&[u8]>,
     deadline: Option<Instant>,
     scratch: &mut [u8],
-) -> Result<(), Damage> {
+) -> Result<(), ObjectFault> {
     let key = keys::object_key(&e.object_digest());
     // Where the bytes come from: a positioned-read closure over a file, or
     // the chunks of a GET body.
     let absorbed = match (source, e.codec) {
         (_, ExtentCodec::Zstd) => {
             let stored = read_all(source, e)?;
-            let raw =
-                verify_zstd(e, &stored).map_err(|w| Damage::of(&key, DamageKind::Corrupt, w))?;
+            let raw = verify_zstd(e, &stored)
+                .map_err(|w| ObjectFault::of(&key, FaultKind::Corrupt, w))?;
             let mut pos = 0usize;
             absorb(
                 plan,
@@ -497,12 +430,12 @@ pub(crate) fn read_extent(
         }
     };
     absorbed.map_err(|x| match x {
-        AbsorbError::Deadline => Damage::deadline(),
-        AbsorbError::Bad(w) => Damage::of(&key, DamageKind::Corrupt, w),
-        AbsorbError::Plan(w) => Damage::plain(format!("{key}: {w}")),
+        AbsorbError::Deadline => ObjectFault::deadline(),
+        AbsorbError::Bad(w) => ObjectFault::of(&key, FaultKind::Corrupt, w),
+        AbsorbError::Plan(w) => ObjectFault::plain(format!("{key}: {w}")),
         // A read error (EIO, EACCES, a dropped connection) proves nothing
         // about the bytes at rest: an error, never a quarantine.
-        AbsorbError::Read(err) => io_damage(&key, "read", err),
+        AbsorbError::Read(err) => ObjectFault::io(&key, "read", err),
     })
 }
 
@@ -531,40 +464,27 @@ async fn fill(
     Ok(n)
 }
 
-/// A failed local or remote read of `key`: the backend's (or the media's)
-/// failure, not evidence about the object's bytes.
-fn io_damage(key: &Path, op: &str, err: std::io::Error) -> Damage {
-    let what = format!("{op}: {err}");
-    Damage::of(
-        key,
-        DamageKind::Io(Box::new(StoreError::io(
-            key,
-            object_store::Error::Generic {
-                store: "restore",
-                source: Box::new(err),
-            },
-        ))),
-        what,
-    )
-}
-
 /// Opens a local extent file and checks its size.
-fn open_local(root: &FsPath, key: &Path, e: &ExtentEntry) -> Result<File, Damage> {
+fn open_local(root: &FsPath, key: &Path, e: &ExtentEntry) -> Result<File, ObjectFault> {
     let file = match File::open(root.join(key.as_ref())) {
         Ok(f) => f,
         Err(x) if x.kind() == std::io::ErrorKind::NotFound => {
-            return Err(Damage::of(key, DamageKind::Missing, "object is missing"))
+            return Err(ObjectFault::of(
+                key,
+                FaultKind::Missing,
+                "object is missing",
+            ))
         }
-        Err(x) => return Err(io_damage(key, "open", x)),
+        Err(x) => return Err(ObjectFault::io(key, "open", x)),
     };
     let size = file
         .metadata()
-        .map_err(|x| io_damage(key, "stat", x))?
+        .map_err(|x| ObjectFault::io(key, "stat", x))?
         .len();
     if size != e.stored_len {
-        return Err(Damage::of(
+        return Err(ObjectFault::of(
             key,
-            DamageKind::Corrupt,
+            FaultKind::Corrupt,
             format!("object is {size} bytes, expected {}", e.stored_len),
         ));
     }
@@ -577,40 +497,41 @@ fn remote_result(
     key: &Path,
     e: &ExtentEntry,
     got: object_store::Result<object_store::GetResult>,
-) -> Result<object_store::GetResult, Damage> {
+) -> Result<object_store::GetResult, ObjectFault> {
     match got {
         Ok(g) if g.meta.size == e.stored_len => Ok(g),
-        Ok(g) => Err(Damage::of(
+        Ok(g) => Err(ObjectFault::of(
             key,
-            DamageKind::Corrupt,
+            FaultKind::Corrupt,
             format!("object is {} bytes, expected {}", g.meta.size, e.stored_len),
         )),
-        Err(x) => Err(Damage::backend(key, x)),
+        Err(x) => Err(ObjectFault::backend(key, x)),
     }
 }
 
 /// An extent's whole stored object (zstd extents, the blame pass).
-fn read_all(source: &Source, e: &ExtentEntry) -> Result<Bytes, Damage> {
+fn read_all(source: &Source, e: &ExtentEntry) -> Result<Bytes, ObjectFault> {
     let key = keys::object_key(&e.object_digest());
     let bytes = match source {
         Source::Local(root) => {
             // Size first, so a huge file is not read into memory.
             drop(open_local(root, &key, e)?);
             Bytes::from(
-                std::fs::read(root.join(key.as_ref())).map_err(|x| io_damage(&key, "read", x))?,
+                std::fs::read(root.join(key.as_ref()))
+                    .map_err(|x| ObjectFault::io(&key, "read", x))?,
             )
         }
         Source::Remote { store, handle } => {
             let got = remote_result(&key, e, handle.block_on(store.get(&key)))?;
             handle
                 .block_on(got.bytes())
-                .map_err(|x| Damage::backend(&key, x))?
+                .map_err(|x| ObjectFault::backend(&key, x))?
         }
     };
     if bytes.len() as u64 != e.stored_len {
-        return Err(Damage::of(
+        return Err(ObjectFault::of(
             &key,
-            DamageKind::Corrupt,
+            FaultKind::Corrupt,
             format!("read {} bytes, expected {}", bytes.len(), e.stored_len),
         ));
     }
@@ -618,14 +539,14 @@ fn read_all(source: &Source, e: &ExtentEntry) -> Result<Bytes, Damage> {
 }
 
 /// The first `len` raw bytes of an extent (unverified).
-fn read_prefix(source: &Source, e: &ExtentEntry, len: usize) -> Result<Vec<u8>, Damage> {
+fn read_prefix(source: &Source, e: &ExtentEntry, len: usize) -> Result<Vec<u8>, ObjectFault> {
     let key = keys::object_key(&e.object_digest());
     let len = len.min(usize::try_from(e.raw_len).unwrap_or(usize::MAX));
     match (source, e.codec) {
         (_, ExtentCodec::Zstd) => {
             let stored = read_all(source, e)?;
-            let mut raw =
-                verify_zstd(e, &stored).map_err(|w| Damage::of(&key, DamageKind::Corrupt, w))?;
+            let mut raw = verify_zstd(e, &stored)
+                .map_err(|w| ObjectFault::of(&key, FaultKind::Corrupt, w))?;
             raw.truncate(len);
             Ok(raw)
         }
@@ -635,7 +556,7 @@ fn read_prefix(source: &Source, e: &ExtentEntry, len: usize) -> Result<Vec<u8>, 
             let mut got = 0;
             while got < len {
                 let n = read_at(&f, &mut buf[got..], got as u64)
-                    .map_err(|x| io_damage(&key, "read", x))?;
+                    .map_err(|x| ObjectFault::io(&key, "read", x))?;
                 if n == 0 {
                     break;
                 }
@@ -646,14 +567,15 @@ fn read_prefix(source: &Source, e: &ExtentEntry, len: usize) -> Result<Vec<u8>, 
         }
         (Source::Remote { store, handle }, ExtentCodec::Raw) => {
             let r = handle.block_on(store.get_range(&key, 0..len as u64));
-            r.map(|b| b.to_vec()).map_err(|x| Damage::backend(&key, x))
+            r.map(|b| b.to_vec())
+                .map_err(|x| ObjectFault::backend(&key, x))
         }
     }
 }
 
 /// Reads the delta header bytes (unverified; checked again while hashing)
 /// from the first extents.
-pub(crate) fn read_header_prefix(source: &Source, m: &ManifestV2) -> Result<Vec<u8>, Damage> {
+pub(crate) fn read_header_prefix(source: &Source, m: &ManifestV2) -> Result<Vec<u8>, ObjectFault> {
     let need = |out: &[u8]| delta::header_extent(out).unwrap_or(delta::DELTA_PREFIX_LEN);
     let mut out: Vec<u8> = Vec::new();
     for e in &m.extents {
@@ -676,11 +598,11 @@ pub(crate) fn read_header_prefix(source: &Source, m: &ManifestV2) -> Result<Vec<
                 return Err(blame(
                     source,
                     &ExtentPlan::new(m.payload_len, m.max_extent_bytes)
-                        .map_err(|x| Damage::plain(x.to_string()))?,
+                        .map_err(|x| ObjectFault::plain(x.to_string()))?,
                     m,
                     e.offset + e.raw_len,
                 )
-                .unwrap_or(Damage::plain("payload ends inside the delta header")));
+                .unwrap_or(ObjectFault::plain("payload ends inside the delta header")));
             }
             out.truncate(e.offset as usize);
             out.extend_from_slice(&bytes);
@@ -690,7 +612,7 @@ pub(crate) fn read_header_prefix(source: &Source, m: &ManifestV2) -> Result<Vec<
     if out.len() >= need(&out) {
         return Ok(out);
     }
-    Err(Damage::plain("payload ends inside the delta header"))
+    Err(ObjectFault::plain("payload ends inside the delta header"))
 }
 
 /// Verifies the extents covering the first `upto` payload bytes; returns
@@ -700,7 +622,7 @@ pub(crate) fn blame(
     plan: &ExtentPlan,
     m: &ManifestV2,
     upto: u64,
-) -> Option<Damage> {
+) -> Option<ObjectFault> {
     for (i, e) in m.extents.iter().enumerate() {
         if e.offset >= upto.max(1) {
             break;
@@ -711,7 +633,7 @@ pub(crate) fn blame(
             Err(d) => return Some(d),
         };
         if let Err(w) = verify_extent(plan, i as u64, e, stored) {
-            return Some(Damage::of(&key, DamageKind::Corrupt, w));
+            return Some(ObjectFault::of(&key, FaultKind::Corrupt, w));
         }
     }
     None

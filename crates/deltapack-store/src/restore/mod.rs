@@ -35,85 +35,27 @@ use deltapack_format::{
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::ObjectStoreExt;
-use serde::Serialize;
 
 use crate::backend::BackendKind;
-use crate::compose;
 use crate::error::{MissReason, Result, StoreError};
 use crate::keys;
-use crate::reassembly;
 use crate::stats::Stats;
-use crate::store::{RootStatus, SharedRestore, Store};
+use crate::store::{RootStatus, Store};
+
+pub(crate) mod cache;
+mod compose;
+mod outcome;
+pub(crate) mod reassembly;
+
+use crate::fault::{FaultKind, ObjectFault};
+use cache::SharedRestore;
+pub use outcome::{RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored};
 
 /// Most object payloads a restore holds in flight.
 pub const RESTORE_IN_FLIGHT: usize = 4;
 
 /// Roots of a delta chain read at once when its root lists them.
 const CHAIN_PREFETCH: usize = 32;
-
-/// A verified snapshot.
-#[derive(Debug, Clone)]
-pub struct Restored {
-    /// The snapshot (verified against its root's result snapshot digest).
-    pub snapshot: Arc<Snapshot>,
-    /// Its digest.
-    pub digest: Digest,
-    /// Schema of the root it came from.
-    pub schema: &'static str,
-}
-
-/// The result of a restore: a verified snapshot or a miss with a reason.
-#[derive(Debug, Clone)]
-pub enum RestoreOutcome {
-    /// The verified snapshot.
-    Hit(Restored),
-    /// No usable state; the caller recomputes.
-    Miss(MissReason),
-}
-
-impl RestoreOutcome {
-    /// The snapshot on a hit.
-    pub fn hit(&self) -> Option<&Restored> {
-        match self {
-            RestoreOutcome::Hit(r) => Some(r),
-            RestoreOutcome::Miss(_) => None,
-        }
-    }
-
-    /// The reason on a miss.
-    pub fn miss(&self) -> Option<&MissReason> {
-        match self {
-            RestoreOutcome::Hit(_) => None,
-            RestoreOutcome::Miss(m) => Some(m),
-        }
-    }
-}
-
-/// Options of one restore call.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RestoreOptions {
-    /// Past this instant the call returns a `deadline-exceeded` miss.
-    pub deadline: Option<tokio::time::Instant>,
-}
-
-/// The result of [`Store::restore_into`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "outcome", rename_all = "kebab-case")]
-pub enum RestoreIntoOutcome {
-    /// The buffer holds the verified snapshot encoding.
-    Hit {
-        /// Bytes written.
-        len: u64,
-        /// Snapshot digest.
-        digest: String,
-    },
-    /// The buffer's contents are unspecified.
-    Miss {
-        /// Why.
-        #[serde(flatten)]
-        reason: MissReason,
-    },
-}
 
 type Inner = std::result::Result<RestoreOutcome, Arc<StoreError>>;
 
@@ -146,12 +88,6 @@ enum Plan {
 
 /// Roots already on the base chain being resolved (a repeat is a cycle).
 type Visited = Vec<(Namespace, ContextDigest)>;
-
-/// Why fetching an object did not produce verified bytes.
-enum Damage {
-    Missing(String),
-    Corrupt(String),
-}
 
 impl Store {
     /// Restores the state of `context` under `identity`'s namespace.
@@ -650,7 +586,7 @@ impl Store {
                     }
                 })
                 .await
-                .map_err(|e| StoreError::Internal(format!("reconstruction task: {e}")))?
+                .map_err(|e| StoreError::task("reconstruction", e))?
                 .map_err(|e| MissReason::Corrupt {
                     what: format!("reconstruction of {ns}/{ctx} failed verification: {e}"),
                 })
@@ -662,7 +598,7 @@ impl Store {
                     (what, out)
                 })
                 .await
-                .map_err(|e| StoreError::Internal(format!("restore task: {e}")))?;
+                .map_err(|e| StoreError::task("restore", e))?;
                 match out {
                     (what, Ok(reassembly::Output::Snapshot(s))) => {
                         self.count_reads(&what);
@@ -706,8 +642,8 @@ impl Store {
         what: &Plan,
         mut into: Option<&mut [u8]>,
         deadline: Option<std::time::Instant>,
-    ) -> std::result::Result<reassembly::Output, reassembly::Damage> {
-        use reassembly::DamageKind;
+    ) -> std::result::Result<reassembly::Output, reassembly::ObjectFault> {
+        use reassembly::FaultKind;
         let source = self.reassembly_source();
         let threads = source.threads(RESTORE_IN_FLIGHT);
         let chain_threads = source.threads(self.config().chain_gets_in_flight.max(1));
@@ -716,14 +652,14 @@ impl Store {
             Plan::Chain { bottom, deltas } => {
                 compose::restore_chain(&source, bottom, deltas, into, chain_threads, deadline)
             }
-            Plan::V1 { .. } => Err(reassembly::Damage::plain(
+            Plan::V1 { .. } => Err(reassembly::ObjectFault::plain(
                 "internal: a v1 root reached the v2 rebuild",
             )),
         };
         let first = pass(into.as_deref_mut());
         let Err(d) = first else { return first };
-        let again = matches!(d.kind, DamageKind::Io(_))
-            || (matches!(d.kind, DamageKind::Corrupt) && d.key.is_some());
+        let again = matches!(d.kind, FaultKind::Io(_))
+            || (matches!(d.kind, FaultKind::Corrupt) && d.key.is_some());
         if !again || matches!(what, Plan::Flat(_)) {
             // (A flat restore already re-reads a failed extent itself.)
             return Err(d);
@@ -734,7 +670,7 @@ impl Store {
             // Proof needs the same object to fail again.
             Err(d2) if d2.key.is_some() && d2.key == d.key => Err(d2),
             Err(mut d2) => {
-                if matches!(d2.kind, DamageKind::Corrupt) && d2.key.is_some() {
+                if matches!(d2.kind, FaultKind::Corrupt) && d2.key.is_some() {
                     d2.key = None;
                 }
                 Err(d2)
@@ -755,8 +691,8 @@ impl Store {
 
     /// Turns a reassembly failure into a miss (quarantining a damaged
     /// object) or an error (the backend failed).
-    async fn damage_outcome(&self, d: reassembly::Damage) -> Result<MissReason> {
-        use reassembly::DamageKind;
+    async fn damage_outcome(&self, d: reassembly::ObjectFault) -> Result<MissReason> {
+        use reassembly::FaultKind;
         let miss = |what: String| {
             if d.in_base {
                 MissReason::BaseMissing { detail: what }
@@ -765,10 +701,10 @@ impl Store {
             }
         };
         match d.kind {
-            DamageKind::Deadline => Ok(MissReason::DeadlineExceeded),
-            DamageKind::Io(e) => Err(*e),
-            DamageKind::Missing => Ok(miss(d.what)),
-            DamageKind::Corrupt => {
+            FaultKind::Deadline => Ok(MissReason::DeadlineExceeded),
+            FaultKind::Io(e) => Err(*e),
+            FaultKind::Missing => Ok(miss(d.what)),
+            FaultKind::Corrupt => {
                 if let Some(key) = &d.key {
                     self.quarantine(key).await;
                 }
@@ -895,39 +831,45 @@ impl Store {
             RestoreOutcome::Miss(m) => gone(m.to_string()),
         }
     }
-    /// Fetches and verifies one object; quarantines it if damaged.
+    /// Fetches and verifies one object; quarantines it if damaged. `Err`
+    /// is an error (the backend failed); `Ok(Err(fault))` a missing or
+    /// corrupt object.
     async fn fetch_verified(
         &self,
         key: Path,
         stored_len: u64,
         verify: impl Fn(Bytes) -> std::result::Result<Bytes, String> + Send + Sync + Clone + 'static,
-    ) -> Result<std::result::Result<Bytes, Damage>> {
+    ) -> Result<std::result::Result<Bytes, ObjectFault>> {
         // A bad read may be damage in transit (a proxy, a flaky link) rather
         // than at rest: read once more before quarantining a healthy object.
-        let mut last = String::new();
+        let mut last = None;
         for attempt in 0..2 {
-            let bytes = match self.fetch_exact(&key, stored_len).await? {
+            let bytes = match self.fetch_exact(&key, stored_len).await {
                 Ok(b) => b,
-                Err(what) if what.ends_with("is missing") => return Ok(Err(Damage::Missing(what))),
-                Err(what) => {
-                    last = what;
-                    continue;
-                }
+                Err(f) => match f.into_error()? {
+                    f if matches!(f.kind, FaultKind::Missing) => return Ok(Err(f)),
+                    f => {
+                        last = Some(f);
+                        continue;
+                    }
+                },
             };
             let v = verify.clone();
             let checked = tokio::task::spawn_blocking(move || v(bytes))
                 .await
-                .map_err(|e| StoreError::Internal(format!("verify task: {e}")))?;
+                .map_err(|e| StoreError::task("verify", e))?;
             match checked {
                 Ok(b) => return Ok(Ok(b)),
                 Err(what) => {
                     tracing::warn!(%key, %what, attempt, "object failed verification");
-                    last = format!("{key}: {what}");
+                    last = Some(ObjectFault::of(&key, FaultKind::Corrupt, what));
                 }
             }
         }
         self.quarantine(&key).await;
-        Ok(Err(Damage::Corrupt(last)))
+        Ok(Err(last.unwrap_or_else(|| {
+            ObjectFault::of(&key, FaultKind::Corrupt, "failed verification")
+        })))
     }
 
     pub(crate) async fn fetch_v1(
@@ -939,7 +881,7 @@ impl Store {
         // impossible size is a corrupt miss, not an error.
         let mut payload = match usize::try_from(m.payload_len)
             .map_err(|_| format!("{} bytes do not fit in memory", m.payload_len))
-            .and_then(crate::reassembly::zeroed_buffer)
+            .and_then(reassembly::zeroed_buffer)
         {
             Ok(p) => p,
             Err(what) => {
@@ -967,8 +909,8 @@ impl Store {
             let (r, x) = item?;
             match x {
                 Ok(b) => payload[r.start as usize..r.end as usize].copy_from_slice(&b),
-                Err(Damage::Missing(what)) | Err(Damage::Corrupt(what)) => {
-                    return Ok(Err(MissReason::Corrupt { what }));
+                Err(fault) => {
+                    return Ok(Err(MissReason::Corrupt { what: fault.what }));
                 }
             }
         }
@@ -978,7 +920,7 @@ impl Store {
             (payload, d)
         })
         .await
-        .map_err(|e| StoreError::Internal(format!("hash task: {e}")))?;
+        .map_err(|e| StoreError::task("hash", e))?;
         if found != want {
             return Ok(Err(MissReason::Corrupt {
                 what: format!("v1 payload digest {found} != {want}"),

@@ -1,0 +1,73 @@
+//! What a restore returns: a verified snapshot or a miss with its reason,
+//! and the options of one call. Plain types, no I/O.
+
+use std::sync::Arc;
+
+use deltapack_format::{Digest, Snapshot};
+use serde::Serialize;
+
+use crate::error::MissReason;
+
+/// A verified snapshot.
+#[derive(Debug, Clone)]
+pub struct Restored {
+    /// The snapshot (verified against its root's result snapshot digest).
+    pub snapshot: Arc<Snapshot>,
+    /// Its digest.
+    pub digest: Digest,
+    /// Schema of the root it came from.
+    pub schema: &'static str,
+}
+
+/// The result of a restore: a verified snapshot or a miss with a reason.
+#[derive(Debug, Clone)]
+pub enum RestoreOutcome {
+    /// The verified snapshot.
+    Hit(Restored),
+    /// No usable state; the caller recomputes.
+    Miss(MissReason),
+}
+
+impl RestoreOutcome {
+    /// The snapshot on a hit.
+    pub fn hit(&self) -> Option<&Restored> {
+        match self {
+            RestoreOutcome::Hit(r) => Some(r),
+            RestoreOutcome::Miss(_) => None,
+        }
+    }
+
+    /// The reason on a miss.
+    pub fn miss(&self) -> Option<&MissReason> {
+        match self {
+            RestoreOutcome::Hit(_) => None,
+            RestoreOutcome::Miss(m) => Some(m),
+        }
+    }
+}
+
+/// Options of one restore call.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RestoreOptions {
+    /// Past this instant the call returns a `deadline-exceeded` miss.
+    pub deadline: Option<tokio::time::Instant>,
+}
+
+/// The result of [`Store::restore_into`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "kebab-case")]
+pub enum RestoreIntoOutcome {
+    /// The buffer holds the verified snapshot encoding.
+    Hit {
+        /// Bytes written.
+        len: u64,
+        /// Snapshot digest.
+        digest: String,
+    },
+    /// The buffer's contents are unspecified.
+    Miss {
+        /// Why.
+        #[serde(flatten)]
+        reason: MissReason,
+    },
+}

@@ -1,0 +1,763 @@
+"""deltapack: an authenticated delta store for paged prefix state (KV caches).
+
+Publish the paged KV cache of a conversation turn after turn (each turn a
+page delta on the one before), and restore it bit-exactly -- verified
+before a single byte is handed over -- into memory you already own::
+
+    import numpy as np, deltapack
+
+    ident = deltapack.CacheIdentity.from_json(open("id.json").read())
+    store = deltapack.Store("file:///var/cache/dp", budget="50GiB")
+    store.publish(ident, tokens, snapshot, base=(base_tokens, base_snapshot))
+
+    n = store.snapshot_size(ident, tokens)          # None: nothing stored
+    pool = np.empty(n, dtype=np.uint8)               # or a preallocated pool
+    r = store.restore_into(ident, tokens, pool)      # Hit | Miss, never raises on a miss
+    if r:
+        for (group, layer), pages in deltapack.snapshot_views(pool).items():
+            ...                                      # pages: uint8 [n_pages, page_bytes]
+
+What you get:
+
+* **Zero copy.** ``restore_into`` writes the verified snapshot straight into
+  your buffer (numpy array, bytearray, mmap, memoryview, anything with a
+  writable C-contiguous buffer or ``__array_interface__``); nothing is
+  allocated for the result. ``restore`` returns a read-only
+  :class:`Restored` in deltapack's memory (numpy-viewable without a copy).
+  ``publish`` reads a :class:`Snapshot` / :class:`Restored` in place; any
+  other buffer is copied once (see :meth:`Store.publish`).
+* **The GIL is released** during every store call, so threads restore in
+  parallel, and every I/O method has an ``*_async`` twin for asyncio.
+* **A miss is a value.** :class:`Miss` has a ``reason`` among ``absent``,
+  ``corrupt``, ``incompatible``, ``base-missing``, ``deadline-exceeded``,
+  ``unauthenticated``. Failures are exceptions: :class:`Error` and its
+  subclasses :class:`CapacityError`, :class:`ConflictError`,
+  :class:`BadInput`, :class:`IoError`.
+
+**What ``out`` holds after ``restore_into``.** On a :class:`Hit`, exactly the
+verified snapshot encoding. After a :class:`Miss` (or an exception) it holds
+no unverified byte: if the restore had already placed bytes, the whole
+buffer was zeroed; if the miss was found first (no root, an unusable root,
+the deadline already past) or the buffer was refused (:class:`BadInput`:
+wrong size, read-only), it is exactly as you gave it. Do not read or write
+``out`` from another thread while the call runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import sys
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Dict,
+    Iterable,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
+
+from . import _native
+from ._native import (
+    BadInput,
+    CacheIdentity,
+    CapacityError,
+    ConflictError,
+    Error,
+    IoError,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy
+
+__version__: str = _native.__version__
+
+__all__ = [
+    "BadInput",
+    "CacheIdentity",
+    "CapacityError",
+    "ConflictError",
+    "Error",
+    "Hit",
+    "IoError",
+    "LayerInfo",
+    "Lookup",
+    "Miss",
+    "MISS_REASONS",
+    "Restored",
+    "Snapshot",
+    "SnapshotLayout",
+    "Store",
+    "new_snapshot",
+    "parse_duration",
+    "parse_size",
+    "snapshot_layout",
+    "snapshot_views",
+    "synth",
+]
+
+#: Every value :attr:`Miss.reason` can take.
+MISS_REASONS = (
+    "absent",
+    "corrupt",
+    "incompatible",
+    "base-missing",
+    "deadline-exceeded",
+    "unauthenticated",
+)
+
+#: Token ids: a sequence of ints, an integer array (uint32/int32/int64),
+#: bytes of u32 little-endian ids (a token file), or a context digest given
+#: directly as 64 lowercase hex characters.
+Tokens = Union[str, bytes, Sequence[int], Any]
+
+# --------------------------------------------------------------------- sizes
+
+
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*$")
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+
+
+def parse_size(size: Union[int, str]) -> int:
+    """A byte count from an int or text such as ``"50GiB"``, ``"40 GB"``, ``"512MiB"``.
+
+    Decimal units (kB, MB, GB, TB) are powers of 1000, binary units (KiB,
+    MiB, GiB, TiB) powers of 1024. Raises :class:`BadInput` otherwise.
+    """
+    if isinstance(size, bool):
+        raise BadInput(f"size {size!r} is not a byte count")
+    if isinstance(size, int):
+        if size < 0:
+            raise BadInput(f"size {size} is negative")
+        return size
+    if isinstance(size, str):
+        m = _SIZE.match(size)
+        if m and m.group(2).lower() in _UNITS:
+            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    raise BadInput(f"size {size!r}: use bytes (int) or text like '50GiB', '40GB', '512MiB'")
+
+
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*(ms|s|m|h|d)?\s*$")
+_SECONDS = {"ms": 0.001, "s": 1, None: 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(d: Union[int, float, str]) -> float:
+    """Seconds from a number or text such as ``"1h"``, ``"15m"``, ``"30s"``, ``"7d"``."""
+    if isinstance(d, bool):
+        raise BadInput(f"duration {d!r} is not a number of seconds")
+    if isinstance(d, (int, float)):
+        if d < 0:
+            raise BadInput(f"duration {d} is negative")
+        return float(d)
+    if isinstance(d, str):
+        m = _DURATION.match(d)
+        if m:
+            return float(m.group(1)) * _SECONDS[m.group(2)]
+    raise BadInput(f"duration {d!r}: use seconds or text like '1h', '15m', '30s'")
+
+
+# ----------------------------------------------------------------- snapshots
+
+
+class Snapshot:
+    """A snapshot encoding held in deltapack's memory: read-only, zero-copy.
+
+    Returned by :meth:`Store.restore` (as its subclass :class:`Restored`)
+    and by :func:`synth`. Passing it to :meth:`Store.publish` (as the
+    snapshot or the base) costs no copy.
+
+    Views, all without copying and all keeping this object alive:
+
+    * ``numpy.asarray(s)`` -- a read-only ``uint8`` array (through
+      ``__array_interface__``);
+    * ``s.memoryview()`` -- a read-only ``memoryview``;
+    * ``memoryview(s)``, ``numpy.frombuffer(s, numpy.uint8)`` -- the buffer
+      protocol itself, on Python 3.12 and later (PEP 688);
+    * :func:`snapshot_views` -- per (group, layer) page arrays.
+
+    ``bytes(s)`` / ``s.tobytes()`` make a copy.
+    """
+
+    __slots__ = ("_data", "_digest", "__weakref__")
+
+    def __init__(self, data: "_native.SnapshotData", digest: Optional[str] = None) -> None:
+        self._data = data
+        self._digest = digest
+
+    @property
+    def nbytes(self) -> int:
+        """Length of the encoding in bytes."""
+        return len(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    @property
+    def boundary(self) -> int:
+        """Tokens covered by the snapshot."""
+        return self._data.boundary
+
+    @property
+    def address(self) -> int:
+        """Address of the first byte (valid while this object lives)."""
+        return self._data.address
+
+    @property
+    def digest(self) -> str:
+        """The snapshot digest, ``blake3:<64 hex>`` (BLAKE3 of the encoding)."""
+        if self._digest is None:
+            self._digest = self._data.digest()
+        return self._digest
+
+    @property
+    def __array_interface__(self) -> Dict[str, Any]:
+        """numpy's array interface: ``numpy.asarray(s)`` is a zero-copy, read-only view."""
+        return self._data.__array_interface__
+
+    def memoryview(self) -> memoryview:
+        """A read-only ``memoryview`` of the bytes (zero copy; keeps this object alive)."""
+        n = len(self._data)
+        if n == 0:
+            return memoryview(b"")
+        arr = (ctypes.c_ubyte * n).from_address(self._data.address)
+        arr._deltapack_owner = self  # type: ignore[attr-defined]
+        return memoryview(arr).cast("B").toreadonly()
+
+    def __buffer__(self, flags: int) -> memoryview:
+        """The buffer protocol (Python 3.12+, PEP 688): read-only bytes."""
+        return self.memoryview()
+
+    def numpy(self) -> "numpy.ndarray":
+        """A read-only ``uint8`` numpy array over the bytes (zero copy)."""
+        import numpy as np
+
+        return np.asarray(self)
+
+    def tobytes(self) -> bytes:
+        """A copy of the encoding as ``bytes``."""
+        return self._data.tobytes()
+
+    def __bytes__(self) -> bytes:
+        return self._data.tobytes()
+
+    def layout(self) -> "SnapshotLayout":
+        """The page layout (see :func:`snapshot_layout`)."""
+        return _layout(self._data.layout())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(boundary={self.boundary}, nbytes={self.nbytes})"
+
+
+class Restored(Snapshot):
+    """A verified snapshot returned by :meth:`Store.restore` (truthy).
+
+    Lives in deltapack's memory and may be shared with the store's
+    verified-base cache (while you hold it, the next turn's restore starts
+    from it), so it is read-only. See :class:`Snapshot` for the views.
+    """
+
+    __slots__ = ("schema",)
+
+    def __init__(self, data: "_native.SnapshotData", digest: str, schema: str) -> None:
+        super().__init__(data, digest)
+        #: Schema of the root it came from (``deltapack-page-delta-manifest/v2``, …).
+        self.schema: str = schema
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return (
+            f"Restored(boundary={self.boundary}, nbytes={self.nbytes}, "
+            f"digest={self.digest!r}, schema={self.schema!r})"
+        )
+
+
+class Hit:
+    """``restore_into`` succeeded: ``out`` holds the verified snapshot (truthy)."""
+
+    __slots__ = ("nbytes", "digest", "address")
+
+    def __init__(self, nbytes: int, digest: str, address: int) -> None:
+        #: Bytes written (the whole buffer).
+        self.nbytes: int = nbytes
+        #: The snapshot digest, ``blake3:<64 hex>``.
+        self.digest: str = digest
+        #: Address of the buffer written: always the caller's own ``out``.
+        self.address: int = address
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Hit) and (other.nbytes, other.digest) == (self.nbytes, self.digest)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Hit(nbytes={self.nbytes}, digest={self.digest!r})"
+
+
+class Miss:
+    """No usable state: recompute the prefix (falsy). Not an error.
+
+    ``reason`` is one of :data:`MISS_REASONS`: ``absent`` (nothing stored),
+    ``corrupt`` (a root or object failed verification; it was quarantined
+    once proven), ``incompatible`` (a format this version cannot read),
+    ``base-missing`` (a delta's base is gone), ``deadline-exceeded`` (the
+    ``timeout`` passed), ``unauthenticated`` (a keyed store's MAC is wrong or
+    missing). ``detail`` is the store's explanation.
+    """
+
+    __slots__ = ("reason", "detail")
+
+    def __init__(self, reason: str, detail: str) -> None:
+        #: One of :data:`MISS_REASONS`.
+        self.reason: str = reason
+        #: Human-readable explanation (reason and detail).
+        self.detail: str = detail
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Miss) and other.reason == self.reason
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Miss(reason={self.reason!r}, detail={self.detail!r})"
+
+
+class Lookup(NamedTuple):
+    """The longest stored prefix of a request: its boundary and context."""
+
+    #: Tokens covered by the stored snapshot.
+    boundary: int
+    #: Its context digest (64 hex); pass it as ``tokens`` to restore it.
+    context: str
+
+
+class LayerInfo(NamedTuple):
+    """Where one (group, layer) of a snapshot lives in its encoding."""
+
+    group: int
+    layer: int
+    name: str
+    dtype: str
+    #: ``full`` (one page per ``tokens_per_page`` tokens) or ``recurrent`` (one checkpoint page).
+    kind: str
+    #: Byte offset of the layer's first page in the encoding.
+    offset: int
+    #: Pages of the layer (its group's block count).
+    pages: int
+    #: Bytes of one page of this layer.
+    page_bytes: int
+
+
+class SnapshotLayout(NamedTuple):
+    """The parsed header of a snapshot encoding."""
+
+    #: Bytes before the payload (magic, length, CBOR header).
+    payload_offset: int
+    #: Tokens covered.
+    boundary: int
+    #: Every (group, layer) in payload order.
+    layers: List[LayerInfo]
+
+
+def _layout(raw: Tuple[int, int, list]) -> SnapshotLayout:
+    return SnapshotLayout(raw[0], raw[1], [LayerInfo(*row) for row in raw[2]])
+
+
+def snapshot_layout(buf: Any) -> SnapshotLayout:
+    """Parses the header of a snapshot encoding held in any buffer (no copy).
+
+    The buffer's length must be exactly the encoding's; raises
+    :class:`BadInput` otherwise.
+    """
+    if isinstance(buf, Snapshot):
+        return buf.layout()
+    return _layout(_native.snapshot_layout(buf))
+
+
+def _uint8(buf: Any) -> "numpy.ndarray":
+    """A flat uint8 numpy view of ``buf`` (writable if ``buf`` is)."""
+    import numpy as np
+
+    if isinstance(buf, Snapshot):
+        return np.asarray(buf)
+    if isinstance(buf, np.ndarray):
+        if not buf.flags["C_CONTIGUOUS"]:
+            raise BadInput("the array must be C-contiguous")
+        return buf.reshape(-1).view(np.uint8)
+    try:
+        return np.frombuffer(buf, dtype=np.uint8)
+    except (TypeError, ValueError):
+        return np.asarray(buf).reshape(-1).view(np.uint8)
+
+
+def snapshot_views(buf: Any) -> Dict[Tuple[int, int], "numpy.ndarray"]:
+    """Zero-copy numpy views of a snapshot's pages: ``{(group, layer): pages}``.
+
+    Each value is a ``uint8`` array of shape ``[pages, page_bytes]`` viewing
+    the (group, layer)'s pages inside ``buf`` (a numpy array, bytearray,
+    mmap, :class:`Snapshot`, …): writable if ``buf`` is, read-only for a
+    :class:`Snapshot`. Reinterpret a page with ``.view(numpy.float16)`` etc.
+    (``LayerInfo.dtype`` from :func:`snapshot_layout` names the element type).
+    Requires numpy.
+    """
+    layout = snapshot_layout(buf)
+    flat = _uint8(buf)
+    views = {}
+    for li in layout.layers:
+        end = li.offset + li.pages * li.page_bytes
+        views[(li.group, li.layer)] = flat[li.offset : end].reshape(li.pages, li.page_bytes)
+    return views
+
+
+def _layout_json(layout: Union[str, Dict[str, Any]]) -> str:
+    import json
+
+    return layout if isinstance(layout, str) else json.dumps(layout)
+
+
+def new_snapshot(
+    layout: Union[str, Dict[str, Any]], boundary: int, out: Optional[Any] = None
+) -> Any:
+    """Prepares a snapshot encoding to fill: header written, pages zero.
+
+    ``layout`` is the page layout as a dict or JSON text, e.g.
+    ``{"groups": [{"kind": "full", "tokens_per_page": 256, "layers":
+    [{"name": "layer.0.kv", "dtype": "bf16", "bytes_per_page": 65536}, …]}]}``.
+    Without ``out`` a ``bytearray`` of the exact size is returned; with
+    ``out`` (a writable buffer of exactly that size, e.g. a preallocated
+    numpy array) the header is written into it and ``out`` is returned.
+    Fill the pages through :func:`snapshot_views`, then :meth:`Store.publish`.
+    """
+    prefix, total = _native.snapshot_prefix(_layout_json(layout), int(boundary))
+    if out is None:
+        out = bytearray(total)
+    mv = memoryview(out).cast("B") if not hasattr(out, "__array_interface__") else None
+    if mv is not None:
+        if mv.nbytes != total:
+            raise BadInput(f"out is {mv.nbytes} bytes, the snapshot needs {total}")
+        mv[: len(prefix)] = prefix
+    else:
+        flat = _uint8(out)
+        if flat.nbytes != total:
+            raise BadInput(f"out is {flat.nbytes} bytes, the snapshot needs {total}")
+        import numpy as np
+
+        flat[: len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
+    return out
+
+
+def synth(tokens: int, preset: str = "tiny", seed: int = 1) -> Tuple[Snapshot, List[int]]:
+    """A deterministic synthetic conversation (the data of ``deltapack synth``).
+
+    Returns its snapshot at ``tokens`` tokens and the token ids. The same
+    seed with more tokens extends the same conversation (full pages stay
+    byte-identical), so two calls make a base and a result for a delta.
+    Presets: ``tiny`` (KiB pages) and ``default`` (the benchmark geometry,
+    ≈ 6.1 MiB per 1,000 tokens).
+    """
+    data, ids = _native.synth(int(tokens), preset, int(seed))
+    return Snapshot(data), ids
+
+
+# --------------------------------------------------------------------- store
+
+
+def _restore_value(v: tuple) -> Union[Restored, Miss]:
+    if v[0] == "hit":
+        return Restored(v[1], v[2], v[3])
+    return Miss(v[1], v[2])
+
+
+def _restore_into_value(v: tuple) -> Union[Hit, Miss]:
+    if v[0] == "hit":
+        return Hit(v[1], v[2], v[3])
+    return Miss(v[1], v[2])
+
+
+def _lookup_value(v: Optional[Tuple[int, str]]) -> Optional[Lookup]:
+    return None if v is None else Lookup(*v)
+
+
+def _base_args(base: Optional[Tuple[Tokens, Any]]) -> Tuple[Any, Any]:
+    if base is None:
+        return None, None
+    try:
+        base_tokens, base_snapshot = base
+    except (TypeError, ValueError):
+        raise BadInput("base must be a (base_tokens, base_snapshot) pair") from None
+    return base_tokens, base_snapshot
+
+
+class Store:
+    """A deltapack store: publish snapshots, restore them verified.
+
+    ``url``: ``file:///path`` (or a plain path), ``s3://bucket/prefix``
+    (settings from the ``AWS_*`` environment variables; append
+    ``?endpoint=http://127.0.0.1:9000`` for a local server), or
+    ``memory://``.
+
+    Options (all optional):
+
+    * ``ledger`` -- what to do with the capacity ledger at open: ``"load"``
+      (default: trust it after a consistency check, rebuild if it disagrees
+      with the store) or ``"rebuild"``.
+    * ``budget`` -- hard size limit (bytes, or text like ``"50GiB"``);
+      publications evict least recently used roots to stay within it.
+    * ``root_key`` -- secret (bytes or str) authenticating roots in a keyed
+      store; the CLI reads the same secret from ``DELTAPACK_ROOT_KEY``.
+    * ``min_free`` -- free space to keep on a local store's file system.
+    * ``grace`` -- how long unreferenced objects survive (seconds or text
+      like ``"1h"``, the default; zero only for a single-process store).
+    * ``max_extent_bytes``, ``compression`` (zstd level), ``max_chain_depth``
+      (0: unbounded), ``max_read_overhead`` (negative: unbounded),
+      ``prefill_rate`` (tokens/s, to count hits cheaper than prefill).
+
+    A handle is safe to share between threads. Every method that touches
+    storage releases the GIL while it runs, and has an ``*_async`` twin
+    (``await store.restore_into_async(...)``) for asyncio.
+
+    ``tokens`` arguments name a context: token ids (a list of ints, a
+    uint32/int64 numpy array, bytes of u32 little-endian ids) or the
+    context digest itself as 64 hex characters (e.g. ``Lookup.context``).
+    """
+
+    __slots__ = ("_native", "__weakref__")
+
+    def __init__(
+        self,
+        url: str,
+        ledger: Optional[str] = None,
+        budget: Union[int, str, None] = None,
+        root_key: Union[bytes, str, None] = None,
+        *,
+        min_free: Union[int, str, None] = None,
+        grace: Union[float, str, None] = None,
+        max_extent_bytes: Optional[int] = None,
+        compression: Optional[int] = None,
+        max_chain_depth: Optional[int] = None,
+        max_read_overhead: Optional[float] = None,
+        prefill_rate: Optional[float] = None,
+    ) -> None:
+        if isinstance(root_key, str):
+            root_key = root_key.encode()
+        self._native = _native.Store(
+            str(url),
+            ledger=ledger,
+            budget=None if budget is None else parse_size(budget),
+            min_free=None if min_free is None else parse_size(min_free),
+            grace=None if grace is None else parse_duration(grace),
+            root_key=root_key,
+            max_extent_bytes=max_extent_bytes,
+            compression=compression,
+            max_chain_depth=max_chain_depth,
+            max_read_overhead=max_read_overhead,
+            prefill_rate=prefill_rate,
+        )
+
+    @property
+    def url(self) -> str:
+        """The URL the store was opened with."""
+        return self._native.url
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.flush()
+
+    # -- publication ---------------------------------------------------
+
+    def publish(
+        self,
+        identity: CacheIdentity,
+        tokens: Tokens,
+        snapshot: Any,
+        base: Optional[Tuple[Tokens, Any]] = None,
+    ) -> Dict[str, Any]:
+        """Publishes a snapshot under ``tokens``' context; returns the receipt.
+
+        ``snapshot`` is an encoded snapshot: a :class:`Snapshot` /
+        :class:`Restored` (read in place, no copy), or any buffer -- bytes,
+        bytearray, memoryview, mmap, a numpy array (copied once into
+        deltapack's memory with the GIL released, because the store's
+        publication owns its snapshot). ``len(tokens)`` must equal the
+        snapshot's boundary (a multiple of ``identity.chunk_tokens``).
+
+        ``base=(base_tokens, base_snapshot)`` publishes a page delta on an
+        already published base (typically the previous turn; pass the
+        :class:`Restored` you got for it to avoid a copy). The chain policy
+        may still publish it flat (``receipt["rebased"]``).
+
+        The receipt is a dict: ``outcome`` (``created`` or
+        ``already-present``), ``schema``, ``snapshot_digest``,
+        ``payload_len``, ``objects_written``, ``bytes_written``,
+        ``chain_depth``, ``rebased``, timings in ms, …
+
+        Raises :class:`ConflictError` if the context holds a different
+        snapshot, :class:`CapacityError` if it does not fit,
+        :class:`BadInput` for an invalid identity, snapshot or base,
+        :class:`IoError` if storage fails.
+        """
+        bt, bs = _base_args(base)
+        return self._native.publish(identity, tokens, snapshot, bt, bs)
+
+    async def publish_async(
+        self,
+        identity: CacheIdentity,
+        tokens: Tokens,
+        snapshot: Any,
+        base: Optional[Tuple[Tokens, Any]] = None,
+    ) -> Dict[str, Any]:
+        """:meth:`publish` for asyncio (the event loop keeps running)."""
+        bt, bs = _base_args(base)
+        return await self._native.publish_async(identity, tokens, snapshot, bt, bs)
+
+    # -- lookup and sizes ----------------------------------------------
+
+    def lookup(self, identity: CacheIdentity, tokens: Tokens) -> Optional[Lookup]:
+        """The longest stored prefix of a request, or ``None``.
+
+        Checks every ``chunk_tokens`` boundary of ``tokens`` (token ids
+        only) for a root -- existence checks, no payload read.
+        """
+        return _lookup_value(self._native.lookup(identity, tokens))
+
+    async def lookup_async(self, identity: CacheIdentity, tokens: Tokens) -> Optional[Lookup]:
+        """:meth:`lookup` for asyncio."""
+        return _lookup_value(await self._native.lookup_async(identity, tokens))
+
+    def snapshot_size(self, identity: CacheIdentity, tokens: Tokens) -> Optional[int]:
+        """Exact bytes :meth:`restore_into` needs, read from the root alone.
+
+        ``None`` if there is no usable root (absent, damaged, unknown). No
+        payload is read and nothing is quarantined.
+        """
+        return self._native.snapshot_size(identity, tokens)
+
+    async def snapshot_size_async(self, identity: CacheIdentity, tokens: Tokens) -> Optional[int]:
+        """:meth:`snapshot_size` for asyncio."""
+        return await self._native.snapshot_size_async(identity, tokens)
+
+    # -- restore -----------------------------------------------------------
+
+    def restore(
+        self, identity: CacheIdentity, tokens: Tokens, timeout: Optional[float] = None
+    ) -> Union[Restored, Miss]:
+        """Restores and verifies a context into deltapack's memory.
+
+        Returns a :class:`Restored` (read-only, zero-copy views) or a
+        :class:`Miss`. Concurrent restores of the same context share one
+        read (single flight). ``timeout`` (seconds) turns into a
+        ``deadline-exceeded`` miss. Raises :class:`IoError` if storage
+        fails (a miss is never an exception).
+        """
+        return _restore_value(self._native.restore(identity, tokens, timeout))
+
+    async def restore_async(
+        self, identity: CacheIdentity, tokens: Tokens, timeout: Optional[float] = None
+    ) -> Union[Restored, Miss]:
+        """:meth:`restore` for asyncio."""
+        return _restore_value(await self._native.restore_async(identity, tokens, timeout))
+
+    def restore_into(
+        self,
+        identity: CacheIdentity,
+        tokens: Tokens,
+        out: Any,
+        timeout: Optional[float] = None,
+    ) -> Union[Hit, Miss]:
+        """Restores and verifies a context directly into your buffer ``out``.
+
+        ``out`` is any writable C-contiguous buffer of exactly
+        :meth:`snapshot_size` bytes: a numpy array (any dtype), bytearray,
+        mmap, memoryview, or an object with a writable
+        ``__array_interface__`` (``tensor.numpy()`` for a CPU torch tensor).
+        The snapshot is reconstructed in place: no result buffer is
+        allocated and ``Hit.address`` is ``out``'s own address.
+
+        Returns :class:`Hit` or :class:`Miss`. After a miss ``out`` holds no
+        unverified byte: zeroed if bytes had been placed, untouched if the
+        miss came first. A wrong-sized or read-only ``out`` raises
+        :class:`BadInput` before any payload byte is read (``out``
+        untouched). Don't touch ``out`` from other threads during the call.
+        """
+        return _restore_into_value(self._native.restore_into(identity, tokens, out, timeout))
+
+    async def restore_into_async(
+        self,
+        identity: CacheIdentity,
+        tokens: Tokens,
+        out: Any,
+        timeout: Optional[float] = None,
+    ) -> Union[Hit, Miss]:
+        """:meth:`restore_into` for asyncio (``out`` is borrowed until the await completes)."""
+        v = await self._native.restore_into_async(identity, tokens, out, timeout)
+        return _restore_into_value(v)
+
+    # -- operating the store -------------------------------------------
+
+    def stats(self) -> Dict[str, Any]:
+        """Ledger gauges (bytes, roots, objects), counters accumulated by every
+        process (local stores), this process's counters and latency
+        percentiles, free space and budget."""
+        return self._native.stats()
+
+    def sweep(self, grace: Union[float, str] = 3600.0, dry_run: bool = False) -> Dict[str, Any]:
+        """Integrity sweep: verifies every referenced object, quarantines
+        proven corruption, invalidates roots that depend on it, deletes
+        unreferenced objects older than ``grace``. Returns the report."""
+        return self._native.sweep(parse_duration(grace), dry_run)
+
+    def evict(self, to: Union[int, str], dry_run: bool = False) -> Dict[str, Any]:
+        """Evicts least recently used roots (with their dependent deltas)
+        until the store fits ``to`` bytes (int or text like ``"40GiB"``);
+        held and in-use roots are skipped. Returns the report."""
+        return self._native.evict(parse_size(to), dry_run)
+
+    def hold(self, identity: CacheIdentity, tokens: Tokens, name: str) -> None:
+        """Places a named, persistent hold on a stored context: it is never
+        evicted or pruned until released (1-64 characters ``[A-Za-z0-9._-]``)."""
+        self._native.hold(identity, tokens, name)
+
+    def release(self, identity: CacheIdentity, tokens: Tokens, name: str) -> bool:
+        """Releases a named hold; returns whether it existed."""
+        return self._native.release(identity, tokens, name)
+
+    def inspect(self, identity: Optional[CacheIdentity] = None) -> List[Dict[str, Any]]:
+        """One dict per root (optionally of one identity's namespace): schema,
+        kind, boundary, digests, sizes, base context."""
+        return self._native.inspect(identity)
+
+    def flush(self) -> None:
+        """Persists this handle's counters into the ledger now (also done
+        when the handle is garbage-collected)."""
+        self._native.flush()

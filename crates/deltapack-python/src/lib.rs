@@ -1,0 +1,844 @@
+//! # deltapack-python — the `deltapack._native` extension module
+//!
+//! The Rust half of the `deltapack` Python package (the Python half, with
+//! the documented public API, is `python/deltapack/`). Built by maturin
+//! into one abi3 wheel for CPython ≥ 3.9.
+//!
+//! * [`store`] — the only module that calls `deltapack-store`.
+//! * [`buffer`] — zero-copy borrowing of the caller's buffers (read for
+//!   publication, written in place by `restore_into`).
+//! * [`errors`] — the exception hierarchy.
+//!
+//! Every store call runs with the GIL released (`Python::detach`) on the
+//! asyncio bridge's multi-thread tokio runtime, which the `*_async`
+//! methods use too; so Python threads restore concurrently and an event
+//! loop never blocks.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deltapack_format::snapshot::{decode_prefix, digest_of_encoding};
+use deltapack_format::synth::{self as synthetic, Preset};
+use deltapack_format::{
+    CacheIdentity as RustIdentity, ContextDigest, ContextHasher, Digest, GroupKind, PageLayout,
+    Snapshot, SnapshotHeader,
+};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+
+mod buffer;
+mod errors;
+mod store;
+
+use buffer::Borrowed;
+use errors::bad_input;
+use store::{Engine, Failure};
+
+/// The runtime every store call runs on (the asyncio bridge's, so that
+/// sync and async calls share one set of worker threads).
+fn runtime() -> &'static tokio::runtime::Runtime {
+    pyo3_async_runtimes::tokio::get_runtime()
+}
+
+/// A format-crate error in caller-provided data.
+fn format_err(e: deltapack_format::Error) -> PyErr {
+    bad_input(e.to_string())
+}
+
+// ------------------------------------------------------------------ identity
+
+/// Everything that makes cached state valid for a reader (model checkpoint,
+/// quantization, rope layout, parallel ranks, chunk size, salt, …). Its
+/// canonical encoding hashes to the namespace every context lives under.
+#[pyclass(frozen, module = "deltapack._native", name = "CacheIdentity")]
+struct CacheIdentity {
+    inner: RustIdentity,
+}
+
+#[pymethods]
+impl CacheIdentity {
+    #[new]
+    #[pyo3(signature = (model_checkpoint, quantization, rope_layout, *, draft_checkpoint=None,
+        tp_degree=1, tp_rank=0, dcp_degree=1, dcp_rank=0, chunk_tokens=256, salt=String::new(),
+        attributes=None, publication_schema=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        model_checkpoint: &str,
+        quantization: String,
+        rope_layout: String,
+        draft_checkpoint: Option<&str>,
+        tp_degree: u32,
+        tp_rank: u32,
+        dcp_degree: u32,
+        dcp_rank: u32,
+        chunk_tokens: u32,
+        salt: String,
+        attributes: Option<std::collections::BTreeMap<String, String>>,
+        publication_schema: Option<String>,
+    ) -> PyResult<Self> {
+        let digest = |s: &str, what: &str| {
+            s.parse::<Digest>()
+                .map_err(|e| bad_input(format!("{what}: {e}")))
+        };
+        let inner = RustIdentity {
+            model_checkpoint: digest(model_checkpoint, "model_checkpoint")?,
+            draft_checkpoint: draft_checkpoint
+                .map(|d| digest(d, "draft_checkpoint"))
+                .transpose()?,
+            quantization,
+            rope_layout,
+            tp_degree,
+            tp_rank,
+            dcp_degree,
+            dcp_rank,
+            chunk_tokens,
+            publication_schema: publication_schema
+                .unwrap_or_else(|| deltapack_format::identity::PUBLICATION_SCHEMA.to_string()),
+            salt,
+            attributes: attributes.unwrap_or_default(),
+        };
+        inner.validate().map_err(format_err)?;
+        Ok(CacheIdentity { inner })
+    }
+
+    /// Parses and validates an identity from JSON text (`str` or bytes).
+    #[staticmethod]
+    fn from_json(text: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let bytes: Vec<u8> = match text.extract::<String>() {
+            Ok(s) => s.into_bytes(),
+            Err(_) => text
+                .extract::<Vec<u8>>()
+                .map_err(|_| bad_input("identity JSON must be str or bytes"))?,
+        };
+        Ok(CacheIdentity {
+            inner: RustIdentity::from_json(&bytes).map_err(format_err)?,
+        })
+    }
+
+    /// The example identity (`deltapack identity --example`).
+    #[staticmethod]
+    fn example() -> Self {
+        CacheIdentity {
+            inner: RustIdentity::example(),
+        }
+    }
+
+    /// Pretty JSON text (what `from_json` reads).
+    fn to_json(&self) -> String {
+        self.inner.to_json_pretty()
+    }
+
+    /// The namespace (64 hex characters).
+    #[getter]
+    fn namespace(&self) -> String {
+        self.inner.namespace().hex()
+    }
+
+    /// Admission geometry: snapshots are published at multiples of this.
+    #[getter]
+    fn chunk_tokens(&self) -> u32 {
+        self.inner.chunk_tokens
+    }
+
+    /// The context digest (64 hex) of token ids.
+    fn context(&self, tokens: &Bound<'_, PyAny>) -> PyResult<String> {
+        let t = buffer::tokens(tokens)?;
+        Ok(self.hasher()?.digest(&t).hex())
+    }
+
+    /// `(boundary, context hex)` at every full-chunk boundary of `tokens`.
+    fn boundaries(&self, tokens: &Bound<'_, PyAny>) -> PyResult<Vec<(u64, String)>> {
+        let t = buffer::tokens(tokens)?;
+        Ok(self
+            .hasher()?
+            .boundaries(&t)
+            .into_iter()
+            .map(|(b, c)| (b, c.hex()))
+            .collect())
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other
+            .cast::<CacheIdentity>()
+            .is_ok_and(|o| o.get().inner == self.inner)
+    }
+
+    fn __hash__(&self) -> u64 {
+        u64::from_le_bytes(
+            self.inner.namespace().as_bytes()[..8]
+                .try_into()
+                .unwrap_or([0; 8]),
+        )
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "CacheIdentity(model_checkpoint={:?}, quantization={:?}, rope_layout={:?}, tp={}/{}, \
+             chunk_tokens={}, namespace={:?})",
+            self.inner.model_checkpoint.to_string(),
+            self.inner.quantization,
+            self.inner.rope_layout,
+            self.inner.tp_rank,
+            self.inner.tp_degree,
+            self.inner.chunk_tokens,
+            self.inner.namespace().hex()
+        )
+    }
+}
+
+impl CacheIdentity {
+    fn hasher(&self) -> PyResult<ContextHasher> {
+        ContextHasher::new(self.inner.namespace(), self.inner.chunk_tokens).map_err(format_err)
+    }
+
+    /// The context named by `tokens`: 64 hex characters, or token ids
+    /// (then also their count).
+    fn context_of(&self, tokens: &Bound<'_, PyAny>) -> PyResult<(ContextDigest, Option<u64>)> {
+        if let Ok(hex) = tokens.extract::<String>() {
+            let c = hex.parse::<ContextDigest>().map_err(|e| {
+                bad_input(format!(
+                    "a context given as text is 64 lowercase hex characters: {e}"
+                ))
+            })?;
+            return Ok((c, None));
+        }
+        let t = buffer::tokens(tokens)?;
+        Ok((self.hasher()?.digest(&t), Some(t.len() as u64)))
+    }
+}
+
+// ------------------------------------------------------------------ snapshots
+
+/// A snapshot encoding held in deltapack's (Rust) memory: the result of
+/// `restore` or `synth`. Read-only; shared, never copied, with the store
+/// (it may be the verified base of the next turn's restore).
+#[pyclass(frozen, module = "deltapack._native", name = "SnapshotData")]
+struct SnapshotData {
+    snap: Arc<Snapshot>,
+}
+
+#[pymethods]
+impl SnapshotData {
+    fn __len__(&self) -> usize {
+        self.snap.encoded().len()
+    }
+
+    /// Address of the first byte (valid while this object lives).
+    #[getter]
+    fn address(&self) -> usize {
+        self.snap.encoded().as_ptr() as usize
+    }
+
+    /// Tokens covered.
+    #[getter]
+    fn boundary(&self) -> u64 {
+        self.snap.boundary()
+    }
+
+    /// BLAKE3 of the encoding (`blake3:…`), computed with the GIL released.
+    fn digest(&self, py: Python<'_>) -> String {
+        let s = self.snap.clone();
+        py.detach(move || digest_of_encoding(s.encoded()).to_string())
+    }
+
+    /// A copy as `bytes`.
+    fn tobytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, self.snap.encoded())
+    }
+
+    /// The numpy array interface (version 3) of the read-only bytes.
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        array_interface(py, self.address(), self.__len__())
+    }
+
+    /// The page layout: see `snapshot_layout`.
+    fn layout<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        layout_tuple(py, self.snap.encoded())
+    }
+}
+
+/// `{"shape": (n,), "typestr": "|u1", "data": (addr, True), "version": 3}`.
+fn array_interface(py: Python<'_>, addr: usize, len: usize) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("shape", (len,))?;
+    d.set_item("typestr", "|u1")?;
+    d.set_item("data", (addr, true))?;
+    d.set_item("strides", py.None())?;
+    d.set_item("version", 3)?;
+    Ok(d)
+}
+
+/// `(payload_offset, boundary, [(group, layer, name, dtype, kind, offset,
+/// pages, bytes_per_page), …])` of an encoding, checked for length.
+fn layout_tuple<'py>(py: Python<'py>, bytes: &[u8]) -> PyResult<Bound<'py, PyTuple>> {
+    let (header, payload_offset) = decode_prefix(bytes).map_err(format_err)?;
+    let payload = header.validate().map_err(format_err)?;
+    let total = payload_offset as u64 + payload;
+    if bytes.len() as u64 != total {
+        return Err(bad_input(format!(
+            "the buffer is {} bytes, its snapshot header implies {total}",
+            bytes.len()
+        )));
+    }
+    let offsets = header
+        .layout
+        .layer_offsets(&header.block_counts)
+        .map_err(format_err)?;
+    let mut rows = Vec::new();
+    for (gi, g) in header.layout.groups.iter().enumerate() {
+        let pages = header.block_counts.get(gi).copied().unwrap_or(0);
+        for (li, l) in g.layers.iter().enumerate() {
+            let off = offsets
+                .get(gi)
+                .and_then(|r| r.get(li))
+                .copied()
+                .unwrap_or(0);
+            let kind = match g.kind {
+                GroupKind::Full => "full",
+                GroupKind::Recurrent => "recurrent",
+            };
+            rows.push((
+                gi,
+                li,
+                l.name.clone(),
+                l.dtype.clone(),
+                kind,
+                payload_offset as u64 + off,
+                pages,
+                l.bytes_per_page,
+            ));
+        }
+    }
+    PyTuple::new(
+        py,
+        [
+            payload_offset.into_pyobject(py)?.into_any(),
+            header.boundary.into_pyobject(py)?.into_any(),
+            PyList::new(py, rows)?.into_any(),
+        ],
+    )
+}
+
+/// The page layout of a snapshot encoding in any buffer (only the header
+/// is parsed; the buffer's length must match it).
+#[pyfunction]
+fn snapshot_layout<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyTuple>> {
+    if let Ok(s) = obj.cast::<SnapshotData>() {
+        return layout_tuple(obj.py(), s.get().snap.encoded());
+    }
+    let b = Borrowed::read(obj, "snapshot")?;
+    layout_tuple(obj.py(), b.bytes())
+}
+
+/// The bytes before the payload (magic, length, CBOR header) of a snapshot
+/// of `layout` (JSON text) at `boundary` tokens, and the total encoded
+/// length.
+#[pyfunction]
+fn snapshot_prefix<'py>(
+    py: Python<'py>,
+    layout: &str,
+    boundary: u64,
+) -> PyResult<(Bound<'py, PyBytes>, u64)> {
+    let layout: PageLayout =
+        serde_json::from_str(layout).map_err(|e| bad_input(format!("layout JSON: {e}")))?;
+    let header = SnapshotHeader::new(layout, boundary);
+    let prefix = header.encode_prefix().map_err(format_err)?;
+    let total = header.encoded_len().map_err(format_err)?;
+    Ok((PyBytes::new(py, &prefix), total))
+}
+
+/// A deterministic synthetic conversation: its snapshot at `tokens` tokens
+/// and the token ids (the `deltapack synth` data).
+#[pyfunction]
+#[pyo3(signature = (tokens, preset="tiny", seed=1))]
+fn synth(
+    py: Python<'_>,
+    tokens: u64,
+    preset: &str,
+    seed: u64,
+) -> PyResult<(SnapshotData, Vec<u32>)> {
+    let p: Preset = preset.parse().map_err(format_err)?;
+    let n = usize::try_from(tokens).map_err(|_| bad_input("too many tokens"))?;
+    let (snap, ids) = py
+        .detach(move || {
+            synthetic::snapshot(p, seed, tokens).map(|s| (s, synthetic::tokens(seed, n)))
+        })
+        .map_err(format_err)?;
+    Ok((
+        SnapshotData {
+            snap: Arc::new(snap),
+        },
+        ids,
+    ))
+}
+
+/// The address of the first byte of a buffer (what `restore_into` writes).
+#[pyfunction]
+fn buffer_address(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    Ok(Borrowed::read(obj, "buffer")?.addr())
+}
+
+/// A snapshot argument: deltapack's own memory (no copy) or any buffer.
+///
+/// Any other buffer is copied once into Rust memory with the GIL released:
+/// the store's publication takes an owned `Snapshot` (a `Vec<u8>`), which
+/// cannot borrow the caller's memory (see the crate's README).
+fn snapshot_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Arc<Snapshot>> {
+    if let Ok(s) = obj.cast::<SnapshotData>() {
+        return Ok(s.get().snap.clone());
+    }
+    if let Ok(inner) = obj.getattr("_data") {
+        if let Ok(s) = inner.cast::<SnapshotData>() {
+            return Ok(s.get().snap.clone());
+        }
+    }
+    let b = Borrowed::read(obj, what)?;
+    let what = what.to_string();
+    obj.py()
+        .detach(move || Snapshot::from_encoded(b.bytes().to_vec()))
+        .map(Arc::new)
+        .map_err(|e| bad_input(format!("{what}: {e}")))
+}
+
+// ------------------------------------------------------------------ store
+
+/// Builds the Python value of a restore.
+fn restore_value(py: Python<'_>, r: store::Restore) -> PyResult<Py<PyAny>> {
+    Ok(match r {
+        store::Restore::Hit(v) => {
+            let data = Py::new(py, SnapshotData { snap: v.snapshot })?;
+            ("hit", data, v.digest, v.schema)
+                .into_pyobject(py)?
+                .into_any()
+                .unbind()
+        }
+        store::Restore::Miss(m) => ("miss", m.reason, m.detail)
+            .into_pyobject(py)?
+            .into_any()
+            .unbind(),
+    })
+}
+
+/// Builds the Python value of a `restore_into`.
+fn restore_into_value(py: Python<'_>, r: store::RestoreInto, addr: usize) -> PyResult<Py<PyAny>> {
+    Ok(match r {
+        store::RestoreInto::Hit { len, digest } => ("hit", len, digest, addr)
+            .into_pyobject(py)?
+            .into_any()
+            .unbind(),
+        store::RestoreInto::Miss(m) => ("miss", m.reason, m.detail)
+            .into_pyobject(py)?
+            .into_any()
+            .unbind(),
+    })
+}
+
+/// `serde_json::Value` → Python.
+fn to_py(py: Python<'_>, v: &serde_json::Value) -> PyResult<Py<PyAny>> {
+    use serde_json::Value as V;
+    Ok(match v {
+        V::Null => py.None(),
+        V::Bool(b) => b.into_pyobject(py)?.to_owned().into_any().unbind(),
+        V::Number(n) => {
+            if let Some(u) = n.as_u64() {
+                u.into_pyobject(py)?.into_any().unbind()
+            } else if let Some(i) = n.as_i64() {
+                i.into_pyobject(py)?.into_any().unbind()
+            } else {
+                n.as_f64()
+                    .unwrap_or(f64::NAN)
+                    .into_pyobject(py)?
+                    .into_any()
+                    .unbind()
+            }
+        }
+        V::String(s) => s.into_pyobject(py)?.into_any().unbind(),
+        V::Array(a) => {
+            let items = a
+                .iter()
+                .map(|x| to_py(py, x))
+                .collect::<PyResult<Vec<_>>>()?;
+            PyList::new(py, items)?.into_any().unbind()
+        }
+        V::Object(o) => {
+            let d = PyDict::new(py);
+            for (k, x) in o {
+                d.set_item(k, to_py(py, x)?)?;
+            }
+            d.into_any().unbind()
+        }
+    })
+}
+
+/// Seconds (float) → duration; `None` stays `None`.
+fn seconds(s: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
+    s.map(|s| {
+        Duration::try_from_secs_f64(s)
+            .map_err(|_| bad_input(format!("{what} must be a non-negative number of seconds")))
+    })
+    .transpose()
+}
+
+/// Runs a store future on the runtime with the GIL released.
+fn blocking<T: Send>(
+    py: Python<'_>,
+    fut: impl std::future::Future<Output = store::Result<T>> + Send,
+) -> PyResult<T> {
+    py.detach(|| runtime().block_on(fut)).map_err(PyErr::from)
+}
+
+/// The native store handle (the public class is `deltapack.Store`).
+#[pyclass(frozen, module = "deltapack._native", name = "Store")]
+struct Store {
+    engine: Engine,
+}
+
+#[pymethods]
+impl Store {
+    #[new]
+    #[pyo3(signature = (url, *, ledger=None, budget=None, min_free=None, grace=None,
+        root_key=None, max_extent_bytes=None, compression=None, max_chain_depth=None,
+        max_read_overhead=None, prefill_rate=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        url: String,
+        ledger: Option<&str>,
+        budget: Option<u64>,
+        min_free: Option<u64>,
+        grace: Option<f64>,
+        root_key: Option<Vec<u8>>,
+        max_extent_bytes: Option<u64>,
+        compression: Option<i32>,
+        max_chain_depth: Option<u32>,
+        max_read_overhead: Option<f64>,
+        prefill_rate: Option<f64>,
+    ) -> PyResult<Self> {
+        let ledger = match ledger {
+            None | Some("load") => store::LedgerPolicy::Load,
+            Some("rebuild") => store::LedgerPolicy::Rebuild,
+            Some(other) => {
+                return Err(bad_input(format!(
+                    "ledger={other:?}: use \"load\" (default) or \"rebuild\""
+                )))
+            }
+        };
+        if root_key.as_ref().is_some_and(|k| k.is_empty()) {
+            return Err(bad_input("root_key is empty"));
+        }
+        let opts = store::OpenOptions {
+            url,
+            ledger,
+            budget,
+            min_free,
+            grace: seconds(grace, "grace")?,
+            root_key,
+            max_extent_bytes,
+            compression,
+            max_chain_depth,
+            max_read_overhead,
+            prefill_rate,
+        };
+        let engine = py.detach(|| {
+            let _rt = runtime().enter();
+            Engine::open(opts)
+        })?;
+        Ok(Store { engine })
+    }
+
+    /// The URL the store was opened with.
+    #[getter]
+    fn url(&self) -> &str {
+        self.engine.url()
+    }
+
+    #[pyo3(signature = (identity, tokens, snapshot, base_tokens=None, base_snapshot=None))]
+    fn publish(
+        &self,
+        py: Python<'_>,
+        identity: &CacheIdentity,
+        tokens: &Bound<'_, PyAny>,
+        snapshot: &Bound<'_, PyAny>,
+        base_tokens: Option<&Bound<'_, PyAny>>,
+        base_snapshot: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let fut = self.publish_future(identity, tokens, snapshot, base_tokens, base_snapshot)?;
+        let v = blocking(py, fut)?;
+        to_py(py, &v)
+    }
+
+    #[pyo3(signature = (identity, tokens, snapshot, base_tokens=None, base_snapshot=None))]
+    fn publish_async<'py>(
+        &self,
+        py: Python<'py>,
+        identity: &CacheIdentity,
+        tokens: &Bound<'py, PyAny>,
+        snapshot: &Bound<'py, PyAny>,
+        base_tokens: Option<&Bound<'py, PyAny>>,
+        base_snapshot: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let fut = self.publish_future(identity, tokens, snapshot, base_tokens, base_snapshot)?;
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let v = fut.await?;
+            Python::attach(|py| to_py(py, &v))
+        })
+    }
+
+    #[pyo3(signature = (identity, tokens, timeout=None))]
+    fn restore(
+        &self,
+        py: Python<'_>,
+        identity: &CacheIdentity,
+        tokens: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<Py<PyAny>> {
+        let (ctx, _) = identity.context_of(tokens)?;
+        let (e, ns, t) = (
+            self.engine.clone(),
+            identity.inner.namespace(),
+            seconds(timeout, "timeout")?,
+        );
+        let r = blocking(py, async move { e.restore(ns, ctx, t).await })?;
+        restore_value(py, r)
+    }
+
+    #[pyo3(signature = (identity, tokens, timeout=None))]
+    fn restore_async<'py>(
+        &self,
+        py: Python<'py>,
+        identity: &CacheIdentity,
+        tokens: &Bound<'py, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (ctx, _) = identity.context_of(tokens)?;
+        let (e, ns, t) = (
+            self.engine.clone(),
+            identity.inner.namespace(),
+            seconds(timeout, "timeout")?,
+        );
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let r = e.restore(ns, ctx, t).await?;
+            Python::attach(|py| restore_value(py, r))
+        })
+    }
+
+    #[pyo3(signature = (identity, tokens, out, timeout=None))]
+    fn restore_into(
+        &self,
+        py: Python<'_>,
+        identity: &CacheIdentity,
+        tokens: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<Py<PyAny>> {
+        let (ctx, _) = identity.context_of(tokens)?;
+        let mut buf = Borrowed::write(out, "out")?;
+        let addr = buf.addr();
+        let (e, ns, t) = (
+            self.engine.clone(),
+            identity.inner.namespace(),
+            seconds(timeout, "timeout")?,
+        );
+        let r = blocking(py, async move {
+            let bytes = buf.bytes_mut().map_err(|e| Failure::Other(e.to_string()))?;
+            e.restore_into(ns, ctx, bytes, t).await
+        })?;
+        restore_into_value(py, r, addr)
+    }
+
+    #[pyo3(signature = (identity, tokens, out, timeout=None))]
+    fn restore_into_async<'py>(
+        &self,
+        py: Python<'py>,
+        identity: &CacheIdentity,
+        tokens: &Bound<'py, PyAny>,
+        out: &Bound<'py, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (ctx, _) = identity.context_of(tokens)?;
+        let mut buf = Borrowed::write(out, "out")?;
+        let addr = buf.addr();
+        let (e, ns, t) = (
+            self.engine.clone(),
+            identity.inner.namespace(),
+            seconds(timeout, "timeout")?,
+        );
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let r = {
+                let bytes = buf.bytes_mut()?;
+                e.restore_into(ns, ctx, bytes, t).await?
+            };
+            drop(buf);
+            Python::attach(|py| restore_into_value(py, r, addr))
+        })
+    }
+
+    fn snapshot_size(
+        &self,
+        py: Python<'_>,
+        identity: &CacheIdentity,
+        tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<u64>> {
+        let (ctx, _) = identity.context_of(tokens)?;
+        let (e, ns) = (self.engine.clone(), identity.inner.namespace());
+        blocking(py, async move { e.snapshot_size(ns, ctx).await })
+    }
+
+    fn snapshot_size_async<'py>(
+        &self,
+        py: Python<'py>,
+        identity: &CacheIdentity,
+        tokens: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (ctx, _) = identity.context_of(tokens)?;
+        let (e, ns) = (self.engine.clone(), identity.inner.namespace());
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            Ok(e.snapshot_size(ns, ctx).await?)
+        })
+    }
+
+    fn lookup(
+        &self,
+        py: Python<'_>,
+        identity: &CacheIdentity,
+        tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<(u64, String)>> {
+        let candidates = identity.hasher()?.boundaries(&buffer::tokens(tokens)?);
+        let (e, id) = (self.engine.clone(), identity.inner.clone());
+        let r = blocking(py, async move { e.lookup(&id, &candidates).await })?;
+        Ok(r.map(|(b, c)| (b, c.hex())))
+    }
+
+    fn lookup_async<'py>(
+        &self,
+        py: Python<'py>,
+        identity: &CacheIdentity,
+        tokens: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let candidates = identity.hasher()?.boundaries(&buffer::tokens(tokens)?);
+        let (e, id) = (self.engine.clone(), identity.inner.clone());
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let r = e.lookup(&id, &candidates).await?;
+            Ok(r.map(|(b, c)| (b, c.hex())))
+        })
+    }
+
+    fn stats(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let e = self.engine.clone();
+        let v = blocking(py, async move { e.stats().await })?;
+        to_py(py, &v)
+    }
+
+    #[pyo3(signature = (grace=3600.0, dry_run=false))]
+    fn sweep(&self, py: Python<'_>, grace: f64, dry_run: bool) -> PyResult<Py<PyAny>> {
+        let g = seconds(Some(grace), "grace")?.unwrap_or_default();
+        let e = self.engine.clone();
+        let v = blocking(py, async move { e.sweep(g, dry_run).await })?;
+        to_py(py, &v)
+    }
+
+    #[pyo3(signature = (to, dry_run=false))]
+    fn evict(&self, py: Python<'_>, to: u64, dry_run: bool) -> PyResult<Py<PyAny>> {
+        let e = self.engine.clone();
+        let v = blocking(py, async move { e.evict(to, dry_run).await })?;
+        to_py(py, &v)
+    }
+
+    fn hold(
+        &self,
+        py: Python<'_>,
+        identity: &CacheIdentity,
+        tokens: &Bound<'_, PyAny>,
+        name: String,
+    ) -> PyResult<()> {
+        let (ctx, _) = identity.context_of(tokens)?;
+        let (e, ns) = (self.engine.clone(), identity.inner.namespace());
+        blocking(py, async move { e.hold(&name, ns, ctx).await })
+    }
+
+    fn release(
+        &self,
+        py: Python<'_>,
+        identity: &CacheIdentity,
+        tokens: &Bound<'_, PyAny>,
+        name: String,
+    ) -> PyResult<bool> {
+        let (ctx, _) = identity.context_of(tokens)?;
+        let (e, ns) = (self.engine.clone(), identity.inner.namespace());
+        blocking(py, async move { e.release(&name, ns, ctx).await })
+    }
+
+    #[pyo3(signature = (identity=None))]
+    fn inspect(&self, py: Python<'_>, identity: Option<&CacheIdentity>) -> PyResult<Py<PyAny>> {
+        let ns = identity.map(|i| i.inner.namespace());
+        let e = self.engine.clone();
+        let v = blocking(py, async move { e.inspect(ns).await })?;
+        to_py(py, &v)
+    }
+
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let e = self.engine.clone();
+        blocking(py, async move { e.flush().await })
+    }
+}
+
+impl Store {
+    /// Validates the arguments of a publication (with the GIL) and returns
+    /// the future that performs it.
+    fn publish_future(
+        &self,
+        identity: &CacheIdentity,
+        tokens: &Bound<'_, PyAny>,
+        snapshot: &Bound<'_, PyAny>,
+        base_tokens: Option<&Bound<'_, PyAny>>,
+        base_snapshot: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<
+        impl std::future::Future<Output = store::Result<serde_json::Value>> + Send + 'static,
+    > {
+        let (ctx, n) = identity.context_of(tokens)?;
+        let snap = snapshot_arg(snapshot, "snapshot")?;
+        if let Some(n) = n.filter(|n| *n != snap.boundary()) {
+            return Err(bad_input(format!(
+                "{n} tokens, but the snapshot covers {}: the context would not name this snapshot",
+                snap.boundary()
+            )));
+        }
+        let base = match (base_tokens, base_snapshot) {
+            (None, None) => None,
+            (Some(t), Some(s)) => {
+                let (bctx, bn) = identity.context_of(t)?;
+                let bsnap = snapshot_arg(s, "base snapshot")?;
+                if let Some(bn) = bn.filter(|bn| *bn != bsnap.boundary()) {
+                    return Err(bad_input(format!(
+                        "{bn} base tokens, but the base snapshot covers {}",
+                        bsnap.boundary()
+                    )));
+                }
+                Some(store::Base {
+                    context: bctx,
+                    snapshot: bsnap,
+                })
+            }
+            _ => return Err(bad_input("a base needs both its tokens and its snapshot")),
+        };
+        let (e, id) = (self.engine.clone(), identity.inner.clone());
+        Ok(async move { e.publish(id, ctx, snap, base).await })
+    }
+}
+
+/// The `deltapack._native` module.
+#[pymodule]
+#[pyo3(name = "_native")]
+fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<CacheIdentity>()?;
+    m.add_class::<SnapshotData>()?;
+    m.add_class::<Store>()?;
+    m.add_function(wrap_pyfunction!(snapshot_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(snapshot_prefix, m)?)?;
+    m.add_function(wrap_pyfunction!(synth, m)?)?;
+    m.add_function(wrap_pyfunction!(buffer_address, m)?)?;
+    errors::register(m)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,364 @@
+//! The one place this crate calls `deltapack-store`.
+//!
+//! Everything else in the crate (the Python classes, buffer handling, the
+//! runtime glue) talks to [`Engine`] and the plain types below, never to
+//! `deltapack_store` directly, so that a change of the store's Rust API
+//! (e.g. the restore calls being narrowed to `restore(key, opts)` /
+//! `restore_into(key, buf, opts)`) is adapted here and nowhere else.
+//!
+//! No Python types appear in this module: it is async Rust over the store,
+//! and the callers decide where it runs (a Python thread with the GIL
+//! released, or the asyncio bridge's tokio runtime).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deltapack_format::{CacheIdentity, ContextDigest, Namespace, Snapshot};
+use deltapack_store as ds;
+
+/// How a store call failed. Each kind becomes one Python exception class
+/// (see `errors.rs`); the text is the Rust error's message.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// The store is full (budget or disk) and nothing evictable frees
+    /// enough; nothing was written.
+    Capacity(String),
+    /// The context already holds a different snapshot; the existing root
+    /// wins and nothing was written.
+    Conflict(String),
+    /// The caller's input is invalid (identity, boundaries, buffer size,
+    /// a base that does not match its root, …); nothing was read or written.
+    BadInput(String),
+    /// Storage or ledger I/O failed (permissions, network, a full ledger
+    /// disk, …).
+    Io(String),
+    /// Anything else (unsupported operation, broken internal invariant).
+    Other(String),
+}
+
+impl From<ds::StoreError> for Failure {
+    fn from(e: ds::StoreError) -> Self {
+        use ds::StoreError as E;
+        let text = e.to_string();
+        match e {
+            E::Capacity(_) => Failure::Capacity(text),
+            E::Invalid(_) | E::Format(_) | E::BaseMismatch { .. } => Failure::BadInput(text),
+            E::Io { .. } | E::Open(_) | E::Ledger(_) => Failure::Io(text),
+            _ => Failure::Other(text),
+        }
+    }
+}
+
+/// Result of this module's calls.
+pub(crate) type Result<T> = std::result::Result<T, Failure>;
+
+/// Why a restore did not produce a snapshot: a stable label (`absent`,
+/// `corrupt`, `incompatible`, `base-missing`, `deadline-exceeded`,
+/// `unauthenticated`) and the store's explanation.
+#[derive(Debug, Clone)]
+pub(crate) struct MissInfo {
+    /// Stable label.
+    pub(crate) reason: &'static str,
+    /// Full text (label and detail).
+    pub(crate) detail: String,
+}
+
+impl From<&ds::MissReason> for MissInfo {
+    fn from(m: &ds::MissReason) -> Self {
+        MissInfo {
+            reason: m.label(),
+            detail: m.to_string(),
+        }
+    }
+}
+
+/// A verified snapshot handed out by [`Engine::restore`].
+pub(crate) struct Verified {
+    /// The snapshot (shared with the store's base cache, read-only).
+    pub(crate) snapshot: Arc<Snapshot>,
+    /// Its digest (`blake3:…`).
+    pub(crate) digest: String,
+    /// Schema of the root it came from.
+    pub(crate) schema: &'static str,
+}
+
+/// The result of [`Engine::restore`].
+pub(crate) enum Restore {
+    /// Verified.
+    Hit(Verified),
+    /// No usable state.
+    Miss(MissInfo),
+}
+
+/// The result of [`Engine::restore_into`].
+pub(crate) enum RestoreInto {
+    /// The buffer holds the verified snapshot encoding.
+    Hit {
+        /// Bytes written (the buffer's length).
+        len: u64,
+        /// Snapshot digest.
+        digest: String,
+    },
+    /// No usable state; see the buffer contract in the module docs of the
+    /// Python package.
+    Miss(MissInfo),
+}
+
+/// Which ledger policy to apply when the store is opened.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) enum LedgerPolicy {
+    /// Trust the persisted ledger after a consistency check (rebuilt if it
+    /// disagrees with the store).
+    #[default]
+    Load,
+    /// Rebuild the ledger from the store.
+    Rebuild,
+}
+
+/// Everything needed to open a store.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct OpenOptions {
+    /// `file:///dir` (or a plain path), `s3://bucket/prefix`, `memory://`.
+    pub(crate) url: String,
+    /// Ledger policy at open.
+    pub(crate) ledger: LedgerPolicy,
+    /// Hard byte budget.
+    pub(crate) budget: Option<u64>,
+    /// Minimum free space to keep on a local store's filesystem.
+    pub(crate) min_free: Option<u64>,
+    /// Grace period of condemned objects (`None`: the store's default, 1 h).
+    pub(crate) grace: Option<Duration>,
+    /// Secret authenticating roots.
+    pub(crate) root_key: Option<Vec<u8>>,
+    /// Extent size for v2 publication.
+    pub(crate) max_extent_bytes: Option<u64>,
+    /// zstd level for extents (`None`: raw).
+    pub(crate) compression: Option<i32>,
+    /// Chain policy: most deltas above a flat root (`Some(0)`: unbounded).
+    pub(crate) max_chain_depth: Option<u32>,
+    /// Chain policy: largest read overhead (negative: unbounded).
+    pub(crate) max_read_overhead: Option<f64>,
+    /// Prefill rate in tokens/s, to count hits that beat recomputation.
+    pub(crate) prefill_rate: Option<f64>,
+}
+
+/// A base for a delta publication: its context and its snapshot.
+pub(crate) struct Base {
+    /// Context of the base root (same namespace).
+    pub(crate) context: ContextDigest,
+    /// The base snapshot the caller holds.
+    pub(crate) snapshot: Arc<Snapshot>,
+}
+
+/// An open store.
+#[derive(Clone)]
+pub(crate) struct Engine {
+    store: ds::Store,
+    url: String,
+}
+
+impl Engine {
+    /// Opens a store (no I/O beyond preparing a local directory; the
+    /// ledger is opened on first use).
+    pub(crate) fn open(o: OpenOptions) -> Result<Engine> {
+        let defaults = ds::StoreConfig::default();
+        let mut chain = defaults.chain;
+        if let Some(k) = o.max_chain_depth {
+            chain.max_depth = Some(k).filter(|k| *k > 0);
+        }
+        if let Some(x) = o.max_read_overhead {
+            chain.max_read_overhead = Some(x).filter(|x| *x >= 0.0);
+        }
+        let config = ds::StoreConfig {
+            max_extent_bytes: o.max_extent_bytes.unwrap_or(defaults.max_extent_bytes),
+            compression: o.compression,
+            mac_secret: o.root_key,
+            chain,
+            budget_bytes: o.budget,
+            min_free_bytes: o.min_free,
+            grace: o.grace.unwrap_or(defaults.grace),
+            cold_start: match o.ledger {
+                LedgerPolicy::Load => ds::ColdStart::Load,
+                LedgerPolicy::Rebuild => ds::ColdStart::Rebuild,
+            },
+            prefill_tokens_per_s: o.prefill_rate,
+            ..defaults
+        };
+        let store = ds::Store::open(&o.url, config)?;
+        Ok(Engine { store, url: o.url })
+    }
+
+    /// The URL the store was opened with.
+    pub(crate) fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Publishes `snapshot` under `context` (flat, or a delta on `base`).
+    /// Returns the receipt as JSON. A conflict (the context holds another
+    /// snapshot) is a [`Failure::Conflict`].
+    pub(crate) async fn publish(
+        &self,
+        identity: CacheIdentity,
+        context: ContextDigest,
+        snapshot: Arc<Snapshot>,
+        base: Option<Base>,
+    ) -> Result<serde_json::Value> {
+        let req = ds::PublishRequest {
+            identity,
+            context,
+            snapshot,
+            base: base.map(|b| ds::BaseInput {
+                context: b.context,
+                snapshot: b.snapshot,
+            }),
+            format: ds::RootFormat::V2,
+        };
+        let receipt = self.store.publish(req).await?;
+        if receipt.outcome == ds::PublishOutcome::Conflict {
+            return Err(Failure::Conflict(format!(
+                "conflict: context {} already holds {} (schema {}), this request's snapshot is {}; \
+                 the existing root wins and nothing was written",
+                receipt.context,
+                receipt
+                    .existing_snapshot_digest
+                    .map(|d| d.to_string())
+                    .unwrap_or_else(|| "an unreadable root".into()),
+                receipt.schema,
+                receipt.snapshot_digest,
+            )));
+        }
+        let mut v = json(&receipt)?;
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert("encode_ms".into(), ms(receipt.encode_time).into());
+            obj.insert("write_ms".into(), ms(receipt.write_time).into());
+            obj.insert("total_ms".into(), ms(receipt.total_time).into());
+        }
+        Ok(v)
+    }
+
+    /// Restores `(ns, context)` into a snapshot owned by the store
+    /// (single-flight with concurrent restores of the same root).
+    pub(crate) async fn restore(
+        &self,
+        ns: Namespace,
+        context: ContextDigest,
+        timeout: Option<Duration>,
+    ) -> Result<Restore> {
+        let opts = options(timeout);
+        Ok(match self.store.restore_with(ns, context, opts).await? {
+            ds::RestoreOutcome::Hit(r) => Restore::Hit(Verified {
+                snapshot: r.snapshot,
+                digest: r.digest.to_string(),
+                schema: r.schema,
+            }),
+            ds::RestoreOutcome::Miss(m) => Restore::Miss(MissInfo::from(&m)),
+        })
+    }
+
+    /// Restores `(ns, context)` into `buf`, which must be exactly the
+    /// snapshot's encoded length (a wrong size is [`Failure::BadInput`],
+    /// found from the roots before any payload byte is read). After a miss
+    /// or an error the buffer holds no unverified byte: zeroed if anything
+    /// had been placed, untouched otherwise.
+    pub(crate) async fn restore_into(
+        &self,
+        ns: Namespace,
+        context: ContextDigest,
+        buf: &mut [u8],
+        timeout: Option<Duration>,
+    ) -> Result<RestoreInto> {
+        let opts = options(timeout);
+        Ok(
+            match self.store.restore_into_with(ns, context, buf, opts).await? {
+                ds::RestoreIntoOutcome::Hit { len, digest } => RestoreInto::Hit { len, digest },
+                ds::RestoreIntoOutcome::Miss { reason } => {
+                    RestoreInto::Miss(MissInfo::from(&reason))
+                }
+            },
+        )
+    }
+
+    /// The exact encoded size of the snapshot stored under `(ns, context)`,
+    /// from its root alone (no payload read, no side effects); `None` if
+    /// there is no usable root.
+    pub(crate) async fn snapshot_size(
+        &self,
+        ns: Namespace,
+        context: ContextDigest,
+    ) -> Result<Option<u64>> {
+        Ok(match self.store.peek_root(&ns, &context).await? {
+            ds::RootStatus::Found(d) => d.summary().map(|s| s.result_snapshot_len),
+            ds::RootStatus::Absent | ds::RootStatus::Unusable(_) => None,
+        })
+    }
+
+    /// The longest of `candidates` (boundary, context) that has a root
+    /// (existence checks only).
+    pub(crate) async fn lookup(
+        &self,
+        identity: &CacheIdentity,
+        candidates: &[(u64, ContextDigest)],
+    ) -> Result<Option<(u64, ContextDigest)>> {
+        Ok(self.store.lookup(identity, candidates).await?)
+    }
+
+    /// Ledger gauges, persisted counters and this process's counters.
+    pub(crate) async fn stats(&self) -> Result<serde_json::Value> {
+        json(&self.store.stats_report().await?)
+    }
+
+    /// An integrity sweep.
+    pub(crate) async fn sweep(&self, grace: Duration, dry_run: bool) -> Result<serde_json::Value> {
+        let opts = ds::SweepOptions {
+            grace,
+            dry_run,
+            ..Default::default()
+        };
+        json(&self.store.sweep(&opts).await?)
+    }
+
+    /// Evicts least recently used roots until the store fits `to` bytes.
+    pub(crate) async fn evict(&self, to: u64, dry_run: bool) -> Result<serde_json::Value> {
+        json(&self.store.evict_to(to, dry_run).await?)
+    }
+
+    /// Places a named, persistent hold on a root.
+    pub(crate) async fn hold(&self, name: &str, ns: Namespace, ctx: ContextDigest) -> Result<()> {
+        Ok(self.store.hold(name, ns, ctx).await?)
+    }
+
+    /// Releases a named hold; whether it existed.
+    pub(crate) async fn release(
+        &self,
+        name: &str,
+        ns: Namespace,
+        ctx: ContextDigest,
+    ) -> Result<bool> {
+        Ok(self.store.release(name, ns, ctx).await?)
+    }
+
+    /// Summaries of every root (optionally one namespace).
+    pub(crate) async fn inspect(&self, ns: Option<Namespace>) -> Result<serde_json::Value> {
+        json(&self.store.inspect(ns.as_ref()).await?)
+    }
+
+    /// Persists this handle's counters into the ledger (so `deltapack stats`
+    /// in another process sees them).
+    pub(crate) async fn flush(&self) -> Result<()> {
+        Ok(self.store.flush_counters().await?)
+    }
+}
+
+fn options(timeout: Option<Duration>) -> ds::RestoreOptions {
+    ds::RestoreOptions {
+        deadline: timeout.map(|t| tokio::time::Instant::now() + t),
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_micros() as f64 / 1000.0
+}
+
+fn json(v: &impl serde::Serialize) -> Result<serde_json::Value> {
+    serde_json::to_value(v).map_err(|e| Failure::Other(format!("serializing a report: {e}")))
+}

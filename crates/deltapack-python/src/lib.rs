@@ -269,8 +269,9 @@ fn array_interface(py: Python<'_>, addr: usize, len: usize) -> PyResult<Bound<'_
     Ok(d)
 }
 
-/// `(payload_offset, boundary, [(group, layer, name, dtype, kind, offset,
-/// pages, bytes_per_page), …])` of an encoding, checked for length.
+/// `(payload_offset, boundary, [((group, layer), (name, dtype, kind,
+/// tokens_per_page), (offset, pages, bytes_per_page)), …])` of an encoding,
+/// checked for length.
 fn layout_tuple<'py>(py: Python<'py>, bytes: &[u8]) -> PyResult<Bound<'py, PyTuple>> {
     let (header, payload_offset) = decode_prefix(bytes).map_err(format_err)?;
     let payload = header.validate().map_err(format_err)?;
@@ -299,14 +300,9 @@ fn layout_tuple<'py>(py: Python<'py>, bytes: &[u8]) -> PyResult<Bound<'py, PyTup
                 GroupKind::Recurrent => "recurrent",
             };
             rows.push((
-                gi,
-                li,
-                l.name.clone(),
-                l.dtype.clone(),
-                kind,
-                payload_offset as u64 + off,
-                pages,
-                l.bytes_per_page,
+                (gi, li),
+                (l.name.clone(), l.dtype.clone(), kind, g.tokens_per_page),
+                (payload_offset as u64 + off, pages, l.bytes_per_page),
             ));
         }
     }

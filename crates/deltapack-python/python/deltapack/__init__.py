@@ -366,6 +366,8 @@ class LayerInfo(NamedTuple):
     dtype: str
     #: ``full`` (one page per ``tokens_per_page`` tokens) or ``recurrent`` (one checkpoint page).
     kind: str
+    #: Tokens per page of the group (for ``recurrent``, the checkpoint cadence).
+    tokens_per_page: int
     #: Byte offset of the layer's first page in the encoding.
     offset: int
     #: Pages of the layer (its group's block count).
@@ -384,9 +386,19 @@ class SnapshotLayout(NamedTuple):
     #: Every (group, layer) in payload order.
     layers: List[LayerInfo]
 
+    def to_dict(self) -> Dict[str, Any]:
+        """The page layout as :func:`new_snapshot` takes it."""
+        groups: Dict[int, Dict[str, Any]] = {}
+        for li in self.layers:
+            g = groups.setdefault(
+                li.group, {"kind": li.kind, "tokens_per_page": li.tokens_per_page, "layers": []}
+            )
+            g["layers"].append({"name": li.name, "dtype": li.dtype, "bytes_per_page": li.page_bytes})
+        return {"groups": [groups[k] for k in sorted(groups)]}
+
 
 def _layout(raw: Tuple[int, int, list]) -> SnapshotLayout:
-    return SnapshotLayout(raw[0], raw[1], [LayerInfo(*row) for row in raw[2]])
+    return SnapshotLayout(raw[0], raw[1], [LayerInfo(*a, *b, *c) for a, b, c in raw[2]])
 
 
 def snapshot_layout(buf: Any) -> SnapshotLayout:

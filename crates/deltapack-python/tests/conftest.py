@@ -1,0 +1,109 @@
+"""Fixtures of the deltapack Python tests: real stores (a temporary
+directory, the moto S3 server that .ci/run starts), the real CLI binary,
+synthetic conversations."""
+
+import json
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import deltapack
+
+ROOT = Path(__file__).resolve().parents[3]
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _cli_path():
+    env = os.environ.get("DELTAPACK_CLI")
+    if env:
+        return Path(env)
+    for profile in ("debug", "release"):
+        p = ROOT / "target" / profile / "deltapack"
+        if p.exists():
+            return p
+    return None
+
+
+@pytest.fixture(scope="session")
+def cli():
+    """Runs the `deltapack` binary; returns (exit code, stdout)."""
+    path = _cli_path()
+    if path is None:
+        if IN_CI:
+            pytest.fail("the deltapack CLI is not built (cargo build -p deltapack-cli)")
+        pytest.skip("the deltapack CLI is not built (set DELTAPACK_CLI or cargo build -p deltapack-cli)")
+
+    def run(*args, check=True):
+        p = subprocess.run(
+            [str(path), *map(str, args)], capture_output=True, text=True, timeout=300
+        )
+        if check and p.returncode != 0:
+            raise AssertionError(f"deltapack {' '.join(map(str, args))}: exit {p.returncode}\n{p.stderr}")
+        return p.returncode, p.stdout
+
+    return run
+
+
+def s3_url():
+    """A fresh prefix in the test bucket, or None when no server is set."""
+    ep = os.environ.get("DELTAPACK_TEST_S3_ENDPOINT")
+    if not ep:
+        if IN_CI:
+            pytest.fail("CI=true but DELTAPACK_TEST_S3_ENDPOINT is not set: the S3 tests must run in CI (see .ci/run)")
+        return None
+    bucket = os.environ.get("DELTAPACK_TEST_S3_BUCKET", "deltapack-test")
+    return f"s3://{bucket}/py-{uuid.uuid4().hex[:12]}?endpoint={ep}"
+
+
+@pytest.fixture(params=["file", "s3"])
+def store_url(request, tmp_path):
+    """A URL of an empty store on local disk, then on the S3 server."""
+    if request.param == "file":
+        return f"file://{tmp_path / 'store'}"
+    url = s3_url()
+    if url is None:
+        pytest.skip("DELTAPACK_TEST_S3_ENDPOINT not set: skipping the S3 backend (bash .ci/run runs it)")
+    return url
+
+
+@pytest.fixture
+def ident():
+    return deltapack.CacheIdentity.example()
+
+
+@pytest.fixture
+def id_file(tmp_path, ident):
+    p = tmp_path / "id.json"
+    p.write_text(ident.to_json())
+    return p
+
+
+def tokens_file(path, ids):
+    """Writes token ids as a token file (u32 little endian)."""
+    np.asarray(ids, dtype="<u4").tofile(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def big():
+    """A ~259 MiB conversation snapshot (default preset, 44,032 tokens),
+    published flat in a local store: (store url, tokens, snapshot)."""
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="deltapack-py-big-")
+    snap, ids = deltapack.synth(44032, "default", 7)
+    url = f"file://{d}/store"
+    store = deltapack.Store(url)
+    store.publish(deltapack.CacheIdentity.example(), ids, snap)
+    del store
+    yield url, ids, snap
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def read_json(text):
+    return json.loads(text)

@@ -258,16 +258,21 @@ async fn prune_clear_invalidate_and_cold_start() {
     let a1 = publish_turn(&s, &a, 0, 1).await.expect("p");
     let b0 = publish_turn(&s, &b, 1, 0).await.expect("p");
     // Dry runs change nothing.
-    let dry = s
-        .invalidate(a.namespace(), Some(a0), true)
+    let plan = s
+        .invalidate_plan(a.namespace(), Some(a0))
         .await
-        .expect("dry");
+        .expect("plan");
+    let dry = plan.preview();
     assert_eq!(dry.roots.len(), 2, "a root goes with its dependents");
+    assert_eq!(
+        dry.roots[1],
+        deltapack::store::keys::root_key(&a.namespace(), &a0).to_string(),
+        "dependents first, the base last"
+    );
     assert_eq!(s.ledger_totals().await.expect("t").roots, 3);
     // Invalidating a base takes its deltas with it.
-    s.invalidate(a.namespace(), Some(a0), false)
-        .await
-        .expect("invalidate");
+    let done = s.execute(plan).await.expect("invalidate");
+    assert_eq!(done.roots, dry.roots, "the plan is what ran");
     for c in [a0, a1] {
         assert!(matches!(
             s.restore(&a, c).await.expect("r"),
@@ -276,19 +281,18 @@ async fn prune_clear_invalidate_and_cold_start() {
     }
     assert_eq!(restore_bytes(&s, &b, b0).await, turn(1, 1024).encoded());
     // Prune by schema (seed 1 → v1).
-    let pruned = s
-        .prune(
-            &PruneFilter {
-                schema: Some("v1".into()),
-                ..Default::default()
-            },
-            false,
-        )
+    let plan = s
+        .prune_plan(&PruneFilter {
+            schema: Some("v1".into()),
+            ..Default::default()
+        })
         .await
         .expect("prune");
+    let pruned = s.execute(plan).await.expect("prune");
     assert_eq!(pruned.roots.len(), 1);
     publish_turn(&s, &a, 2, 0).await.expect("p");
-    let cleared = s.clear(None, false).await.expect("clear");
+    let plan = s.clear_plan(None).await.expect("clear");
+    let cleared = s.execute(plan).await.expect("clear");
     assert_eq!(cleared.roots.len(), 1);
     assert_eq!(
         store_bytes(dir.path()),
@@ -334,7 +338,7 @@ async fn minimum_free_space_is_kept() {
     publish_turn(&s, &id, 0, 0).await.expect("fits");
     // Demand more free space than the filesystem has: the store evicts what
     // it can, then refuses the publication before writing anything.
-    let free = deltapack::store::capacity::free_space(dir.path()).expect("statvfs works here");
+    let free = deltapack::store::free_space(dir.path()).expect("statvfs works here");
     let strict = Store::open(
         &format!("file://{}", dir.path().display()),
         StoreConfig {

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use common::instrumented::Counters;
 use common::*;
-use deltapack::store::publish::PUBLISH_BATCH;
-use deltapack::store::restore::RESTORE_IN_FLIGHT;
+use deltapack::store::PUBLISH_BATCH;
+use deltapack::store::RESTORE_IN_FLIGHT;
 use deltapack::store::{
     Backend, MissReason, PublishOutcome, PublishRequest, RestoreIntoOutcome, RestoreOptions,
     RestoreOutcome, RootFormat,
@@ -323,7 +323,9 @@ async fn sixteen_writers_with_readers_eviction_and_sweep() {
             s.sweep(&deltapack::store::SweepOptions::default())
                 .await
                 .expect("sweep");
-            s.evict_to(60_000, false).await.expect("evict");
+            s.execute(s.evict_plan(60_000).await.expect("plan"))
+                .await
+                .expect("evict");
             rounds += 1;
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

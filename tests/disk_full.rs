@@ -481,17 +481,17 @@ async fn injected_enospc() {
 #[test]
 fn enospc_in_an_error_chain_is_recognised() {
     // The exact shape the brief's fault wrapper returns, and a nested one.
-    assert!(deltapack::store::backend::is_storage_full(&enospc()));
+    assert!(deltapack::store::is_storage_full(&enospc()));
     let nested = object_store::Error::Generic {
         store: "LocalFileSystem",
         source: Box::new(std::io::Error::other(std::io::Error::from_raw_os_error(28))),
     };
-    assert!(deltapack::store::backend::is_storage_full(&nested));
+    assert!(deltapack::store::is_storage_full(&nested));
     let other = object_store::Error::Generic {
         store: "x",
         source: Box::new(std::io::Error::from_raw_os_error(5)),
     };
-    assert!(!deltapack::store::backend::is_storage_full(&other));
+    assert!(!deltapack::store::is_storage_full(&other));
 }
 
 #[tokio::test]

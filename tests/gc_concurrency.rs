@@ -41,7 +41,9 @@ async fn clear_and_gc_race_publishers_reusing_the_same_objects() {
             publish_base(&p, &b2, ctx(&b2, 200 + k, 4096), snap2, RootFormat::V2).await;
         });
         let clear = tokio::spawn(async move {
-            c.clear(Some(a2), false).await.expect("clear");
+            c.execute(c.clear_plan(Some(a2)).await.expect("plan"))
+                .await
+                .expect("clear");
             c.collect_garbage().await.expect("gc");
         });
         publish.await.expect("publisher");

@@ -335,7 +335,9 @@ async fn local_migration_racing_eviction_never_resurrects_a_root() {
         let b = Store::open(&url, cfg()).expect("open");
         let migrating = tokio::spawn(async move { a.migrate(None, false).await });
         tokio::time::sleep(Duration::from_millis(round * 5)).await;
-        b.evict_to(0, false).await.expect("evict");
+        b.execute(b.evict_plan(0).await.expect("plan"))
+            .await
+            .expect("evict");
         let _ = migrating.await.expect("join").expect("migrate");
         let left = b.list_roots(None).await.expect("list");
         assert!(

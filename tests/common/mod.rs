@@ -10,7 +10,8 @@ use std::sync::Arc;
 use deltapack::format::synth::{self, Preset};
 use deltapack::format::{CacheIdentity, ContextDigest, ContextHasher, Snapshot};
 use deltapack::store::{
-    backend, Backend, BaseInput, PublishReceipt, PublishRequest, RootFormat, Store, StoreConfig,
+    open_backend, Backend, BaseInput, PublishReceipt, PublishRequest, RootFormat, Store,
+    StoreConfig,
 };
 
 /// Extent size used by tests: small, so tiny snapshots span several extents.
@@ -124,7 +125,7 @@ pub fn wrapped(backend: Backend, config: StoreConfig) -> Store {
 
 /// Opens the raw backend behind a URL.
 pub fn raw_backend(url: &str) -> Backend {
-    backend::open(url).expect("backend")
+    open_backend(url).expect("backend")
 }
 
 /// The test identity (salt distinguishes test namespaces).

@@ -77,7 +77,7 @@ const SEED: u64 = 1;
 /// Piece size of the floors' fused read → hash → copy loop (fits in L2).
 const PIECE: usize = 256 * 1024;
 /// Objects a restore keeps in flight (`deltapack_store::restore`).
-const IN_FLIGHT: u64 = deltapack_store::restore::RESTORE_IN_FLIGHT as u64;
+const IN_FLIGHT: u64 = deltapack_store::RESTORE_IN_FLIGHT as u64;
 const MIB: u64 = 1 << 20;
 
 /// Which scenarios to run.

@@ -170,13 +170,29 @@ fn print_removal(what: &str, r: &RemovalReport, json: bool) -> Result<ExitCode> 
     Ok(ExitCode::SUCCESS)
 }
 
+/// Shows a removal plan (dry run) or carries it out, then reports.
+async fn carry_out(
+    store: &deltapack_store::Store,
+    plan: deltapack_store::RemovalPlan,
+    dry_run: bool,
+    what: &str,
+    json: bool,
+) -> Result<ExitCode> {
+    let r = if dry_run {
+        plan.preview()
+    } else {
+        store.execute(plan).await?
+    };
+    print_removal(what, &r, json)
+}
+
 pub(crate) async fn evict(a: EvictArgs) -> Result<ExitCode> {
     let Some(target) = a.target.or(a.s.capacity.budget) else {
         anyhow::bail!("give --budget BYTES (or --to BYTES)");
     };
     let store = a.s.open()?;
-    let r = store.evict_to(target, a.dry_run).await?;
-    print_removal("evict", &r, a.s.json)
+    let plan = store.evict_plan(target).await?;
+    carry_out(&store, plan, a.dry_run, "evict", a.s.json).await
 }
 
 pub(crate) async fn hold(a: HoldArgs, release: bool) -> Result<ExitCode> {
@@ -212,8 +228,8 @@ pub(crate) async fn prune(a: PruneArgs) -> Result<ExitCode> {
         schema: a.schema.clone(),
         idle_for: a.idle,
     };
-    let r = store.prune(&filter, a.dry_run).await?;
-    print_removal("prune", &r, a.s.json)
+    let plan = store.prune_plan(&filter).await?;
+    carry_out(&store, plan, a.dry_run, "prune", a.s.json).await
 }
 
 pub(crate) async fn clear(a: ClearArgs) -> Result<ExitCode> {
@@ -230,10 +246,10 @@ pub(crate) async fn clear(a: ClearArgs) -> Result<ExitCode> {
         return Ok(ExitCode::from(crate::EXIT_USAGE));
     }
     let store = a.s.open()?;
-    let r = store
-        .clear(a.namespace.as_deref().map(ns).transpose()?, a.dry_run)
+    let plan = store
+        .clear_plan(a.namespace.as_deref().map(ns).transpose()?)
         .await?;
-    print_removal("clear", &r, a.s.json)
+    carry_out(&store, plan, a.dry_run, "clear", a.s.json).await
 }
 
 pub(crate) async fn invalidate(a: InvalidateArgs) -> Result<ExitCode> {
@@ -243,10 +259,8 @@ pub(crate) async fn invalidate(a: InvalidateArgs) -> Result<ExitCode> {
         .as_deref()
         .map(common::parse_context)
         .transpose()?;
-    let r = store
-        .invalidate(ns(&a.namespace)?, context, a.dry_run)
-        .await?;
-    print_removal("invalidate", &r, a.s.json)
+    let plan = store.invalidate_plan(ns(&a.namespace)?, context).await?;
+    carry_out(&store, plan, a.dry_run, "invalidate", a.s.json).await
 }
 
 pub(crate) async fn ledger(a: LedgerArgs) -> Result<ExitCode> {

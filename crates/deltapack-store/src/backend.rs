@@ -35,7 +35,7 @@ use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
 use crate::error::{OpenError, Result, StoreError};
 
 /// A staging file untouched for this long belongs to a crashed writer.
-pub const STAGING_ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_secs(600);
+pub(crate) const STAGING_ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// What kind of backend a store runs on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,7 +67,7 @@ pub struct Backend {
 
 /// The outcome of a create-if-absent write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PutOutcome {
+pub(crate) enum PutOutcome {
     /// This call created the object (and it is durable).
     Created,
     /// An object already existed under the key; nothing was written.
@@ -77,7 +77,7 @@ pub enum PutOutcome {
 /// Writes `bytes` under `key` only if absent. When this returns, a created
 /// object is durable (see the module docs). The only write path for
 /// objects and roots.
-pub async fn put_create(
+pub(crate) async fn put_create(
     store: &dyn ObjectStore,
     key: &Path,
     payload: impl Into<PutPayload>,
@@ -212,7 +212,10 @@ pub(crate) fn is_staging_name(name: &str) -> bool {
 
 /// Removes staging files a crash left behind that are older than `min_age`.
 /// Returns how many were removed.
-pub fn remove_staging_files(root: &FsPath, min_age: std::time::Duration) -> std::io::Result<usize> {
+pub(crate) fn remove_staging_files(
+    root: &FsPath,
+    min_age: std::time::Duration,
+) -> std::io::Result<usize> {
     let now = std::time::SystemTime::now();
     let mut removed = 0;
     let mut stack = vec![root.to_path_buf()];
@@ -262,7 +265,7 @@ pub fn remove_staging_files(root: &FsPath, min_age: std::time::Duration) -> std:
 
 /// Installs the pure-Rust (ring) TLS crypto provider once; the S3 client
 /// builder needs a process-wide provider.
-pub fn install_crypto_provider() {
+pub(crate) fn install_crypto_provider() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let _ = rustls::crypto::ring::default_provider().install_default();

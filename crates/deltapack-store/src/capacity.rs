@@ -26,14 +26,12 @@ use object_store::ObjectStoreExt;
 use serde::Serialize;
 
 use crate::backend::{put_create, BackendKind};
+use crate::base_graph::{BaseGraph, RootId};
 use crate::error::{Result, StoreError};
 use crate::keys;
 use crate::ledger::{now_ms, ColdStart, Ledger, RootEntry, Totals};
 use crate::stats::Stats;
 use crate::store::{RootStatus, Store};
-
-/// Prefix of hold markers.
-pub const HOLDS: &str = "holds";
 
 /// A root protected from eviction while this guard lives (in-process).
 #[derive(Debug)]
@@ -83,14 +81,65 @@ pub struct RemovalReport {
     pub dry_run: bool,
 }
 
+/// Why roots are being removed (decides whether holds and pins count).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum RemovalKind {
+    /// Least recently used roots, to fit a budget (pins and holds respected).
+    Evict,
+    /// Roots matching a filter (pins and holds respected).
+    Prune,
+    /// Every root, or every root of a namespace (holds included).
+    Clear,
+    /// A namespace or one context, e.g. after a model change (holds
+    /// included).
+    Invalidate,
+}
+
+/// Roots chosen for removal, dependents before their bases; nothing has
+/// been changed yet. Made by [`Store::evict_plan`], [`Store::prune_plan`],
+/// [`Store::clear_plan`] or [`Store::invalidate_plan`]; shown as is for a
+/// dry run ([`RemovalPlan::preview`]) and carried out by
+/// [`Store::execute`].
+#[derive(Debug, Clone)]
+pub struct RemovalPlan {
+    kind: RemovalKind,
+    /// The chosen roots, each with its dependents, dependents first.
+    targets: Vec<RootId>,
+}
+
+impl RemovalPlan {
+    /// Why these roots are removed.
+    pub fn kind(&self) -> RemovalKind {
+        self.kind
+    }
+
+    /// Root keys the plan removes, in order.
+    pub fn roots(&self) -> Vec<String> {
+        self.targets
+            .iter()
+            .map(|(ns, ctx)| keys::root_key(ns, ctx).to_string())
+            .collect()
+    }
+
+    /// Whether the plan removes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.targets.is_empty()
+    }
+
+    /// The report of a dry run: what [`Store::execute`] would remove now.
+    pub fn preview(&self) -> RemovalReport {
+        RemovalReport {
+            roots: self.roots(),
+            dry_run: true,
+            ..Default::default()
+        }
+    }
+}
+
 fn valid_hold_name(name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
-        && !name.starts_with('.');
-    if ok {
+    if keys::valid_hold_name(name) {
         Ok(())
     } else {
         Err(StoreError::Invalid(format!(
@@ -199,7 +248,7 @@ impl Store {
     }
 
     async fn list_holds(&self) -> Result<Vec<(String, Namespace, ContextDigest)>> {
-        let prefix = Path::from(HOLDS);
+        let prefix = Path::from(keys::HOLDS);
         let metas: Vec<object_store::ObjectMeta> = self
             .object_store()
             .list(Some(&prefix))
@@ -208,23 +257,13 @@ impl Store {
             .map_err(|e| StoreError::io(&prefix, e))?;
         Ok(metas
             .iter()
-            .filter_map(|m| {
-                let parts: Vec<_> = m.location.parts().collect();
-                if parts.len() != 4 {
-                    return None;
-                }
-                Some((
-                    parts[1].as_ref().to_string(),
-                    parts[2].as_ref().parse().ok()?,
-                    parts[3].as_ref().parse().ok()?,
-                ))
-            })
+            .filter_map(|m| keys::parse_hold_key(&m.location))
             .collect())
     }
 
     /// Deletes every root, object and hold (the `clear` cold start).
     async fn clear_store(&self) -> Result<()> {
-        for prefix in [keys::ROOTS, keys::OBJECTS, HOLDS] {
+        for prefix in [keys::ROOTS, keys::OBJECTS, keys::HOLDS] {
             let p = Path::from(prefix);
             let metas: Vec<object_store::ObjectMeta> = self
                 .object_store()
@@ -304,7 +343,7 @@ impl Store {
                 keys::root_key(&ns, &ctx)
             )));
         }
-        let marker = Path::from(format!("{HOLDS}/{name}/{}/{}", ns.hex(), ctx.hex()));
+        let marker = keys::hold_key(name, &ns, &ctx);
         put_create(self.object_store().as_ref(), &marker, Bytes::new()).await?;
         self.ledger().await?.add_hold(name, &ns, &ctx)?;
         Ok(())
@@ -313,7 +352,7 @@ impl Store {
     /// Releases a named hold. Returns whether it existed.
     pub async fn release(&self, name: &str, ns: Namespace, ctx: ContextDigest) -> Result<bool> {
         valid_hold_name(name)?;
-        let marker = Path::from(format!("{HOLDS}/{name}/{}/{}", ns.hex(), ctx.hex()));
+        let marker = keys::hold_key(name, &ns, &ctx);
         match self.object_store().delete(&marker).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => return Err(StoreError::io(&marker, e)),
@@ -359,73 +398,79 @@ impl Store {
         Ok((n, b))
     }
 
-    /// The roots that must go with `root`: itself and every delta built on
-    /// it, dependents first.
-    fn closure(
-        rows: &[crate::ledger::RootRow],
-        root: (Namespace, ContextDigest),
-    ) -> Vec<(Namespace, ContextDigest)> {
-        let mut children: HashMap<(Namespace, ContextDigest), Vec<(Namespace, ContextDigest)>> =
-            HashMap::new();
+    /// The base graph of the roots the ledger knows.
+    fn ledger_graph(rows: &[crate::ledger::RootRow]) -> BaseGraph {
+        let mut graph = BaseGraph::default();
         for r in rows {
             if let Some(b) = r.base {
-                children
-                    .entry(b)
-                    .or_default()
-                    .push((r.namespace, r.context));
+                graph.link((r.namespace, r.context), b);
             }
         }
-        let mut order = Vec::new();
-        let mut seen = BTreeSet::new();
-        fn visit(
-            k: (Namespace, ContextDigest),
-            children: &HashMap<(Namespace, ContextDigest), Vec<(Namespace, ContextDigest)>>,
-            seen: &mut BTreeSet<(Namespace, ContextDigest)>,
-            order: &mut Vec<(Namespace, ContextDigest)>,
-        ) {
-            if !seen.insert(k) {
-                return;
-            }
-            for c in children.get(&k).into_iter().flatten() {
-                visit(*c, children, seen, order);
-            }
-            order.push(k);
-        }
-        visit(root, &children, &mut seen, &mut order);
-        order
+        graph
     }
 
-    /// Removes roots (each with its dependents), condemning their objects,
-    /// then collects due garbage.
-    async fn remove_roots(
-        &self,
-        targets: Vec<(Namespace, ContextDigest)>,
-        dry_run: bool,
-    ) -> Result<RemovalReport> {
+    /// Whether a pin or a hold protects any of `roots`.
+    fn any_protected(&self, ledger: &Ledger, roots: &[RootId]) -> Result<bool> {
+        for k in roots {
+            if self.is_pinned(k) || ledger.is_held(&k.0, &k.1)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// A plan removing `seeds`, each with every delta built on it.
+    fn plan_with_dependents(
+        kind: RemovalKind,
+        rows: &[crate::ledger::RootRow],
+        seeds: Vec<RootId>,
+    ) -> RemovalPlan {
+        RemovalPlan {
+            kind,
+            targets: Self::ledger_graph(rows).with_dependents(seeds),
+        }
+    }
+
+    /// Carries out a removal plan: deletes each root (dependents first),
+    /// condemns the objects no remaining root uses, then collects due
+    /// garbage. The base graph is read again first, so a delta published on
+    /// a planned root since the plan was made goes with it; for eviction and
+    /// pruning, a root that became pinned or held meanwhile is kept, with
+    /// every root it depends on.
+    pub async fn execute(&self, plan: RemovalPlan) -> Result<RemovalReport> {
         let ledger = self.ledger().await?;
         let rows = ledger.roots_lru()?;
-        let mut report = RemovalReport {
-            dry_run,
-            ..Default::default()
-        };
+        let graph = Self::ledger_graph(&rows);
+        let respect = matches!(plan.kind, RemovalKind::Evict | RemovalKind::Prune);
+        let mut report = RemovalReport::default();
         let mut done = BTreeSet::new();
-        for t in targets {
-            for k in Self::closure(&rows, t) {
+        for t in plan.targets {
+            if done.contains(&t) {
+                continue;
+            }
+            let group = graph.with_dependents([t]);
+            if respect && self.any_protected(ledger, &group)? {
+                continue;
+            }
+            for k in group {
                 if !done.insert(k) {
                     continue;
                 }
                 report.roots.push(keys::root_key(&k.0, &k.1).to_string());
-                if dry_run {
-                    continue;
-                }
                 self.remove_one(ledger, k, &mut report).await?;
+                if plan.kind == RemovalKind::Evict {
+                    Stats::add(&self.stats_ref().evictions, 1);
+                }
             }
         }
-        if !dry_run {
-            let (n, b) = self.collect_garbage().await?;
-            report.deleted_objects = n;
-            report.deleted_bytes = b;
+        if plan.kind == RemovalKind::Invalidate {
+            if let Ok(mut c) = self.inner.base_cache.lock() {
+                c.clear();
+            }
         }
+        let (n, b) = self.collect_garbage().await?;
+        report.deleted_objects = n;
+        report.deleted_bytes = b;
         Ok(report)
     }
 
@@ -443,7 +488,7 @@ impl Store {
             .into_iter()
             .filter(|h| (h.1, h.2) == k)
         {
-            let marker = Path::from(format!("{HOLDS}/{name}/{}/{}", ns.hex(), ctx.hex()));
+            let marker = keys::hold_key(&name, &ns, &ctx);
             let _ = self.object_store().delete(&marker).await;
         }
         for (_, bytes) in ledger.remove_root(&k.0, &k.1, now_ms())? {
@@ -489,22 +534,16 @@ impl Store {
             }
             // Evict the least recently used evictable root (with dependents).
             let rows = ledger.roots_lru()?;
+            let graph = Self::ledger_graph(&rows);
             let mut victim = None;
             for r in &rows {
-                let closure = Self::closure(&rows, (r.namespace, r.context));
-                let mut protected = false;
-                for k in &closure {
-                    if self.is_pinned(k) || ledger.is_held(&k.0, &k.1)? {
-                        protected = true;
-                        break;
-                    }
-                }
-                if !protected {
-                    victim = Some((r.namespace, r.context));
+                let group = graph.with_dependents([(r.namespace, r.context)]);
+                if !self.any_protected(ledger, &group)? {
+                    victim = Some(group);
                     break;
                 }
             }
-            let Some(v) = victim else {
+            let Some(group) = victim else {
                 return Err(StoreError::Capacity(format!(
                     "need {need} bytes but nothing evictable is left (budget {:?}, live {live} bytes, \
                      free space short: {free_short}); nothing was written",
@@ -512,7 +551,7 @@ impl Store {
                 )));
             };
             let mut report = RemovalReport::default();
-            for k in Self::closure(&rows, v) {
+            for k in group {
                 self.remove_one(ledger, k, &mut report).await?;
                 Stats::add(&self.stats_ref().evictions, 1);
                 tracing::info!(root = %keys::root_key(&k.0, &k.1), "evicted");
@@ -520,14 +559,16 @@ impl Store {
         }
     }
 
-    /// Evicts least recently used roots until the ledger's bytes fit
-    /// `budget` (respecting pins and holds), then collects due garbage.
-    pub async fn evict_to(&self, budget: u64, dry_run: bool) -> Result<RemovalReport> {
+    /// Plans the eviction of least recently used roots (each with its
+    /// dependents; pinned and held ones skipped) until the ledger's live
+    /// bytes fit `budget`. Carry it out with [`Store::execute`].
+    pub async fn evict_plan(&self, budget: u64) -> Result<RemovalPlan> {
         let ledger = self.ledger().await?;
         let rows = ledger.roots_lru()?;
+        let graph = Self::ledger_graph(&rows);
         let t = ledger.totals()?;
         let mut live = t.object_bytes + t.root_bytes;
-        let mut chosen = Vec::new();
+        let mut targets = Vec::new();
         let mut gone = BTreeSet::new();
         let image = ledger.image()?;
         for r in &rows {
@@ -538,20 +579,14 @@ impl Store {
             if gone.contains(&k) {
                 continue;
             }
-            let closure = Self::closure(&rows, k);
-            let mut protected = false;
-            for c in &closure {
-                if self.is_pinned(c) || ledger.is_held(&c.0, &c.1)? {
-                    protected = true;
-                }
-            }
-            if protected {
+            let group = graph.with_dependents([k]);
+            if self.any_protected(ledger, &group)? {
                 continue;
             }
-            // Estimate: root objects + objects used only by the closure.
+            // Estimate: root objects + objects used only by the group.
             let mut freed = 0;
             let names: BTreeSet<(String, String)> =
-                closure.iter().map(|c| (c.0.hex(), c.1.hex())).collect();
+                group.iter().map(|c| (c.0.hex(), c.1.hex())).collect();
             let mut mine: HashMap<&str, usize> = HashMap::new();
             for root in &image.roots {
                 if names.contains(&(root.0.clone(), root.1.clone())) {
@@ -567,22 +602,26 @@ impl Store {
                 }
             }
             live = live.saturating_sub(freed);
-            gone.extend(closure.iter().copied());
-            chosen.push(k);
+            for g in group {
+                if gone.insert(g) {
+                    targets.push(g);
+                }
+            }
         }
-        let report = self.remove_roots(chosen, dry_run).await?;
-        if !dry_run {
-            Stats::add(&self.stats_ref().evictions, report.roots.len() as u64);
-        }
-        Ok(report)
+        Ok(RemovalPlan {
+            kind: RemovalKind::Evict,
+            targets,
+        })
     }
 
-    /// Removes roots matching `filter` (respecting pins and holds).
-    pub async fn prune(&self, filter: &PruneFilter, dry_run: bool) -> Result<RemovalReport> {
+    /// Plans the removal of roots matching `filter` (pinned and held ones
+    /// skipped), each with its dependents.
+    pub async fn prune_plan(&self, filter: &PruneFilter) -> Result<RemovalPlan> {
         let ledger = self.ledger().await?;
         let now = now_ms();
-        let mut targets = Vec::new();
-        for r in ledger.roots_lru()? {
+        let rows = ledger.roots_lru()?;
+        let mut seeds = Vec::new();
+        for r in &rows {
             let k = (r.namespace, r.context);
             if filter.namespace.is_some_and(|n| n != r.namespace)
                 || filter
@@ -592,52 +631,61 @@ impl Store {
                 || filter
                     .idle_for
                     .is_some_and(|d| now.saturating_sub(r.last_access_ms) < d.as_millis() as u64)
-                || self.is_pinned(&k)
-                || ledger.is_held(&k.0, &k.1)?
             {
                 continue;
             }
-            targets.push(k);
+            seeds.push(k);
         }
-        self.remove_roots(targets, dry_run).await
+        let graph = Self::ledger_graph(&rows);
+        let mut targets = Vec::new();
+        let mut seen = BTreeSet::new();
+        for k in seeds {
+            let group = graph.with_dependents([k]);
+            if self.any_protected(ledger, &group)? {
+                continue;
+            }
+            for g in group {
+                if seen.insert(g) {
+                    targets.push(g);
+                }
+            }
+        }
+        Ok(RemovalPlan {
+            kind: RemovalKind::Prune,
+            targets,
+        })
     }
 
-    /// Removes every root (or every root of one namespace), holds included.
-    pub async fn clear(
-        &self,
-        namespace: Option<Namespace>,
-        dry_run: bool,
-    ) -> Result<RemovalReport> {
-        let ledger = self.ledger().await?;
-        let targets = ledger
-            .roots_lru()?
-            .into_iter()
+    /// Plans the removal of every root (or every root of one namespace),
+    /// holds included, with every delta built on them.
+    pub async fn clear_plan(&self, namespace: Option<Namespace>) -> Result<RemovalPlan> {
+        let rows = self.ledger().await?.roots_lru()?;
+        let seeds = rows
+            .iter()
             .filter(|r| namespace.is_none_or(|n| n == r.namespace))
             .map(|r| (r.namespace, r.context))
             .collect();
-        self.remove_roots(targets, dry_run).await
+        Ok(Self::plan_with_dependents(RemovalKind::Clear, &rows, seeds))
     }
 
-    /// Invalidates a namespace (e.g. the model changed) or one context of
-    /// it, with every delta built on them, regardless of holds.
-    pub async fn invalidate(
+    /// Plans the invalidation of a namespace (e.g. the model changed) or one
+    /// context of it, with every delta built on them, regardless of holds.
+    pub async fn invalidate_plan(
         &self,
         namespace: Namespace,
         context: Option<ContextDigest>,
-        dry_run: bool,
-    ) -> Result<RemovalReport> {
-        let ledger = self.ledger().await?;
-        let targets = ledger
-            .roots_lru()?
-            .into_iter()
+    ) -> Result<RemovalPlan> {
+        let rows = self.ledger().await?.roots_lru()?;
+        let seeds = rows
+            .iter()
             .filter(|r| r.namespace == namespace && context.is_none_or(|c| c == r.context))
             .map(|r| (r.namespace, r.context))
             .collect();
-        let report = self.remove_roots(targets, dry_run).await?;
-        if let Ok(mut c) = self.inner.base_cache.lock() {
-            c.clear();
-        }
-        Ok(report)
+        Ok(Self::plan_with_dependents(
+            RemovalKind::Invalidate,
+            &rows,
+            seeds,
+        ))
     }
 
     /// Writes this handle's counters into the ledger (accumulating across

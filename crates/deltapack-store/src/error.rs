@@ -1,6 +1,6 @@
 //! Errors and miss reasons of the store.
 //!
-//! deltapack separates *misses* from *errors* (SPEC §4.5): a miss means "no
+//! deltapack separates *misses* from *errors* (docs/design.md §5, invariant 5): a miss means "no
 //! usable state here, recompute the prefix" and carries a reason; an error is
 //! an I/O failure or a broken internal invariant. Corruption is a miss for the
 //! caller, but it is never silent: it is counted, logged and quarantined.

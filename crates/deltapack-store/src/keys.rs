@@ -1,4 +1,4 @@
-//! The store's key layout (SPEC §3), in one place.
+//! The store's key layout (docs/design.md §4), in one place.
 //!
 //! ```text
 //! objects/blake3/<hh>/<hex>            v2 extents (hh = first 2 hex chars)
@@ -19,6 +19,8 @@ pub const OBJECTS: &str = "objects";
 pub const ROOTS: &str = "roots";
 /// Prefix of quarantined keys.
 pub const QUARANTINE: &str = "quarantine";
+/// Prefix of hold markers.
+pub const HOLDS: &str = "holds";
 
 /// Key of the object named by `d`.
 pub fn object_key(d: &Digest) -> Path {
@@ -44,6 +46,37 @@ pub fn namespace_prefix(ns: &Namespace) -> Path {
 /// Where a corrupt key is moved.
 pub fn quarantine_key(original: &Path) -> Path {
     Path::from(format!("{QUARANTINE}/{original}"))
+}
+
+/// Key of the marker by which the hold `name` keeps `(namespace, context)`
+/// from eviction. `name` must already be validated (see
+/// [`valid_hold_name`]).
+pub fn hold_key(name: &str, ns: &Namespace, ctx: &ContextDigest) -> Path {
+    Path::from(format!("{HOLDS}/{name}/{}/{}", ns.hex(), ctx.hex()))
+}
+
+/// Whether `name` may name a hold: 1–64 characters of `[A-Za-z0-9._-]`,
+/// not starting with a dot, so it is exactly one safe path segment.
+pub fn valid_hold_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// Parses a hold marker key back into `(name, namespace, context)`.
+pub fn parse_hold_key(p: &Path) -> Option<(String, Namespace, ContextDigest)> {
+    let parts: Vec<_> = p.parts().collect();
+    if parts.len() != 4 || parts[0].as_ref() != HOLDS {
+        return None;
+    }
+    Some((
+        parts[1].as_ref().to_string(),
+        parts[2].as_ref().parse().ok()?,
+        parts[3].as_ref().parse().ok()?,
+    ))
 }
 
 /// Parses an object key back into its digest.
@@ -91,5 +124,8 @@ mod tests {
         assert_eq!(parse_root_key(&root_key(&ns, &ctx)), Some((ns, ctx)));
         assert_eq!(parse_object_key(&Path::from("objects/blake3/zz/abc")), None);
         assert_eq!(quarantine_key(&k).as_ref(), format!("quarantine/{k}"));
+        let h = hold_key("pinned-demo", &ns, &ctx);
+        assert_eq!(parse_hold_key(&h), Some(("pinned-demo".into(), ns, ctx)));
+        assert!(valid_hold_name("a.b_c-1") && !valid_hold_name(".x") && !valid_hold_name("a/b"));
     }
 }

@@ -88,7 +88,7 @@ impl std::str::FromStr for ColdStart {
 
 /// One root as the ledger records it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct RootEntry {
+pub(crate) struct RootEntry {
     /// Namespace.
     pub namespace: Namespace,
     /// Context.
@@ -109,7 +109,7 @@ pub struct RootEntry {
 
 impl RootEntry {
     /// The entry for a decoded root.
-    pub fn from_summary(s: &RootSummary, root_bytes: u64) -> Self {
+    pub(crate) fn from_summary(s: &RootSummary, root_bytes: u64) -> Self {
         RootEntry {
             namespace: s.namespace,
             context: s.context,
@@ -154,7 +154,7 @@ pub struct Totals {
 
 /// A root row used by eviction and pruning.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RootRow {
+pub(crate) struct RootRow {
     /// Namespace.
     pub namespace: Namespace,
     /// Context.
@@ -169,7 +169,7 @@ pub struct RootRow {
 
 /// One root of a [`LedgerImage`]: namespace, context, schema, kind,
 /// boundary, base `(namespace, context)`, root bytes, sorted object keys.
-pub type ImageRoot = (
+pub(crate) type ImageRoot = (
     String,
     String,
     String,
@@ -192,7 +192,7 @@ pub struct LedgerImage {
 }
 
 /// Milliseconds since the epoch.
-pub fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -229,7 +229,7 @@ const STILL_DUE: &str = "SELECT bytes FROM objects WHERE key = ?1 AND refs = 0 A
 const LEDGER_VERSION: &str = "1";
 
 /// The ledger.
-pub struct Ledger {
+pub(crate) struct Ledger {
     conn: Mutex<Connection>,
 }
 
@@ -337,7 +337,7 @@ fn retry_busy<T>(mut op: impl FnMut() -> Result<T, LedgerError>) -> Result<T, Le
 
 impl Ledger {
     /// Opens (creating) the ledger database of a local store.
-    pub fn open_file(path: &FsPath) -> Result<Self, LedgerError> {
+    pub(crate) fn open_file(path: &FsPath) -> Result<Self, LedgerError> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|source| LedgerError::Io {
                 path: dir.display().to_string(),
@@ -363,7 +363,7 @@ impl Ledger {
     }
 
     /// An in-memory ledger (S3 and memory stores).
-    pub fn open_memory() -> Result<Self, LedgerError> {
+    pub(crate) fn open_memory() -> Result<Self, LedgerError> {
         Self::init(Connection::open_in_memory()?)
     }
 
@@ -412,7 +412,7 @@ impl Ledger {
     /// replace it" atomic against an eviction in another process. `f` must
     /// be short (it blocks every other writer of the ledger) and must not
     /// call back into this ledger (the connection is held).
-    pub fn exclusive<T>(
+    pub(crate) fn exclusive<T>(
         &self,
         f: impl FnOnce() -> std::io::Result<T>,
     ) -> Result<std::io::Result<T>, LedgerError> {
@@ -439,7 +439,7 @@ impl Ledger {
 
     /// Records a root (idempotent: an existing root is only touched). Objects
     /// it references are counted (once per root) and un-condemned.
-    pub fn record_root(&self, e: &RootEntry, now: u64) -> Result<(), LedgerError> {
+    pub(crate) fn record_root(&self, e: &RootEntry, now: u64) -> Result<(), LedgerError> {
         self.with(|c| {
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             record_in(&tx, e, now)?;
@@ -449,7 +449,12 @@ impl Ledger {
     }
 
     /// Marks an access (restore or publication) of a root.
-    pub fn touch(&self, ns: &Namespace, ctx: &ContextDigest, now: u64) -> Result<(), LedgerError> {
+    pub(crate) fn touch(
+        &self,
+        ns: &Namespace,
+        ctx: &ContextDigest,
+        now: u64,
+    ) -> Result<(), LedgerError> {
         self.with(|c| {
             let (ns, ctx) = hexpair(ns, ctx);
             c.execute(
@@ -462,7 +467,7 @@ impl Ledger {
 
     /// Forgets a root; objects no other root references are condemned at
     /// `now`. Returns `(key, bytes)` of the newly condemned objects.
-    pub fn remove_root(
+    pub(crate) fn remove_root(
         &self,
         ns: &Namespace,
         ctx: &ContextDigest,
@@ -509,23 +514,11 @@ impl Ledger {
         })
     }
 
-    /// Records an object present in the store that no root references (an
-    /// orphan), condemned as of `since` (e.g. its last modification).
-    pub fn note_orphan(&self, key: &str, bytes: u64, since: u64) -> Result<(), LedgerError> {
-        self.with(|c| {
-            c.execute(
-                "INSERT INTO objects(key, bytes, refs, condemned_at) VALUES (?1, ?2, 0, ?3) ON CONFLICT(key) DO NOTHING",
-                params![key, bytes as i64, since as i64],
-            )?;
-            Ok(())
-        })
-    }
-
     /// Runs `delete(key)` for every condemned object condemned at or before
     /// `cutoff`, each inside a transaction that re-checks the object is still
     /// condemned and unreferenced; forgets the ones deleted. Returns
     /// `(objects, bytes)` reclaimed.
-    pub fn collect(
+    pub(crate) fn collect(
         &self,
         cutoff: u64,
         mut delete: impl FnMut(&str) -> bool,
@@ -562,7 +555,12 @@ impl Ledger {
     /// Protects objects a publication is about to rely on (or write) from
     /// garbage collection until `until` (ms), under the publication's `owner`
     /// id. Serialised with [`Ledger::collect`] by SQLite's write lock.
-    pub fn protect(&self, owner: u64, keys: &[String], until: u64) -> Result<(), LedgerError> {
+    pub(crate) fn protect(
+        &self,
+        owner: u64,
+        keys: &[String],
+        until: u64,
+    ) -> Result<(), LedgerError> {
         self.with(|c| {
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             for k in keys {
@@ -578,7 +576,7 @@ impl Ledger {
     }
 
     /// Drops a publication's protections (and any that expired).
-    pub fn unprotect(&self, owner: u64) -> Result<(), LedgerError> {
+    pub(crate) fn unprotect(&self, owner: u64) -> Result<(), LedgerError> {
         self.with(|c| {
             c.execute(
                 "DELETE FROM protected WHERE owner = ?1 OR until <= ?2",
@@ -588,24 +586,11 @@ impl Ledger {
         })
     }
 
-    /// Whether a publication in progress protects the object.
-    pub fn is_protected(&self, key: &str) -> Result<bool, LedgerError> {
-        self.with(|c| {
-            Ok(c.query_row(
-                "SELECT 1 FROM protected WHERE key = ?1 AND until > ?2 LIMIT 1",
-                params![key, now_ms() as i64],
-                |_| Ok(true),
-            )
-            .optional()?
-            .unwrap_or(false))
-        })
-    }
-
     /// Deletes an object the sweep found unreferenced, unless — checked in
     /// the same transaction as the deletion — a root recorded since the
     /// sweep's listing references it or a publication protects it. Returns
     /// whether `delete` ran and succeeded.
-    pub fn delete_if_unused(
+    pub(crate) fn delete_if_unused(
         &self,
         key: &str,
         delete: impl FnOnce(&str) -> bool,
@@ -644,7 +629,7 @@ impl Ledger {
 
     /// Whether a recorded root references the object or a publication
     /// protects it.
-    pub fn is_used(&self, key: &str) -> Result<bool, LedgerError> {
+    pub(crate) fn is_used(&self, key: &str) -> Result<bool, LedgerError> {
         self.with(|c| {
             Ok(c.query_row(
                 "SELECT COALESCE((SELECT refs FROM objects WHERE key = ?1), 0) > 0
@@ -656,7 +641,7 @@ impl Ledger {
     }
 
     /// Keys due for deletion (for backends deleted asynchronously).
-    pub fn due(&self, cutoff: u64) -> Result<Vec<(String, u64)>, LedgerError> {
+    pub(crate) fn due(&self, cutoff: u64) -> Result<Vec<(String, u64)>, LedgerError> {
         self.with(|c| {
             let mut st = c.prepare(&DUE.replace("SELECT key", "SELECT key, bytes"))?;
             let rows = st.query_map(params![cutoff as i64, now_ms() as i64], |r| {
@@ -667,7 +652,7 @@ impl Ledger {
     }
 
     /// Forgets an object if it is still unreferenced.
-    pub fn forget_if_condemned(&self, key: &str) -> Result<(), LedgerError> {
+    pub(crate) fn forget_if_condemned(&self, key: &str) -> Result<(), LedgerError> {
         self.with(|c| {
             c.execute("DELETE FROM objects WHERE key = ?1 AND refs = 0", [key])?;
             Ok(())
@@ -675,7 +660,7 @@ impl Ledger {
     }
 
     /// Forgets an object (e.g. deleted or quarantined by the sweep).
-    pub fn forget_object(&self, key: &str) -> Result<(), LedgerError> {
+    pub(crate) fn forget_object(&self, key: &str) -> Result<(), LedgerError> {
         self.with(|c| {
             c.execute("DELETE FROM objects WHERE key = ?1 AND refs = 0", [key])?;
             Ok(())
@@ -683,7 +668,7 @@ impl Ledger {
     }
 
     /// Totals.
-    pub fn totals(&self) -> Result<Totals, LedgerError> {
+    pub(crate) fn totals(&self) -> Result<Totals, LedgerError> {
         self.with(|c| {
             let roots: i64 = c.query_row("SELECT COUNT(*) FROM roots", [], |r| r.get(0))?;
             let root_bytes: i64 = c.query_row("SELECT COALESCE(SUM(root_bytes), 0) FROM roots", [], |r| r.get(0))?;
@@ -719,7 +704,7 @@ impl Ledger {
     }
 
     /// Every root, least recently used first.
-    pub fn roots_lru(&self) -> Result<Vec<RootRow>, LedgerError> {
+    pub(crate) fn roots_lru(&self) -> Result<Vec<RootRow>, LedgerError> {
         self.with(|c| {
             let mut st =
                 c.prepare("SELECT ns, ctx, schema, base_ns, base_ctx, last_access FROM roots ORDER BY last_access, ns, ctx")?;
@@ -748,7 +733,7 @@ impl Ledger {
     }
 
     /// Adds a hold (idempotent).
-    pub fn add_hold(
+    pub(crate) fn add_hold(
         &self,
         name: &str,
         ns: &Namespace,
@@ -765,7 +750,7 @@ impl Ledger {
     }
 
     /// Releases a hold.
-    pub fn release_hold(
+    pub(crate) fn release_hold(
         &self,
         name: &str,
         ns: &Namespace,
@@ -781,7 +766,7 @@ impl Ledger {
     }
 
     /// Whether any hold protects the root.
-    pub fn is_held(&self, ns: &Namespace, ctx: &ContextDigest) -> Result<bool, LedgerError> {
+    pub(crate) fn is_held(&self, ns: &Namespace, ctx: &ContextDigest) -> Result<bool, LedgerError> {
         self.with(|c| {
             let (ns, ctx) = hexpair(ns, ctx);
             Ok(c.query_row(
@@ -798,7 +783,7 @@ impl Ledger {
     /// `roots`, `holds`, and every present object `(key, bytes, last
     /// modified ms)`; present objects no root references are condemned as of
     /// their last modification.
-    pub fn replace_all(
+    pub(crate) fn replace_all(
         &self,
         roots: &[RootEntry],
         holds: &[(String, Namespace, ContextDigest)],
@@ -829,7 +814,7 @@ impl Ledger {
     }
 
     /// The comparable content (everything but access and condemnation times).
-    pub fn image(&self) -> Result<LedgerImage, LedgerError> {
+    pub(crate) fn image(&self) -> Result<LedgerImage, LedgerError> {
         self.with(|c| {
             let mut roots = Vec::new();
             {
@@ -877,7 +862,7 @@ impl Ledger {
     }
 
     /// Adds counter deltas to the persisted counters.
-    pub fn add_counters(&self, deltas: &[(&str, u64)]) -> Result<(), LedgerError> {
+    pub(crate) fn add_counters(&self, deltas: &[(&str, u64)]) -> Result<(), LedgerError> {
         self.with(|c| {
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             for (name, v) in deltas {
@@ -894,7 +879,7 @@ impl Ledger {
     }
 
     /// The persisted counters.
-    pub fn counters(&self) -> Result<Vec<(String, u64)>, LedgerError> {
+    pub(crate) fn counters(&self) -> Result<Vec<(String, u64)>, LedgerError> {
         self.with(|c| {
             let mut st = c.prepare("SELECT name, value FROM counters ORDER BY name")?;
             let rows = st.query_map([], |r| {

@@ -34,14 +34,14 @@ use object_store::{
 
 /// `LocalFileSystem` (with fsync) whose durable creates use direct I/O.
 #[derive(Debug)]
-pub struct DirectLocal {
+pub(crate) struct DirectLocal {
     inner: LocalFileSystem,
     root: PathBuf,
 }
 
 impl DirectLocal {
     /// Wraps `inner`, which must be rooted at `root` (canonical).
-    pub fn new(inner: LocalFileSystem, root: PathBuf) -> Self {
+    pub(crate) fn new(inner: LocalFileSystem, root: PathBuf) -> Self {
         DirectLocal { inner, root }
     }
 }

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 /// Live counters of one store handle.
 #[derive(Debug, Default)]
-pub struct Stats {
+pub(crate) struct Stats {
     pub(crate) hits: AtomicU64,
     pub(crate) miss_absent: AtomicU64,
     pub(crate) miss_corrupt: AtomicU64,
@@ -94,7 +94,7 @@ impl Stats {
     }
 
     /// Copies the counters.
-    pub fn snapshot(&self) -> StatsSnapshot {
+    pub(crate) fn snapshot(&self) -> StatsSnapshot {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let mut lat = self
             .restore_latencies_us

@@ -20,7 +20,7 @@ use crate::restore::cache::{BaseCache, SharedRestore};
 use crate::stats::Stats;
 
 /// Largest root object accepted from storage (envelope header + body + MAC).
-pub const MAX_ROOT_OBJECT: u64 = root::ENVELOPE_HEADER_LEN as u64 + root::MAX_ROOT_BODY + 32;
+pub(crate) const MAX_ROOT_OBJECT: u64 = root::ENVELOPE_HEADER_LEN as u64 + root::MAX_ROOT_BODY + 32;
 
 /// Tunables of a store handle.
 #[derive(Clone)]

@@ -20,7 +20,7 @@
 //! and `bytes_per_second` paces verification. `dry_run` reports without
 //! changing anything.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime};
 
 use deltapack_format::{ContextDigest, DecodedRoot, Digest, ExtentPlan, Namespace};
@@ -30,15 +30,17 @@ use object_store::ObjectStoreExt;
 use serde::Serialize;
 
 use crate::backend::{self, BackendKind};
+use crate::base_graph::{BaseGraph, RootId};
 use crate::error::{Result, StoreError};
 use crate::keys;
+use crate::ledger::Ledger;
 use crate::store::{RootStatus, Store};
 
 /// Staging files younger than this are never removed, whatever the grace:
 /// a writer (in this or another process) may be about to link one into
 /// place. Writers touch their staging file continuously while writing, so
 /// one untouched for this long is abandoned.
-pub const STAGING_MIN_AGE: Duration = Duration::from_secs(2);
+pub(crate) const STAGING_MIN_AGE: Duration = Duration::from_secs(2);
 
 /// Options of a sweep.
 #[derive(Debug, Clone, Default)]
@@ -84,23 +86,6 @@ pub struct SweepReport {
     pub dry_run: bool,
 }
 
-/// Length of the base chain above a root (0 for a snapshot root).
-fn depth_of(
-    r: &(Namespace, ContextDigest),
-    bases: &BTreeMap<(Namespace, ContextDigest), (Namespace, ContextDigest)>,
-) -> usize {
-    let mut d = 0;
-    let mut cur = *r;
-    while let Some(b) = bases.get(&cur) {
-        d += 1;
-        cur = *b;
-        if d > 64 {
-            break;
-        }
-    }
-    d
-}
-
 /// How to verify one object on its own.
 #[derive(Debug, Clone)]
 enum Check {
@@ -117,298 +102,51 @@ enum Check {
 struct Referenced {
     stored_len: u64,
     check: Check,
-    roots: BTreeSet<(Namespace, ContextDigest)>,
+    roots: BTreeSet<RootId>,
+}
+
+/// What the readable roots reference (steps 1–2).
+#[derive(Default)]
+struct References {
+    /// Every referenced object, with how to verify it and who uses it.
+    objects: HashMap<Path, Referenced>,
+    /// Delta roots and their bases.
+    graph: BaseGraph,
+    /// Roots read successfully.
+    live: BTreeSet<RootId>,
+}
+
+/// The ledger as the sweep can use it: absent on a dry run, and "degraded"
+/// once it cannot be written (a full disk), when orphans are reclaimed by
+/// the listing's view alone.
+struct LedgerUse<'a> {
+    ledger: Option<&'a Ledger>,
+    degraded: bool,
 }
 
 impl Store {
-    /// Runs an integrity sweep (see the module docs).
+    /// Runs an integrity sweep (see the module docs), in its named steps.
     pub async fn sweep(&self, opts: &SweepOptions) -> Result<SweepReport> {
         let mut report = SweepReport {
             dry_run: opts.dry_run,
             ..Default::default()
         };
         let quarantined_before = self.stats().quarantined;
-
-        // 1–2. Roots and what they reference.
-        let mut refs: HashMap<Path, Referenced> = HashMap::new();
-        let mut bases: BTreeMap<(Namespace, ContextDigest), (Namespace, ContextDigest)> =
-            BTreeMap::new();
-        let mut live: BTreeSet<(Namespace, ContextDigest)> = BTreeSet::new();
-        for (ns, ctx) in self.list_roots(None).await? {
-            report.roots += 1;
-            let root = match self.read_root_for_sweep(&ns, &ctx, opts.dry_run).await? {
-                RootStatus::Found(r) => *r,
-                RootStatus::Absent => continue,
-                RootStatus::Unusable(reason) => {
-                    report
-                        .unusable_roots
-                        .push(format!("{}: {reason}", keys::root_key(&ns, &ctx)));
-                    continue;
-                }
-            };
-            live.insert((ns, ctx));
-            let mut add = |key: Path, stored_len: u64, check: Check| {
-                refs.entry(key)
-                    .or_insert_with(|| Referenced {
-                        stored_len,
-                        check,
-                        roots: BTreeSet::new(),
-                    })
-                    .roots
-                    .insert((ns, ctx));
-            };
-            match &root {
-                DecodedRoot::V2(m) => {
-                    let plan = ExtentPlan::new(m.payload_len, m.max_extent_bytes)?;
-                    for (i, e) in m.extents.iter().enumerate() {
-                        add(
-                            keys::object_key(&e.object_digest()),
-                            e.stored_len,
-                            Check::V2 {
-                                plan,
-                                index: i as u64,
-                                entry: *e,
-                            },
-                        );
-                    }
-                    if let Some(b) = m.base {
-                        bases.insert((ns, ctx), (b.namespace, b.context));
-                    }
-                }
-                DecodedRoot::V1(m) => {
-                    for c in &m.chunks {
-                        add(
-                            keys::object_key(&c.digest),
-                            c.bytes,
-                            Check::V1 { digest: c.digest },
-                        );
-                    }
-                    if let Some(b) = m.base {
-                        bases.insert((ns, ctx), (b.namespace, b.context));
-                    }
-                }
-                DecodedRoot::Incompatible { .. } => {}
-            }
-        }
-
-        // 3. Objects: verify referenced ones, note orphans.
-        let listed: Vec<object_store::ObjectMeta> = self
-            .object_store()
-            .list(Some(&Path::from(keys::OBJECTS)))
-            .try_collect()
-            .await
-            .map_err(|e| StoreError::io(&Path::from(keys::OBJECTS), e))?;
-        let present: HashMap<Path, &object_store::ObjectMeta> =
-            listed.iter().map(|m| (m.location.clone(), m)).collect();
-        let mut bad_roots: BTreeSet<(Namespace, ContextDigest)> = BTreeSet::new();
-        let started = Instant::now();
-        let mut keys_sorted: Vec<&Path> = refs.keys().collect();
-        keys_sorted.sort();
-        for key in keys_sorted {
-            let r = &refs[key];
-            if !present.contains_key(key) {
-                report.missing.push(key.to_string());
-                bad_roots.extend(r.roots.iter().copied());
-                continue;
-            }
-            if let (Some((n, m)), Some(d)) = (opts.subset, keys::parse_object_key(key)) {
-                if m > 0 && d.as_bytes()[0] % m != n % m {
-                    continue;
-                }
-            }
-            let ok = self.verify_object(key, r).await?;
-            report.checked += 1;
-            report.checked_bytes += r.stored_len;
-            if !ok {
-                report.corrupt.push(key.to_string());
-                bad_roots.extend(r.roots.iter().copied());
-                if !opts.dry_run {
-                    self.quarantine(key).await;
-                }
-            }
-            if let Some(rate) = opts.bytes_per_second.filter(|r| *r > 0) {
-                let due = Duration::from_secs_f64(report.checked_bytes as f64 / rate as f64);
-                if let Some(wait) = due.checked_sub(started.elapsed()) {
-                    tokio::time::sleep(wait).await;
-                }
-            }
-        }
-
-        // Invalidate damaged roots and, transitively, deltas over them. The
-        // listing may be stale by now (another writer may have re-published
-        // a context or rewritten an object), so each root with damage of its
-        // own is re-checked just before it is invalidated, and a delta is
-        // invalidated only if its base was, or its base root is gone now.
-        let mut confirmed: BTreeSet<(Namespace, ContextDigest)> = BTreeSet::new();
-        for (ns, ctx) in &bad_roots {
-            if opts.dry_run || !self.root_now_intact(ns, ctx).await? {
-                confirmed.insert((*ns, *ctx));
-            }
-        }
-        let mut changed = true;
-        while changed {
-            changed = false;
-            for (child, base) in &bases {
-                if !live.contains(child) || confirmed.contains(child) {
-                    continue;
-                }
-                let base_gone = confirmed.contains(base)
-                    || (!live.contains(base)
-                        && (opts.dry_run
-                            || !matches!(
-                                self.peek_root(&base.0, &base.1).await?,
-                                RootStatus::Found(_)
-                            )));
-                if base_gone {
-                    confirmed.insert(*child);
-                    changed = true;
-                }
-            }
-        }
-        // Dependents first, so no delta is ever left without its base.
-        let mut order: Vec<_> = confirmed.iter().copied().collect();
-        order.sort_by_key(|r| std::cmp::Reverse(depth_of(r, &bases)));
-        for (ns, ctx) in &order {
-            let key = keys::root_key(ns, ctx);
-            report.invalidated_roots.push(key.to_string());
-            if !opts.dry_run {
-                self.quarantine(&key).await;
-                if let Err(e) = self
-                    .ledger()
-                    .await?
-                    .remove_root(ns, ctx, crate::ledger::now_ms())
-                {
-                    tracing::warn!(error = %e, "ledger update failed during sweep (it will rebuild at next open)");
-                }
-            }
-        }
-
-        // The ledger may still list roots removed behind its back (another
-        // tool, a lost update). Forget those that are gone *now* — a root
-        // recorded after this sweep's listing still exists and is kept — so
-        // their objects become collectable.
-        let mut ledger_degraded = false;
-        // On a full local disk the ledger may not even open (a rebuild
-        // needs space): reclaim by the listing's view, which is what frees
-        // the space the ledger needs.
-        let ledger = if opts.dry_run {
-            None
-        } else {
-            match self.ledger().await {
-                Ok(l) => Some(l),
-                Err(e @ StoreError::Capacity(_))
-                    if matches!(self.backend_kind(), BackendKind::Local { .. }) =>
-                {
-                    tracing::warn!(error = %e, "ledger unavailable on a full disk; deleting orphans by listing");
-                    ledger_degraded = true;
-                    None
-                }
-                Err(e) => return Err(e),
-            }
-        };
-        if let Some(ledger) = ledger {
-            for row in ledger.roots_lru()? {
-                let k = (row.namespace, row.context);
-                if live.contains(&k) || confirmed.contains(&k) {
-                    continue;
-                }
-                let key = keys::root_key(&k.0, &k.1);
-                if let Err(object_store::Error::NotFound { .. }) =
-                    self.object_store().head(&key).await
-                {
-                    if let Err(e) = ledger.remove_root(&k.0, &k.1, crate::ledger::now_ms()) {
-                        // Typically a full disk: reclaim space from the
-                        // listing's view first; the ledger is rebuilt after.
-                        tracing::warn!(error = %e, "ledger update failed during sweep; deleting orphans by listing");
-                        ledger_degraded = true;
-                        break;
-                    }
-                }
-            }
-        }
-
-        // 4. Orphans past the grace period, and old staging files.
-        let now = SystemTime::now();
-        for meta in &listed {
-            if refs.contains_key(&meta.location) {
-                continue;
-            }
-            let age = now
-                .duration_since(meta.last_modified.into())
-                .unwrap_or(Duration::ZERO);
-            if age < opts.grace {
-                report.orphans_in_grace += 1;
-                continue;
-            }
-            if !opts.dry_run {
-                // Re-check against the ledger at deletion time: a root
-                // recorded after this sweep listed the roots, or a
-                // publication in progress, may use the object by now.
-                let deleted = match (self.backend_kind(), ledger) {
-                    (BackendKind::Local { root }, _) if ledger_degraded => {
-                        match std::fs::remove_file(root.join(meta.location.as_ref())) {
-                            Ok(()) => true,
-                            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
-                        }
-                    }
-                    (BackendKind::Local { root }, Some(ledger)) => {
-                        let root = root.clone();
-                        let rm = |k: &str| match std::fs::remove_file(root.join(k)) {
-                            Ok(()) => true,
-                            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
-                        };
-                        match ledger.delete_if_unused(meta.location.as_ref(), rm) {
-                            Ok(d) => d,
-                            Err(e) => {
-                                // The ledger cannot be written (full disk):
-                                // reclaim by the listing's view.
-                                tracing::warn!(error = %e, "ledger unavailable; deleting orphan by listing");
-                                ledger_degraded = true;
-                                rm(meta.location.as_ref())
-                            }
-                        }
-                    }
-                    (_, None) => {
-                        return Err(StoreError::Internal(
-                            "sweep without a ledger outside degraded mode".into(),
-                        ))
-                    }
-                    (_, Some(ledger)) => {
-                        if ledger.is_used(meta.location.as_ref())? {
-                            false
-                        } else {
-                            match self.object_store().delete(&meta.location).await {
-                                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                                Err(e) => return Err(StoreError::io(&meta.location, e)),
-                            }
-                            let _ = ledger.forget_object(meta.location.as_ref());
-                            true
-                        }
-                    }
-                };
-                if !deleted {
-                    report.orphans_in_grace += 1;
-                    continue;
-                }
-                if let (true, Some(ledger)) = (ledger_degraded, ledger) {
-                    let _ = ledger.forget_object(meta.location.as_ref());
-                }
-            }
-            report.orphans_deleted += 1;
-            report.reclaimed_bytes += meta.size;
-        }
-        if let BackendKind::Local { root } = self.backend_kind() {
-            if !opts.dry_run {
-                report.staging_removed = backend::remove_staging_files(
-                    root,
-                    opts.grace.max(STAGING_MIN_AGE),
-                )
-                .map_err(|e| {
-                    StoreError::Invalid(format!("staging cleanup in {}: {e}", root.display()))
-                })? as u64;
-            }
-        }
-        if ledger_degraded {
+        let refs = self.sweep_read_roots(opts, &mut report).await?;
+        let listed = self.sweep_list_objects().await?;
+        let damaged = self
+            .sweep_verify_objects(opts, &refs, &listed, &mut report)
+            .await?;
+        let invalidated = self
+            .sweep_invalidate(opts, &refs, damaged, &mut report)
+            .await?;
+        let mut ledger = self
+            .sweep_forget_vanished(opts, &refs, &invalidated)
+            .await?;
+        self.sweep_reclaim_orphans(opts, &refs, &listed, &mut ledger, &mut report)
+            .await?;
+        self.sweep_remove_staging(opts, &mut report)?;
+        if ledger.degraded {
             // Not rebuilt here: on a full disk a rebuild's journal would eat
             // the space just reclaimed. The next open sees the root count
             // disagree and rebuilds.
@@ -426,6 +164,346 @@ impl Store {
             "sweep finished"
         );
         Ok(report)
+    }
+
+    /// Steps 1–2: read every root (damaged ones are quarantined by
+    /// `read_root`) and collect what each readable root references.
+    async fn sweep_read_roots(
+        &self,
+        opts: &SweepOptions,
+        report: &mut SweepReport,
+    ) -> Result<References> {
+        let mut refs = References::default();
+        for (ns, ctx) in self.list_roots(None).await? {
+            report.roots += 1;
+            let root = match self.read_root_for_sweep(&ns, &ctx, opts.dry_run).await? {
+                RootStatus::Found(r) => *r,
+                RootStatus::Absent => continue,
+                RootStatus::Unusable(reason) => {
+                    report
+                        .unusable_roots
+                        .push(format!("{}: {reason}", keys::root_key(&ns, &ctx)));
+                    continue;
+                }
+            };
+            refs.live.insert((ns, ctx));
+            let objects = &mut refs.objects;
+            let mut add = |key: Path, stored_len: u64, check: Check| {
+                objects
+                    .entry(key)
+                    .or_insert_with(|| Referenced {
+                        stored_len,
+                        check,
+                        roots: BTreeSet::new(),
+                    })
+                    .roots
+                    .insert((ns, ctx));
+            };
+            let base = match &root {
+                DecodedRoot::V2(m) => {
+                    let plan = ExtentPlan::new(m.payload_len, m.max_extent_bytes)?;
+                    for (i, e) in m.extents.iter().enumerate() {
+                        add(
+                            keys::object_key(&e.object_digest()),
+                            e.stored_len,
+                            Check::V2 {
+                                plan,
+                                index: i as u64,
+                                entry: *e,
+                            },
+                        );
+                    }
+                    m.base
+                }
+                DecodedRoot::V1(m) => {
+                    for c in &m.chunks {
+                        add(
+                            keys::object_key(&c.digest),
+                            c.bytes,
+                            Check::V1 { digest: c.digest },
+                        );
+                    }
+                    m.base
+                }
+                DecodedRoot::Incompatible { .. } => None,
+            };
+            if let Some(b) = base {
+                refs.graph.link((ns, ctx), (b.namespace, b.context));
+            }
+        }
+        Ok(refs)
+    }
+
+    /// Every object in the store.
+    async fn sweep_list_objects(&self) -> Result<Vec<object_store::ObjectMeta>> {
+        self.object_store()
+            .list(Some(&Path::from(keys::OBJECTS)))
+            .try_collect()
+            .await
+            .map_err(|e| StoreError::io(&Path::from(keys::OBJECTS), e))
+    }
+
+    /// Step 3: every referenced object (of the chosen subset) is present and
+    /// verifies; a corrupt one is quarantined. Returns the roots that
+    /// reference a missing or corrupt object.
+    async fn sweep_verify_objects(
+        &self,
+        opts: &SweepOptions,
+        refs: &References,
+        listed: &[object_store::ObjectMeta],
+        report: &mut SweepReport,
+    ) -> Result<BTreeSet<RootId>> {
+        let present: HashSet<&Path> = listed.iter().map(|m| &m.location).collect();
+        let mut damaged = BTreeSet::new();
+        let started = Instant::now();
+        let mut keys_sorted: Vec<&Path> = refs.objects.keys().collect();
+        keys_sorted.sort();
+        for key in keys_sorted {
+            let r = &refs.objects[key];
+            if !present.contains(key) {
+                report.missing.push(key.to_string());
+                damaged.extend(r.roots.iter().copied());
+                continue;
+            }
+            if let (Some((n, m)), Some(d)) = (opts.subset, keys::parse_object_key(key)) {
+                if m > 0 && d.as_bytes()[0] % m != n % m {
+                    continue;
+                }
+            }
+            let ok = self.verify_object(key, r).await?;
+            report.checked += 1;
+            report.checked_bytes += r.stored_len;
+            if !ok {
+                report.corrupt.push(key.to_string());
+                damaged.extend(r.roots.iter().copied());
+                if !opts.dry_run {
+                    self.quarantine(key).await;
+                }
+            }
+            if let Some(rate) = opts.bytes_per_second.filter(|r| *r > 0) {
+                let due = Duration::from_secs_f64(report.checked_bytes as f64 / rate as f64);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+        Ok(damaged)
+    }
+
+    /// Step 3, continued: invalidate damaged roots and, transitively, every
+    /// delta over them (dependents first, so no delta is ever left without
+    /// its base). The listing may be stale by now (another writer may have
+    /// re-published a context or rewritten an object), so a root with
+    /// damage of its own is re-checked just before it is invalidated, and a
+    /// delta whose base was not read by this sweep is invalidated only if
+    /// that base is gone now. Returns the invalidated roots.
+    async fn sweep_invalidate(
+        &self,
+        opts: &SweepOptions,
+        refs: &References,
+        damaged: BTreeSet<RootId>,
+        report: &mut SweepReport,
+    ) -> Result<BTreeSet<RootId>> {
+        let mut seeds = Vec::new();
+        for (ns, ctx) in &damaged {
+            if opts.dry_run || !self.root_now_intact(ns, ctx).await? {
+                seeds.push((*ns, *ctx));
+            }
+        }
+        for (child, base) in refs.graph.links() {
+            if refs.live.contains(child) && !refs.live.contains(base) {
+                let gone = opts.dry_run
+                    || !matches!(
+                        self.peek_root(&base.0, &base.1).await?,
+                        RootStatus::Found(_)
+                    );
+                if gone {
+                    seeds.push(*child);
+                }
+            }
+        }
+        let order: Vec<RootId> = refs
+            .graph
+            .with_dependents(seeds)
+            .into_iter()
+            .filter(|r| refs.live.contains(r))
+            .collect();
+        for (ns, ctx) in &order {
+            let key = keys::root_key(ns, ctx);
+            report.invalidated_roots.push(key.to_string());
+            if !opts.dry_run {
+                self.quarantine(&key).await;
+                if let Err(e) = self
+                    .ledger()
+                    .await?
+                    .remove_root(ns, ctx, crate::ledger::now_ms())
+                {
+                    tracing::warn!(error = %e, "ledger update failed during sweep (it will rebuild at next open)");
+                }
+            }
+        }
+        Ok(order.into_iter().collect())
+    }
+
+    /// The ledger may still list roots removed behind its back (another
+    /// tool, a lost update). Forget those that are gone *now* — a root
+    /// recorded after this sweep's listing still exists and is kept — so
+    /// their objects become collectable. On a full local disk the ledger
+    /// may not even open (a rebuild needs space): the sweep then reclaims
+    /// by the listing's view, which is what frees the space the ledger
+    /// needs.
+    async fn sweep_forget_vanished(
+        &self,
+        opts: &SweepOptions,
+        refs: &References,
+        invalidated: &BTreeSet<RootId>,
+    ) -> Result<LedgerUse<'_>> {
+        if opts.dry_run {
+            return Ok(LedgerUse {
+                ledger: None,
+                degraded: false,
+            });
+        }
+        let ledger = match self.ledger().await {
+            Ok(l) => l,
+            Err(e @ StoreError::Capacity(_))
+                if matches!(self.backend_kind(), BackendKind::Local { .. }) =>
+            {
+                tracing::warn!(error = %e, "ledger unavailable on a full disk; deleting orphans by listing");
+                return Ok(LedgerUse {
+                    ledger: None,
+                    degraded: true,
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        let mut degraded = false;
+        for row in ledger.roots_lru()? {
+            let k = (row.namespace, row.context);
+            if refs.live.contains(&k) || invalidated.contains(&k) {
+                continue;
+            }
+            let key = keys::root_key(&k.0, &k.1);
+            if let Err(object_store::Error::NotFound { .. }) = self.object_store().head(&key).await
+            {
+                if let Err(e) = ledger.remove_root(&k.0, &k.1, crate::ledger::now_ms()) {
+                    // Typically a full disk: reclaim space from the
+                    // listing's view first; the ledger is rebuilt after.
+                    tracing::warn!(error = %e, "ledger update failed during sweep; deleting orphans by listing");
+                    degraded = true;
+                    break;
+                }
+            }
+        }
+        Ok(LedgerUse {
+            ledger: Some(ledger),
+            degraded,
+        })
+    }
+
+    /// Step 4: delete objects no root references once they are older than
+    /// the grace period, each re-checked against the ledger at deletion
+    /// time (a root recorded after this sweep listed the roots, or a
+    /// publication in progress, may use the object by now).
+    async fn sweep_reclaim_orphans(
+        &self,
+        opts: &SweepOptions,
+        refs: &References,
+        listed: &[object_store::ObjectMeta],
+        lu: &mut LedgerUse<'_>,
+        report: &mut SweepReport,
+    ) -> Result<()> {
+        let now = SystemTime::now();
+        for meta in listed {
+            if refs.objects.contains_key(&meta.location) {
+                continue;
+            }
+            let age = now
+                .duration_since(meta.last_modified.into())
+                .unwrap_or(Duration::ZERO);
+            if age < opts.grace {
+                report.orphans_in_grace += 1;
+                continue;
+            }
+            if !opts.dry_run {
+                if !self.delete_orphan(meta, lu).await? {
+                    report.orphans_in_grace += 1;
+                    continue;
+                }
+                if let (true, Some(ledger)) = (lu.degraded, lu.ledger) {
+                    let _ = ledger.forget_object(meta.location.as_ref());
+                }
+            }
+            report.orphans_deleted += 1;
+            report.reclaimed_bytes += meta.size;
+        }
+        Ok(())
+    }
+
+    /// Deletes one orphan unless the ledger says it is in use now. Returns
+    /// whether it is gone.
+    async fn delete_orphan(
+        &self,
+        meta: &object_store::ObjectMeta,
+        lu: &mut LedgerUse<'_>,
+    ) -> Result<bool> {
+        Ok(match (self.backend_kind(), lu.ledger) {
+            (BackendKind::Local { root }, _) if lu.degraded => {
+                match std::fs::remove_file(root.join(meta.location.as_ref())) {
+                    Ok(()) => true,
+                    Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+                }
+            }
+            (BackendKind::Local { root }, Some(ledger)) => {
+                let rm = |k: &str| match std::fs::remove_file(root.join(k)) {
+                    Ok(()) => true,
+                    Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+                };
+                match ledger.delete_if_unused(meta.location.as_ref(), rm) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        // The ledger cannot be written (full disk):
+                        // reclaim by the listing's view.
+                        tracing::warn!(error = %e, "ledger unavailable; deleting orphan by listing");
+                        lu.degraded = true;
+                        rm(meta.location.as_ref())
+                    }
+                }
+            }
+            (_, None) => {
+                return Err(StoreError::Internal(
+                    "sweep without a ledger outside degraded mode".into(),
+                ))
+            }
+            (_, Some(ledger)) => {
+                if ledger.is_used(meta.location.as_ref())? {
+                    false
+                } else {
+                    match self.object_store().delete(&meta.location).await {
+                        Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                        Err(e) => return Err(StoreError::io(&meta.location, e)),
+                    }
+                    let _ = ledger.forget_object(meta.location.as_ref());
+                    true
+                }
+            }
+        })
+    }
+
+    /// Step 4, local disk: staging files abandoned by crashed writers.
+    fn sweep_remove_staging(&self, opts: &SweepOptions, report: &mut SweepReport) -> Result<()> {
+        if let BackendKind::Local { root } = self.backend_kind() {
+            if !opts.dry_run {
+                report.staging_removed = backend::remove_staging_files(
+                    root,
+                    opts.grace.max(STAGING_MIN_AGE),
+                )
+                .map_err(|e| {
+                    StoreError::Invalid(format!("staging cleanup in {}: {e}", root.display()))
+                })? as u64;
+            }
+        }
+        Ok(())
     }
 
     /// Whether the root at `(ns, ctx)` is, right now, readable with every

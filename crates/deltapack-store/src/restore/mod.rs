@@ -1,26 +1,30 @@
 //! Restore: verify everything, hand over nothing unverified.
 //!
-//! The pipeline for one context (SPEC §4.3):
+//! The pipeline for one context (docs/design.md §6):
 //!
 //! 1. Read the root envelope; check its length bound, body hash, MAC (keyed
-//!    stores) and schema. Unknown → `incompatible` miss; damaged → `corrupt`
-//!    miss and quarantine.
+//!    stores) and schema. Unknown → `incompatible` miss; damaged twice →
+//!    `corrupt` miss and quarantine (one bad read is read again).
 //! 2. The root must name the requested namespace and context.
-//! 3. For a delta, restore the base first (recursively, through the same
-//!    single-flight table and a bounded cache of verified bases) and check
-//!    its snapshot digest against the base reference.
-//! 4. Fetch the payload's objects in order with at most
-//!    [`RESTORE_IN_FLIGHT`] object payloads in flight. Each object's size is
-//!    checked from metadata before its body is read, and its digest before its
-//!    bytes are used: v2 extents by their BLAKE3 subtree chaining value (so
-//!    the merged names authenticate the whole payload without a second
-//!    pass), v1 chunks by SHA-256 (then one BLAKE3 pass over the payload).
-//! 5. Reconstruct (base pages + tails) and verify the result snapshot digest.
+//! 3. Resolve the plan from roots alone: a flat v2 root; a v2 delta chain,
+//!    walked link by link down to its flat bottom (each link's boundary and
+//!    digest checked, cycles refused, depth bounded; v2.1 roots list their
+//!    ancestors, so the chain's roots are fetched in one concurrent round);
+//!    or a legacy v1 root, whose base is restored the old way.
+//! 4. Rebuild: a flat root's extents are read, checked against their BLAKE3
+//!    names and placed; a chain is composed into one plan (`compose`) and
+//!    each needed extent is read once, checked and placed straight into the
+//!    final buffer — no intermediate snapshot. The result is hashed in the
+//!    loop and compared with the root's snapshot digest. A pass that fails
+//!    on an object runs once more before anything is quarantined.
+//! 5. On any miss after bytes were placed, the caller's buffer is zeroed.
 //!
-//! Concurrent restores of one root share one fetch+verify (*single flight*):
-//! the first caller spawns the work as a task and later callers await the
-//! same result. The work runs to completion even if a caller gives up at its
-//! deadline, so a slow restore still warms the base cache for the next one.
+//! Concurrent restores of one root share one fetch+verify (*single flight*,
+//! `cache`): the first caller spawns the work as a task and later callers
+//! await the same result. The work runs to completion even if a caller
+//! gives up at its deadline. Snapshots handed to callers are remembered
+//! weakly, so a caller that still holds turn N restores turn N+1 from its
+//! delta alone.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -4,10 +4,10 @@
 //! the documented public API, is `python/deltapack/`). Built by maturin
 //! into one abi3 wheel for CPython ≥ 3.9.
 //!
-//! * [`store`] — the only module that calls `deltapack-store`.
-//! * [`buffer`] — zero-copy borrowing of the caller's buffers (read for
+//! * `store` — the only module that calls `deltapack-store`.
+//! * `buffer` — zero-copy borrowing of the caller's buffers (read for
 //!   publication, written in place by `restore_into`).
-//! * [`errors`] — the exception hierarchy.
+//! * `errors` — the exception hierarchy.
 //!
 //! Every store call runs with the GIL released (`Python::detach`) on the
 //! asyncio bridge's multi-thread tokio runtime, which the `*_async`

@@ -319,7 +319,13 @@ impl Engine {
 
     /// Evicts least recently used roots until the store fits `to` bytes.
     pub(crate) async fn evict(&self, to: u64, dry_run: bool) -> Result<serde_json::Value> {
-        json(&self.store.evict_to(to, dry_run).await?)
+        let plan = self.store.evict_plan(to).await?;
+        let report = if dry_run {
+            plan.preview()
+        } else {
+            self.store.execute(plan).await?
+        };
+        json(&report)
     }
 
     /// Places a named, persistent hold on a root.

@@ -549,6 +549,7 @@ impl Store {
         self.engine.url()
     }
 
+    /// Publishes a snapshot (see `deltapack.Store.publish`); returns the receipt.
     #[pyo3(signature = (identity, tokens, snapshot, base_tokens=None, base_snapshot=None))]
     fn publish(
         &self,
@@ -564,6 +565,7 @@ impl Store {
         to_py(py, &v)
     }
 
+    /// `publish` as an awaitable.
     #[pyo3(signature = (identity, tokens, snapshot, base_tokens=None, base_snapshot=None))]
     fn publish_async<'py>(
         &self,
@@ -581,6 +583,7 @@ impl Store {
         })
     }
 
+    /// Restores into deltapack memory: `("hit", data, digest, schema)` or `("miss", reason, detail)`.
     #[pyo3(signature = (identity, tokens, timeout=None))]
     fn restore(
         &self,
@@ -599,6 +602,7 @@ impl Store {
         restore_value(py, r)
     }
 
+    /// `restore` as an awaitable.
     #[pyo3(signature = (identity, tokens, timeout=None))]
     fn restore_async<'py>(
         &self,
@@ -619,6 +623,7 @@ impl Store {
         })
     }
 
+    /// Restores into `out` in place: `("hit", len, digest, address)` or `("miss", reason, detail)`.
     #[pyo3(signature = (identity, tokens, out, timeout=None))]
     fn restore_into(
         &self,
@@ -643,6 +648,7 @@ impl Store {
         restore_into_value(py, r, addr)
     }
 
+    /// `restore_into` as an awaitable (`out` is borrowed until it completes).
     #[pyo3(signature = (identity, tokens, out, timeout=None))]
     fn restore_into_async<'py>(
         &self,
@@ -670,6 +676,7 @@ impl Store {
         })
     }
 
+    /// Exact encoded size from the root alone, or None.
     fn snapshot_size(
         &self,
         py: Python<'_>,
@@ -681,6 +688,7 @@ impl Store {
         blocking(py, async move { e.snapshot_size(ns, ctx).await })
     }
 
+    /// `snapshot_size` as an awaitable.
     fn snapshot_size_async<'py>(
         &self,
         py: Python<'py>,
@@ -694,6 +702,7 @@ impl Store {
         })
     }
 
+    /// The longest stored prefix `(boundary, context)` of the token ids, or None.
     fn lookup(
         &self,
         py: Python<'_>,
@@ -706,6 +715,7 @@ impl Store {
         Ok(r.map(|(b, c)| (b, c.hex())))
     }
 
+    /// `lookup` as an awaitable.
     fn lookup_async<'py>(
         &self,
         py: Python<'py>,
@@ -720,12 +730,14 @@ impl Store {
         })
     }
 
+    /// Ledger gauges and counters.
     fn stats(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let e = self.engine.clone();
         let v = blocking(py, async move { e.stats().await })?;
         to_py(py, &v)
     }
 
+    /// Integrity sweep; returns the report.
     #[pyo3(signature = (grace=3600.0, dry_run=false))]
     fn sweep(&self, py: Python<'_>, grace: f64, dry_run: bool) -> PyResult<Py<PyAny>> {
         let g = seconds(Some(grace), "grace")?.unwrap_or_default();
@@ -734,6 +746,7 @@ impl Store {
         to_py(py, &v)
     }
 
+    /// Evicts least recently used roots down to `to` bytes; returns the report.
     #[pyo3(signature = (to, dry_run=false))]
     fn evict(&self, py: Python<'_>, to: u64, dry_run: bool) -> PyResult<Py<PyAny>> {
         let e = self.engine.clone();
@@ -741,6 +754,7 @@ impl Store {
         to_py(py, &v)
     }
 
+    /// Places a named, persistent hold on a stored context.
     fn hold(
         &self,
         py: Python<'_>,
@@ -753,6 +767,7 @@ impl Store {
         blocking(py, async move { e.hold(&name, ns, ctx).await })
     }
 
+    /// Releases a named hold; whether it existed.
     fn release(
         &self,
         py: Python<'_>,
@@ -765,6 +780,7 @@ impl Store {
         blocking(py, async move { e.release(&name, ns, ctx).await })
     }
 
+    /// One dict per root (optionally one identity's namespace).
     #[pyo3(signature = (identity=None))]
     fn inspect(&self, py: Python<'_>, identity: Option<&CacheIdentity>) -> PyResult<Py<PyAny>> {
         let ns = identity.map(|i| i.inner.namespace());
@@ -773,6 +789,7 @@ impl Store {
         to_py(py, &v)
     }
 
+    /// Persists this handle's counters into the ledger.
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
         let e = self.engine.clone();
         blocking(py, async move { e.flush().await })

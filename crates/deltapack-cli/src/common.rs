@@ -76,7 +76,8 @@ pub(crate) struct CapacityArgs {
     /// Minimum free space to keep on the store's filesystem (local disk).
     #[arg(long, value_name = "BYTES")]
     pub(crate) min_free: Option<u64>,
-    /// Grace period before condemned objects are deleted (e.g. 0s, 15m, 1h).
+    /// Grace period before condemned or unreferenced objects are deleted
+    /// (e.g. 0s, 15m, 1h).
     /// Zero is only safe for a store used by one process.
     #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
     pub(crate) grace: Duration,
@@ -101,6 +102,47 @@ impl CapacityArgs {
             prefill_tokens_per_s: self.prefill_rate,
             ..c
         }
+    }
+}
+
+/// The store `deltapack demo` uses when `--store` is not given: an embedded
+/// local store in the working directory. Every other command names its
+/// store explicitly (an operator command acting on a default store by
+/// accident is the kind of surprise a storage tool must not have).
+pub(crate) const DEMO_STORE: &str = "./deltapack-data";
+
+/// Which store to open and how: the options every store-opening command
+/// shares (flattened into each command's arguments).
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct StoreArgs {
+    /// Store URL: file:///dir (or a plain path), s3://bucket/prefix,
+    /// memory://.
+    #[arg(long, value_name = "URL")]
+    pub(crate) store: String,
+    #[command(flatten)]
+    pub(crate) key: KeyArgs,
+    #[command(flatten)]
+    pub(crate) capacity: CapacityArgs,
+}
+
+impl StoreArgs {
+    /// The configuration these options describe (root key, capacity).
+    pub(crate) fn config(&self) -> Result<StoreConfig> {
+        Ok(StoreConfig {
+            mac_secret: self.key.mac_secret()?,
+            ..self.capacity.apply(StoreConfig::default())
+        })
+    }
+
+    /// Opens the store with [`StoreArgs::config`].
+    pub(crate) fn open(&self) -> Result<Store> {
+        self.open_with(self.config()?)
+    }
+
+    /// Opens the store with a configuration the command refined from
+    /// [`StoreArgs::config`]; errors name the URL.
+    pub(crate) fn open_with(&self, config: StoreConfig) -> Result<Store> {
+        open_store(&self.store, config)
     }
 }
 

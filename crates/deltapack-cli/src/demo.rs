@@ -23,17 +23,16 @@ use deltapack_store::{
 };
 use serde::Serialize;
 
-use crate::common::{self, KeyArgs};
+use crate::common;
 use crate::synth::PresetArg;
 
 /// The embedded default store of the demo.
-pub(crate) const DEFAULT_DEMO_STORE: &str = "./deltapack-data";
 
 #[derive(Debug, clap::Args)]
+#[command(mut_arg("store", |a| a.required(false).default_value(common::DEMO_STORE)))]
 pub(crate) struct DemoArgs {
-    /// Store URL (file:///dir or a plain path, s3://bucket/prefix, memory://).
-    #[arg(long, value_name = "URL", default_value = DEFAULT_DEMO_STORE)]
-    store: String,
+    #[command(flatten)]
+    store: common::StoreArgs,
     /// Model geometry.
     #[arg(long, value_enum, default_value = "default")]
     preset: PresetArg,
@@ -54,8 +53,6 @@ pub(crate) struct DemoArgs {
     /// zstd-compress v2 extents at this level (1–22); raw by default.
     #[arg(long, value_name = "LEVEL", value_parser = clap::value_parser!(i32).range(1..=22))]
     compress: Option<i32>,
-    #[command(flatten)]
-    key: KeyArgs,
     /// Machine-readable report.
     #[arg(long)]
     json: bool,
@@ -174,13 +171,12 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode> {
             .max_extent_bytes
             .unwrap_or(deltapack_format::DEFAULT_MAX_EXTENT_BYTES),
         compression: args.compress,
-        mac_secret: args.key.mac_secret()?,
-        ..Default::default()
+        ..args.store.config()?
     };
-    let store = common::open_store(&args.store, config)?;
+    let store = args.store.open_with(config)?;
     let store_name = match store.backend_kind() {
         BackendKind::Local { root } => root.display().to_string(),
-        _ => args.store.clone(),
+        _ => args.store.store.clone(),
     };
 
     // One token sequence; context digests at every turn boundary in one

@@ -5,25 +5,22 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Result};
 use deltapack_format::{ContextDigest, DecodedRoot, Namespace};
-use deltapack_store::{keys, MissReason, RootInfo, RootStatus, Store, StoreConfig};
+use deltapack_store::{keys, MissReason, RootInfo, RootStatus, Store};
 use object_store::ObjectStoreExt;
 use serde_json::{json, Value};
 
-use crate::common::{self, KeyArgs};
+use crate::common;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct InspectArgs {
-    /// Store URL: file:///dir (or a plain path), s3://bucket/prefix, memory://.
-    #[arg(long, value_name = "URL")]
-    store: String,
+    #[command(flatten)]
+    store: common::StoreArgs,
     /// Only this identity's namespace.
     #[arg(long, value_name = "FILE")]
     identity: Option<PathBuf>,
     /// Show this context's root in detail, with its extents or chunks.
     #[arg(long, value_name = "HEX")]
     context: Option<String>,
-    #[command(flatten)]
-    key: KeyArgs,
     /// Machine-readable output (a JSON array of roots, or one object).
     #[arg(long)]
     json: bool,
@@ -37,11 +34,7 @@ pub(crate) async fn run(args: InspectArgs) -> Result<ExitCode> {
         Some(p) => Some(common::read_identity(p)?.namespace()),
         None => None,
     };
-    let config = StoreConfig {
-        mac_secret: args.key.mac_secret()?,
-        ..Default::default()
-    };
-    let store = common::open_store(&args.store, config)?;
+    let store = args.store.open()?;
     match &args.context {
         None => list(&store, ns.as_ref(), args.json).await,
         Some(hex) => {

@@ -6,32 +6,23 @@ use std::time::Duration;
 
 use anyhow::Result;
 use deltapack_format::Namespace;
-use deltapack_store::{PruneFilter, RemovalReport, Store, StoreConfig};
+use deltapack_store::{PruneFilter, RemovalReport, Store};
 
-use crate::common::{self, human_bytes, print_json, CapacityArgs, KeyArgs};
+use crate::common::{self, human_bytes, print_json, StoreArgs};
 
-/// Options every operator command shares.
+/// Options every operator command shares: the store, and JSON output.
 #[derive(Debug, clap::Args)]
-pub(crate) struct StoreArgs {
-    /// Store URL (file:///path, s3://bucket/prefix, memory://).
-    #[arg(long)]
-    store: String,
+pub(crate) struct OpArgs {
+    #[command(flatten)]
+    store: StoreArgs,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
-    #[command(flatten)]
-    key: KeyArgs,
-    #[command(flatten)]
-    capacity: CapacityArgs,
 }
 
-impl StoreArgs {
+impl OpArgs {
     fn open(&self) -> Result<Store> {
-        let config = StoreConfig {
-            mac_secret: self.key.mac_secret()?,
-            ..self.capacity.apply(StoreConfig::default())
-        };
-        common::open_store(&self.store, config)
+        self.store.open()
     }
 }
 
@@ -39,7 +30,7 @@ impl StoreArgs {
 #[derive(Debug, clap::Args)]
 pub(crate) struct EvictArgs {
     #[command(flatten)]
-    s: StoreArgs,
+    s: OpArgs,
     /// Evict least recently used roots until the store fits this many bytes
     /// (default: the `--budget`).
     #[arg(long = "to", value_name = "BYTES")]
@@ -53,7 +44,7 @@ pub(crate) struct EvictArgs {
 #[derive(Debug, clap::Args)]
 pub(crate) struct HoldArgs {
     #[command(flatten)]
-    s: StoreArgs,
+    s: OpArgs,
     /// Hold name (1–64 of [A-Za-z0-9._-]).
     #[arg(long)]
     name: String,
@@ -72,7 +63,7 @@ pub(crate) struct HoldArgs {
 #[derive(Debug, clap::Args)]
 pub(crate) struct PruneArgs {
     #[command(flatten)]
-    s: StoreArgs,
+    s: OpArgs,
     /// Only this namespace (hex).
     #[arg(long, value_name = "HEX")]
     namespace: Option<String>,
@@ -91,7 +82,7 @@ pub(crate) struct PruneArgs {
 #[derive(Debug, clap::Args)]
 pub(crate) struct ClearArgs {
     #[command(flatten)]
-    s: StoreArgs,
+    s: OpArgs,
     /// Only this namespace (hex); default everything.
     #[arg(long, value_name = "HEX")]
     namespace: Option<String>,
@@ -108,7 +99,7 @@ pub(crate) struct ClearArgs {
 #[derive(Debug, clap::Args)]
 pub(crate) struct InvalidateArgs {
     #[command(flatten)]
-    s: StoreArgs,
+    s: OpArgs,
     /// Namespace hex (e.g. of an identity whose model changed).
     #[arg(long, value_name = "HEX")]
     namespace: String,
@@ -124,7 +115,7 @@ pub(crate) struct InvalidateArgs {
 #[derive(Debug, clap::Args)]
 pub(crate) struct LedgerArgs {
     #[command(flatten)]
-    s: StoreArgs,
+    s: OpArgs,
     /// `rebuild` recomputes the ledger from the store; `show` prints totals.
     #[arg(value_parser = ["rebuild", "show"])]
     action: String,
@@ -134,7 +125,7 @@ pub(crate) struct LedgerArgs {
 #[derive(Debug, clap::Args)]
 pub(crate) struct StatsArgs {
     #[command(flatten)]
-    s: StoreArgs,
+    s: OpArgs,
     /// Prometheus text exposition format.
     #[arg(long, conflicts_with = "json")]
     prometheus: bool,
@@ -187,7 +178,7 @@ async fn carry_out(
 }
 
 pub(crate) async fn evict(a: EvictArgs) -> Result<ExitCode> {
-    let Some(target) = a.target.or(a.s.capacity.budget) else {
+    let Some(target) = a.target.or(a.s.store.capacity.budget) else {
         anyhow::bail!("give --budget BYTES (or --to BYTES)");
     };
     let store = a.s.open()?;
@@ -334,7 +325,7 @@ pub(crate) async fn stats(a: StatsArgs) -> Result<ExitCode> {
 #[derive(Debug, clap::Args)]
 pub(crate) struct MigrateArgs {
     #[command(flatten)]
-    s: StoreArgs,
+    s: OpArgs,
     /// Only this namespace (hex).
     #[arg(long, value_name = "HEX")]
     namespace: Option<String>,

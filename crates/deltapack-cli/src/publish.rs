@@ -11,7 +11,7 @@ use deltapack_store::{
     BaseInput, ChainPolicy, PublishOutcome, PublishReceipt, PublishRequest, RootFormat, StoreConfig,
 };
 
-use crate::common::{self, KeyArgs};
+use crate::common;
 
 fn default_chain() -> ChainPolicy {
     ChainPolicy::default()
@@ -41,9 +41,8 @@ impl FormatArg {
 #[command(group(ArgGroup::new("target").args(["tokens", "context"]).required(true)))]
 #[command(group(ArgGroup::new("base_id").args(["base_context", "base_tokens"]).requires("base_snapshot")))]
 pub(crate) struct PublishArgs {
-    /// Store URL: file:///dir (or a plain path), s3://bucket/prefix, memory://.
-    #[arg(long, value_name = "URL")]
-    store: String,
+    #[command(flatten)]
+    store: common::StoreArgs,
     /// Cache identity JSON file (see `deltapack identity --example`).
     #[arg(long, value_name = "FILE")]
     identity: PathBuf,
@@ -85,10 +84,6 @@ pub(crate) struct PublishArgs {
     /// overhead; negative = no limit).
     #[arg(long, value_name = "F", default_value_t = default_chain().max_read_overhead.unwrap_or(-1.0))]
     max_read_overhead: f64,
-    #[command(flatten)]
-    key: KeyArgs,
-    #[command(flatten)]
-    capacity: common::CapacityArgs,
     /// Print the receipt as JSON.
     #[arg(long)]
     json: bool,
@@ -160,14 +155,13 @@ pub(crate) async fn run(args: PublishArgs) -> Result<ExitCode> {
             .max_extent_bytes
             .unwrap_or(deltapack_format::DEFAULT_MAX_EXTENT_BYTES),
         compression: args.compress,
-        mac_secret: args.key.mac_secret()?,
         chain: ChainPolicy {
             max_depth: Some(args.max_chain_depth).filter(|k| *k > 0),
             max_read_overhead: Some(args.max_read_overhead).filter(|x| *x >= 0.0),
         },
-        ..args.capacity.apply(StoreConfig::default())
+        ..args.store.config()?
     };
-    let store = common::open_store(&args.store, config)?;
+    let store = args.store.open_with(config)?;
     let req = PublishRequest {
         identity,
         context,

@@ -7,16 +7,15 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use clap::ArgGroup;
 use deltapack_format::ContextHasher;
-use deltapack_store::{MissReason, RestoreOptions, RestoreOutcome, StoreConfig};
+use deltapack_store::{MissReason, RestoreOptions, RestoreOutcome};
 
-use crate::common::{self, KeyArgs};
+use crate::common;
 
 #[derive(Debug, clap::Args)]
 #[command(group(ArgGroup::new("target").args(["context", "tokens"]).required(true)))]
 pub(crate) struct RestoreArgs {
-    /// Store URL: file:///dir (or a plain path), s3://bucket/prefix, memory://.
-    #[arg(long, value_name = "URL")]
-    store: String,
+    #[command(flatten)]
+    store: common::StoreArgs,
     /// Cache identity JSON file.
     #[arg(long, value_name = "FILE")]
     identity: PathBuf,
@@ -33,10 +32,6 @@ pub(crate) struct RestoreArgs {
     /// Give up (a deadline-exceeded miss) after this many milliseconds.
     #[arg(long, value_name = "N")]
     deadline_ms: Option<u64>,
-    #[command(flatten)]
-    key: KeyArgs,
-    #[command(flatten)]
-    capacity: common::CapacityArgs,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
@@ -54,11 +49,7 @@ pub(crate) async fn run(args: RestoreArgs) -> Result<ExitCode> {
         }
         (None, None) => bail!("give --context or --tokens"),
     };
-    let config = StoreConfig {
-        mac_secret: args.key.mac_secret()?,
-        ..args.capacity.apply(StoreConfig::default())
-    };
-    let store = common::open_store(&args.store, config)?;
+    let store = args.store.open()?;
     let opts = RestoreOptions {
         deadline: args
             .deadline_ms

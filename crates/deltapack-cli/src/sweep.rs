@@ -1,23 +1,17 @@
 //! `deltapack sweep` (alias `verify`): the integrity sweep.
 
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::{bail, Result};
-use deltapack_store::{StoreConfig, SweepOptions};
+use deltapack_store::SweepOptions;
 
-use crate::common::{human_bytes, open_store, print_json, spinner, KeyArgs};
+use crate::common::{human_bytes, print_json, spinner, StoreArgs};
 
 /// Arguments of `deltapack sweep`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct SweepArgs {
-    /// Store URL (file:///path, s3://bucket/prefix, memory://).
-    #[arg(long)]
-    store: String,
-    /// Keep unreferenced objects younger than this (e.g. 0s, 90s, 15m, 2h).
-    /// Zero is only safe for a store used by one process.
-    #[arg(long, default_value = "1h", value_parser = crate::common::parse_duration)]
-    grace: Duration,
+    #[command(flatten)]
+    store: StoreArgs,
     /// Verify only objects whose first digest byte is n modulo m ("n/m");
     /// m runs with n = 0..m-1 cover everything.
     #[arg(long, value_name = "N/M", value_parser = parse_subset)]
@@ -31,8 +25,6 @@ pub(crate) struct SweepArgs {
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
-    #[command(flatten)]
-    key: KeyArgs,
 }
 
 fn parse_subset(s: &str) -> std::result::Result<(u8, u8), String> {
@@ -46,14 +38,10 @@ fn parse_subset(s: &str) -> std::result::Result<(u8, u8), String> {
 }
 
 pub(crate) async fn run(a: SweepArgs) -> Result<ExitCode> {
-    let config = StoreConfig {
-        mac_secret: a.key.mac_secret()?,
-        ..Default::default()
-    };
-    let store = open_store(&a.store, config)?;
+    let store = a.store.open()?;
     let bar = spinner("sweeping");
     let opts = SweepOptions {
-        grace: a.grace,
+        grace: a.store.capacity.grace,
         subset: a.subset,
         bytes_per_second: a.rate,
         dry_run: a.dry_run,
@@ -62,7 +50,7 @@ pub(crate) async fn run(a: SweepArgs) -> Result<ExitCode> {
     bar.finish_and_clear();
     let report = match report {
         Ok(r) => r,
-        Err(e) => bail!("sweep of {} failed: {e}", a.store),
+        Err(e) => bail!("sweep of {} failed: {e}", a.store.store),
     };
     if a.json {
         print_json(&report)?;
@@ -72,7 +60,7 @@ pub(crate) async fn run(a: SweepArgs) -> Result<ExitCode> {
         } else {
             ""
         };
-        println!("sweep of {}{mode}", a.store);
+        println!("sweep of {}{mode}", a.store.store);
         println!("  roots             {:>10}", report.roots);
         println!("  unusable roots    {:>10}", report.unusable_roots.len());
         println!(

@@ -7,7 +7,7 @@
 //! passed, or the backend failed (*I/O*: not the object's fault, never a
 //! reason to quarantine). Callers decide on the kind, never on the text:
 //! only a `Corrupt` fault seen twice on the same key is proof enough to
-//! quarantine (docs/design.md, "Quarantine needs proof").
+//! quarantine (docs/design.md §5, the quarantine rule).
 
 use object_store::path::Path;
 
@@ -39,6 +39,9 @@ pub(crate) struct ObjectFault {
 }
 
 impl ObjectFault {
+    /// A fault blamed on no particular object (an inconsistent plan, a
+    /// result that does not verify as a whole): a corrupt miss, nothing to
+    /// quarantine.
     pub(crate) fn plain(what: impl Into<String>) -> Self {
         ObjectFault {
             key: None,
@@ -48,6 +51,7 @@ impl ObjectFault {
         }
     }
 
+    /// A fault of the object at `key`.
     pub(crate) fn of(key: &Path, kind: FaultKind, what: impl std::fmt::Display) -> Self {
         ObjectFault {
             key: Some(key.clone()),
@@ -71,6 +75,7 @@ impl ObjectFault {
         }
     }
 
+    /// The restore's deadline passed.
     pub(crate) fn deadline() -> Self {
         ObjectFault {
             key: None,
@@ -86,13 +91,7 @@ impl ObjectFault {
         let what = format!("{op}: {err}");
         ObjectFault::of(
             key,
-            FaultKind::Io(Box::new(StoreError::io(
-                key,
-                object_store::Error::Generic {
-                    store: "restore",
-                    source: Box::new(err),
-                },
-            ))),
+            FaultKind::Io(Box::new(StoreError::local_io(key, err))),
             what,
         )
     }

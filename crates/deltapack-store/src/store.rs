@@ -508,7 +508,7 @@ impl Store {
 
     /// Moves a damaged key to `quarantine/…` (copy, then delete) and counts
     /// it. Failures are logged, never fatal: the restore is a miss anyway.
-    pub async fn quarantine(&self, key: &Path) {
+    pub(crate) async fn quarantine(&self, key: &Path) {
         let store = self.object_store();
         let dest = keys::quarantine_key(key);
         let copied = store.copy(key, &dest).await;

@@ -496,6 +496,17 @@ pub struct Piece {
     pub len: u64,
 }
 
+impl Piece {
+    /// The copy, without its origin.
+    pub fn span(&self) -> crate::scatter::Span {
+        crate::scatter::Span {
+            src: self.src,
+            dst: self.dst,
+            len: self.len,
+        }
+    }
+}
+
 /// The copy plan of a whole delta chain: every byte of the final result's
 /// payload comes from exactly one place — the newest delta whose tail wrote
 /// it, or the chain's bottom snapshot. No intermediate snapshot is needed.

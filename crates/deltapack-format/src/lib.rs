@@ -19,6 +19,10 @@
 //! * [`delta`] — the `page-tail-cow-v1` page delta: reused base pages plus
 //!   stored tails, with a copy plan that lets a reader reconstruct the result
 //!   directly as verified bytes arrive.
+//! * [`scatter`] — where payload bytes land in a result buffer: copy
+//!   [`Span`]s, the disjoint per-extent regions of the result they write, and
+//!   the targets of each piece read (the restore's and the benchmark floors'
+//!   planning).
 //! * [`extent`] — the v2 extent tree: a payload cut into power-of-two extents,
 //!   each named by its BLAKE3 subtree chaining value so that one hashing pass
 //!   verifies every extent and the whole payload.
@@ -38,6 +42,7 @@ pub mod extent;
 pub mod identity;
 pub mod layout;
 pub mod root;
+pub mod scatter;
 pub mod snapshot;
 pub mod synth;
 
@@ -54,6 +59,7 @@ pub use root::{
     BaseRef, ChainHints, ChunkEntryV1, DecodedRoot, ExtentEntry, ManifestV1, ManifestV2, RootKind,
     RootMeta, RootSummary, SCHEMA_V1, SCHEMA_V2, SCHEMA_V2_1,
 };
+pub use scatter::Span;
 pub use snapshot::{Snapshot, SnapshotHeader};
 
 /// Default admission geometry: snapshots are published at multiples of this

@@ -38,6 +38,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use deltapack_format::delta::{self, Origin, PageDelta};
+use deltapack_format::scatter::{self, Span};
 use deltapack_format::{Digest, ExtentPlan, ManifestV2, Snapshot, SnapshotHeader};
 
 use super::reassembly::{
@@ -76,14 +77,6 @@ impl Bottom {
             Bottom::Memory(_, d) => *d,
         }
     }
-}
-
-/// A contiguous copy from an origin offset to a result offset.
-#[derive(Debug, Clone, Copy)]
-struct Span {
-    src: u64,
-    dst: u64,
-    len: u64,
 }
 
 /// The result buffer shared by the workers of one pass.
@@ -210,17 +203,18 @@ impl ResultHash {
     }
 }
 
-/// One worker's share of the result: the spans of one extent, or a run of
-/// bytes from a bottom held in memory.
+/// One worker's share of the result: the spans of one extent (those of its
+/// level that hold bytes of the extent), or a run of bytes from a bottom
+/// held in memory.
 enum Item<'p> {
     Extent {
         /// Index into the levels (deltas, then a flat bottom).
         level: usize,
         index: u64,
-        spans: Vec<Span>,
+        spans: &'p [Span],
         header: Option<&'p [u8]>,
     },
-    Memory(Vec<Span>),
+    Memory(Span),
 }
 
 /// Places one extent's bytes into the shared result.
@@ -233,21 +227,12 @@ struct ItemSink<'a> {
 
 impl Sink for ItemSink<'_> {
     fn place(&mut self, src: u64, bytes: &[u8]) {
-        let end = src + bytes.len() as u64;
-        let first = self.spans.partition_point(|s| s.src + s.len <= src);
-        for s in &self.spans[first..] {
-            if s.src >= end {
-                break;
-            }
-            let lo = s.src.max(src);
-            let hi = (s.src + s.len).min(end);
-            let dst = s.dst + (lo - s.src);
-            // SAFETY: this span belongs to this item alone.
-            unsafe {
-                self.dest
-                    .write(dst, &bytes[(lo - src) as usize..(hi - src) as usize])
-            };
-            self.hash.wrote(self.dest, dst, hi - lo, self.done);
+        for t in scatter::targets(self.spans, src, bytes.len()) {
+            let n = t.at.len() as u64;
+            // SAFETY: the bytes are this item's extent's, and their part of
+            // the result belongs to this item alone.
+            unsafe { self.dest.write(t.dst, &bytes[t.at]) };
+            self.hash.wrote(self.dest, t.dst, n, self.done);
         }
     }
 
@@ -356,38 +341,23 @@ pub(crate) fn restore_chain(
     let mut by_level: Vec<Vec<Span>> = vec![Vec::new(); levels.len()];
     let mut memory: Vec<Span> = Vec::new();
     for p in &composed.pieces {
-        let s = Span {
-            src: p.src,
-            dst: p.dst,
-            len: p.len,
-        };
+        let s = p.span();
         match level_of(p.origin) {
             Some(l) if l < by_level.len() => by_level[l].push(s),
             Some(_) => return Err(ObjectFault::plain("a piece names a turn outside the chain")),
             None => memory.push(s),
         }
     }
-    let mut items: Vec<Item<'_>> = Vec::new();
-    for (l, spans) in by_level.iter_mut().enumerate() {
+    for spans in &mut by_level {
         spans.sort_unstable_by_key(|s| s.src);
+    }
+    let mut items: Vec<Item<'_>> = Vec::new();
+    for (l, spans) in by_level.iter().enumerate() {
         let m = levels[l];
         let header = headers.get(l).map(|h| &h[..header_lens[l].min(h.len())]);
         for (j, e) in m.extents.iter().enumerate() {
-            let (a, b) = (e.offset, e.offset + e.raw_len);
-            let first = spans.partition_point(|s| s.src + s.len <= a);
-            let mine: Vec<Span> = spans[first..]
-                .iter()
-                .take_while(|s| s.src < b)
-                .map(|s| {
-                    let lo = s.src.max(a);
-                    let hi = (s.src + s.len).min(b);
-                    Span {
-                        src: lo,
-                        dst: s.dst + (lo - s.src),
-                        len: hi - lo,
-                    }
-                })
-                .collect();
+            let a = e.offset;
+            let mine = scatter::overlapping(spans, a..a + e.raw_len);
             // A delta's header extents are read even when later turns
             // replaced all their bytes: the plan was made from them.
             let holds_header = header.is_some_and(|h| (h.len() as u64) > a);
@@ -406,11 +376,11 @@ pub(crate) fn restore_chain(
         let mut at = 0;
         while at < s.len {
             let n = (s.len - at).min(MEMORY_ITEM);
-            items.push(Item::Memory(vec![Span {
+            items.push(Item::Memory(Span {
                 src: s.src + at,
                 dst: s.dst + at,
                 len: n,
-            }]));
+            }));
             at += n;
         }
     }
@@ -484,8 +454,8 @@ pub(crate) fn restore_chain(
                                 &mut scratch,
                             )
                         }
-                        Item::Memory(spans) => {
-                            copy_memory(memory_src, spans, &dest, &hash, &mut done, deadline)
+                        Item::Memory(span) => {
+                            copy_memory(memory_src, *span, &dest, &hash, &mut done, deadline)
                         }
                     };
                     if let Err(mut d) = r {
@@ -569,32 +539,30 @@ fn plan_link(
     Ok((plan, tails))
 }
 
-/// Copies spans of a snapshot held in memory into the result.
+/// Copies a span of a snapshot held in memory into the result.
 fn copy_memory(
     from: Option<&[u8]>,
-    spans: &[Span],
+    s: Span,
     dest: &SharedDest,
     hash: &ResultHash,
     done: &mut Vec<(u64, Digest)>,
     deadline: Option<Instant>,
 ) -> Result<(), ObjectFault> {
     let from = from.ok_or_else(|| ObjectFault::plain("no bottom snapshot in memory"))?;
-    for s in spans {
-        let mut at = 0u64;
-        while at < s.len {
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(ObjectFault::deadline());
-            }
-            let n = (s.len - at).min(PIECE as u64);
-            let a = (s.src + at) as usize;
-            let bytes = from
-                .get(a..a + n as usize)
-                .ok_or_else(|| ObjectFault::plain("a piece lies outside the bottom snapshot"))?;
-            // SAFETY: this span belongs to this item alone.
-            unsafe { dest.write(s.dst + at, bytes) };
-            hash.wrote(dest, s.dst + at, n, done);
-            at += n;
+    let mut at = 0u64;
+    while at < s.len {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(ObjectFault::deadline());
         }
+        let n = (s.len - at).min(PIECE as u64);
+        let a = (s.src + at) as usize;
+        let bytes = from
+            .get(a..a + n as usize)
+            .ok_or_else(|| ObjectFault::plain("a piece lies outside the bottom snapshot"))?;
+        // SAFETY: this span belongs to this item alone.
+        unsafe { dest.write(s.dst + at, bytes) };
+        hash.wrote(dest, s.dst + at, n, done);
+        at += n;
     }
     Ok(())
 }

@@ -37,6 +37,7 @@ use std::time::Instant;
 use bytes::{Buf, Bytes};
 use deltapack_format::delta;
 use deltapack_format::root::ExtentEntry;
+use deltapack_format::scatter::{self, Region, Span};
 use deltapack_format::{Digest, ExtentCodec, ExtentPlan, ManifestV2, Snapshot};
 use futures::StreamExt;
 use object_store::path::Path;
@@ -48,7 +49,7 @@ use crate::keys;
 /// Piece size of the fused read → hash → copy loop.
 pub(crate) const PIECE: usize = 256 * 1024;
 
-/// Largest block of the in-loop result hash (see [`Reassembly`]); blocks
+/// Largest block of the in-loop result hash (see `compose::ResultHash`); blocks
 /// are a quarter of the extent size up to this, so that small extents (as
 /// in the tests) still own whole blocks.
 pub(crate) const RESULT_BLOCK: u64 = 256 * 1024;
@@ -147,15 +148,8 @@ pub(crate) fn zeroed_buffer(len: usize) -> Result<Vec<u8>, String> {
     }
 }
 
-/// The part of the result one extent of a flat root writes: the payload
-/// is the snapshot, so extent bytes land at their own offsets.
-struct Region<'a> {
-    buf: &'a mut [u8],
-    start: u64,
-}
-
-/// Where the bytes of one extent go as they are read: [`Region`] for a flat
-/// root, `compose::ItemSink` for a delta chain.
+/// Where the bytes of one extent go as they are read: a [`Region`] of the
+/// result for a flat root, `compose::ItemSink` for a delta chain.
 pub(crate) trait Sink {
     /// Places `bytes` found at payload offset `src` of the extent.
     fn place(&mut self, src: u64, bytes: &[u8]);
@@ -165,10 +159,9 @@ pub(crate) trait Sink {
     fn placed_upto(&mut self, payload_end: u64);
 }
 
-impl Sink for Region<'_> {
+impl Sink for Region<'_, '_> {
     fn place(&mut self, src: u64, bytes: &[u8]) {
-        let d = (src - self.start) as usize;
-        self.buf[d..d + bytes.len()].copy_from_slice(bytes);
+        Region::place(self, src, bytes);
     }
 
     fn placed_upto(&mut self, _payload_end: u64) {}
@@ -271,20 +264,21 @@ pub(crate) fn restore_flat(
     let len =
         usize::try_from(m.payload_len).map_err(|_| ObjectFault::plain("payload too large"))?;
     let mut result = Dest::take(len, into).map_err(ObjectFault::plain)?;
-    let mut rest: &mut [u8] = result.bytes();
-    let mut regions: Vec<Mutex<Option<Region<'_>>>> = Vec::with_capacity(m.extents.len());
-    for e in &m.extents {
-        let n = usize::try_from(e.raw_len)
-            .ok()
-            .filter(|n| *n <= rest.len())
-            .ok_or_else(|| ObjectFault::plain("extents run past the payload"))?;
-        let (mine, tail) = std::mem::take(&mut rest).split_at_mut(n);
-        rest = tail;
-        regions.push(Mutex::new(Some(Region {
-            buf: mine,
-            start: e.offset,
-        })));
-    }
+    // The payload is the snapshot: one span maps it onto the result as it
+    // is, and each extent owns the region at its own offsets. (The span is
+    // unbounded so that an extent running past the payload runs past the
+    // buffer, which `regions` refuses.)
+    let whole = [Span {
+        src: 0,
+        dst: 0,
+        len: u64::MAX,
+    }];
+    let extents = m.extents.iter().map(|e| e.offset..e.offset + e.raw_len);
+    let regions: Vec<Mutex<Option<Region<'_, '_>>>> =
+        scatter::regions(result.bytes(), &whole, extents)
+            .map(|r| r.map(|r| Mutex::new(Some(r))))
+            .collect::<Result<_, _>>()
+            .map_err(|_| ObjectFault::plain("extents run past the payload"))?;
     let next = AtomicUsize::new(0);
     let failures: Mutex<Vec<ObjectFault>> = Mutex::new(Vec::new());
     std::thread::scope(|s| {

@@ -1,8 +1,9 @@
 //! `deltapack` — the command-line tool of the deltapack store.
 //!
-//! Commands: `identity`, `synth`, `publish`, `restore`, `inspect`, `sweep`, `demo`,
-//! `bench`
-//! (see `deltapack --help`).
+//! Commands: `identity`, `synth`, `publish`, `restore`, `inspect`, `sweep`,
+//! `evict`, `hold`, `release`, `prune`, `clear`, `invalidate`, `ledger`,
+//! `stats`, `migrate`, `demo` (see `deltapack --help`). The benchmarks are
+//! a separate, unpublished binary: `deltapack-bench` (crates/deltapack-bench).
 //!
 //! Exit codes: 0 success (or a restore hit), 1 error (including a publication
 //! conflict), 2 usage error (clap's default), 3 miss (no usable state: the
@@ -12,7 +13,6 @@
 //! `warn`); results go to stdout. Progress bars are drawn on stderr only when
 //! it is a terminal.
 
-mod bench;
 mod common;
 mod demo;
 mod inspect;
@@ -89,12 +89,6 @@ enum Command {
     /// Run the main job end to end: a multi-turn conversation published as
     /// v2 deltas and as legacy v1 roots, restored and verified.
     Demo(demo::DemoArgs),
-    /// Benchmark restore and publication (v2 vs v1) on real stores against
-    /// floors measured in the same run; writes JSON, markdown and SVG.
-    Bench(bench::BenchArgs),
-    /// One benchmark job in a child process (used by `bench`).
-    #[command(hide = true)]
-    BenchOne(bench::BenchOneArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -164,8 +158,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     Command::Restore(a) => restore::run(a).await,
                     Command::Inspect(a) => inspect::run(a).await,
                     Command::Demo(a) => demo::run(a).await,
-                    Command::Bench(a) => bench::run(a).await,
-                    Command::BenchOne(a) => bench::run_one(a).await,
                     Command::Sweep(a) => sweep::run(a).await,
                     Command::Evict(a) => ops::evict(a).await,
                     Command::Hold(a) => ops::hold(a, false).await,

@@ -1,0 +1,852 @@
+//! The report: `results.json` (everything, every repetition),
+//! `results.md` (tables, targets, breakdowns; also printed), `results.svg`
+//! and `chain.svg` ([`plot`]), `machine.txt`. Scenario rows are built from
+//! the collected runs; the chain scenario's part is in [`chain`].
+
+pub(crate) mod chain;
+mod plot;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use self::chain::ChainSummary;
+use crate::measure::threads;
+use crate::runner::Acc;
+use crate::workload::{MIB, REFERENCE_RESULT_TOKENS};
+
+/// Objects a restore keeps in flight (`deltapack_store::restore`).
+const IN_FLIGHT: u64 = deltapack_store::RESTORE_IN_FLIGHT as u64;
+
+/// One row of the report.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Scenario {
+    /// Stable identifier.
+    pub(crate) id: String,
+    /// Human label.
+    pub(crate) label: String,
+    /// `floor`, `restore` or `publish`.
+    pub(crate) group: &'static str,
+    /// Median time (ms).
+    pub(crate) median_ms: f64,
+    /// Every repetition (ms).
+    pub(crate) times_ms: Vec<f64>,
+    /// Bytes moved (payload).
+    pub(crate) bytes: u64,
+    /// bytes / median, GB/s.
+    pub(crate) gb_per_s: f64,
+    /// Objects read or written.
+    pub(crate) objects: Option<u64>,
+    /// Floor this scenario is compared with.
+    pub(crate) floor_id: Option<String>,
+    /// That floor's median (ms).
+    pub(crate) floor_ms: Option<f64>,
+    /// median / floor (1.0 = at the floor).
+    pub(crate) ratio: Option<f64>,
+    /// Median CPU time (all threads of the child) of the timed section (ms):
+    /// unlike wall time, barely affected by other load on a shared machine.
+    pub(crate) cpu_ms: Option<f64>,
+    /// cpu_ms / the floor's cpu_ms (restores only).
+    pub(crate) cpu_ratio: Option<f64>,
+    /// Peak resident memory of the child (VmHWM, bytes).
+    pub(crate) peak_bytes: Option<u64>,
+    /// Resident memory when the child started.
+    pub(crate) baseline_bytes: Option<u64>,
+    /// Bound the peak is held against.
+    pub(crate) bound_bytes: Option<u64>,
+    /// Extra figures (breakdowns).
+    pub(crate) info: BTreeMap<String, serde_json::Value>,
+    /// Notes.
+    pub(crate) note: String,
+}
+
+/// The floor a scenario row is compared with.
+pub(crate) struct FloorRef<'a> {
+    /// Its scenario id.
+    pub(crate) id: String,
+    /// Its time as compared (ms), if it ran.
+    pub(crate) ms: Option<f64>,
+    /// Its runs, if it ran.
+    pub(crate) runs: Option<&'a Acc>,
+}
+
+/// What a scenario row is made of besides its runs (see
+/// [`Scenario::from_runs`]).
+pub(crate) struct Row<'a> {
+    /// Stable identifier.
+    pub(crate) id: String,
+    /// `floor`, `restore` or `publish`.
+    pub(crate) group: &'static str,
+    /// Human label.
+    pub(crate) label: String,
+    /// Bytes moved.
+    pub(crate) bytes: u64,
+    /// Objects read or written.
+    pub(crate) objects: Option<u64>,
+    /// The floor it is compared with.
+    pub(crate) floor: Option<FloorRef<'a>>,
+    /// Whether the runs' peak memory is their own (not a floor measured in
+    /// another scenario's child).
+    pub(crate) own_peak: bool,
+    /// Bound the peak is held against.
+    pub(crate) bound_bytes: Option<u64>,
+    /// Notes.
+    pub(crate) note: String,
+}
+
+impl Scenario {
+    /// A report row from a scenario's runs: the median and every
+    /// repetition, throughput, the ratio to the floor, CPU time (for a
+    /// restore also its ratio to the floor's), the peak memory, and the
+    /// medians of the `info_keys` figures.
+    pub(crate) fn from_runs(row: Row<'_>, a: &Acc, info_keys: &[&str]) -> Scenario {
+        let m = a.median();
+        let mut info = BTreeMap::new();
+        for k in info_keys {
+            if let Some(v) = a.info_median(k) {
+                info.insert(k.to_string(), serde_json::json!(v));
+            }
+        }
+        let cpu_ms = a.info_median("cpu_ms");
+        let (floor_id, floor_ms, floor_runs) = match row.floor {
+            Some(f) => (Some(f.id), f.ms, f.runs),
+            None => (None, None, None),
+        };
+        Scenario {
+            id: row.id,
+            label: row.label,
+            group: row.group,
+            median_ms: m,
+            times_ms: a.times.clone(),
+            bytes: row.bytes,
+            gb_per_s: row.bytes as f64 / 1e6 / m,
+            objects: row.objects,
+            floor_id,
+            floor_ms,
+            ratio: floor_ms.map(|f| m / f),
+            cpu_ms,
+            cpu_ratio: match (row.group, cpu_ms, floor_runs) {
+                ("restore", Some(c), Some(fa)) => fa.info_median("cpu_ms").map(|fc| c / fc),
+                _ => None,
+            },
+            peak_bytes: row.own_peak.then_some(a.peak),
+            baseline_bytes: row.own_peak.then_some(a.baseline),
+            bound_bytes: row.bound_bytes,
+            info,
+            note: row.note,
+        }
+    }
+}
+
+/// One target of the issue.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Target {
+    /// What is asked.
+    pub(crate) target: String,
+    /// What was measured.
+    pub(crate) measured: String,
+    /// Whether it is met (`None`: informational).
+    pub(crate) met: Option<bool>,
+}
+
+/// Machine description.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Machine {
+    /// Cores.
+    pub(crate) nproc: usize,
+    /// Memory.
+    pub(crate) mem_total_bytes: u64,
+    /// `/proc/cpuinfo`'s model name.
+    pub(crate) cpu_model: String,
+    /// Kernel release.
+    pub(crate) kernel: String,
+    /// `/proc/loadavg` at the start.
+    pub(crate) loadavg_start: String,
+    /// `/proc/loadavg` at the end.
+    pub(crate) loadavg_end: String,
+    /// Where the stores were.
+    pub(crate) work_dir: String,
+    /// The work dir's filesystem (and, with the zstd study, BLAKE3's speed).
+    pub(crate) filesystem: String,
+}
+
+/// zstd figures for one data set and level.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ZstdRow {
+    /// The data set.
+    pub(crate) data: String,
+    /// zstd level.
+    pub(crate) level: i32,
+    /// Bytes before.
+    pub(crate) raw_bytes: u64,
+    /// Bytes after.
+    pub(crate) stored_bytes: u64,
+    /// raw / stored.
+    pub(crate) ratio: f64,
+    /// Compression speed, one core.
+    pub(crate) compress_mb_s: f64,
+    /// Decompression speed, one core.
+    pub(crate) decompress_mb_s: f64,
+    /// Whether the library's rule (saves ≥ 1/16) would store it as zstd.
+    pub(crate) stored_as_zstd: bool,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Report {
+    /// The workspace version.
+    pub(crate) deltapack_version: &'static str,
+    /// `restore`, `publish`, `chain` or `all`.
+    pub(crate) suite: String,
+    /// `--scale`.
+    pub(crate) scale: f64,
+    /// Base tokens.
+    pub(crate) base_tokens: u64,
+    /// Result tokens.
+    pub(crate) result_tokens: u64,
+    /// Base snapshot bytes.
+    pub(crate) base_bytes: u64,
+    /// Result snapshot bytes.
+    pub(crate) result_bytes: u64,
+    /// The delta's payload bytes.
+    pub(crate) payload_bytes: u64,
+    /// Extent size M.
+    pub(crate) extent_bytes: u64,
+    /// Extents of the v2 delta.
+    pub(crate) v2_extents: u64,
+    /// Chunk objects of the v1 delta.
+    pub(crate) v1_chunks: u64,
+    /// `--repeats`.
+    pub(crate) repeats: u32,
+    /// `--latency-ms`.
+    pub(crate) latency_ms: u64,
+    /// The real S3 server's figures, if one was used.
+    pub(crate) s3: Option<serde_json::Value>,
+    /// The machine.
+    pub(crate) machine: Machine,
+    /// Every scenario row, in report order.
+    pub(crate) scenarios: Vec<Scenario>,
+    /// The targets.
+    pub(crate) targets: Vec<Target>,
+    /// The zstd study (`all`).
+    pub(crate) zstd: Vec<ZstdRow>,
+    /// The chain scenario (restore cost against the number of turns).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) chain: Option<ChainSummary>,
+    /// Wall time of the whole run.
+    pub(crate) total_s: f64,
+}
+
+/// A duration in ms, in the report's units (ms, or s with 2 or 1 decimals).
+pub(crate) fn secs(ms: f64) -> String {
+    if ms >= 10_000.0 {
+        format!("{:.1} s", ms / 1000.0)
+    } else if ms >= 1000.0 {
+        format!("{:.2} s", ms / 1000.0)
+    } else {
+        format!("{ms:.0} ms")
+    }
+}
+
+/// Bytes in MiB, no decimals.
+pub(crate) fn mib(b: u64) -> String {
+    format!("{:.0} MiB", b as f64 / MIB as f64)
+}
+
+/// The machine's description (cores, memory, CPU, kernel, load, the work
+/// dir's filesystem).
+pub(crate) fn machine(work: &Path) -> Machine {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpu_model = read("/proc/cpuinfo")
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .and_then(|r| r.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let mem_total_bytes = read("/proc/meminfo")
+        .lines()
+        .find_map(|l| {
+            let r = l.strip_prefix("MemTotal:")?;
+            r.trim().trim_end_matches("kB").trim().parse::<u64>().ok()
+        })
+        .unwrap_or(0)
+        * 1024;
+    // The filesystem holding the work dir, from /proc/mounts (longest prefix).
+    let canon = std::fs::canonicalize(work).unwrap_or_else(|_| work.to_path_buf());
+    let filesystem = read("/proc/mounts")
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 3 && canon.starts_with(f[1]))
+                .then(|| (f[1].len(), format!("{} on {} ({})", f[0], f[1], f[2])))
+        })
+        .max_by_key(|(n, _)| *n)
+        .map(|(_, s)| s)
+        .unwrap_or_default();
+    Machine {
+        nproc: threads(),
+        mem_total_bytes,
+        cpu_model,
+        kernel: read("/proc/sys/kernel/osrelease").trim().to_string(),
+        loadavg_start: read("/proc/loadavg").trim().to_string(),
+        loadavg_end: String::new(),
+        work_dir: work.display().to_string(),
+        filesystem,
+    }
+}
+
+/// Static description of every scenario id.
+fn describe(id: &str, latency_ms: u64) -> Option<(&'static str, String, Option<&'static str>)> {
+    Some(match id {
+        "floor-raw-warm" => (
+            "floor",
+            "floor (a) raw: read + BLAKE3 + copy, warm".into(),
+            None,
+        ),
+        "floor-spec-warm" => (
+            "floor",
+            "floor (b) spec: read + BLAKE3 delta + copy + BLAKE3 result, warm".into(),
+            None,
+        ),
+        "floor-spec-touched-warm" => (
+            "floor",
+            "floor (b) spec, pre-touched result buffer, warm".into(),
+            None,
+        ),
+        "floor-raw-cold" => ("floor", "floor (a) raw, cold page cache".into(), None),
+        "floor-spec-cold" => ("floor", "floor (b) spec, cold page cache".into(), None),
+        "floor-write" => (
+            "floor",
+            "floor (c) durable write, 64 MiB files (fastest of 1 and 2 streams, buffered or direct I/O)".into(),
+            None,
+        ),
+        "restore-v2-warm" => (
+            "restore",
+            "restore v2, local, warm".into(),
+            Some("floor-spec-warm"),
+        ),
+        "restore-v2-warm-into" => (
+            "restore",
+            "restore v2 into a caller's resident buffer, local, warm".into(),
+            Some("floor-spec-touched-warm"),
+        ),
+        "restore-v1-warm" => (
+            "restore",
+            "restore v1, local, warm".into(),
+            Some("floor-spec-warm"),
+        ),
+        "restore-v2-cold" => (
+            "restore",
+            "restore v2, local, cold".into(),
+            Some("floor-spec-cold"),
+        ),
+        "restore-v1-cold" => (
+            "restore",
+            "restore v1, local, cold".into(),
+            Some("floor-spec-cold"),
+        ),
+        "restore-v2-s3like" => (
+            "restore",
+            format!("restore v2, S3-like ({latency_ms} ms/GET)"),
+            Some("floor-spec-warm"),
+        ),
+        "restore-v2-s3like-into" => (
+            "restore",
+            format!("restore v2 into a caller's resident buffer, S3-like ({latency_ms} ms/GET)"),
+            Some("floor-spec-touched-warm"),
+        ),
+        "restore-v1-s3like" => (
+            "restore",
+            format!("restore v1, S3-like ({latency_ms} ms/GET)"),
+            Some("floor-spec-warm"),
+        ),
+        "restore-v2-s3" => (
+            "restore",
+            "restore v2, real S3 server (scaled)".into(),
+            None,
+        ),
+        "restore-v1-s3" => (
+            "restore",
+            "restore v1, real S3 server (scaled)".into(),
+            None,
+        ),
+        "publish-v2" => (
+            "publish",
+            "publish v2, durable, local".into(),
+            Some("floor-write"),
+        ),
+        "publish-v1" => (
+            "publish",
+            "publish v1, durable, local".into(),
+            Some("floor-write"),
+        ),
+        _ => return None,
+    })
+}
+
+/// Report order of the scenario ids.
+const ORDER: [&str; 18] = [
+    "floor-raw-warm",
+    "floor-spec-warm",
+    "floor-spec-touched-warm",
+    "restore-v2-warm",
+    "restore-v2-warm-into",
+    "restore-v1-warm",
+    "floor-raw-cold",
+    "floor-spec-cold",
+    "restore-v2-cold",
+    "restore-v1-cold",
+    "restore-v2-s3like",
+    "restore-v2-s3like-into",
+    "restore-v1-s3like",
+    "restore-v2-s3",
+    "restore-v1-s3",
+    "floor-write",
+    "publish-v2",
+    "publish-v1",
+];
+
+/// The scenario rows of the restore and publish suites, in report order.
+pub(crate) fn scenarios(
+    r: &Report,
+    accs: &BTreeMap<String, Acc>,
+    do_publish: bool,
+    latency_ms: u64,
+) -> Vec<Scenario> {
+    let medians: BTreeMap<&str, f64> = accs.iter().map(|(k, a)| (k.as_str(), a.median())).collect();
+    let restore_bound = r.base_bytes + r.result_bytes + 5 * r.extent_bytes;
+    let mut out = Vec::new();
+    for id in ORDER {
+        let Some(a) = accs.get(id) else { continue };
+        if (id.starts_with("publish") || id == "floor-write") && !do_publish {
+            continue;
+        }
+        let Some((group, label, floor_id)) = describe(id, latency_ms) else {
+            continue;
+        };
+        let objects = a.info.get("objects").and_then(|v| v.as_u64());
+        let bytes = a
+            .info
+            .get("payload_bytes")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(r.payload_bytes);
+        let mut note = String::new();
+        // S3-like floors add the latency of ⌈objects / in-flight⌉ request rounds.
+        let floor_ms = floor_id.and_then(|f| medians.get(f).copied()).map(|f| {
+            if id.ends_with("s3like") {
+                let rounds = objects.unwrap_or(0).div_ceil(IN_FLIGHT);
+                note = format!(
+                    "floor = spec floor + {rounds} rounds × {latency_ms} ms ({IN_FLIGHT} GETs in flight)"
+                );
+                f + (rounds * latency_ms) as f64
+            } else {
+                f
+            }
+        });
+        let bound = match group {
+            "restore" if !id.ends_with("-s3") => Some(restore_bound),
+            // Beyond the snapshots the caller holds: the payload and at most
+            // two object payloads of a durability batch.
+            "publish" => Some(r.payload_bytes + 2 * r.extent_bytes),
+            _ => None,
+        };
+        let row = Row {
+            id: id.to_string(),
+            group,
+            label,
+            bytes,
+            objects,
+            floor: floor_id.map(|f| FloorRef {
+                id: f.to_string(),
+                ms: floor_ms,
+                runs: accs.get(f),
+            }),
+            // The write floor shares the publication child: no own peak.
+            own_peak: id != "floor-write",
+            bound_bytes: bound,
+            note,
+        };
+        out.push(Scenario::from_runs(row, a, &INFO));
+    }
+    out
+}
+
+/// The breakdown figures of the restore and publish rows.
+const INFO: [&str; 20] = [
+    "encode_ms",
+    "write_ms",
+    "cpu_ms",
+    "others_cores",
+    "root_read_ms",
+    "result_blake3_ms",
+    "drop_ms",
+    "read_hash_copy_ms",
+    "median_ms_1_stream",
+    "median_ms_2_stream",
+    "median_ms_1_direct_stream",
+    "median_ms_2_direct_stream",
+    "streams",
+    "first_restore_with_base_ms",
+    "objects_read_counter",
+    "bytes_read_counter",
+    "cost_result_digest_ms",
+    "cost_delta_encode_ms",
+    "cost_extent_names_1_thread_ms",
+    "cost_copy_into_fresh_buffer_ms",
+];
+
+/// "v1 / v2" speed-up, wall and CPU time.
+fn vs(v1: &Scenario, v2: &Scenario) -> String {
+    let x = v1.median_ms / v2.median_ms;
+    let cpu = match (v1.cpu_ms, v2.cpu_ms) {
+        (Some(a), Some(b)) if b > 0.0 => format!("; CPU time {:.1}×", a / b),
+        _ => String::new(),
+    };
+    format!(
+        "{x:.1}× ({} vs {}){cpu}",
+        secs(v1.median_ms),
+        secs(v2.median_ms)
+    )
+}
+
+/// The targets of the benchmark issue, from the scenario rows.
+pub(crate) fn targets(r: &Report) -> Vec<Target> {
+    let s = |id: &str| r.scenarios.iter().find(|s| s.id == id);
+    let mut t = Vec::new();
+    let reference = r.result_tokens == REFERENCE_RESULT_TOKENS;
+    if let Some(v2) = s("restore-v2-warm") {
+        if let Some(ratio) = v2.ratio {
+            t.push(Target {
+                target: "v2 restore warm ≤ 1.25 × spec floor".into(),
+                measured: format!(
+                    "{:.2} × ({} vs {}){}",
+                    ratio,
+                    secs(v2.median_ms),
+                    secs(v2.floor_ms.unwrap_or(0.0)),
+                    v2.cpu_ratio
+                        .map(|c| format!("; CPU time {c:.2} ×"))
+                        .unwrap_or_default()
+                ),
+                met: Some(ratio <= 1.25),
+            });
+        }
+        // The absolute target is for the reference workload; scale it.
+        let limit = 800.0 * r.payload_bytes as f64 / 1_575_821_491.0;
+        t.push(Target {
+            target: if reference {
+                "v2 restore warm < 0.8 s (reference workload, 2 cores)".into()
+            } else {
+                format!(
+                    "v2 restore warm < {} (0.8 s scaled by payload)",
+                    secs(limit)
+                )
+            },
+            measured: secs(v2.median_ms),
+            met: Some(v2.median_ms < limit),
+        });
+        if let Some(into) = s("restore-v2-warm-into") {
+            t.push(Target {
+                target: if reference {
+                    "v2 restore warm into the caller's resident buffer (`restore_into`) < 0.8 s"
+                        .into()
+                } else {
+                    format!(
+                        "v2 restore warm into the caller's resident buffer < {} (scaled)",
+                        secs(limit)
+                    )
+                },
+                measured: format!(
+                    "{}{}",
+                    secs(into.median_ms),
+                    into.ratio
+                        .map(|x| format!("; {x:.2} × its floor (spec floor, pre-touched)"))
+                        .unwrap_or_default()
+                ),
+                met: Some(into.median_ms < limit),
+            });
+        }
+        if let Some(v1) = s("restore-v1-warm") {
+            let x = v1.median_ms / v2.median_ms;
+            t.push(Target {
+                target: "v2 ≥ 3× faster than v1, local disk (warm)".into(),
+                measured: vs(v1, v2),
+                met: Some(x >= 3.0),
+            });
+        }
+    }
+    if let (Some(v2), Some(v1)) = (s("restore-v2-cold"), s("restore-v1-cold")) {
+        t.push(Target {
+            target: "(info) v2 vs v1, local disk, cold page cache".into(),
+            measured: vs(v1, v2),
+            met: None,
+        });
+    }
+    if let (Some(v2), Some(v1)) = (s("restore-v2-s3like"), s("restore-v1-s3like")) {
+        let x = v1.median_ms / v2.median_ms;
+        t.push(Target {
+            target: format!(
+                "v2 ≥ 5× faster than v1, S3-like latency ({} ms/GET)",
+                r.latency_ms
+            ),
+            measured: vs(v1, v2),
+            met: Some(x >= 5.0),
+        });
+    }
+    if let (Some(v2), Some(v1)) = (s("restore-v2-s3"), s("restore-v1-s3")) {
+        t.push(Target {
+            target: "(info) v2 vs v1, real S3 server (scaled)".into(),
+            measured: vs(v1, v2),
+            met: None,
+        });
+    }
+    if let Some(p2) = s("publish-v2") {
+        if let Some(f) = p2.floor_ms {
+            let eff = f / p2.median_ms;
+            t.push(Target {
+                target: "durable v2 publish ≥ 0.85 × durable write floor (floor/time)".into(),
+                measured: format!("{eff:.2} ({} vs floor {})", secs(p2.median_ms), secs(f)),
+                met: Some(eff >= 0.85),
+            });
+        }
+        if let Some(p1) = s("publish-v1") {
+            let x = p1.median_ms / p2.median_ms;
+            t.push(Target {
+                target: "durable v2 publish ≥ 1.5× faster than v1".into(),
+                measured: format!("{x:.2}× ({} vs {})", secs(p1.median_ms), secs(p2.median_ms)),
+                met: Some(x >= 1.5),
+            });
+        }
+    }
+    for id in [
+        "restore-v2-warm",
+        "restore-v2-warm-into",
+        "restore-v2-cold",
+        "restore-v2-s3like",
+        "restore-v2-s3like-into",
+    ] {
+        if let Some(sc) = s(id) {
+            if let (Some(p), Some(b)) = (sc.peak_bytes, sc.bound_bytes) {
+                let above = p.saturating_sub(sc.baseline_bytes.unwrap_or(0));
+                t.push(Target {
+                    target: format!("{}: peak memory ≤ base + result + 4×M + M", sc.label),
+                    measured: format!(
+                        "{} above process start ≤ {} (VmHWM {})",
+                        mib(above),
+                        mib(b),
+                        mib(p)
+                    ),
+                    met: Some(above <= b),
+                });
+            }
+        }
+    }
+    t
+}
+
+/// `results.md` (also printed on stdout).
+pub(crate) fn markdown(r: &Report) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# deltapack bench — {} at scale {}\n", r.suite, r.scale);
+    if let (Some(c), true) = (&r.chain, r.suite == "chain") {
+        let _ = writeln!(
+            s,
+            "Workload: `default` preset; conversations of {:?} turns ending in the same {}-token snapshot ({}), {} extents. Median of {} repetition(s); every restore runs in its own fresh child process, round-robin.\n",
+            c.turns,
+            c.final_tokens,
+            mib(c.result_bytes),
+            mib(r.extent_bytes),
+            r.repeats
+        );
+    } else {
+        let _ = writeln!(
+        s,
+        "Workload: `default` preset, base {} tokens ({}), result {} tokens ({}); delta payload {} bytes = {} v2 extents of {} / {} v1 chunks. Median of {} repetition(s); every restore and read floor runs in its own child process, round-robin.\n",
+        r.base_tokens,
+        mib(r.base_bytes),
+        r.result_tokens,
+        mib(r.result_bytes),
+        r.payload_bytes,
+        r.v2_extents,
+        mib(r.extent_bytes),
+        r.v1_chunks,
+        r.repeats
+    );
+    }
+    let _ = writeln!(
+        s,
+        "| scenario | median | GB/s | objects | floor | ratio | CPU time | CPU ratio | peak memory (VmHWM − start) | bound | other load |"
+    );
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for sc in &r.scenarios {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            sc.label,
+            secs(sc.median_ms),
+            sc.gb_per_s,
+            sc.objects.map(|o| o.to_string()).unwrap_or_default(),
+            sc.floor_ms.map(secs).unwrap_or_default(),
+            sc.ratio.map(|x| format!("{x:.2}×")).unwrap_or_default(),
+            sc.cpu_ms.map(secs).unwrap_or_default(),
+            sc.cpu_ratio.map(|x| format!("{x:.2}×")).unwrap_or_default(),
+            sc.peak_bytes
+                .map(|p| mib(p.saturating_sub(sc.baseline_bytes.unwrap_or(0))))
+                .unwrap_or_default(),
+            sc.bound_bytes.map(mib).unwrap_or_default(),
+            sc.info
+                .get("others_cores")
+                .and_then(|v| v.as_f64())
+                .map(|x| format!("{x:.2}"))
+                .unwrap_or_default(),
+        );
+    }
+    let notes: Vec<&Scenario> = r.scenarios.iter().filter(|s| !s.note.is_empty()).collect();
+    if !notes.is_empty() {
+        let _ = writeln!(s);
+        for sc in notes {
+            let _ = writeln!(s, "- {}: {}", sc.label, sc.note);
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\n*CPU time*: user + system time of all the child's threads during the timed section; *CPU ratio*: against the floor's. *other load*: average cores other processes kept busy during the timed section (median over repetitions; this machine has {}).",
+        r.machine.nproc
+    );
+    let _ = writeln!(s, "\n## Targets\n");
+    let _ = writeln!(s, "| target | measured | met |");
+    let _ = writeln!(s, "|---|---|---|");
+    for t in &r.targets {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} |",
+            t.target,
+            t.measured,
+            match t.met {
+                Some(true) => "yes",
+                Some(false) => "**no**",
+                None => "—",
+            }
+        );
+    }
+    let _ = writeln!(s, "\n## Breakdowns (medians, ms)\n");
+    for sc in &r.scenarios {
+        if sc.info.is_empty() {
+            continue;
+        }
+        let parts: Vec<String> = sc
+            .info
+            .iter()
+            .map(|(k, v)| {
+                format!(
+                    "{k} {}",
+                    v.as_f64()
+                        .map(|x| format!("{x:.1}"))
+                        .unwrap_or_else(|| v.to_string())
+                )
+            })
+            .collect();
+        let _ = writeln!(s, "- {}: {}", sc.label, parts.join(", "));
+    }
+    if let Some(s3) = &r.s3 {
+        let _ = writeln!(s, "\nReal S3 server: {s3}");
+    }
+    if let Some(c) = &r.chain {
+        chain::markdown(c, &mut s);
+    }
+    if !r.zstd.is_empty() {
+        let _ = writeln!(s, "\n## zstd per extent (one core)\n");
+        let _ = writeln!(
+            s,
+            "| data | level | ratio | compress MB/s | decompress MB/s | stored as zstd (saves ≥ 1/16) |"
+        );
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---|");
+        for z in &r.zstd {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.2}× | {:.0} | {:.0} | {} |",
+                z.data,
+                z.level,
+                z.ratio,
+                z.compress_mb_s,
+                z.decompress_mb_s,
+                if z.stored_as_zstd { "yes" } else { "no" }
+            );
+        }
+    }
+    let m = &r.machine;
+    let _ = writeln!(
+        s,
+        "\nMachine: {} cores, {:.1} GiB, {}, kernel {}; load average {} → {}; {}. Total {:.0} s.",
+        m.nproc,
+        m.mem_total_bytes as f64 / (1u64 << 30) as f64,
+        m.cpu_model,
+        m.kernel,
+        m.loadavg_start,
+        m.loadavg_end,
+        m.filesystem,
+        r.total_s
+    );
+    s
+}
+
+/// `machine.txt`.
+fn machine_txt(r: &Report) -> String {
+    let m = &r.machine;
+    format!(
+        "nproc: {}\nmemory: {} bytes ({:.1} GiB)\ncpu model: {}\nkernel: {}\nload average at start: {}\nload average at end: {}\nwork dir: {}\nfilesystem: {}\n",
+        m.nproc,
+        m.mem_total_bytes,
+        m.mem_total_bytes as f64 / (1u64 << 30) as f64,
+        m.cpu_model,
+        m.kernel,
+        m.loadavg_start,
+        m.loadavg_end,
+        m.work_dir,
+        m.filesystem
+    )
+}
+
+/// Writes every report file under `dir`.
+pub(crate) fn write_outputs(dir: &Path, r: &Report) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let json = serde_json::to_string_pretty(r)?;
+    write_atomic(&dir.join("results.json"), format!("{json}\n").as_bytes())?;
+    write_atomic(&dir.join("results.md"), markdown(r).as_bytes())?;
+    write_atomic(&dir.join("machine.txt"), machine_txt(r).as_bytes())?;
+    let svg = plot::results(r)?;
+    write_atomic(&dir.join("results.svg"), svg.as_bytes())?;
+    if let Some(c) = &r.chain {
+        let svg = plot::chain(r, c)?;
+        write_atomic(&dir.join("chain.svg"), svg.as_bytes())?;
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to `path` through a synced temporary file and a rename.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".tmp");
+    let tmp = path.with_file_name(name);
+    let written = std::fs::File::create(&tmp)
+        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Prints a value as pretty JSON on stdout.
+pub(crate) fn print_json(v: &impl Serialize) -> Result<()> {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).context("serializing JSON output")?
+    );
+    Ok(())
+}

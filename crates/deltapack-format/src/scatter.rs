@@ -78,30 +78,42 @@ pub struct Target {
 /// for each span they meet, in order. Bytes no span covers go nowhere.
 /// `spans` must be sorted by `src` and not overlap.
 pub fn targets(spans: &[Span], src: u64, len: usize) -> Targets<'_> {
-    let end = src + len as u64;
+    // One binary search for the first span that reaches the piece; the
+    // iterator stops at the first span past it (the restore's hot path:
+    // one call per piece read).
+    let first = spans.partition_point(|s| s.src_end() <= src);
     Targets {
-        spans: overlapping(spans, src..end).iter(),
-        piece: src..end,
+        spans: &spans[first..],
+        start: src,
+        end: src + len as u64,
     }
 }
 
 /// The iterator of [`targets`].
 #[derive(Debug, Clone)]
 pub struct Targets<'s> {
-    spans: std::slice::Iter<'s, Span>,
-    piece: Range<u64>,
+    /// Spans from the first that ends after `start`.
+    spans: &'s [Span],
+    start: u64,
+    end: u64,
 }
 
 impl Iterator for Targets<'_> {
     type Item = Target;
 
     fn next(&mut self) -> Option<Target> {
-        // Every span left overlaps the piece (see `overlapping`).
-        let s = self.spans.next()?.clip(&self.piece)?;
-        let at = (s.src - self.piece.start) as usize;
+        let (s, rest) = self.spans.split_first()?;
+        if s.src >= self.end || self.start >= self.end {
+            return None;
+        }
+        self.spans = rest;
+        // `s` ends after `start` and begins before `end`: they overlap.
+        let lo = s.src.max(self.start);
+        let hi = s.src_end().min(self.end);
+        let at = (lo - self.start) as usize;
         Some(Target {
-            dst: s.dst,
-            at: at..at + s.len as usize,
+            dst: s.dst + (lo - s.src),
+            at: at..at + (hi - lo) as usize,
         })
     }
 }
@@ -241,6 +253,22 @@ mod tests {
         );
         assert_eq!(targets(&s, 0, 4).count(), 0);
         assert_eq!(targets(&s, 15, 10).count(), 0);
+        assert_eq!(targets(&s, 8, 0).count(), 0);
+        // A piece covering both spans and the gap before them.
+        let all: Vec<Target> = targets(&s, 0, 20).collect();
+        assert_eq!(
+            all,
+            vec![
+                Target {
+                    dst: 100,
+                    at: 4..10
+                },
+                Target {
+                    dst: 200,
+                    at: 10..15
+                }
+            ]
+        );
     }
 
     #[test]

@@ -9,8 +9,9 @@
 //! Two workloads: the `tiny` preset with 4 KiB extents (many small objects)
 //! and a scaled `default` conversation (4,096 → 6,144 tokens, ≈ 15 MiB
 //! delta, one 64 MiB extent). The reference-scale numbers come from
-//! `deltapack bench` (see `benches/results/`); `cargo bench --bench store
-//! -- --test` runs each benchmark once (the CI smoke check).
+//! `deltapack-bench` (crates/deltapack-bench, see `benches/results/`);
+//! `cargo bench --bench store -- --test` runs each benchmark once (the CI
+//! smoke check).
 
 use std::hint::black_box;
 use std::sync::Arc;

@@ -105,3 +105,118 @@ impl ObjectFault {
         }
     }
 }
+
+/// Most reads of one object (or passes of one restore) before giving up.
+pub(crate) const MAX_READS: u32 = 3;
+
+/// The quarantine rule applied to a run of reads of one object (or passes
+/// of one restore): corruption is *proven* only when the same object fails
+/// its check twice. A transient error, or a single bad read among errors,
+/// proves nothing, and its fault comes back without a key to quarantine.
+#[derive(Debug, Default)]
+pub(crate) struct Proof {
+    reads: u32,
+    /// The object seen corrupt, and how many times.
+    corrupt: Option<(Path, u32)>,
+    /// The last backend failure seen (reported if nothing is proven).
+    io: Option<ObjectFault>,
+}
+
+impl Proof {
+    /// Records a failed read. `None`: read again. `Some(fault)`: stop and
+    /// report this fault — keyed `Corrupt` only if corruption is proven.
+    pub(crate) fn record(&mut self, f: ObjectFault) -> Option<ObjectFault> {
+        self.reads += 1;
+        match (&f.kind, &f.key) {
+            (FaultKind::Missing | FaultKind::Deadline, _) | (FaultKind::Corrupt, None) => {
+                return Some(f)
+            }
+            (FaultKind::Corrupt, Some(k)) => {
+                let n = match &self.corrupt {
+                    Some((seen, n)) if seen == k => n + 1,
+                    _ => 1,
+                };
+                if n >= 2 {
+                    return Some(f);
+                }
+                self.corrupt = Some((k.clone(), n));
+                if self.reads >= MAX_READS {
+                    return Some(self.unproven(f));
+                }
+            }
+            (FaultKind::Io(_), _) => {
+                if self.reads >= MAX_READS {
+                    return Some(f);
+                }
+                self.io = Some(f);
+            }
+        }
+        None
+    }
+
+    /// A corrupt read that was never confirmed: the backend's failure if
+    /// there was one (an error), else a corrupt miss naming no object.
+    fn unproven(&mut self, mut f: ObjectFault) -> ObjectFault {
+        if let Some(io) = self.io.take() {
+            return io;
+        }
+        f.key = None;
+        f
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn corrupt(k: &str) -> ObjectFault {
+        ObjectFault::of(&Path::from(k), FaultKind::Corrupt, "digest mismatch")
+    }
+
+    fn io(k: &str) -> ObjectFault {
+        ObjectFault::io(&Path::from(k), "read", std::io::Error::other("EIO"))
+    }
+
+    fn is_quarantinable(f: &ObjectFault) -> bool {
+        matches!(f.kind, FaultKind::Corrupt) && f.key.is_some()
+    }
+
+    #[test]
+    fn corruption_needs_two_bad_reads_of_the_same_object() {
+        let mut p = Proof::default();
+        assert!(p.record(corrupt("a")).is_none());
+        let f = p.record(corrupt("a")).expect("proven");
+        assert!(is_quarantinable(&f));
+
+        // An error then a bad read: unproven, read a third time.
+        let mut p = Proof::default();
+        assert!(p.record(io("a")).is_none());
+        assert!(p.record(corrupt("a")).is_none());
+        let f = p.record(io("a")).expect("gave up");
+        assert!(
+            matches!(f.kind, FaultKind::Io(_)),
+            "an error, never a quarantine"
+        );
+
+        let mut p = Proof::default();
+        assert!(p.record(io("a")).is_none());
+        assert!(p.record(io("a")).is_none());
+        let f = p.record(corrupt("a")).expect("gave up");
+        assert!(!is_quarantinable(&f), "one bad read proves nothing");
+
+        // Two different objects bad once each prove nothing either.
+        let mut p = Proof::default();
+        assert!(p.record(corrupt("a")).is_none());
+        assert!(p.record(corrupt("b")).is_none());
+        let f = p.record(corrupt("c")).expect("gave up");
+        assert!(!is_quarantinable(&f));
+
+        // Missing and deadline stop at once.
+        let mut p = Proof::default();
+        let m = ObjectFault::of(&Path::from("a"), FaultKind::Missing, "missing");
+        assert!(matches!(
+            p.record(m).map(|f| f.kind),
+            Some(FaultKind::Missing)
+        ));
+    }
+}

@@ -405,38 +405,6 @@ impl Ledger {
         retry_busy(|| f(&mut guard))
     }
 
-    /// Runs `f` while holding the ledger database's write lock: an
-    /// `IMMEDIATE` transaction that changes nothing, so every process of a
-    /// local store waits for it. Whoever deletes or replaces a root object
-    /// does it inside this lock, which makes "check the root's bytes, then
-    /// replace it" atomic against an eviction in another process. `f` must
-    /// be short (it blocks every other writer of the ledger) and must not
-    /// call back into this ledger (the connection is held).
-    pub(crate) fn exclusive<T>(
-        &self,
-        f: impl FnOnce() -> std::io::Result<T>,
-    ) -> Result<std::io::Result<T>, LedgerError> {
-        let guard = match self.conn.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        let conn: &Connection = &guard;
-        retry_busy(|| {
-            conn.execute_batch("BEGIN IMMEDIATE")?;
-            Ok(())
-        })?;
-        /// Ends the transaction however `f` returns (or unwinds). Nothing
-        /// was written in it, so rolling back only releases the lock.
-        struct End<'a>(&'a Connection);
-        impl Drop for End<'_> {
-            fn drop(&mut self) {
-                let _ = self.0.execute_batch("ROLLBACK");
-            }
-        }
-        let _end = End(conn);
-        Ok(f())
-    }
-
     /// Records a root (idempotent: an existing root is only touched). Objects
     /// it references are counted (once per root) and un-condemned.
     pub(crate) fn record_root(&self, e: &RootEntry, now: u64) -> Result<(), LedgerError> {

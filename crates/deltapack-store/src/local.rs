@@ -482,6 +482,42 @@ fn write_parts(
     result
 }
 
+/// Runs `f` holding the store's root lock: an exclusive `flock` on
+/// `<root>/ledger/roots.lock`, which every process of a local store takes
+/// to delete, replace or quarantine a root object. "Check the root's bytes,
+/// then act on it" is then atomic against any other such change, in this
+/// process or another. Independent of the ledger database, so it can be
+/// taken while the ledger itself is being opened or rebuilt. `f` must be
+/// short: it blocks every other root change of the store.
+pub(crate) fn with_root_lock<T>(
+    root: &FsPath,
+    f: impl FnOnce() -> std::io::Result<T>,
+) -> std::io::Result<T> {
+    use std::os::fd::AsRawFd;
+    let dir = root.join("ledger");
+    std::fs::create_dir_all(&dir)?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("roots.lock"))?;
+    loop {
+        // SAFETY: flock on a descriptor we own; no memory is involved.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+        if rc == 0 {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    // The lock is released when `file` is closed, however `f` ends.
+    let out = f();
+    drop(file);
+    out
+}
+
 /// What a conditional root replacement found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Replaced {
@@ -494,7 +530,7 @@ pub(crate) enum Replaced {
 /// Replaces the object at `key` with `new` only if it currently holds
 /// exactly `expected`: read and compare, write a staging file next to it,
 /// `fsync`, rename over the key (atomic), `fsync` the directory. The caller
-/// holds the ledger's lock ([`crate::ledger::Ledger::exclusive`]), which
+/// holds the store's root lock ([`with_root_lock`]), which
 /// every deletion of a root also takes, so nothing can remove or replace
 /// the key between the comparison and the rename.
 pub(crate) fn replace_if_unchanged(
@@ -541,10 +577,37 @@ pub(crate) fn replace_if_unchanged(
     Ok(Replaced::Yes)
 }
 
+/// Moves the object at `key` to `dest` (both under `root`) only if it
+/// holds exactly `expected`: copy (synced), then a durable delete. Run
+/// under the store's root lock (see [`replace_if_unchanged`]). Returns whether
+/// it moved the object.
+pub(crate) fn quarantine_if_unchanged(
+    root: &FsPath,
+    key: &Path,
+    dest: &Path,
+    expected: &[u8],
+) -> std::io::Result<bool> {
+    let src = root.join(key.as_ref());
+    match std::fs::read(&src) {
+        Ok(cur) if cur == expected => {}
+        Ok(_) => return Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    let to = root.join(dest.as_ref());
+    if let Some(dir) = to.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&to, expected)?;
+    std::fs::File::open(&to)?.sync_all()?;
+    delete_durably(root, key)?;
+    Ok(true)
+}
+
 /// Deletes the object at `key` (absent is fine) and makes the deletion
 /// durable (`fsync` of its directory): a root whose removal a crash could
 /// undo would come back naming objects the collector has since deleted.
-/// Roots are deleted this way under the ledger's lock (see
+/// Roots are deleted this way under the store's root lock (see
 /// [`replace_if_unchanged`]).
 pub(crate) fn delete_durably(root: &FsPath, key: &Path) -> std::io::Result<()> {
     let dest = root.join(key.as_ref());

@@ -6,7 +6,7 @@
 //! result snapshot digest and the payload digest are provably unchanged — and
 //! only then replace the root object atomically — and only if it still holds
 //! exactly the bytes read at the start. On local disk the comparison and the
-//! rename happen under the ledger's lock, which every root deletion
+//! rename happen under the store's root lock, which every root deletion
 //! (eviction, pruning, invalidation) also takes; on S3 the overwrite is a
 //! conditional PUT on the root's ETag (`If-Match`), and a backend without
 //! conditional overwrites makes migration fail with a clear error instead of

@@ -358,18 +358,31 @@ impl Store {
         ctx: &ContextDigest,
         quarantine: bool,
     ) -> Result<RootStatus> {
-        let (status, damaged) = self.read_root_once(ns, ctx).await?;
+        Ok(self.read_root_bytes(ns, ctx, quarantine).await?.0)
+    }
+
+    /// [`Store::read_root`] (or, without `quarantine`, [`Store::peek_root`])
+    /// that also returns the bytes the status was decoded from, so a caller
+    /// acting on the root later can check it still holds them.
+    pub(crate) async fn read_root_bytes(
+        &self,
+        ns: &Namespace,
+        ctx: &ContextDigest,
+        quarantine: bool,
+    ) -> Result<(RootStatus, Option<Bytes>)> {
+        let (status, damaged, bytes) = self.read_root_once(ns, ctx).await?;
         if !(damaged && quarantine) {
-            return Ok(status);
+            return Ok((status, bytes));
         }
         // Quarantine needs proof: a bad read may be damage in transit, so
         // the root is read once more and moved aside only if it is damaged
-        // again.
-        let (again, damaged) = self.read_root_once(ns, ctx).await?;
-        if damaged {
-            self.quarantine(&keys::root_key(ns, ctx)).await;
+        // again — and still holds the damaged bytes when it is moved.
+        let (again, damaged, bytes) = self.read_root_once(ns, ctx).await?;
+        if let (true, Some(b)) = (damaged, &bytes) {
+            self.quarantine_root_if_unchanged(&keys::root_key(ns, ctx), b)
+                .await?;
         }
-        Ok(again)
+        Ok((again, bytes))
     }
 
     /// One read and decode of a root; `true` with an unusable status when
@@ -378,12 +391,23 @@ impl Store {
         &self,
         ns: &Namespace,
         ctx: &ContextDigest,
-    ) -> Result<(RootStatus, bool)> {
+    ) -> Result<(RootStatus, bool, Option<Bytes>)> {
+        let (status, damaged, bytes) = self.read_root_once_inner(ns, ctx).await?;
+        Ok((status, damaged, bytes))
+    }
+
+    async fn read_root_once_inner(
+        &self,
+        ns: &Namespace,
+        ctx: &ContextDigest,
+    ) -> Result<(RootStatus, bool, Option<Bytes>)> {
         let key = keys::root_key(ns, ctx);
         let store = self.object_store();
         let got = match store.get(&key).await {
             Ok(g) => g,
-            Err(object_store::Error::NotFound { .. }) => return Ok((RootStatus::Absent, false)),
+            Err(object_store::Error::NotFound { .. }) => {
+                return Ok((RootStatus::Absent, false, None))
+            }
             Err(e) => return Err(StoreError::io(&key, e)),
         };
         if got.meta.size > MAX_ROOT_OBJECT {
@@ -391,10 +415,14 @@ impl Store {
                 "root {key} is {} bytes, limit {MAX_ROOT_OBJECT}",
                 got.meta.size
             );
-            return Ok((RootStatus::Unusable(MissReason::Corrupt { what }), true));
+            return Ok((
+                RootStatus::Unusable(MissReason::Corrupt { what }),
+                true,
+                None,
+            ));
         }
         let bytes = got.bytes().await.map_err(|e| StoreError::io(&key, e))?;
-        Ok(match root::decode(&bytes, self.inner.mac_key.as_ref()) {
+        let (status, damaged) = match root::decode(&bytes, self.inner.mac_key.as_ref()) {
             Ok(DecodedRoot::Incompatible { reason }) => (
                 RootStatus::Unusable(MissReason::Incompatible { detail: reason }),
                 false,
@@ -424,18 +452,17 @@ impl Store {
                 tracing::warn!(%what, "corrupt root");
                 (RootStatus::Unusable(MissReason::Corrupt { what }), true)
             }
-        })
+        };
+        Ok((status, damaged, Some(bytes)))
     }
 
     /// Deletes a root object. On local disk the deletion happens under the
-    /// ledger's lock and is made durable, so it cannot interleave with a
+    /// store's root lock and is made durable, so it cannot interleave with a
     /// conditional replacement ([`Store::replace_root_if_unchanged`]) in
     /// any process. An absent root is not an error.
     pub(crate) async fn delete_root_object(&self, key: &Path) -> Result<()> {
         if let BackendKind::Local { root } = self.backend_kind() {
-            let ledger = self.ledger().await?;
-            return ledger
-                .exclusive(|| crate::local::delete_durably(root, key))?
+            return crate::local::with_root_lock(root, || crate::local::delete_durably(root, key))
                 .map_err(|e| StoreError::local_io(key, e));
         }
         match self.object_store().delete(key).await {
@@ -450,7 +477,7 @@ impl Store {
     /// between (nothing is written then: a removed root is never brought
     /// back).
     ///
-    /// Local disk: compare and rename under the ledger's lock, which every
+    /// Local disk: compare and rename under the store's root lock, which every
     /// root deletion takes too. S3 and memory: a conditional PUT on the
     /// object's ETag (`If-Match`); a backend that cannot do one gets
     /// [`StoreError::Unsupported`] and the root stays as it was.
@@ -462,10 +489,10 @@ impl Store {
     ) -> Result<crate::local::Replaced> {
         use crate::local::Replaced;
         if let BackendKind::Local { root } = self.backend_kind() {
-            let ledger = self.ledger().await?;
-            return ledger
-                .exclusive(|| crate::local::replace_if_unchanged(root, key, expected, &new))?
-                .map_err(|e| StoreError::local_io(key, e));
+            return crate::local::with_root_lock(root, || {
+                crate::local::replace_if_unchanged(root, key, expected, &new)
+            })
+            .map_err(|e| StoreError::local_io(key, e));
         }
         let store = self.object_store();
         let current = match store.get(key).await {
@@ -504,6 +531,49 @@ impl Store {
             }
             Err(e) => Err(StoreError::io(key, e)),
         }
+    }
+
+    /// Moves the root at `key` to `quarantine/…` only if it still holds
+    /// exactly `expected` — the bytes its judge (a restore, the sweep) read.
+    /// A root removed or republished since then is left alone: quarantine
+    /// is for the damaged bytes, never for whatever replaced them. Returns
+    /// whether it moved the root.
+    ///
+    /// Local disk: compare, copy and delete under the store's root lock, which
+    /// every root deletion and replacement takes. Other backends: compare
+    /// on a fresh read, then copy and delete (object stores have no
+    /// conditional delete; the window is one round trip).
+    pub(crate) async fn quarantine_root_if_unchanged(
+        &self,
+        key: &Path,
+        expected: &[u8],
+    ) -> Result<bool> {
+        let dest = keys::quarantine_key(key);
+        let moved = if let BackendKind::Local { root } = self.backend_kind() {
+            crate::local::with_root_lock(root, || {
+                crate::local::quarantine_if_unchanged(root, key, &dest, expected)
+            })
+            .map_err(|e| StoreError::local_io(key, e))?
+        } else {
+            let current = match self.object_store().get(key).await {
+                Ok(g) => g.bytes().await.map_err(|e| StoreError::io(key, e))?,
+                Err(object_store::Error::NotFound { .. }) => return Ok(false),
+                Err(e) => return Err(StoreError::io(key, e)),
+            };
+            if current.as_ref() != expected {
+                false
+            } else {
+                self.quarantine(key).await;
+                return Ok(true);
+            }
+        };
+        if moved {
+            Stats::add(&self.inner.stats.quarantined, 1);
+            tracing::warn!(%key, quarantine = %dest, "quarantined");
+        } else {
+            tracing::info!(%key, "root changed since it was judged; not quarantined");
+        }
+        Ok(moved)
     }
 
     /// Moves a damaged key to `quarantine/…` (copy, then delete) and counts

@@ -20,7 +20,9 @@
 //! and `bytes_per_second` paces verification. `dry_run` reports without
 //! changing anything.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use bytes::Bytes;
 use std::time::{Duration, Instant, SystemTime};
 
 use deltapack_format::{ContextDigest, DecodedRoot, Digest, ExtentPlan, Namespace};
@@ -32,6 +34,7 @@ use serde::Serialize;
 use crate::backend::{self, BackendKind};
 use crate::base_graph::{BaseGraph, RootId};
 use crate::error::{Result, StoreError};
+use crate::fault::{FaultKind, ObjectFault, Proof};
 use crate::keys;
 use crate::ledger::Ledger;
 use crate::store::{RootStatus, Store};
@@ -99,6 +102,18 @@ enum Check {
     },
 }
 
+/// What the sweep concluded about one object.
+enum Verdict {
+    /// It verifies.
+    Intact,
+    /// It failed its check twice (proven; quarantined).
+    Corrupt,
+    /// It vanished since the listing.
+    Missing,
+    /// Neither verified nor proven corrupt (one bad read among others).
+    Unproven,
+}
+
 struct Referenced {
     stored_len: u64,
     check: Check,
@@ -112,8 +127,9 @@ struct References {
     objects: HashMap<Path, Referenced>,
     /// Delta roots and their bases.
     graph: BaseGraph,
-    /// Roots read successfully.
-    live: BTreeSet<RootId>,
+    /// Roots read successfully, with the bytes read (an invalidation acts
+    /// only on a root that still holds them).
+    live: BTreeMap<RootId, Bytes>,
 }
 
 /// The ledger as the sweep can use it: absent on a dry run, and "degraded"
@@ -176,17 +192,17 @@ impl Store {
         let mut refs = References::default();
         for (ns, ctx) in self.list_roots(None).await? {
             report.roots += 1;
-            let root = match self.read_root_for_sweep(&ns, &ctx, opts.dry_run).await? {
-                RootStatus::Found(r) => *r,
-                RootStatus::Absent => continue,
-                RootStatus::Unusable(reason) => {
+            let (root, bytes) = match self.read_root_bytes(&ns, &ctx, !opts.dry_run).await? {
+                (RootStatus::Found(r), Some(b)) => (*r, b),
+                (RootStatus::Found(_), None) | (RootStatus::Absent, _) => continue,
+                (RootStatus::Unusable(reason), _) => {
                     report
                         .unusable_roots
                         .push(format!("{}: {reason}", keys::root_key(&ns, &ctx)));
                     continue;
                 }
             };
-            refs.live.insert((ns, ctx));
+            refs.live.insert((ns, ctx), bytes);
             let objects = &mut refs.objects;
             let mut add = |key: Path, stored_len: u64, check: Check| {
                 objects
@@ -270,14 +286,26 @@ impl Store {
                     continue;
                 }
             }
-            let ok = self.verify_object(key, r).await?;
+            let verdict = self.verify_object(key, r).await?;
             report.checked += 1;
             report.checked_bytes += r.stored_len;
-            if !ok {
-                report.corrupt.push(key.to_string());
-                damaged.extend(r.roots.iter().copied());
-                if !opts.dry_run {
-                    self.quarantine(key).await;
+            match verdict {
+                Verdict::Intact => {}
+                Verdict::Corrupt => {
+                    report.corrupt.push(key.to_string());
+                    damaged.extend(r.roots.iter().copied());
+                    if !opts.dry_run {
+                        self.quarantine(key).await;
+                    }
+                }
+                // Gone since the listing (collected, or quarantined by a
+                // restore): its roots are re-checked before invalidation.
+                Verdict::Missing => {
+                    report.missing.push(key.to_string());
+                    damaged.extend(r.roots.iter().copied());
+                }
+                Verdict::Unproven => {
+                    tracing::warn!(%key, "object could not be judged; left in place");
                 }
             }
             if let Some(rate) = opts.bytes_per_second.filter(|r| *r > 0) {
@@ -311,7 +339,7 @@ impl Store {
             }
         }
         for (child, base) in refs.graph.links() {
-            if refs.live.contains(child) && !refs.live.contains(base) {
+            if refs.live.contains_key(child) && !refs.live.contains_key(base) {
                 let gone = opts.dry_run
                     || !matches!(
                         self.peek_root(&base.0, &base.1).await?,
@@ -326,13 +354,22 @@ impl Store {
             .graph
             .with_dependents(seeds)
             .into_iter()
-            .filter(|r| refs.live.contains(r))
+            .filter(|r| refs.live.contains_key(r))
             .collect();
+        let mut invalidated = BTreeSet::new();
         for (ns, ctx) in &order {
             let key = keys::root_key(ns, ctx);
-            report.invalidated_roots.push(key.to_string());
             if !opts.dry_run {
-                self.quarantine(&key).await;
+                // Only the root this sweep read: one removed or republished
+                // since is left alone (the next sweep judges it afresh).
+                let read = refs
+                    .live
+                    .get(&(*ns, *ctx))
+                    .map(|b| b.as_ref())
+                    .unwrap_or(&[]);
+                if !self.quarantine_root_if_unchanged(&key, read).await? {
+                    continue;
+                }
                 if let Err(e) = self
                     .ledger()
                     .await?
@@ -341,8 +378,10 @@ impl Store {
                     tracing::warn!(error = %e, "ledger update failed during sweep (it will rebuild at next open)");
                 }
             }
+            report.invalidated_roots.push(key.to_string());
+            invalidated.insert((*ns, *ctx));
         }
-        Ok(order.into_iter().collect())
+        Ok(invalidated)
     }
 
     /// The ledger may still list roots removed behind its back (another
@@ -380,7 +419,7 @@ impl Store {
         let mut degraded = false;
         for row in ledger.roots_lru()? {
             let k = (row.namespace, row.context);
-            if refs.live.contains(&k) || invalidated.contains(&k) {
+            if refs.live.contains_key(&k) || invalidated.contains(&k) {
                 continue;
             }
             let key = keys::root_key(&k.0, &k.1);
@@ -526,47 +565,57 @@ impl Store {
         Ok(true)
     }
 
-    async fn read_root_for_sweep(
+    /// Whether `key` is what the roots referencing it say, by the
+    /// quarantine rule: a failed check or read is read again, and the
+    /// object is corrupt only if it fails its check twice. A read that
+    /// keeps failing is an error, never a quarantine.
+    async fn verify_object(&self, key: &Path, r: &Referenced) -> Result<Verdict> {
+        let mut proof = Proof::default();
+        loop {
+            let fault = match self.verify_object_once(key, r).await? {
+                Ok(()) => return Ok(Verdict::Intact),
+                Err(f) => f,
+            };
+            tracing::warn!(%key, what = %fault.what, "object failed a check or a read");
+            let Some(f) = proof.record(fault) else {
+                continue;
+            };
+            return match f.kind {
+                FaultKind::Corrupt if f.key.is_some() => Ok(Verdict::Corrupt),
+                FaultKind::Missing => Ok(Verdict::Missing),
+                FaultKind::Io(e) => Err(*e),
+                FaultKind::Corrupt | FaultKind::Deadline => Ok(Verdict::Unproven),
+            };
+        }
+    }
+
+    /// One read and check of `key`; `Err` only for an internal failure.
+    async fn verify_object_once(
         &self,
-        ns: &Namespace,
-        ctx: &ContextDigest,
-        dry_run: bool,
-    ) -> Result<RootStatus> {
-        if dry_run {
-            self.peek_root(ns, ctx).await
-        } else {
-            self.read_root(ns, ctx).await
-        }
-    }
-
-    /// Whether `key` is what the roots referencing it say. Quarantine needs
-    /// proof: a failed check is read and checked once more (damage in
-    /// transit is not damage at rest), and a read error is retried once,
-    /// then reported as an error — never as corruption.
-    async fn verify_object(&self, key: &Path, r: &Referenced) -> Result<bool> {
-        match self.verify_object_once(key, r).await {
-            Ok(true) => Ok(true),
-            Ok(false) | Err(StoreError::Io { .. }) => {
-                tracing::warn!(%key, "object failed a check or a read; reading it once more");
-                self.verify_object_once(key, r).await
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    async fn verify_object_once(&self, key: &Path, r: &Referenced) -> Result<bool> {
+        key: &Path,
+        r: &Referenced,
+    ) -> Result<std::result::Result<(), ObjectFault>> {
         let bytes = match self.fetch_exact(key, r.stored_len).await {
             Ok(b) => b,
-            Err(f) => return f.into_error().map(|_| false),
+            Err(f) => return Ok(Err(f)),
         };
         let check = r.check.clone();
-        tokio::task::spawn_blocking(move || match check {
+        let ok = tokio::task::spawn_blocking(move || match check {
             Check::V1 { digest } => Digest::sha256(&bytes) == digest,
             Check::V2 { plan, index, entry } => {
                 crate::restore::reassembly::verify_extent(&plan, index, &entry, bytes).is_ok()
             }
         })
         .await
-        .map_err(|e| StoreError::task("verify", e))
+        .map_err(|e| StoreError::task("verify", e))?;
+        Ok(if ok {
+            Ok(())
+        } else {
+            Err(ObjectFault::of(
+                key,
+                FaultKind::Corrupt,
+                "does not match its name",
+            ))
+        })
     }
 }

@@ -647,7 +647,6 @@ impl Store {
         mut into: Option<&mut [u8]>,
         deadline: Option<std::time::Instant>,
     ) -> std::result::Result<reassembly::Output, reassembly::ObjectFault> {
-        use reassembly::FaultKind;
         let source = self.reassembly_source();
         let threads = source.threads(RESTORE_IN_FLIGHT);
         let chain_threads = source.threads(self.config().chain_gets_in_flight.max(1));
@@ -660,24 +659,22 @@ impl Store {
                 "internal: a v1 root reached the v2 rebuild",
             )),
         };
-        let first = pass(into.as_deref_mut());
-        let Err(d) = first else { return first };
-        let again = matches!(d.kind, FaultKind::Io(_))
-            || (matches!(d.kind, FaultKind::Corrupt) && d.key.is_some());
-        if !again || matches!(what, Plan::Flat(_)) {
-            // (A flat restore already re-reads a failed extent itself.)
-            return Err(d);
+        if matches!(what, Plan::Flat(_)) {
+            // A flat restore applies the quarantine rule per extent itself.
+            return pass(into);
         }
-        tracing::warn!(what = %d.what, "composed restore failed; reading once more");
-        match pass(into) {
-            Ok(o) => Ok(o),
-            // Proof needs the same object to fail again.
-            Err(d2) if d2.key.is_some() && d2.key == d.key => Err(d2),
-            Err(mut d2) => {
-                if matches!(d2.kind, FaultKind::Corrupt) && d2.key.is_some() {
-                    d2.key = None;
+        // A composed pass that fails on an object (or a read) runs again;
+        // the object is quarantined only if it fails its check twice.
+        let mut proof = reassembly::Proof::default();
+        loop {
+            match pass(into.as_deref_mut()) {
+                Ok(o) => return Ok(o),
+                Err(d) => {
+                    tracing::warn!(what = %d.what, "composed restore failed");
+                    if let Some(f) = proof.record(d) {
+                        return Err(f);
+                    }
                 }
-                Err(d2)
             }
         }
     }
@@ -845,35 +842,33 @@ impl Store {
         verify: impl Fn(Bytes) -> std::result::Result<Bytes, String> + Send + Sync + Clone + 'static,
     ) -> Result<std::result::Result<Bytes, ObjectFault>> {
         // A bad read may be damage in transit (a proxy, a flaky link) rather
-        // than at rest: read once more before quarantining a healthy object.
-        let mut last = None;
-        for attempt in 0..2 {
-            let bytes = match self.fetch_exact(&key, stored_len).await {
-                Ok(b) => b,
-                Err(f) => match f.into_error()? {
-                    f if matches!(f.kind, FaultKind::Missing) => return Ok(Err(f)),
-                    f => {
-                        last = Some(f);
-                        continue;
+        // than at rest: the object is quarantined only if it fails its
+        // check twice (the quarantine rule, `Proof`).
+        let mut proof = reassembly::Proof::default();
+        loop {
+            let fault = match self.fetch_exact(&key, stored_len).await {
+                Ok(bytes) => {
+                    let v = verify.clone();
+                    let checked = tokio::task::spawn_blocking(move || v(bytes))
+                        .await
+                        .map_err(|e| StoreError::task("verify", e))?;
+                    match checked {
+                        Ok(b) => return Ok(Ok(b)),
+                        Err(what) => ObjectFault::of(&key, FaultKind::Corrupt, what),
                     }
-                },
-            };
-            let v = verify.clone();
-            let checked = tokio::task::spawn_blocking(move || v(bytes))
-                .await
-                .map_err(|e| StoreError::task("verify", e))?;
-            match checked {
-                Ok(b) => return Ok(Ok(b)),
-                Err(what) => {
-                    tracing::warn!(%key, %what, attempt, "object failed verification");
-                    last = Some(ObjectFault::of(&key, FaultKind::Corrupt, what));
                 }
+                Err(f) => f,
+            };
+            tracing::warn!(%key, what = %fault.what, "object failed a read or its check");
+            let Some(f) = proof.record(fault) else {
+                continue;
+            };
+            let f = f.into_error()?;
+            if matches!(f.kind, FaultKind::Corrupt) && f.key.is_some() {
+                self.quarantine(&key).await;
             }
+            return Ok(Err(f));
         }
-        self.quarantine(&key).await;
-        Ok(Err(last.unwrap_or_else(|| {
-            ObjectFault::of(&key, FaultKind::Corrupt, "failed verification")
-        })))
     }
 
     pub(crate) async fn fetch_v1(

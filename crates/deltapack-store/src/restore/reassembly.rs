@@ -43,7 +43,7 @@ use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 
-pub(crate) use crate::fault::{FaultKind, ObjectFault};
+pub(crate) use crate::fault::{FaultKind, ObjectFault, Proof};
 use crate::keys;
 
 /// Piece size of the fused read → hash → copy loop.
@@ -294,11 +294,12 @@ pub(crate) fn restore_flat(
                     let Some(mut region) = regions[i].lock().ok().and_then(|mut r| r.take()) else {
                         break;
                     };
-                    let mut r = Ok(());
-                    // A failed read or check is read once more: damage in
-                    // transit, or an error that passes, is not damage at rest.
-                    for attempt in 0..2 {
-                        r = read_extent(
+                    // A failed read or check is read again: damage in
+                    // transit, or an error that passes, is not damage at
+                    // rest (the quarantine rule, `Proof`).
+                    let mut proof = Proof::default();
+                    let r = loop {
+                        match read_extent(
                             source,
                             &plan,
                             i as u64,
@@ -307,14 +308,16 @@ pub(crate) fn restore_flat(
                             None,
                             deadline,
                             &mut scratch,
-                        );
-                        match &r {
-                            Err(d) if matches!(d.kind, FaultKind::Corrupt | FaultKind::Io(_)) => {
-                                tracing::warn!(what = %d.what, attempt, "extent read failed");
+                        ) {
+                            Ok(()) => break Ok(()),
+                            Err(d) => {
+                                tracing::warn!(what = %d.what, "extent read failed");
+                                if let Some(f) = proof.record(d) {
+                                    break Err(f);
+                                }
                             }
-                            _ => break,
                         }
-                    }
+                    };
                     if let Err(d) = r {
                         if let Ok(mut f) = failures.lock() {
                             f.push(d);

@@ -31,7 +31,7 @@ pub(crate) struct Stats {
     pub(crate) restore_latencies_us: Mutex<Vec<u64>>,
 }
 
-/// A point-in-time copy of [`Stats`].
+/// A point-in-time copy of the store's counters and latency figures.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct StatsSnapshot {
     /// Restores that returned a snapshot.

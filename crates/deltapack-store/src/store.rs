@@ -249,7 +249,10 @@ pub struct RootInfo {
 }
 
 impl Store {
-    /// Opens a store from a URL (see [`crate::backend`]).
+    /// Opens a store from a URL: `file:///path` (or a plain path) for local
+    /// disk (fsync'd, direct I/O), `s3://bucket[/prefix]` for an
+    /// S3-compatible bucket (`AWS_*` settings, `?endpoint=…`), `memory://`
+    /// for a process-local store. See [`crate::open_backend`].
     pub fn open(url: &str, config: StoreConfig) -> Result<Self> {
         let backend = backend::open(url)?;
         Self::from_backend(backend, config)

@@ -53,7 +53,7 @@ pub struct RestoreOptions {
     pub deadline: Option<tokio::time::Instant>,
 }
 
-/// The result of [`Store::restore_into`].
+/// The result of [`crate::Store::restore_into`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "outcome", rename_all = "kebab-case")]
 pub enum RestoreIntoOutcome {

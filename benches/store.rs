@@ -131,14 +131,21 @@ fn round_trips(c: &mut Criterion) {
             rt.block_on(fresh.store.publish(w.request(format, true)))
                 .expect("publish delta");
             // Warm the verified-base cache, as a long-running reader has it.
-            rt.block_on(fresh.store.restore(&w.identity, w.base_ctx))
-                .expect("restore base");
+            rt.block_on(
+                fresh
+                    .store
+                    .restore((&w.identity, w.base_ctx), Default::default()),
+            )
+            .expect("restore base");
             g.bench_function(
                 BenchmarkId::new(format!("restore_delta_{fname}"), w.name),
                 |b| {
                     b.iter(|| {
                         let out = rt
-                            .block_on(fresh.store.restore(&w.identity, black_box(w.result_ctx)))
+                            .block_on(fresh.store.restore(
+                                (&w.identity, black_box(w.result_ctx)),
+                                Default::default(),
+                            ))
                             .expect("restore");
                         assert!(out.hit().is_some(), "restore missed: {:?}", out.miss());
                         out

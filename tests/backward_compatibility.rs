@@ -184,7 +184,11 @@ async fn restore_set(set: &str) {
             r.label
         );
         let store = if r.keyed { &keyed } else { &plain };
-        match store.restore(&id, r.context).await.expect("restore") {
+        match store
+            .restore((&id, r.context), Default::default())
+            .await
+            .expect("restore")
+        {
             RestoreOutcome::Hit(h) => {
                 assert_eq!(h.digest, r.snapshot_digest, "{}", r.label);
                 assert_eq!(h.schema, r.schema, "{}", r.label);
@@ -220,7 +224,10 @@ async fn plain_keyed_check(
     )
     .expect("store");
     matches!(
-        wrong.restore(id, ctx).await.expect("restore"),
+        wrong
+            .restore((id, ctx), Default::default())
+            .await
+            .expect("restore"),
         RestoreOutcome::Miss(deltapack::store::MissReason::Unauthenticated { .. })
     )
 }

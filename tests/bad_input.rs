@@ -73,7 +73,7 @@ async fn expect_miss(f: &Fixture, ctx: ContextDigest, want: &str) -> MissReason 
     match f
         .t
         .store
-        .restore(&f.id, ctx)
+        .restore((&f.id, ctx), Default::default())
         .await
         .expect("restore must not error")
     {

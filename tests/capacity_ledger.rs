@@ -112,7 +112,10 @@ async fn budget_held_through_a_random_workload_and_ledger_equals_rebuild() {
         if x % 3 == 0 && turns[seed as usize] > 0 {
             // A restore is an access (refreshes LRU position) — hit or miss.
             let c = ctx(&id, seed, (1024 * turns[seed as usize]) as usize);
-            let _ = s.restore(&id, c).await.expect("restore");
+            let _ = s
+                .restore((&id, c), Default::default())
+                .await
+                .expect("restore");
             continue;
         }
         let t = turns[seed as usize];
@@ -275,7 +278,7 @@ async fn prune_clear_invalidate_and_cold_start() {
     assert_eq!(done.roots, dry.roots, "the plan is what ran");
     for c in [a0, a1] {
         assert!(matches!(
-            s.restore(&a, c).await.expect("r"),
+            s.restore((&a, c), Default::default()).await.expect("r"),
             RestoreOutcome::Miss(_)
         ));
     }

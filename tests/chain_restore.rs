@@ -156,7 +156,7 @@ impl Conversation {
 }
 
 async fn restore(s: &Store, id: &CacheIdentity, c: ContextDigest) -> RestoreOutcome {
-    tokio::time::timeout(LIMIT, s.restore(id, c))
+    tokio::time::timeout(LIMIT, s.restore((id, c), Default::default()))
         .await
         .expect("restore finished")
         .expect("restore")
@@ -168,7 +168,7 @@ async fn restore_into(
     c: ContextDigest,
     buf: &mut [u8],
 ) -> RestoreIntoOutcome {
-    tokio::time::timeout(LIMIT, s.restore_into(id, c, buf, Default::default()))
+    tokio::time::timeout(LIMIT, s.restore_into((id, c), buf, Default::default()))
         .await
         .expect("restore_into finished")
         .expect("restore_into")
@@ -589,7 +589,7 @@ async fn concurrent_restores_of_one_conversation_share_work() {
     let (c6, c7) = (conv.turns[5].0, conv.turns[6].0);
     let r6 = {
         let (r, id) = (reader.clone(), conv.id.clone());
-        tokio::spawn(async move { r.restore(&id, c6).await })
+        tokio::spawn(async move { r.restore((&id, c6), Default::default()).await })
     };
     tokio::time::sleep(Duration::from_millis(5)).await;
     let b7 = hit_bytes(restore(&reader, &conv.id, c7).await);

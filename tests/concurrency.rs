@@ -102,7 +102,7 @@ async fn concurrent_restores_share_one_fetch() {
     let tasks: Vec<_> = (0..8)
         .map(|_| {
             let (s, id) = (s.clone(), id.clone());
-            tokio::spawn(async move { s.restore(&id, cb).await })
+            tokio::spawn(async move { s.restore((&id, cb), Default::default()).await })
         })
         .collect();
     let mut held = Vec::new();
@@ -199,9 +199,8 @@ async fn deadline_turns_a_slow_restore_into_a_miss() {
     publish_base(&s, &id, c, turn(51, 2048), RootFormat::V2).await;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(50);
     let out = s
-        .restore_with(
-            id.namespace(),
-            c,
+        .restore(
+            (id.namespace(), c),
             RestoreOptions {
                 deadline: Some(deadline),
             },
@@ -214,7 +213,12 @@ async fn deadline_turns_a_slow_restore_into_a_miss() {
     );
     assert_eq!(s.stats().miss_deadline, 1);
     // Without a deadline the same restore is a hit.
-    assert!(s.restore(&id, c).await.expect("restore").hit().is_some());
+    assert!(s
+        .restore((&id, c), Default::default())
+        .await
+        .expect("restore")
+        .hit()
+        .is_some());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -231,8 +235,7 @@ async fn deadline_inside_restore_into_is_a_miss_and_blames_nothing() {
     let deadline = tokio::time::Instant::now() + Duration::from_millis(150);
     let out = s
         .restore_into(
-            &id,
-            c,
+            (&id, c),
             &mut buf,
             RestoreOptions {
                 deadline: Some(deadline),
@@ -253,7 +256,7 @@ async fn deadline_inside_restore_into_is_a_miss_and_blames_nothing() {
     assert_eq!(s.stats().quarantined, 0, "a deadline blames no object");
     // Without a deadline the same buffer receives the snapshot.
     let out = s
-        .restore_into(&id, c, &mut buf, RestoreOptions::default())
+        .restore_into((&id, c), &mut buf, RestoreOptions::default())
         .await
         .expect("restore_into");
     assert!(matches!(out, RestoreIntoOutcome::Hit { .. }), "{out:?}");
@@ -298,7 +301,11 @@ async fn sixteen_writers_with_readers_eviction_and_sweep() {
             let mut hits = 0;
             while !stop.load(Ordering::Relaxed) {
                 for c in &contexts {
-                    if let RestoreOutcome::Hit(h) = s.restore(&id, *c).await.expect("restore") {
+                    if let RestoreOutcome::Hit(h) = s
+                        .restore((&id, *c), Default::default())
+                        .await
+                        .expect("restore")
+                    {
                         assert_eq!(
                             deltapack::format::Digest::blake3(h.snapshot.encoded()),
                             h.digest

@@ -176,20 +176,24 @@ async fn suite(t: TestStore) {
     );
 
     // --- Misses and restore_into.
-    match s.restore(&id, ctx(&id, 42, 256)).await.expect("restore") {
+    match s
+        .restore((&id, ctx(&id, 42, 256)), Default::default())
+        .await
+        .expect("restore")
+    {
         RestoreOutcome::Miss(MissReason::Absent) => {}
         other => panic!("{name}: expected absent, got {other:?}"),
     }
     let mut buf = vec![0u8; b2.encoded().len()];
     let out = s
-        .restore_into(&id, c2, &mut buf, RestoreOptions::default())
+        .restore_into((&id, c2), &mut buf, RestoreOptions::default())
         .await
         .expect("restore_into");
     assert!(matches!(out, RestoreIntoOutcome::Hit { .. }));
     assert_eq!(buf, b2.encoded());
     let mut small = vec![0u8; 10];
     assert!(s
-        .restore_into(&id, c2, &mut small, RestoreOptions::default())
+        .restore_into((&id, c2), &mut small, RestoreOptions::default())
         .await
         .is_err());
 

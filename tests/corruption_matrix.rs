@@ -175,7 +175,7 @@ async fn check_restores(h: &Handles, w: &World, bad: &Bad, what: &str) {
         // into a new one; both must agree with the expectation.
         let mut buf = vec![0u8; w.roots[r].3 as usize];
         let into = s
-            .restore_into_with(r.0, r.1, &mut buf, Default::default())
+            .restore_into((r.0, r.1), &mut buf, Default::default())
             .await
             .expect("restore_into never errors on damage");
         match (&into, want) {
@@ -201,7 +201,7 @@ async fn check_restores(h: &Handles, w: &World, bad: &Bad, what: &str) {
             }
         }
         let got = s
-            .restore_with(r.0, r.1, Default::default())
+            .restore((r.0, r.1), Default::default())
             .await
             .expect("restore never errors on damage");
         match (&got, want) {
@@ -359,7 +359,7 @@ async fn every_root_every_damage_and_moved_roots() {
         )
         .expect("open");
         let moved = s
-            .restore_with(r.0, other, Default::default())
+            .restore((r.0, other), Default::default())
             .await
             .expect("restore");
         assert_eq!(
@@ -368,7 +368,7 @@ async fn every_root_every_damage_and_moved_roots() {
             "{key} moved"
         );
         let gone = s
-            .restore_with(r.0, r.1, Default::default())
+            .restore((r.0, r.1), Default::default())
             .await
             .expect("restore");
         assert_eq!(

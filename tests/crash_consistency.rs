@@ -105,7 +105,11 @@ async fn crash_sweep(
 
         // Reopen (no faults): restorable or absent, nothing dangling.
         let reopened = wrapped(backend.clone(), config());
-        match reopened.restore(&id, cr).await.expect("restore") {
+        match reopened
+            .restore((&id, cr), Default::default())
+            .await
+            .expect("restore")
+        {
             RestoreOutcome::Hit(h) => {
                 assert_eq!(
                     h.snapshot.encoded(),

@@ -290,7 +290,7 @@ impl Scenario {
         if let Some(req) = failed {
             match self
                 .store
-                .restore(&self.id, req.context)
+                .restore((&self.id, req.context), Default::default())
                 .await
                 .expect("restore")
             {
@@ -549,7 +549,11 @@ async fn every_failure_point_is_clean() {
                         use futures::StreamExt;
                         assert!(l.next().await.is_some(), "objects were written");
                     }
-                    match store.restore(&id, c).await.expect("restore") {
+                    match store
+                        .restore((&id, c), Default::default())
+                        .await
+                        .expect("restore")
+                    {
                         RestoreOutcome::Miss(MissReason::Absent) => {}
                         other => panic!("budget {budget}: failed publication left {other:?}"),
                     }

@@ -154,7 +154,11 @@ impl Target {
     /// Restores and insists on a `corrupt` miss (never an error or a hit).
     async fn expect_corrupt(&self, case: &str) -> String {
         let t0 = Instant::now();
-        let out = self.t.store.restore(&self.id, self.ctx).await;
+        let out = self
+            .t
+            .store
+            .restore((&self.id, self.ctx), Default::default())
+            .await;
         let took = t0.elapsed();
         let what = match out {
             Ok(RestoreOutcome::Miss(MissReason::Corrupt { what })) => what,
@@ -925,7 +929,11 @@ async fn delta_rebuilding_other_bytes_than_its_result_is_corrupt() {
             .await
             .expect("put root");
 
-        match s.restore(&id, cb).await.expect("restore") {
+        match s
+            .restore((&id, cb), Default::default())
+            .await
+            .expect("restore")
+        {
             RestoreOutcome::Miss(MissReason::Corrupt { what }) => {
                 assert!(what.contains("reconstructed result"), "{what}")
             }
@@ -933,7 +941,7 @@ async fn delta_rebuilding_other_bytes_than_its_result_is_corrupt() {
         }
         let mut buf = vec![0u8; b.encoded().len()];
         match s
-            .restore_into(&id, cb, &mut buf, Default::default())
+            .restore_into((&id, cb), &mut buf, Default::default())
             .await
             .expect("restore_into")
         {

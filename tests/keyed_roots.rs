@@ -38,7 +38,11 @@ async fn suite(url: String) {
 
     // The attacker publishes its own (perfectly well-formed) root.
     publish_base(&attacker, &id, cf, forged.clone(), RootFormat::V2).await;
-    match reader.restore(&id, cf).await.expect("restore") {
+    match reader
+        .restore((&id, cf), Default::default())
+        .await
+        .expect("restore")
+    {
         RestoreOutcome::Miss(MissReason::Unauthenticated { .. }) => {}
         other => panic!("a root without a valid MAC was accepted: {other:?}"),
     }
@@ -59,7 +63,10 @@ async fn suite(url: String) {
         .await
         .expect("put");
     assert!(matches!(
-        reader.restore(&id, cg).await.expect("restore"),
+        reader
+            .restore((&id, cg), Default::default())
+            .await
+            .expect("restore"),
         RestoreOutcome::Miss(_)
     ));
 
@@ -67,7 +74,11 @@ async fn suite(url: String) {
     let other = keyed(&url, b"someone else's key");
     let co = ctx(&id, 602, 2048);
     publish_base(&other, &id, co, turn(602, 2048), RootFormat::V2).await;
-    match reader.restore(&id, co).await.expect("restore") {
+    match reader
+        .restore((&id, co), Default::default())
+        .await
+        .expect("restore")
+    {
         RestoreOutcome::Miss(MissReason::Unauthenticated { .. }) => {}
         other => panic!("a root under another key was accepted: {other:?}"),
     }

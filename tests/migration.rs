@@ -84,7 +84,7 @@ async fn migrate_fixture_v1_roots_and_a_mixed_chain() {
         };
         assert!(matches!(*root, DecodedRoot::V2(_)), "{ctx} migrated to v2");
         match s
-            .restore_with(*ns, *ctx, Default::default())
+            .restore((*ns, *ctx), Default::default())
             .await
             .expect("restore")
         {

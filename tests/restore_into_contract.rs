@@ -52,7 +52,7 @@ async fn a_miss_leaves_the_buffer_zeroed() {
         let mut buf = vec![0xAAu8; want.encoded().len()];
         match t
             .store
-            .restore_into(&id, c, &mut buf, Default::default())
+            .restore_into((&id, c), &mut buf, Default::default())
             .await
             .expect("restore_into")
         {

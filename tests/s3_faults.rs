@@ -161,7 +161,7 @@ fn request(
 
 /// Restores through `store` and requires exact bytes (a hit).
 async fn assert_exact(store: &Store, id: &CacheIdentity, c: ContextDigest, want: &Snapshot) {
-    match store.restore(id, c).await {
+    match store.restore((id, c), Default::default()).await {
         Ok(RestoreOutcome::Hit(r)) => assert!(
             r.snapshot.encoded() == want.encoded(),
             "context {c}: restored different bytes"
@@ -413,7 +413,7 @@ async fn publish_and_restore_under_random_faults() {
                 .nth(k)
                 .map(|(c, s)| (*c, s.clone()))
                 .expect("k < len");
-            match through.restore(&id, rc).await {
+            match through.restore((&id, rc), Default::default()).await {
                 Ok(RestoreOutcome::Hit(r)) => {
                     assert!(
                         r.snapshot.encoded() == want.encoded(),
@@ -439,7 +439,7 @@ async fn publish_and_restore_under_random_faults() {
     // Faults stopped: a fresh handle straight on the server (no caches).
     let mut lost = Vec::new();
     for (c, want) in &published {
-        match direct.restore(&id, *c).await {
+        match direct.restore((&id, *c), Default::default()).await {
             Ok(RestoreOutcome::Hit(r)) if r.snapshot.encoded() == want.encoded() => {}
             Ok(RestoreOutcome::Hit(_)) => panic!("{c}: WRONG BYTES after the faults stopped"),
             other => lost.push(format!(
@@ -451,7 +451,11 @@ async fn publish_and_restore_under_random_faults() {
     // Failed publications: absent, or (if the write landed) exact.
     let mut failed_but_landed = 0;
     for (c, want) in &failed {
-        match direct.restore(&id, *c).await.expect("restore") {
+        match direct
+            .restore((&id, *c), Default::default())
+            .await
+            .expect("restore")
+        {
             RestoreOutcome::Hit(r) => {
                 assert!(r.snapshot.encoded() == want.encoded(), "{c}: wrong bytes");
                 failed_but_landed += 1;
@@ -534,7 +538,7 @@ async fn body_corrupted_in_transit_does_not_lose_the_object() {
     let c = ctx(&id, 400, 1024);
     publish_base(&direct, &id, c, snap.clone(), RootFormat::V2).await;
     proxy.control("once?action=flip&method=GET&match=/objects/");
-    let first = through.restore(&id, c).await;
+    let first = through.restore((&id, c), Default::default()).await;
     eprintln!(
         "restore with one flipped object body: {:?}; proxy {}",
         first.as_ref().map(|o| o.miss().map(|m| m.to_string())),

@@ -48,7 +48,11 @@ async fn read_your_writes_under_a_full_queue() {
         .await
         .expect("publish_async");
         // Immediately readable, whether buffered or already durable.
-        match wb.restore(&id, c).await.expect("restore") {
+        match wb
+            .restore((&id, c), Default::default())
+            .await
+            .expect("restore")
+        {
             RestoreOutcome::Hit(h) => {
                 assert_eq!(h.snapshot.encoded(), snap.encoded(), "context {i}")
             }
@@ -146,7 +150,11 @@ async fn a_conflicting_publication_is_refused_at_enqueue() {
         .await;
     assert!(refused.is_err(), "a conflicting publish_async is refused");
     // The store's root is what a reader sees, never the refused snapshot.
-    match wb.restore(&id, c).await.expect("restore") {
+    match wb
+        .restore((&id, c), Default::default())
+        .await
+        .expect("restore")
+    {
         RestoreOutcome::Hit(h) => assert_eq!(h.snapshot.encoded(), a.encoded()),
         RestoreOutcome::Miss(m) => panic!("{m}"),
     }

@@ -194,7 +194,11 @@ pub async fn publish_delta(
 
 /// Restores and returns the bytes, panicking on a miss.
 pub async fn restore_bytes(store: &Store, id: &CacheIdentity, ctx: ContextDigest) -> Vec<u8> {
-    match store.restore(id, ctx).await.expect("restore") {
+    match store
+        .restore((id, ctx), Default::default())
+        .await
+        .expect("restore")
+    {
         deltapack::store::RestoreOutcome::Hit(r) => r.snapshot.encoded().to_vec(),
         deltapack::store::RestoreOutcome::Miss(m) => panic!("expected a hit, got miss {m}"),
     }

@@ -362,9 +362,8 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode> {
         let before = store.stats();
         let t = Instant::now();
         let out = store
-            .restore_with(
-                lane.namespace,
-                lane.contexts[last],
+            .restore(
+                (lane.namespace, lane.contexts[last]),
                 RestoreOptions::default(),
             )
             .await;

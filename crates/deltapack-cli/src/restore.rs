@@ -57,7 +57,7 @@ pub(crate) async fn run(args: RestoreArgs) -> Result<ExitCode> {
     };
     let pb = common::spinner(format!("restoring {}", common::short(&context.hex())));
     let start = Instant::now();
-    let outcome = store.restore_with(ns, context, opts).await;
+    let outcome = store.restore((ns, context), opts).await;
     let elapsed = start.elapsed();
     pb.finish_and_clear();
 

@@ -245,7 +245,7 @@ impl Engine {
         timeout: Option<Duration>,
     ) -> Result<Restore> {
         let opts = options(timeout);
-        Ok(match self.store.restore_with(ns, context, opts).await? {
+        Ok(match self.store.restore((ns, context), opts).await? {
             ds::RestoreOutcome::Hit(r) => Restore::Hit(Verified {
                 snapshot: r.snapshot,
                 digest: r.digest.to_string(),
@@ -269,7 +269,7 @@ impl Engine {
     ) -> Result<RestoreInto> {
         let opts = options(timeout);
         Ok(
-            match self.store.restore_into_with(ns, context, buf, opts).await? {
+            match self.store.restore_into((ns, context), buf, opts).await? {
                 ds::RestoreIntoOutcome::Hit { len, digest } => RestoreInto::Hit { len, digest },
                 ds::RestoreIntoOutcome::Miss { reason } => {
                     RestoreInto::Miss(MissInfo::from(&reason))

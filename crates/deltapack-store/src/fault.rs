@@ -111,8 +111,11 @@ pub(crate) const MAX_READS: u32 = 3;
 
 /// The quarantine rule applied to a run of reads of one object (or passes
 /// of one restore): corruption is *proven* only when the same object fails
-/// its check twice. A transient error, or a single bad read among errors,
-/// proves nothing, and its fault comes back without a key to quarantine.
+/// its check on two consecutive reads (passes). Anything in between — an
+/// error, or a pass that failed elsewhere (which may have read the object
+/// cleanly) — starts the count again. A transient error, or a single bad
+/// read among others, proves nothing, and its fault comes back without a
+/// key to quarantine.
 #[derive(Debug, Default)]
 pub(crate) struct Proof {
     reads: u32,
@@ -145,6 +148,7 @@ impl Proof {
                 }
             }
             (FaultKind::Io(_), _) => {
+                self.corrupt = None;
                 if self.reads >= MAX_READS {
                     return Some(f);
                 }
@@ -203,6 +207,13 @@ mod tests {
         assert!(p.record(io("a")).is_none());
         let f = p.record(corrupt("a")).expect("gave up");
         assert!(!is_quarantinable(&f), "one bad read proves nothing");
+
+        // A bad read, an error, a bad read: not consecutive, not proof.
+        let mut p = Proof::default();
+        assert!(p.record(corrupt("a")).is_none());
+        assert!(p.record(io("a")).is_none());
+        let f = p.record(corrupt("a")).expect("gave up");
+        assert!(!is_quarantinable(&f), "the failed read in between may hide a clean one");
 
         // Two different objects bad once each prove nothing either.
         let mut p = Proof::default();

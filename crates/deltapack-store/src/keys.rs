@@ -10,7 +10,7 @@
 //! Keys are only ever built from typed digests, so they contain nothing but
 //! lowercase hex and fixed words: no caller string reaches a key.
 
-use deltapack_format::{Algorithm, ContextDigest, Digest, Namespace};
+use deltapack_format::{Algorithm, CacheIdentity, ContextDigest, Digest, Namespace};
 use object_store::path::Path;
 
 /// Prefix of all objects.
@@ -21,6 +21,44 @@ pub const ROOTS: &str = "roots";
 pub const QUARANTINE: &str = "quarantine";
 /// Prefix of hold markers.
 pub const HOLDS: &str = "holds";
+
+/// Names one root: the namespace (a cache identity's) and the context.
+/// Everything that addresses a root takes `impl Into<RootKey>`, so a caller
+/// passes `(&identity, context)` or `(namespace, context)` as it has them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RootKey {
+    /// The namespace.
+    pub namespace: Namespace,
+    /// The context digest.
+    pub context: ContextDigest,
+}
+
+impl RootKey {
+    /// The root of `context` in `namespace`.
+    pub fn new(namespace: Namespace, context: ContextDigest) -> Self {
+        RootKey { namespace, context }
+    }
+
+    /// The object key the root is stored under.
+    pub fn path(&self) -> Path {
+        root_key(&self.namespace, &self.context)
+    }
+}
+
+impl From<(Namespace, ContextDigest)> for RootKey {
+    fn from((namespace, context): (Namespace, ContextDigest)) -> Self {
+        RootKey { namespace, context }
+    }
+}
+
+impl From<(&CacheIdentity, ContextDigest)> for RootKey {
+    fn from((identity, context): (&CacheIdentity, ContextDigest)) -> Self {
+        RootKey {
+            namespace: identity.namespace(),
+            context,
+        }
+    }
+}
 
 /// Key of the object named by `d`.
 pub fn object_key(d: &Digest) -> Path {

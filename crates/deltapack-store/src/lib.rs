@@ -20,6 +20,73 @@
 //!   publication batch; every length from storage is bounded before use.
 //! * **Misses are not errors** — [`RestoreOutcome::Miss`] carries a
 //!   [`MissReason`]; corrupt objects are quarantined and counted.
+//!
+//! ## Example
+//!
+//! Publish two turns of a conversation (the second as a page delta over
+//! the first), restore the second into a new buffer and into the caller's
+//! own memory, and see a miss for a context never published:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use deltapack_format::synth::{self, Preset};
+//! use deltapack_format::{CacheIdentity, ContextHasher};
+//! use deltapack_store::{
+//!     BaseInput, MissReason, PublishRequest, RestoreIntoOutcome, RestoreOutcome, RootFormat,
+//!     Store, StoreConfig,
+//! };
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! let store = Store::open(&format!("file://{}", dir.path().display()), StoreConfig::default())?;
+//! let id = CacheIdentity::example();
+//! let hasher = ContextHasher::new(id.namespace(), id.chunk_tokens)?;
+//!
+//! // Two turns: 1,024 tokens, then 2,048 (synthetic KV pages).
+//! let turn1 = Arc::new(synth::snapshot(Preset::Tiny, 7, 1024)?);
+//! let turn2 = Arc::new(synth::snapshot(Preset::Tiny, 7, 2048)?);
+//! let ctx1 = hasher.digest(&synth::tokens(7, 1024));
+//! let ctx2 = hasher.digest(&synth::tokens(7, 2048));
+//! store
+//!     .publish(PublishRequest {
+//!         identity: id.clone(),
+//!         context: ctx1,
+//!         snapshot: turn1.clone(),
+//!         base: None,
+//!         format: RootFormat::V2,
+//!     })
+//!     .await?;
+//! store
+//!     .publish(PublishRequest {
+//!         identity: id.clone(),
+//!         context: ctx2,
+//!         snapshot: turn2.clone(),
+//!         base: Some(BaseInput { context: ctx1, snapshot: turn1 }),
+//!         format: RootFormat::V2,
+//!     })
+//!     .await?;
+//!
+//! // Restore turn 2: every object, the payload and the rebuilt snapshot
+//! // are verified before the bytes are handed over.
+//! match store.restore((&id, ctx2), Default::default()).await? {
+//!     RestoreOutcome::Hit(hit) => assert_eq!(hit.snapshot.encoded(), turn2.encoded()),
+//!     RestoreOutcome::Miss(reason) => panic!("unexpected miss: {reason}"),
+//! }
+//!
+//! // Or straight into memory the caller owns (e.g. a pinned host pool).
+//! let mut pool = vec![0u8; turn2.encoded().len()];
+//! let out = store.restore_into((&id, ctx2), &mut pool, Default::default()).await?;
+//! assert!(matches!(out, RestoreIntoOutcome::Hit { .. }));
+//! assert_eq!(pool, turn2.encoded());
+//!
+//! // A context nobody published is a miss with a reason, not an error.
+//! let unknown = hasher.digest(&synth::tokens(8, 1024));
+//! let miss = store.restore((&id, unknown), Default::default()).await?;
+//! assert_eq!(miss.miss(), Some(&MissReason::Absent));
+//! # Ok(())
+//! # }
+//! ```
 
 mod backend;
 mod base_graph;
@@ -40,6 +107,7 @@ mod write_behind;
 pub use backend::{is_storage_full, open as open_backend, Backend, BackendKind};
 pub use capacity::{free_space, Pin, PruneFilter, RemovalKind, RemovalPlan, RemovalReport};
 pub use error::{MissReason, OpenError, Result, StoreError};
+pub use keys::RootKey;
 pub use ledger::{ColdStart, LedgerError, LedgerImage, Totals};
 pub use migrate::MigrationReport;
 pub use publish::{

@@ -109,7 +109,7 @@ impl Store {
                 continue;
             }
             // 1. Prove the root restores, bit for bit.
-            match self.restore_with(ns, ctx, Default::default()).await? {
+            match self.restore((ns, ctx), Default::default()).await? {
                 RestoreOutcome::Hit(h) if h.digest == m.result_snapshot_digest => {}
                 RestoreOutcome::Hit(h) => {
                     report.skipped.push(format!(

@@ -26,13 +26,14 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use deltapack_format::{CacheIdentity, ContextDigest, Namespace, Snapshot};
+use deltapack_format::{ContextDigest, Namespace, Snapshot};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::error::{Result, StoreError};
+use crate::keys::RootKey;
 use crate::publish::{PublishOutcome, PublishRequest};
-use crate::restore::{RestoreOutcome, Restored};
+use crate::restore::{RestoreOptions, RestoreOutcome, Restored};
 use crate::store::{RootStatus, Store};
 
 type Key = (Namespace, ContextDigest);
@@ -290,14 +291,15 @@ impl WriteBehind {
             .and_then(|b| b.get(key).map(|e| e.digest))
     }
 
-    /// Restores a context, serving buffered (not yet durable) snapshots from
-    /// memory.
+    /// [`Store::restore`], serving buffered (not yet durable) snapshots
+    /// from memory.
     pub async fn restore(
         &self,
-        identity: &CacheIdentity,
-        context: ContextDigest,
+        key: impl Into<RootKey>,
+        opts: RestoreOptions,
     ) -> Result<RestoreOutcome> {
-        let key = (identity.namespace(), context);
+        let root = key.into();
+        let key = (root.namespace, root.context);
         let buffered = self
             .shared
             .buffer
@@ -312,7 +314,7 @@ impl WriteBehind {
                 schema: "write-behind-buffer",
             }));
         }
-        self.store.restore(identity, context).await
+        self.store.restore(root, opts).await
     }
 
     /// Counters so far.

@@ -89,7 +89,7 @@ pub(crate) async fn measure(
         let cpu = CpuSample::now();
         let t = Instant::now();
         let outcome = store
-            .restore_into_with(ns, ctx, &mut buf, RestoreOptions::default())
+            .restore_into((ns, ctx), &mut buf, RestoreOptions::default())
             .await?;
         out.times_ms.push(ms(t.elapsed()));
         cpu.record(out);
@@ -105,9 +105,7 @@ pub(crate) async fn measure(
     } else {
         let cpu = CpuSample::now();
         let t = Instant::now();
-        let outcome = store
-            .restore_with(ns, ctx, RestoreOptions::default())
-            .await?;
+        let outcome = store.restore((ns, ctx), RestoreOptions::default()).await?;
         out.times_ms.push(ms(t.elapsed()));
         cpu.record(out);
         let r = match outcome {
@@ -150,10 +148,7 @@ pub(crate) async fn job_restore(
     let (_, rctx) = w.contexts()?;
     let mut out = JobOutput::default();
     let t = Instant::now();
-    match store
-        .restore_with(ns, rctx, RestoreOptions::default())
-        .await?
-    {
+    match store.restore((ns, rctx), RestoreOptions::default()).await? {
         RestoreOutcome::Hit(_) => {}
         RestoreOutcome::Miss(m) => bail!("first restore missed: {m}"),
     }

@@ -33,8 +33,8 @@ use std::time::Instant;
 use bytes::Bytes;
 use deltapack_format::snapshot::digest_of_encoding;
 use deltapack_format::{
-    BaseRef, CacheIdentity, ContextDigest, DecodedRoot, Digest, ManifestV1, ManifestV2, Namespace,
-    PageDelta, Snapshot,
+    BaseRef, ContextDigest, DecodedRoot, Digest, ManifestV1, ManifestV2, Namespace, PageDelta,
+    Snapshot,
 };
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use object_store::path::Path;
@@ -42,7 +42,7 @@ use object_store::ObjectStoreExt;
 
 use crate::backend::BackendKind;
 use crate::error::{MissReason, Result, StoreError};
-use crate::keys;
+use crate::keys::{self, RootKey};
 use crate::stats::Stats;
 use crate::store::{RootStatus, Store};
 
@@ -94,23 +94,20 @@ enum Plan {
 type Visited = Vec<(Namespace, ContextDigest)>;
 
 impl Store {
-    /// Restores the state of `context` under `identity`'s namespace.
+    /// Restores the root `key` names — `(&identity, context)` or
+    /// `(namespace, context)` — verified end to end: a hit carries the
+    /// snapshot, a miss its reason (absent, corrupt, incompatible,
+    /// base-missing, deadline-exceeded, unauthenticated). Errors are
+    /// failures of the backend or of the process, never of the data.
     pub async fn restore(
         &self,
-        identity: &CacheIdentity,
-        context: ContextDigest,
-    ) -> Result<RestoreOutcome> {
-        self.restore_with(identity.namespace(), context, RestoreOptions::default())
-            .await
-    }
-
-    /// Restores with options (deadline).
-    pub async fn restore_with(
-        &self,
-        ns: Namespace,
-        context: ContextDigest,
+        key: impl Into<RootKey>,
         opts: RestoreOptions,
     ) -> Result<RestoreOutcome> {
+        let RootKey {
+            namespace: ns,
+            context,
+        } = key.into();
         let start = Instant::now();
         if opts
             .deadline
@@ -189,26 +186,17 @@ impl Store {
     /// is an error found from the root, before any payload byte is read.
     ///
     /// v1 roots, and non-local backends on a current-thread runtime, restore
-    /// through [`Store::restore_with`] and copy into `buf`.
+    /// through [`Store::restore`] and copy into `buf`.
     pub async fn restore_into(
         &self,
-        identity: &CacheIdentity,
-        context: ContextDigest,
+        key: impl Into<RootKey>,
         buf: &mut [u8],
         opts: RestoreOptions,
     ) -> Result<RestoreIntoOutcome> {
-        self.restore_into_with(identity.namespace(), context, buf, opts)
-            .await
-    }
-
-    /// [`Store::restore_into`] by namespace (as [`Store::restore_with`]).
-    pub async fn restore_into_with(
-        &self,
-        ns: Namespace,
-        context: ContextDigest,
-        buf: &mut [u8],
-        opts: RestoreOptions,
-    ) -> Result<RestoreIntoOutcome> {
+        let RootKey {
+            namespace: ns,
+            context,
+        } = key.into();
         let start = Instant::now();
         let miss = |reason: MissReason| {
             self.record_restore(start, Err(&reason));
@@ -286,7 +274,7 @@ impl Store {
         buf: &mut [u8],
         opts: RestoreOptions,
     ) -> Result<RestoreIntoOutcome> {
-        match self.restore_with(ns, context, opts).await? {
+        match self.restore((ns, context), opts).await? {
             RestoreOutcome::Miss(reason) => Ok(RestoreIntoOutcome::Miss { reason }),
             RestoreOutcome::Hit(r) => {
                 let enc = r.snapshot.encoded();

@@ -552,7 +552,10 @@ class Store:
 
     A handle is safe to share between threads. Every method that touches
     storage releases the GIL while it runs, and has an ``*_async`` twin
-    (``await store.restore_into_async(...)``) for asyncio.
+    (``await store.restore_into_async(...)``) for asyncio. The work runs on
+    one shared tokio runtime per process; a process forked after it started
+    has no runtime threads, so open stores in the worker processes (or use
+    the ``spawn`` start method), not in a parent that forks afterwards.
 
     ``tokens`` arguments name a context: token ids (a list of ints, a
     uint32/int64 numpy array, bytes of u32 little-endian ids) or the

@@ -213,7 +213,10 @@ mod tests {
         assert!(p.record(corrupt("a")).is_none());
         assert!(p.record(io("a")).is_none());
         let f = p.record(corrupt("a")).expect("gave up");
-        assert!(!is_quarantinable(&f), "the failed read in between may hide a clean one");
+        assert!(
+            !is_quarantinable(&f),
+            "the failed read in between may hide a clean one"
+        );
 
         // Two different objects bad once each prove nothing either.
         let mut p = Proof::default();

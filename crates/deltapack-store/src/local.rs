@@ -482,40 +482,44 @@ fn write_parts(
     result
 }
 
-/// Runs `f` holding the store's root lock: an exclusive `flock` on
-/// `<root>/ledger/roots.lock`, which every process of a local store takes
-/// to delete, replace or quarantine a root object. "Check the root's bytes,
-/// then act on it" is then atomic against any other such change, in this
-/// process or another. Independent of the ledger database, so it can be
-/// taken while the ledger itself is being opened or rebuilt. `f` must be
-/// short: it blocks every other root change of the store.
-pub(crate) fn with_root_lock<T>(
-    root: &FsPath,
-    f: impl FnOnce() -> std::io::Result<T>,
-) -> std::io::Result<T> {
-    use std::os::fd::AsRawFd;
-    let dir = root.join("ledger");
-    std::fs::create_dir_all(&dir)?;
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(dir.join("roots.lock"))?;
-    loop {
-        // SAFETY: flock on a descriptor we own; no memory is involved.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
-        if rc == 0 {
-            break;
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
+/// The store's root lock: an exclusive `flock` on
+/// `<root>/ledger/roots.lock`, held while this guard lives. Every process
+/// of a local store takes it to create, delete, replace or quarantine a
+/// root object, so "check the root (and what it needs), then act on it" is
+/// atomic against any other root change, in this process or another.
+/// Independent of the ledger database, so it can be taken while the ledger
+/// itself is being opened or rebuilt. Not reentrant: a holder must not
+/// take it again (`flock` locks of two open files conflict even within one
+/// process).
+#[derive(Debug)]
+pub(crate) struct RootLock {
+    _file: std::fs::File,
+}
+
+impl RootLock {
+    /// Blocks until the lock is held.
+    pub(crate) fn acquire(root: &FsPath) -> std::io::Result<Self> {
+        use std::os::fd::AsRawFd;
+        let dir = root.join("ledger");
+        std::fs::create_dir_all(&dir)?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("roots.lock"))?;
+        loop {
+            // SAFETY: flock on a descriptor we own; no memory is involved.
+            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+            if rc == 0 {
+                // Released when the file is closed (the guard dropped).
+                return Ok(RootLock { _file: file });
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
         }
     }
-    // The lock is released when `file` is closed, however `f` ends.
-    let out = f();
-    drop(file);
-    out
 }
 
 /// What a conditional root replacement found.
@@ -530,7 +534,7 @@ pub(crate) enum Replaced {
 /// Replaces the object at `key` with `new` only if it currently holds
 /// exactly `expected`: read and compare, write a staging file next to it,
 /// `fsync`, rename over the key (atomic), `fsync` the directory. The caller
-/// holds the store's root lock ([`with_root_lock`]), which
+/// holds the store's root lock ([`RootLock`]), which
 /// every deletion of a root also takes, so nothing can remove or replace
 /// the key between the comparison and the rename.
 pub(crate) fn replace_if_unchanged(

@@ -403,7 +403,12 @@ impl Store {
         let root_digest = Digest::blake3(&root_bytes);
         // An I/O error on the root write may hide a PUT that landed but whose
         // response was lost: read the root back before reporting failure.
-        let created = match put_create(self.object_store().as_ref(), &key, root_bytes).await {
+        // Root creation holds the root lock (local disk), so a sweep judging
+        // this context under the lock sees it either absent or complete.
+        let lock = self.root_lock().await?;
+        let put = put_create(self.object_store().as_ref(), &key, root_bytes).await;
+        drop(lock);
+        let created = match put {
             Ok(o) => o,
             Err(e @ StoreError::Io { .. }) => {
                 tracing::warn!(error = %e, %key, "root write failed; reading the root back");

@@ -459,13 +459,30 @@ impl Store {
         Ok((status, damaged, Some(bytes)))
     }
 
+    /// Takes the store's root lock on local disk (see
+    /// [`crate::local::RootLock`]); `None` elsewhere (object stores have no
+    /// such lock: conditional writes and re-reads narrow the windows there).
+    /// Held across the check and the act of every root change.
+    pub(crate) async fn root_lock(&self) -> Result<Option<crate::local::RootLock>> {
+        let BackendKind::Local { root } = self.backend_kind() else {
+            return Ok(None);
+        };
+        let root = root.clone();
+        let lock = tokio::task::spawn_blocking(move || crate::local::RootLock::acquire(&root))
+            .await
+            .map_err(|e| StoreError::task("root lock", e))?
+            .map_err(|e| StoreError::local_io(&Path::from("ledger/roots.lock"), e))?;
+        Ok(Some(lock))
+    }
+
     /// Deletes a root object. On local disk the deletion happens under the
     /// store's root lock and is made durable, so it cannot interleave with a
     /// conditional replacement ([`Store::replace_root_if_unchanged`]) in
     /// any process. An absent root is not an error.
     pub(crate) async fn delete_root_object(&self, key: &Path) -> Result<()> {
         if let BackendKind::Local { root } = self.backend_kind() {
-            return crate::local::with_root_lock(root, || crate::local::delete_durably(root, key))
+            let _lock = self.root_lock().await?;
+            return crate::local::delete_durably(root, key)
                 .map_err(|e| StoreError::local_io(key, e));
         }
         match self.object_store().delete(key).await {
@@ -492,10 +509,9 @@ impl Store {
     ) -> Result<crate::local::Replaced> {
         use crate::local::Replaced;
         if let BackendKind::Local { root } = self.backend_kind() {
-            return crate::local::with_root_lock(root, || {
-                crate::local::replace_if_unchanged(root, key, expected, &new)
-            })
-            .map_err(|e| StoreError::local_io(key, e));
+            let _lock = self.root_lock().await?;
+            return crate::local::replace_if_unchanged(root, key, expected, &new)
+                .map_err(|e| StoreError::local_io(key, e));
         }
         let store = self.object_store();
         let current = match store.get(key).await {
@@ -551,12 +567,17 @@ impl Store {
         key: &Path,
         expected: &[u8],
     ) -> Result<bool> {
+        let _lock = self.root_lock().await?;
+        self.quarantine_root_locked(key, expected).await
+    }
+
+    /// [`Store::quarantine_root_if_unchanged`] for a caller that already
+    /// holds the root lock ([`Store::root_lock`]).
+    pub(crate) async fn quarantine_root_locked(&self, key: &Path, expected: &[u8]) -> Result<bool> {
         let dest = keys::quarantine_key(key);
         let moved = if let BackendKind::Local { root } = self.backend_kind() {
-            crate::local::with_root_lock(root, || {
-                crate::local::quarantine_if_unchanged(root, key, &dest, expected)
-            })
-            .map_err(|e| StoreError::local_io(key, e))?
+            crate::local::quarantine_if_unchanged(root, key, &dest, expected)
+                .map_err(|e| StoreError::local_io(key, e))?
         } else {
             let current = match self.object_store().get(key).await {
                 Ok(g) => g.bytes().await.map_err(|e| StoreError::io(key, e))?,

@@ -332,6 +332,15 @@ impl Store {
         damaged: BTreeSet<RootId>,
         report: &mut SweepReport,
     ) -> Result<BTreeSet<RootId>> {
+        // The whole phase holds the root lock (local disk): no root is
+        // created, replaced or removed by anyone while the sweep re-judges
+        // and moves them, so a root republished at the last moment — even
+        // byte-identical — is seen complete, never judged by a stale read.
+        let _lock = if opts.dry_run {
+            None
+        } else {
+            self.root_lock().await?
+        };
         let mut seeds = Vec::new();
         for (ns, ctx) in &damaged {
             if opts.dry_run || !self.root_now_intact(ns, ctx).await? {
@@ -361,13 +370,14 @@ impl Store {
             let key = keys::root_key(ns, ctx);
             if !opts.dry_run {
                 // Only the root this sweep read: one removed or republished
-                // since is left alone (the next sweep judges it afresh).
+                // with other bytes since is left alone (the next sweep
+                // judges it afresh).
                 let read = refs
                     .live
                     .get(&(*ns, *ctx))
                     .map(|b| b.as_ref())
                     .unwrap_or(&[]);
-                if !self.quarantine_root_if_unchanged(&key, read).await? {
+                if !self.quarantine_root_locked(&key, read).await? {
                     continue;
                 }
                 if let Err(e) = self

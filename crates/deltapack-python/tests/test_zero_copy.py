@@ -50,6 +50,7 @@ def test_peak_memory_restoring_256_mib_into_a_preallocated_array(big, ident):
     assert np.array_equal(out, np.asarray(snap))
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc")
 def test_publish_reads_deltapack_memory_in_place(tmp_path, ident):
     """A Snapshot passed to publish is not copied: peak RSS stays flat."""
     snap, ids = deltapack.synth(16384, "default", 2)  # ~100 MiB

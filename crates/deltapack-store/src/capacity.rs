@@ -212,6 +212,11 @@ impl Store {
     }
 
     async fn rebuild_into(&self, ledger: &Ledger) -> Result<()> {
+        // Holds the root lock (local disk) from the listing to the commit: a
+        // root created in between would be listed by nobody and its ledger
+        // record wiped by the replacement, leaving its objects to look like
+        // orphans to the collector.
+        let _lock = self.root_lock().await?;
         let mut entries = Vec::new();
         for (ns, ctx) in self.list_roots(None).await? {
             if let RootStatus::Found(r) = self.peek_root(&ns, &ctx).await? {

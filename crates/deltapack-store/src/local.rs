@@ -490,7 +490,8 @@ fn write_parts(
 /// Independent of the ledger database, so it can be taken while the ledger
 /// itself is being opened or rebuilt. Not reentrant: a holder must not
 /// take it again (`flock` locks of two open files conflict even within one
-/// process).
+/// process) — in particular it must not open the ledger for the first time
+/// while holding it (opening may rebuild the ledger, which takes the lock).
 #[derive(Debug)]
 pub(crate) struct RootLock {
     _file: std::fs::File,

@@ -336,10 +336,13 @@ impl Store {
         // created, replaced or removed by anyone while the sweep re-judges
         // and moves them, so a root republished at the last moment — even
         // byte-identical — is seen complete, never judged by a stale read.
-        let _lock = if opts.dry_run {
-            None
+        // The ledger is opened first: opening it may rebuild it, which takes
+        // the root lock itself (the lock is not reentrant).
+        let (ledger, _lock) = if opts.dry_run {
+            (None, None)
         } else {
-            self.root_lock().await?
+            let ledger = self.ledger().await?;
+            (Some(ledger), self.root_lock().await?)
         };
         let mut seeds = Vec::new();
         for (ns, ctx) in &damaged {
@@ -380,11 +383,11 @@ impl Store {
                 if !self.quarantine_root_locked(&key, read).await? {
                     continue;
                 }
-                if let Err(e) = self
-                    .ledger()
-                    .await?
-                    .remove_root(ns, ctx, crate::ledger::now_ms())
-                {
+                let removed = match ledger {
+                    Some(l) => l.remove_root(ns, ctx, crate::ledger::now_ms()),
+                    None => Ok(Vec::new()),
+                };
+                if let Err(e) = removed {
                     tracing::warn!(error = %e, "ledger update failed during sweep (it will rebuild at next open)");
                 }
             }

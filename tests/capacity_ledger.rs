@@ -359,3 +359,79 @@ async fn minimum_free_space_is_kept() {
         "everything evictable went, nothing new was written"
     );
 }
+
+/// A ledger rebuild racing a publication in another process must not
+/// forget the publication's root. The rebuild lists the roots, reads each,
+/// lists the objects and replaces the ledger with what it saw; a root
+/// created and recorded by another process in between was listed by nobody,
+/// so the replacement wiped its record, its objects looked unreferenced and
+/// the next garbage collection (grace 0, as on one machine) deleted them —
+/// a published root left without its objects. Here the rebuilding process
+/// reads slowly (400 ms per request), and the publication runs while it
+/// reads. Found by `crates/deltapack-cli/tests/chaos_kill9.rs` (a healthy
+/// flat root quarantined by a sweep because its objects were gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_racing_a_publication_does_not_lose_its_objects() {
+    use common::faults::{FaultPlan, Faulty};
+    use deltapack::store::Backend;
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().expect("tmp");
+    let url = format!("file://{}", dir.path().display());
+    let cfg = StoreConfig {
+        grace: Duration::ZERO,
+        ..config()
+    };
+    let publisher = Store::open(&url, cfg.clone()).expect("store");
+    let id = identity("rebuild-race");
+    for seed in 93..96 {
+        publish_base(
+            &publisher,
+            &id,
+            ctx(&id, seed, 1024),
+            turn(seed, 1024),
+            RootFormat::V2,
+        )
+        .await;
+    }
+    let raw = raw_backend(&url);
+    let slow = Arc::new(Faulty::new(
+        raw.store.clone(),
+        FaultPlan {
+            latency: Duration::from_millis(400),
+            ..Default::default()
+        },
+    ));
+    let rebuilding = wrapped(
+        Backend {
+            store: slow.clone(),
+            kind: raw.kind.clone(),
+        },
+        StoreConfig {
+            cold_start: ColdStart::Rebuild,
+            ..cfg.clone()
+        },
+    );
+    let rebuild = tokio::spawn(async move {
+        rebuilding.ledger_totals().await.expect("rebuild");
+        rebuilding
+    });
+    // Once the rebuild has listed the roots and is reading them, publish.
+    while slow.ops() < 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (cr, r) = (ctx(&id, 92, 2048), turn(92, 2048));
+    publish_base(&publisher, &id, cr, r.clone(), RootFormat::V2).await;
+    let rebuilding = rebuild.await.expect("rebuild task");
+    // The next garbage collection, in any process.
+    rebuilding.collect_garbage().await.expect("gc");
+    let fresh = Store::open(&url, cfg).expect("store");
+    match fresh
+        .restore((&id, cr), Default::default())
+        .await
+        .expect("restore")
+    {
+        RestoreOutcome::Hit(h) => assert_eq!(h.snapshot.encoded(), r.encoded()),
+        RestoreOutcome::Miss(m) => panic!("a published root lost its objects to GC: {m}"),
+    }
+}

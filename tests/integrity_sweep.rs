@@ -181,7 +181,9 @@ async fn sweep_suite(t: TestStore) {
     assert_eq!(restore_bytes(s, &id, kc0).await, c0.encoded());
     for c in [ka1, ka2, kb0, kb1] {
         assert!(matches!(
-            s.restore(&id, c).await.expect("restore"),
+            s.restore((&id, c), Default::default())
+                .await
+                .expect("restore"),
             RestoreOutcome::Miss(_)
         ));
     }
@@ -250,4 +252,105 @@ async fn sweep_removes_only_old_staging_files() {
         dir.join("aabb#2").exists(),
         "a fresh staging file may belong to a live writer"
     );
+}
+
+/// A sweep invalidates only the root it judged. A delta whose base root is
+/// gone (evicted by another process while the delta was published) is
+/// invalidated by the sweep; if another process republishes that context
+/// — here as a flat root, whole and healthy — after the sweep read it, the
+/// sweep must not move the new root to quarantine. The race is placed
+/// right after the sweep's read of the root (the fault wrapper acts as soon
+/// as that read is served). Found by `crates/deltapack-cli/tests/chaos_kill9.rs`
+/// (a healthy flat root in `quarantine/`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweep_does_not_quarantine_a_root_republished_after_it_read_it() {
+    use common::faults::{FaultPlan, Faulty, Race};
+    use deltapack::store::{Backend, RootFormat};
+    use futures::TryStreamExt;
+    use std::sync::Arc;
+
+    let mut failures = Vec::new();
+    for name in ["memory", "local"] {
+        let dir = tempfile::tempdir().expect("tmp");
+        let url = match name {
+            "local" => format!("file://{}", dir.path().display()),
+            _ => "memory://".to_string(),
+        };
+        let raw = raw_backend(&url);
+        let faulty = Arc::new(Faulty::new(raw.store.clone(), FaultPlan::default()));
+        let s = wrapped(
+            Backend {
+                store: faulty.clone(),
+                kind: raw.kind.clone(),
+            },
+            config(),
+        );
+        let id = identity("sweep-republished");
+        let (b, r) = (turn(64, 1024), turn(64, 2048));
+        let (kb, kr) = (ctx(&id, 64, 1024), ctx(&id, 64, 2048));
+        publish_base(&s, &id, kb, b.clone(), RootFormat::V2).await;
+        publish_delta(&s, &id, kr, r.clone(), kb, b.clone(), RootFormat::V2).await;
+        // The same context published flat elsewhere: its root and objects.
+        let other = memory(config());
+        publish_base(&other.store, &id, kr, r.clone(), RootFormat::V2).await;
+        let listed: Vec<_> = other
+            .store
+            .object_store()
+            .list(None)
+            .try_collect()
+            .await
+            .expect("list");
+        let rk = keys::root_key(&id.namespace(), &kr);
+        let mut flat_root = Bytes::new();
+        for m in listed {
+            let body = other
+                .store
+                .object_store()
+                .get(&m.location)
+                .await
+                .expect("get")
+                .bytes()
+                .await
+                .expect("bytes");
+            if m.location == rk {
+                flat_root = body;
+            } else {
+                raw.store
+                    .put(&m.location, PutPayload::from_bytes(body))
+                    .await
+                    .expect("copy object");
+            }
+        }
+        // Another process evicted the base: the delta is stranded.
+        raw.store
+            .delete(&keys::root_key(&id.namespace(), &kb))
+            .await
+            .expect("evict base");
+        // ... and republishes the context flat right after the sweep read it.
+        faulty.set_plan(FaultPlan {
+            race: Some(Race::Put(rk.clone(), flat_root.clone())),
+            race_after_put: "arm/",
+            ..Default::default()
+        });
+        faulty
+            .put(&Path::from("arm/now"), PutPayload::from_static(b"arm"))
+            .await
+            .expect("arm the race");
+        let report = s
+            .sweep(&SweepOptions {
+                grace: Duration::from_secs(3600),
+                ..Default::default()
+            })
+            .await
+            .expect("sweep");
+        if raw.store.head(&rk).await.is_err() {
+            failures.push(format!(
+                "{name}: the republished flat root was moved to quarantine: {report:?}"
+            ));
+            continue;
+        }
+        let fresh = wrapped(raw.clone(), config());
+        assert_eq!(restore_bytes(&fresh, &id, kr).await, r.encoded(), "{name}");
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
 }

@@ -120,7 +120,7 @@ async fn damage_in_transit_quarantines_nothing_on_restore() {
         w.arm(one_shot(prefix, flip, fail));
         let r = w.reader();
         let (c, want) = &w.turns[k];
-        match r.restore(&w.id, *c).await {
+        match r.restore((&w.id, *c), Default::default()).await {
             Ok(RestoreOutcome::Hit(h)) => {
                 assert_eq!(
                     h.snapshot.encoded(),
@@ -194,7 +194,11 @@ async fn damage_at_rest_is_still_quarantined() {
         .await
         .expect("put");
     let r = w.reader();
-    match r.restore(&w.id, top).await.expect("restore") {
+    match r
+        .restore((&w.id, top), Default::default())
+        .await
+        .expect("restore")
+    {
         RestoreOutcome::Miss(m) => assert_eq!(m.label(), "corrupt", "{m}"),
         RestoreOutcome::Hit(_) => panic!("damaged bytes restored"),
     }
@@ -203,4 +207,57 @@ async fn damage_at_rest_is_still_quarantined() {
         w.store.object_store().head(&key).await.is_err(),
         "moved aside"
     );
+}
+
+/// A failed read followed by one flipped read is one bad read, not proof:
+/// the object was never seen damaged twice. Found by
+/// `tests/chaos_faults.rs`; checked here on every path that re-reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_read_then_a_flipped_read_quarantines_nothing() {
+    let mut failures = Vec::new();
+    for (what, k, sweep) in [
+        ("flat restore", 0usize, false),
+        ("composed chain restore", 2, false),
+        ("sweep", 2, true),
+    ] {
+        let w = world(&format!("proof-fail-flip-{k}-{sweep}")).await;
+        let (c, want) = w.turns[k].clone();
+        // The last extent of the root (of the top delta for a chain).
+        let m = match w
+            .store
+            .read_root(&w.id.namespace(), &c)
+            .await
+            .expect("root")
+        {
+            deltapack::store::RootStatus::Found(d) => match *d {
+                deltapack::format::DecodedRoot::V2(m) => m,
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        };
+        let key = keys::object_key(&m.extents[m.extents.len() - 1].object_digest());
+        let prefix: &'static str = Box::leak(key.to_string().into_boxed_str());
+        w.arm(one_shot(prefix, 1, 1));
+        let r = w.reader();
+        let outcome = if sweep {
+            format!(
+                "{:?}",
+                r.sweep(&SweepOptions::default()).await.map(|s| s.corrupt)
+            )
+        } else {
+            match r.restore((&w.id, c), Default::default()).await {
+                Ok(RestoreOutcome::Hit(h)) => {
+                    assert_eq!(h.snapshot.encoded(), want.encoded(), "{what}");
+                    "hit".into()
+                }
+                Ok(RestoreOutcome::Miss(m)) => format!("miss: {m}"),
+                Err(e) => format!("error: {e}"),
+            }
+        };
+        let q = w.quarantined().await;
+        if q != 0 {
+            failures.push(format!("{what}: {key} quarantined ({outcome})"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
 }

@@ -53,6 +53,52 @@ pub struct FaultPlan {
     /// Conditional overwrites (`PutMode::Update`) fail as not implemented,
     /// like a backend without `If-Match`.
     pub updates_unsupported: bool,
+    /// Flip one random bit in this fraction of GET bodies, objects and
+    /// roots alike (damage in transit; random from `seed`). Never in two
+    /// reads of one key in a row (failed reads in between do not count):
+    /// damage seen again on the re-read is, by the quarantine rule, damage
+    /// at rest.
+    pub flip_fraction: f64,
+    /// Fail this fraction of GETs (not HEADs) with a transient error.
+    pub get_fail_fraction: f64,
+    /// Delay this fraction of GETs by a random time up to `slow_get`.
+    pub slow_get_fraction: f64,
+    /// Longest delay of a slow GET.
+    pub slow_get: Duration,
+    /// Never flip a read right after a failed read of the same key (so a
+    /// failed read and a flipped re-read never meet).
+    pub no_flip_after_error: bool,
+    /// The next create-if-absent PUT whose key starts with this prefix
+    /// answers "already exists" without writing anything: another writer's
+    /// object, gone again by the time anyone reads it (then the prefix is
+    /// cleared).
+    pub create_exists_once: Option<&'static str>,
+}
+
+/// What the random transient faults (`flip_fraction`, `get_fail_fraction`,
+/// `slow_get_fraction`) injected so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransientCounts {
+    /// GET bodies with a flipped bit.
+    pub flips: u64,
+    /// GETs failed.
+    pub errors: u64,
+    /// GETs delayed.
+    pub slowed: u64,
+}
+
+/// State of the random transient faults.
+#[derive(Debug, Default)]
+struct Transient {
+    /// Draws taken (the random stream's position).
+    draws: u64,
+    /// Keys whose last read was flipped (the next read of each is clean).
+    flipped: std::collections::HashSet<String>,
+    /// Keys whose last read failed.
+    failed: std::collections::HashSet<String>,
+    /// Per key, what each GET met: `.` clean, `e` error, `f` flip.
+    history: std::collections::HashMap<String, String>,
+    counts: TransientCounts,
 }
 
 /// A change another actor makes to the store behind the wrapper's back.
@@ -80,12 +126,19 @@ pub struct Faulty {
     ops: AtomicU64,
     injected: AtomicU64,
     race_armed: std::sync::atomic::AtomicBool,
+    transient: Mutex<Transient>,
 }
 
 impl fmt::Display for Faulty {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Faulty({})", self.inner)
     }
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 fn injected(op: &str, n: u64) -> object_store::Error {
@@ -103,7 +156,75 @@ impl Faulty {
             ops: AtomicU64::new(0),
             injected: AtomicU64::new(0),
             race_armed: std::sync::atomic::AtomicBool::new(false),
+            transient: Mutex::new(Transient::default()),
         }
+    }
+
+    /// What the random transient faults injected so far.
+    pub fn transient_counts(&self) -> TransientCounts {
+        self.transient.lock().map(|t| t.counts).unwrap_or_default()
+    }
+
+    /// What the GETs of `key` met while random transient faults were on,
+    /// in order: `.` clean, `e` failed, `f` flipped.
+    pub fn read_history(&self, key: &str) -> String {
+        self.transient
+            .lock()
+            .ok()
+            .and_then(|t| t.history.get(key).cloned())
+            .unwrap_or_default()
+    }
+
+    /// Draws the random transient faults of one GET of `key`: an optional
+    /// delay, whether it fails, and a flip position (a random `u64`).
+    fn draw_transient(&self, key: &str) -> (Option<Duration>, bool, Option<u64>) {
+        let plan = self.plan();
+        if plan.flip_fraction <= 0.0
+            && plan.get_fail_fraction <= 0.0
+            && plan.slow_get_fraction <= 0.0
+        {
+            return (None, false, None);
+        }
+        let Ok(mut t) = self.transient.lock() else {
+            return (None, false, None);
+        };
+        let mut next = || {
+            t.draws += 1;
+            splitmix(plan.seed ^ t.draws.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        };
+        let unit = |z: u64| z as f64 / u64::MAX as f64;
+        let (a, b, c, d) = (next(), next(), next(), next());
+        let slow = (unit(a) < plan.slow_get_fraction).then(|| plan.slow_get.mul_f64(unit(b)));
+        let fail = unit(c) < plan.get_fail_fraction;
+        let after_error = t.failed.remove(key);
+        if fail {
+            t.failed.insert(key.to_string());
+        }
+        let flip = if fail {
+            false
+        } else {
+            // The read after a flipped read of the same key is clean (failed
+            // reads in between do not count), and with `no_flip_after_error`
+            // so is the read right after a failed one.
+            let spared = t.flipped.remove(key) || (after_error && plan.no_flip_after_error);
+            let flip = !spared && unit(d) < plan.flip_fraction;
+            if flip {
+                t.flipped.insert(key.to_string());
+            }
+            flip
+        };
+        t.counts.slowed += u64::from(slow.is_some());
+        t.counts.errors += u64::from(fail);
+        t.counts.flips += u64::from(flip);
+        let mark = if fail {
+            'e'
+        } else if flip {
+            'f'
+        } else {
+            '.'
+        };
+        t.history.entry(key.to_string()).or_default().push(mark);
+        (slow, fail, flip.then(|| splitmix(d)))
     }
 
     /// Operations seen so far.
@@ -185,6 +306,23 @@ impl ObjectStore for Faulty {
                 implementer: self.to_string(),
             });
         }
+        if matches!(opts.mode, object_store::PutMode::Create) {
+            let lost = self.plan.lock().ok().is_some_and(|mut p| {
+                let hit = p
+                    .create_exists_once
+                    .is_some_and(|prefix| location.as_ref().starts_with(prefix));
+                if hit {
+                    p.create_exists_once = None;
+                }
+                hit
+            });
+            if lost {
+                return Err(object_store::Error::AlreadyExists {
+                    path: location.to_string(),
+                    source: "injected: another writer created it".into(),
+                });
+            }
+        }
         let r = self.inner.put_opts(location, payload, opts).await?;
         if let Ok(p) = self.plan.lock() {
             if p.race.is_some() && location.as_ref().starts_with(p.race_after_put) {
@@ -215,6 +353,18 @@ impl ObjectStore for Faulty {
             self.injected.fetch_add(1, Ordering::SeqCst);
             return Err(injected("get (one-shot)", self.ops()));
         }
+        let (slow, fail_random, flip_random) = if head {
+            (None, false, None)
+        } else {
+            self.draw_transient(location.as_ref())
+        };
+        if let Some(d) = slow {
+            tokio::time::sleep(d).await;
+        }
+        if fail_random {
+            self.injected.fetch_add(1, Ordering::SeqCst);
+            return Err(injected("get (transient)", self.ops()));
+        }
         let r = self.inner.get_opts(location, options).await?;
         let plan = self.plan();
         let race = match self.plan.lock() {
@@ -228,6 +378,7 @@ impl ObjectStore for Faulty {
             _ => None,
         };
         let damage = flip_once
+            || flip_random.is_some()
             || ((plan.truncate_bodies || plan.flip_bodies)
                 && location.as_ref().starts_with("objects/"));
         if !damage && race.is_none() {
@@ -267,6 +418,10 @@ impl ObjectStore for Faulty {
         if (plan.flip_bodies || flip_once) && !b.is_empty() {
             let i = b.len() / 3;
             b[i] ^= 0x04;
+        }
+        if let (Some(z), false) = (flip_random, b.is_empty()) {
+            let i = (z % b.len() as u64) as usize;
+            b[i] ^= 1 << ((z >> 56) % 8);
         }
         self.injected.fetch_add(1, Ordering::SeqCst);
         let body = Bytes::from(b);

@@ -66,14 +66,8 @@ fn main() {
     let url = format!("file://{}", dir.path().display());
     for policy in [ColdStart::Rebuild, ColdStart::Load, ColdStart::Load] {
         let t = Instant::now();
-        let store = Store::open(
-            &url,
-            StoreConfig {
-                cold_start: policy,
-                ..Default::default()
-            },
-        )
-        .expect("open");
+        let store =
+            Store::open(&url, StoreConfig::default().with_cold_start(policy)).expect("open");
         let totals = rt.block_on(store.ledger_totals()).expect("ledger");
         let secs = t.elapsed().as_secs_f64();
         assert_eq!(totals.roots as usize, n);

@@ -73,10 +73,7 @@ impl Workload {
     /// A fresh local store holding the published base.
     fn store_with_base(&self, rt: &tokio::runtime::Runtime, format: RootFormat) -> Fresh {
         let dir = tempfile::tempdir().expect("tempdir");
-        let config = StoreConfig {
-            max_extent_bytes: self.extent_bytes,
-            ..Default::default()
-        };
+        let config = StoreConfig::default().with_max_extent_bytes(self.extent_bytes);
         let store =
             Store::open(&format!("file://{}", dir.path().display()), config).expect("open store");
         rt.block_on(store.publish(self.request(format, false)))

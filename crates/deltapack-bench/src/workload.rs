@@ -80,10 +80,7 @@ impl Workload {
 
     /// The stores' configuration (the workload's extent size).
     pub(crate) fn config(&self) -> StoreConfig {
-        StoreConfig {
-            max_extent_bytes: self.extent_bytes,
-            ..Default::default()
-        }
+        StoreConfig::default().with_max_extent_bytes(self.extent_bytes)
     }
 
     /// Publication of the base (`result: None`) or of the result as a delta
@@ -196,11 +193,9 @@ impl Conversation {
 
     /// The store configuration: the workload's extents, rebasing off.
     pub(crate) fn config(&self) -> StoreConfig {
-        StoreConfig {
-            chain: ChainPolicy::unbounded(),
-            max_extent_bytes: self.extent_bytes,
-            ..Default::default()
-        }
+        StoreConfig::default()
+            .with_chain(ChainPolicy::unbounded())
+            .with_max_extent_bytes(self.extent_bytes)
     }
 
     /// The context hasher of the workload's identity.

@@ -94,14 +94,11 @@ pub(crate) struct CapacityArgs {
 impl CapacityArgs {
     /// Applies the options to a configuration.
     pub(crate) fn apply(&self, c: StoreConfig) -> StoreConfig {
-        StoreConfig {
-            budget_bytes: self.budget,
-            min_free_bytes: self.min_free,
-            grace: self.grace,
-            cold_start: self.cold_start.policy(),
-            prefill_tokens_per_s: self.prefill_rate,
-            ..c
-        }
+        c.with_budget_bytes(self.budget)
+            .with_min_free_bytes(self.min_free)
+            .with_grace(self.grace)
+            .with_cold_start(self.cold_start.policy())
+            .with_prefill_tokens_per_s(self.prefill_rate)
     }
 }
 
@@ -128,10 +125,10 @@ pub(crate) struct StoreArgs {
 impl StoreArgs {
     /// The configuration these options describe (root key, capacity).
     pub(crate) fn config(&self) -> Result<StoreConfig> {
-        Ok(StoreConfig {
-            mac_secret: self.key.mac_secret()?,
-            ..self.capacity.apply(StoreConfig::default())
-        })
+        Ok(self
+            .capacity
+            .apply(StoreConfig::default())
+            .with_mac_secret(self.key.mac_secret()?))
     }
 
     /// Opens the store with [`StoreArgs::config`].

@@ -19,7 +19,7 @@ use deltapack_format::synth;
 use deltapack_format::{CacheIdentity, ContextDigest, ContextHasher, Namespace, Snapshot};
 use deltapack_store::{
     BackendKind, BaseInput, PublishOutcome, PublishRequest, RestoreOptions, RestoreOutcome,
-    RootFormat, RootStatus, StoreConfig,
+    RootFormat, RootStatus,
 };
 use serde::Serialize;
 
@@ -166,13 +166,14 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode> {
         .context("conversation too long")?;
     let n_tokens = usize::try_from(final_tokens).context("conversation too long")?;
 
-    let config = StoreConfig {
-        max_extent_bytes: args
-            .max_extent_bytes
-            .unwrap_or(deltapack_format::DEFAULT_MAX_EXTENT_BYTES),
-        compression: args.compress,
-        ..args.store.config()?
-    };
+    let config = args
+        .store
+        .config()?
+        .with_max_extent_bytes(
+            args.max_extent_bytes
+                .unwrap_or(deltapack_format::DEFAULT_MAX_EXTENT_BYTES),
+        )
+        .with_compression(args.compress);
     let store = args.store.open_with(config)?;
     let store_name = match store.backend_kind() {
         BackendKind::Local { root } => root.display().to_string(),
@@ -197,10 +198,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode> {
                     .context("turn boundary without a context digest")
             })
             .collect::<Result<Vec<_>>>()?;
-        let (name, schema) = match format {
-            RootFormat::V2 => ("v2", deltapack_format::SCHEMA_V2),
-            RootFormat::V1 => ("v1", deltapack_format::SCHEMA_V1),
-        };
+        let (name, schema) = (format.name(), format.schema());
         lanes.push(Lane {
             format,
             identity,

@@ -214,11 +214,10 @@ pub(crate) async fn hold(a: HoldArgs, release: bool) -> Result<ExitCode> {
 
 pub(crate) async fn prune(a: PruneArgs) -> Result<ExitCode> {
     let store = a.s.open()?;
-    let filter = PruneFilter {
-        namespace: a.namespace.as_deref().map(ns).transpose()?,
-        schema: a.schema.clone(),
-        idle_for: a.idle,
-    };
+    let filter = PruneFilter::default()
+        .with_namespace(a.namespace.as_deref().map(ns).transpose()?)
+        .with_schema(a.schema.clone())
+        .with_idle_for(a.idle);
     let plan = store.prune_plan(&filter).await?;
     carry_out(&store, plan, a.dry_run, "prune", a.s.json).await
 }

@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use clap::ArgGroup;
 use deltapack_format::{ContextDigest, ContextHasher};
 use deltapack_store::{
-    BaseInput, ChainPolicy, PublishOutcome, PublishReceipt, PublishRequest, RootFormat, StoreConfig,
+    BaseInput, ChainPolicy, PublishOutcome, PublishReceipt, PublishRequest, RootFormat,
 };
 
 use crate::common;
@@ -150,17 +150,19 @@ pub(crate) async fn run(args: PublishArgs) -> Result<ExitCode> {
         }
     };
 
-    let config = StoreConfig {
-        max_extent_bytes: args
-            .max_extent_bytes
-            .unwrap_or(deltapack_format::DEFAULT_MAX_EXTENT_BYTES),
-        compression: args.compress,
-        chain: ChainPolicy {
-            max_depth: Some(args.max_chain_depth).filter(|k| *k > 0),
-            max_read_overhead: Some(args.max_read_overhead).filter(|x| *x >= 0.0),
-        },
-        ..args.store.config()?
-    };
+    let config = args
+        .store
+        .config()?
+        .with_max_extent_bytes(
+            args.max_extent_bytes
+                .unwrap_or(deltapack_format::DEFAULT_MAX_EXTENT_BYTES),
+        )
+        .with_compression(args.compress)
+        .with_chain(
+            ChainPolicy::default()
+                .with_max_depth(Some(args.max_chain_depth).filter(|k| *k > 0))
+                .with_max_read_overhead(Some(args.max_read_overhead).filter(|x| *x >= 0.0)),
+        );
     let store = args.store.open_with(config)?;
     let req = PublishRequest {
         identity,

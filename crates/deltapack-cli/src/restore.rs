@@ -50,11 +50,10 @@ pub(crate) async fn run(args: RestoreArgs) -> Result<ExitCode> {
         (None, None) => bail!("give --context or --tokens"),
     };
     let store = args.store.open()?;
-    let opts = RestoreOptions {
-        deadline: args
-            .deadline_ms
+    let opts = RestoreOptions::default().with_deadline(
+        args.deadline_ms
             .map(|n| tokio::time::Instant::now() + Duration::from_millis(n)),
-    };
+    );
     let pb = common::spinner(format!("restoring {}", common::short(&context.hex())));
     let start = Instant::now();
     let outcome = store.restore((ns, context), opts).await;

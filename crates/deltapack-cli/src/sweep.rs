@@ -40,12 +40,11 @@ fn parse_subset(s: &str) -> std::result::Result<(u8, u8), String> {
 pub(crate) async fn run(a: SweepArgs) -> Result<ExitCode> {
     let store = a.store.open()?;
     let bar = spinner("sweeping");
-    let opts = SweepOptions {
-        grace: a.store.capacity.grace,
-        subset: a.subset,
-        bytes_per_second: a.rate,
-        dry_run: a.dry_run,
-    };
+    let opts = SweepOptions::default()
+        .with_grace(a.store.capacity.grace)
+        .with_subset(a.subset)
+        .with_bytes_per_second(a.rate)
+        .with_dry_run(a.dry_run);
     let report = store.sweep(&opts).await;
     bar.finish_and_clear();
     let report = match report {

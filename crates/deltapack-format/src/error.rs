@@ -7,6 +7,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// layer. Each variant says what was wrong; none of them is ever produced by a
 /// panic path.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Error {
     /// A digest, namespace or context in text form is malformed.
     #[error("invalid digest text {text:?}: {reason}")]

@@ -10,11 +10,15 @@
 //!
 //! `p` is fully determined by the header (`layout.payload_len(block_counts)`)
 //! and the encoding must end exactly there. The snapshot digest is BLAKE3 of
-//! the whole encoding. A [`Snapshot`] owns its encoding, so handing it to a
-//! placement layer or hashing it never copies the payload.
+//! the whole encoding. A [`Snapshot`] holds its encoding as shared,
+//! immutable [`Bytes`], so handing it to a placement layer, hashing it or
+//! writing slices of it never copies the payload, and the encoding may live
+//! in memory that deltapack did not allocate (a caller's buffer wrapped with
+//! [`Bytes::from_owner`], as the Python bindings do for publication).
 
 use std::ops::Range;
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::digest::Digest;
@@ -122,7 +126,7 @@ pub fn decode_prefix(bytes: &[u8]) -> Result<(SnapshotHeader, usize)> {
 #[derive(Clone, PartialEq, Eq)]
 pub struct Snapshot {
     header: SnapshotHeader,
-    bytes: Vec<u8>,
+    bytes: Bytes,
     payload_offset: usize,
 }
 
@@ -139,6 +143,15 @@ impl std::fmt::Debug for Snapshot {
 impl Snapshot {
     /// Decodes (and validates) an encoding, taking ownership without copying.
     pub fn from_encoded(bytes: Vec<u8>) -> Result<Self> {
+        Self::from_bytes(Bytes::from(bytes))
+    }
+
+    /// Decodes (and validates) an encoding held in any [`Bytes`], without
+    /// copying: the snapshot shares the memory (e.g. a caller's buffer
+    /// wrapped with [`Bytes::from_owner`]). The checks are those of
+    /// [`Snapshot::from_encoded`]. Whoever owns that memory must not change
+    /// it while the snapshot is alive: a snapshot's bytes are immutable.
+    pub fn from_bytes(bytes: Bytes) -> Result<Self> {
         let (header, payload_offset) = decode_prefix(&bytes)?;
         let want = header.validate()?;
         let have = (bytes.len() - payload_offset) as u64;
@@ -168,7 +181,7 @@ impl Snapshot {
         bytes.extend_from_slice(payload);
         Ok(Snapshot {
             header,
-            bytes,
+            bytes: Bytes::from(bytes),
             payload_offset,
         })
     }
@@ -198,9 +211,17 @@ impl Snapshot {
         &self.bytes
     }
 
-    /// Consumes the snapshot, returning its encoding.
+    /// The full canonical encoding as shared [`Bytes`] (a reference count,
+    /// no copy): slices of it can be written without copying.
+    pub fn encoded_bytes(&self) -> Bytes {
+        self.bytes.clone()
+    }
+
+    /// Consumes the snapshot, returning its encoding. No copy when the
+    /// snapshot was built from a `Vec` and nothing else shares its bytes;
+    /// otherwise the encoding is copied into a new `Vec`.
     pub fn into_encoded(self) -> Vec<u8> {
-        self.bytes
+        Vec::from(self.bytes)
     }
 
     /// The payload (pages) only.

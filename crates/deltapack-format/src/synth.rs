@@ -21,6 +21,7 @@ use crate::snapshot::{Snapshot, SnapshotHeader};
 
 /// A named synthetic model geometry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Preset {
     /// KiB-sized pages (512 tokens per page, so 256-token boundaries fall
     /// inside pages) for tests.

@@ -279,6 +279,16 @@ impl Borrowed {
     }
 }
 
+/// A read guard can own the bytes of a [`bytes::Bytes`]
+/// (`Bytes::from_owner`): that is how `publish` hands the caller's buffer to
+/// the store without copying it. The export (and the claim) then last as
+/// long as the last `Bytes` referring to it, released on drop with the GIL.
+impl AsRef<[u8]> for Borrowed {
+    fn as_ref(&self) -> &[u8] {
+        self.bytes()
+    }
+}
+
 impl Drop for Borrowed {
     fn drop(&mut self) {
         if self.len > 0 {

@@ -375,11 +375,14 @@ fn buffer_address(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
     Ok(Borrowed::read(obj, "buffer")?.addr())
 }
 
-/// A snapshot argument: deltapack's own memory (no copy) or any buffer.
+/// A snapshot argument: deltapack's own memory or any buffer, never copied.
 ///
-/// Any other buffer is copied once into Rust memory with the GIL released:
-/// the store's publication takes an owned `Snapshot` (a `Vec<u8>`), which
-/// cannot borrow the caller's memory (see the crate's README).
+/// A foreign buffer (numpy, bytearray, mmap, memoryview, ...) is borrowed
+/// in place: the guard becomes the owner of the snapshot's `Bytes`
+/// (`Bytes::from_owner`), and its header is checked with the GIL released.
+/// The store does not keep a published snapshot beyond the call (the memory
+/// backend copies what it stores), so the export is released when the call
+/// returns. The caller must not change the buffer until then.
 fn snapshot_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Arc<Snapshot>> {
     if let Ok(s) = obj.cast::<SnapshotData>() {
         return Ok(s.get().snap.clone());
@@ -392,7 +395,7 @@ fn snapshot_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Arc<Snapshot>> {
     let b = Borrowed::read(obj, what)?;
     let what = what.to_string();
     obj.py()
-        .detach(move || Snapshot::from_encoded(b.bytes().to_vec()))
+        .detach(move || Snapshot::from_bytes(bytes::Bytes::from_owner(b)))
         .map(Arc::new)
         .map_err(|e| bad_input(format!("{what}: {e}")))
 }

@@ -169,21 +169,20 @@ impl Engine {
         if let Some(x) = o.max_read_overhead {
             chain.max_read_overhead = Some(x).filter(|x| *x >= 0.0);
         }
-        let config = ds::StoreConfig {
-            max_extent_bytes: o.max_extent_bytes.unwrap_or(defaults.max_extent_bytes),
-            compression: o.compression,
-            mac_secret: o.root_key,
-            chain,
-            budget_bytes: o.budget,
-            min_free_bytes: o.min_free,
-            grace: o.grace.unwrap_or(defaults.grace),
-            cold_start: match o.ledger {
+        let (extent, grace) = (defaults.max_extent_bytes, defaults.grace);
+        let config = defaults
+            .with_max_extent_bytes(o.max_extent_bytes.unwrap_or(extent))
+            .with_compression(o.compression)
+            .with_mac_secret(o.root_key)
+            .with_chain(chain)
+            .with_budget_bytes(o.budget)
+            .with_min_free_bytes(o.min_free)
+            .with_grace(o.grace.unwrap_or(grace))
+            .with_cold_start(match o.ledger {
                 LedgerPolicy::Load => ds::ColdStart::Load,
                 LedgerPolicy::Rebuild => ds::ColdStart::Rebuild,
-            },
-            prefill_tokens_per_s: o.prefill_rate,
-            ..defaults
-        };
+            })
+            .with_prefill_tokens_per_s(o.prefill_rate);
         let store = ds::Store::open(&o.url, config)?;
         Ok(Engine { store, url: o.url })
     }
@@ -309,11 +308,9 @@ impl Engine {
 
     /// An integrity sweep.
     pub(crate) async fn sweep(&self, grace: Duration, dry_run: bool) -> Result<serde_json::Value> {
-        let opts = ds::SweepOptions {
-            grace,
-            dry_run,
-            ..Default::default()
-        };
+        let opts = ds::SweepOptions::default()
+            .with_grace(grace)
+            .with_dry_run(dry_run);
         json(&self.store.sweep(&opts).await?)
     }
 
@@ -356,9 +353,7 @@ impl Engine {
 }
 
 fn options(timeout: Option<Duration>) -> ds::RestoreOptions {
-    ds::RestoreOptions {
-        deadline: timeout.map(|t| tokio::time::Instant::now() + t),
-    }
+    ds::RestoreOptions::default().with_deadline(timeout.map(|t| tokio::time::Instant::now() + t))
 }
 
 fn ms(d: Duration) -> f64 {

@@ -63,6 +63,47 @@ def test_publish_reads_deltapack_memory_in_place(tmp_path, ident):
     assert growth < 0.5 * snap.nbytes, f"publication grew RSS by {growth / MiB:.1f} MiB"
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc")
+def test_publish_reads_a_numpy_array_in_place(tmp_path, ident):
+    """A foreign buffer (numpy) is published without a copy: a copy would
+    raise the peak RSS by the whole snapshot."""
+    snap, ids = deltapack.synth(16384, "default", 3)  # ~100 MiB
+    arr = np.frombuffer(snap.tobytes(), dtype=np.uint8).copy()  # the caller's memory
+    digest = snap.digest
+    del snap
+    store = deltapack.Store(f"file://{tmp_path / 's'}")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = proc_status("VmRSS")
+    receipt = store.publish(ident, ids, arr)
+    growth = proc_status("VmHWM") - before
+    assert receipt["snapshot_digest"] == digest
+    assert growth < 0.5 * arr.nbytes, f"publication grew RSS by {growth / MiB:.1f} MiB"
+    out = np.empty_like(arr)
+    assert store.restore_into(ident, ids, out)
+    assert np.array_equal(out, arr)
+
+
+@pytest.mark.parametrize("url", ["memory://", "file"])
+def test_a_published_buffer_is_released_when_publish_returns(tmp_path, ident, url):
+    """The store keeps no reference to the caller's memory after publish:
+    a bytearray can be resized again (an export would refuse it) and
+    changing it does not change what was stored (the memory backend copies
+    what it keeps)."""
+    if url == "file":
+        url = f"file://{tmp_path / 's'}"
+    snap, ids = deltapack.synth(2048, "tiny", 6)
+    original = snap.tobytes()
+    buf = bytearray(original)
+    store = deltapack.Store(url)
+    store.publish(ident, ids, buf)
+    buf[:] = b"\xff" * len(buf)  # overwrite every byte the store was given
+    buf.append(0)  # BufferError if an export were still alive
+    r = store.restore(ident, ids)
+    assert r, r
+    assert r.tobytes() == original
+
+
 class Described:
     """An object that only describes its memory (no buffer protocol)."""
 

@@ -39,6 +39,7 @@ pub(crate) const STAGING_ABANDONED_AFTER: std::time::Duration = std::time::Durat
 
 /// What kind of backend a store runs on.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum BackendKind {
     /// Process-local memory.
     Memory,

@@ -55,6 +55,7 @@ impl Drop for Pin {
 
 /// Which roots `prune` removes.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct PruneFilter {
     /// Only this namespace.
     pub namespace: Option<Namespace>,
@@ -66,6 +67,7 @@ pub struct PruneFilter {
 
 /// What a removal did (or would do, on a dry run).
 #[derive(Debug, Clone, Default, Serialize)]
+#[non_exhaustive]
 pub struct RemovalReport {
     /// Root keys removed (dependents included).
     pub roots: Vec<String>,

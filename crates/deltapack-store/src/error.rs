@@ -10,6 +10,7 @@ use deltapack_format::{ContextDigest, Namespace};
 /// Why a restore did not produce a snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(tag = "reason", rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum MissReason {
     /// No root exists for the context.
     Absent,
@@ -66,6 +67,7 @@ impl std::fmt::Display for MissReason {
 
 /// Errors from opening a store.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum OpenError {
     /// The URL is not one of `file://…`, a plain path, `s3://bucket/prefix`,
     /// `memory://`.
@@ -91,6 +93,7 @@ pub enum OpenError {
 
 /// The public error of the store.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// Opening the store failed.
     #[error(transparent)]

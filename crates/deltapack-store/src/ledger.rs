@@ -41,6 +41,7 @@ use serde::Serialize;
 
 /// Errors of the ledger database.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LedgerError {
     /// SQLite failed.
     #[error("ledger database: {0}")]
@@ -61,6 +62,7 @@ pub enum LedgerError {
 /// What to do with a persisted ledger when a store is opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum ColdStart {
     /// Trust the persisted ledger after a cheap consistency check (root
     /// count against a listing of the store); rebuild if the check fails.
@@ -132,6 +134,7 @@ impl RootEntry {
 
 /// Ledger totals.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Totals {
     /// Roots.
     pub roots: u64,

@@ -97,6 +97,7 @@ pub mod keys;
 mod ledger;
 mod local;
 mod migrate;
+mod options;
 mod publish;
 mod restore;
 mod stats;

@@ -35,6 +35,7 @@ use crate::store::{RootStatus, Store};
 
 /// What a migration did (or would do).
 #[derive(Debug, Clone, Default, Serialize)]
+#[non_exhaustive]
 pub struct MigrationReport {
     /// v1 roots found.
     pub v1_roots: u64,

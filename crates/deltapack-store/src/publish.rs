@@ -28,7 +28,7 @@ use futures::{FutureExt, StreamExt};
 use object_store::PutPayload;
 use serde::Serialize;
 
-use crate::backend::{put_create, PutOutcome};
+use crate::backend::{put_create, BackendKind, PutOutcome};
 use crate::error::{Result, StoreError};
 use crate::keys;
 use crate::stats::Stats;
@@ -41,6 +41,7 @@ pub const PUBLISH_BATCH: usize = 2;
 /// Which root schema to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum RootFormat {
     /// `deltapack-page-delta-manifest/v2`: ordered extents (production).
     #[default]
@@ -48,6 +49,25 @@ pub enum RootFormat {
     /// Legacy `…/v1`: one SHA-256 object per logical chunk (fixtures,
     /// benchmarks, migration tests).
     V1,
+}
+
+impl RootFormat {
+    /// Short name: `v2` or `v1` (as in the CLI's `--format`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            RootFormat::V2 => "v2",
+            RootFormat::V1 => "v1",
+        }
+    }
+
+    /// The schema string its roots carry (a delta chain written as v2 may
+    /// carry the v2.1 minor version; see the receipt's `schema`).
+    pub fn schema(&self) -> &'static str {
+        match self {
+            RootFormat::V2 => root::SCHEMA_V2,
+            RootFormat::V1 => root::SCHEMA_V1,
+        }
+    }
 }
 
 /// The base of a delta publication.
@@ -88,6 +108,7 @@ pub enum PublishOutcome {
 
 /// What a publication did.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct PublishReceipt {
     /// Outcome.
     pub outcome: PublishOutcome,
@@ -149,15 +170,6 @@ impl PublishReceipt {
             rebased: false,
             chain_depth: 0,
         }
-    }
-}
-
-/// Lets `Bytes` borrow a snapshot's encoding without copying it.
-struct SnapshotBytes(Arc<Snapshot>);
-
-impl AsRef<[u8]> for SnapshotBytes {
-    fn as_ref(&self) -> &[u8] {
-        self.0.encoded()
     }
 }
 
@@ -297,7 +309,7 @@ impl Store {
 
         // The payload as parts of the caller's snapshot: nothing is copied.
         let t_encode = Instant::now();
-        let whole = Bytes::from_owner(SnapshotBytes(snap.clone()));
+        let whole = snap.encoded_bytes();
         let mut header_template = None;
         let payload = match (layout, &digest) {
             (Some(layout), Some(d)) => {
@@ -405,45 +417,67 @@ impl Store {
         // response was lost: read the root back before reporting failure.
         // Root creation holds the root lock (local disk), so a sweep judging
         // this context under the lock sees it either absent or complete.
-        let lock = self.root_lock().await?;
-        let put = put_create(self.object_store().as_ref(), &key, root_bytes).await;
-        drop(lock);
-        let created = match put {
-            Ok(o) => o,
-            Err(e @ StoreError::Io { .. }) => {
-                tracing::warn!(error = %e, %key, "root write failed; reading the root back");
-                match self.existing_outcome(&ns, &req.context, &mut receipt).await {
-                    Ok(Some(_)) => PutOutcome::Existed,
-                    _ => return Err(e),
-                }
-            }
-            Err(e) => return Err(e),
-        };
-        match created {
-            PutOutcome::Created => {
-                self.ledger_record(&entry).await;
-                receipt.root_digest = Some(root_digest);
-                receipt.bytes_written += root_len;
-                Stats::add(&self.stats_ref().roots_written, 1);
-                Stats::add(&self.stats_ref().bytes_written, root_len);
-            }
-            PutOutcome::Existed => {
-                // Lost a race (or an earlier attempt whose response was lost
-                // landed): the root that is there decides.
-                match self
-                    .existing_outcome(&ns, &req.context, &mut receipt)
-                    .await?
-                {
-                    Some(done) => {
-                        if done == PublishOutcome::AlreadyPresent {
-                            self.ledger_touch(&ns, &req.context).await;
-                        }
-                        receipt.outcome = done
+        // A create can lose to a root that another process then removes
+        // (eviction, prune, invalidation) before this one reads it back. That
+        // is an ordinary race, not a broken invariant: this publication's
+        // objects are still protected by `guard`, so it simply creates again.
+        // Bounded, because each retry needs another writer to create and
+        // another to delete the same context in between.
+        const CREATE_ATTEMPTS: usize = 8;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let lock = self.root_lock().await?;
+            let put = put_create(self.object_store().as_ref(), &key, root_bytes.clone()).await;
+            drop(lock);
+            let created = match put {
+                Ok(o) => o,
+                Err(e @ StoreError::Io { .. }) => {
+                    tracing::warn!(error = %e, %key, "root write failed; reading the root back");
+                    match self.existing_outcome(&ns, &req.context, &mut receipt).await {
+                        Ok(Some(_)) => PutOutcome::Existed,
+                        _ => return Err(e),
                     }
-                    None => {
-                        return Err(StoreError::Internal(format!(
-                            "root {key} existed at create but vanished before it could be read"
+                }
+                Err(e) => return Err(e),
+            };
+            match created {
+                PutOutcome::Created => {
+                    self.ledger_record(&entry).await;
+                    receipt.outcome = PublishOutcome::Created;
+                    receipt.root_digest = Some(root_digest);
+                    receipt.bytes_written += root_len;
+                    Stats::add(&self.stats_ref().roots_written, 1);
+                    Stats::add(&self.stats_ref().bytes_written, root_len);
+                    break;
+                }
+                PutOutcome::Existed => {
+                    // Lost a race (or an earlier attempt whose response was
+                    // lost landed): the root that is there decides.
+                    match self
+                        .existing_outcome(&ns, &req.context, &mut receipt)
+                        .await?
+                    {
+                        Some(done) => {
+                            if done == PublishOutcome::AlreadyPresent {
+                                self.ledger_touch(&ns, &req.context).await;
+                            }
+                            receipt.outcome = done;
+                            break;
+                        }
+                        None if attempt < CREATE_ATTEMPTS => {
+                            tracing::info!(
+                                %key,
+                                attempt,
+                                "the root this publication lost to is gone again; creating it again"
+                            );
+                        }
+                        None => {
+                            return Err(StoreError::Internal(format!(
+                            "root {key} existed at create but vanished before it could be read, \
+                                 {CREATE_ATTEMPTS} times in a row"
                         )))
+                        }
                     }
                 }
             }
@@ -829,6 +863,19 @@ impl Store {
     ) -> Result<PutOutcome> {
         let store = self.object_store().as_ref();
         let len = payload.content_length() as u64;
+        // The memory backend keeps the very `Bytes` it is given, and these
+        // are slices of the caller's snapshot, which may be memory deltapack
+        // does not own (a Python buffer): a stored object must never alias
+        // memory its owner may change after the call, so copy it here.
+        let payload = if matches!(self.backend_kind(), BackendKind::Memory) {
+            let mut owned = Vec::with_capacity(payload.content_length());
+            for part in payload.iter() {
+                owned.extend_from_slice(part);
+            }
+            PutPayload::from(owned)
+        } else {
+            payload
+        };
         match put_create(store, key, payload.clone()).await? {
             PutOutcome::Created => Ok(PutOutcome::Created),
             PutOutcome::Existed => match store.head(key).await {

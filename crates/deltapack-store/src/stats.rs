@@ -33,6 +33,7 @@ pub(crate) struct Stats {
 
 /// A point-in-time copy of the store's counters and latency figures.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StatsSnapshot {
     /// Restores that returned a snapshot.
     pub hits: u64,
@@ -142,6 +143,7 @@ impl Stats {
 
 /// Ledger gauges, persisted and live counters, and free space.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct StatsReport {
     /// Ledger totals.
     pub ledger: crate::ledger::Totals,

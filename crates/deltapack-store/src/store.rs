@@ -24,6 +24,7 @@ pub(crate) const MAX_ROOT_OBJECT: u64 = root::ENVELOPE_HEADER_LEN as u64 + root:
 
 /// Tunables of a store handle.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct StoreConfig {
     /// Extent size M for v2 publication (power of two; 64 MiB in production).
     pub max_extent_bytes: u64,
@@ -74,6 +75,7 @@ pub struct StoreConfig {
 /// checkpoints). The policy bounds both; `docs/design.md` has the numbers
 /// behind the defaults.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct ChainPolicy {
     /// Most deltas between a root and its flat root; a delta that would be
     /// deeper is published flat. `None`: unbounded (up to
@@ -221,6 +223,7 @@ pub enum RootStatus {
 
 /// One line of `inspect`: a root and what it references.
 #[derive(Debug, Clone, serde::Serialize)]
+#[non_exhaustive]
 pub struct RootInfo {
     /// Namespace hex.
     pub namespace: String,

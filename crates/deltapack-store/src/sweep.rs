@@ -47,6 +47,7 @@ pub(crate) const STAGING_MIN_AGE: Duration = Duration::from_secs(2);
 
 /// Options of a sweep.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct SweepOptions {
     /// Unreferenced objects (and staging files) younger than this are kept.
     pub grace: Duration,
@@ -60,6 +61,7 @@ pub struct SweepOptions {
 
 /// What a sweep found and did.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SweepReport {
     /// Roots read.
     pub roots: u64,

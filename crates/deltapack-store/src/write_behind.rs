@@ -64,6 +64,7 @@ async fn wait_for(after: Option<tokio::sync::watch::Receiver<bool>>) {
 
 /// Counters of a write-behind queue.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct WriteBehindReport {
     /// Publications accepted.
     pub accepted: u64,

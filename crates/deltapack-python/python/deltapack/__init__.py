@@ -24,8 +24,9 @@ What you get:
   writable C-contiguous buffer or ``__array_interface__``); nothing is
   allocated for the result. ``restore`` returns a read-only
   :class:`Restored` in deltapack's memory (numpy-viewable without a copy).
-  ``publish`` reads a :class:`Snapshot` / :class:`Restored` in place; any
-  other buffer is copied once (see :meth:`Store.publish`).
+  ``publish`` reads the snapshot in place too, whatever holds it (a
+  :class:`Snapshot`, a :class:`Restored`, or any C-contiguous buffer; see
+  :meth:`Store.publish`).
 * **The GIL is released** during every store call, so threads restore in
   parallel, and every I/O method has an ``*_async`` twin for asyncio.
 * **A miss is a value.** :class:`Miss` has a ``reason`` among ``absent``,
@@ -621,11 +622,13 @@ class Store:
         """Publishes a snapshot under ``tokens``' context; returns the receipt.
 
         ``snapshot`` is an encoded snapshot: a :class:`Snapshot` /
-        :class:`Restored` (read in place, no copy), or any buffer -- bytes,
-        bytearray, memoryview, mmap, a numpy array (copied once into
-        deltapack's memory with the GIL released, because the store's
-        publication owns its snapshot). ``len(tokens)`` must equal the
-        snapshot's boundary (a multiple of ``identity.chunk_tokens``).
+        :class:`Restored`, or any C-contiguous buffer -- bytes, bytearray,
+        memoryview, mmap, a numpy array. It is read in place, never copied
+        (the GIL is released while it is hashed and written), so do not
+        change the buffer until the call returns (for ``publish_async``:
+        until the awaitable completes); the store keeps no reference to it
+        afterwards. ``len(tokens)`` must equal the snapshot's boundary (a
+        multiple of ``identity.chunk_tokens``).
 
         ``base=(base_tokens, base_snapshot)`` publishes a page delta on an
         already published base (typically the previous turn; pass the

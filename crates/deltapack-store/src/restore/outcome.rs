@@ -48,6 +48,7 @@ impl RestoreOutcome {
 
 /// Options of one restore call.
 #[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
 pub struct RestoreOptions {
     /// Past this instant the call returns a `deadline-exceeded` miss.
     pub deadline: Option<tokio::time::Instant>,

@@ -16,8 +16,6 @@
 //!   whose `put_opts` fails with `io::Error` 28 (ENOSPC) once the budget is
 //!   spent, exactly as `object_store` reports a full local disk.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path as FsPath, PathBuf};
@@ -25,9 +23,9 @@ use std::process::Command;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use common::*;
-use deltapack::format::{CacheIdentity, ContextDigest, Snapshot};
-use deltapack::store::{
+use crate::common::*;
+use deltapack_format::{CacheIdentity, ContextDigest, Snapshot};
+use deltapack_store::{
     keys, Backend, BackendKind, BaseInput, MissReason, PublishOutcome, PublishRequest,
     RestoreOutcome, RootFormat, Store, StoreError, SweepOptions,
 };
@@ -300,11 +298,11 @@ impl Scenario {
         }
         let report = self
             .store
-            .sweep(&SweepOptions {
-                grace: std::time::Duration::from_secs(3600),
-                dry_run: true,
-                ..Default::default()
-            })
+            .sweep(
+                &SweepOptions::default()
+                    .with_grace(std::time::Duration::from_secs(3600))
+                    .with_dry_run(true),
+            )
             .await
             .expect("sweep");
         assert!(report.missing.is_empty(), "missing: {:?}", report.missing);
@@ -336,10 +334,7 @@ impl Scenario {
         }
         let report = self
             .store
-            .sweep(&SweepOptions {
-                grace: std::time::Duration::ZERO,
-                ..Default::default()
-            })
+            .sweep(&SweepOptions::default().with_grace(std::time::Duration::ZERO))
             .await
             .expect("sweep after freeing");
         assert!(report.orphans_deleted > 0, "{report:?}");
@@ -481,17 +476,17 @@ async fn injected_enospc() {
 #[test]
 fn enospc_in_an_error_chain_is_recognised() {
     // The exact shape the brief's fault wrapper returns, and a nested one.
-    assert!(deltapack::store::is_storage_full(&enospc()));
+    assert!(deltapack_store::is_storage_full(&enospc()));
     let nested = object_store::Error::Generic {
         store: "LocalFileSystem",
         source: Box::new(std::io::Error::other(std::io::Error::from_raw_os_error(28))),
     };
-    assert!(deltapack::store::is_storage_full(&nested));
+    assert!(deltapack_store::is_storage_full(&nested));
     let other = object_store::Error::Generic {
         store: "x",
         source: Box::new(std::io::Error::from_raw_os_error(5)),
     };
-    assert!(!deltapack::store::is_storage_full(&other));
+    assert!(!deltapack_store::is_storage_full(&other));
 }
 
 #[tokio::test]

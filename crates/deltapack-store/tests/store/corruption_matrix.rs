@@ -8,22 +8,20 @@
 //! hit) — never wrong bytes, never a panic — and the sweep must quarantine
 //! exactly the damaged objects.
 
-mod common;
-
-use common::copy_dir;
+use crate::common::copy_dir;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use deltapack::format::{ContextDigest, Digest, Namespace};
-use deltapack::store::{
+use deltapack_format::{ContextDigest, Digest, Namespace};
+use deltapack_store::{
     keys, RestoreIntoOutcome, RestoreOutcome, RootStatus, Store, StoreConfig, SweepOptions,
 };
 
 const SET: &str = "2026-11-v1v2";
 
 fn fixture_store() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    crate::common::repo_root()
         .join("fixtures")
         .join(SET)
         .join("store")
@@ -145,7 +143,7 @@ fn handles(dir: &Path, w: &World) -> Handles {
         .filter(|r| {
             let bytes = std::fs::read(fixture_store().join(keys::root_key(&r.0, &r.1).as_ref()))
                 .expect("root");
-            deltapack::format::root::has_mac(&bytes)
+            deltapack_format::root::has_mac(&bytes)
         })
         .copied()
         .collect();
@@ -153,10 +151,8 @@ fn handles(dir: &Path, w: &World) -> Handles {
         plain: Store::open(&url, StoreConfig::default()).expect("open"),
         keyed: Store::open(
             &url,
-            StoreConfig {
-                mac_secret: Some(b"deltapack-fixture-secret-2026-11".to_vec()),
-                ..Default::default()
-            },
+            StoreConfig::default()
+                .with_mac_secret(Some(b"deltapack-fixture-secret-2026-11".to_vec())),
         )
         .expect("open"),
         keyed_roots,
@@ -252,10 +248,7 @@ async fn every_object_every_damage() {
             // The sweep alone finds exactly this object (dry run: no change).
             let r = h
                 .plain
-                .sweep(&SweepOptions {
-                    dry_run: true,
-                    ..Default::default()
-                })
+                .sweep(&SweepOptions::default().with_dry_run(true))
                 .await
                 .expect("sweep");
             assert_eq!(
@@ -309,10 +302,7 @@ async fn swapped_objects() {
         let h = handles(tmp.path(), &w);
         let r = h
             .plain
-            .sweep(&SweepOptions {
-                dry_run: true,
-                ..Default::default()
-            })
+            .sweep(&SweepOptions::default().with_dry_run(true))
             .await
             .expect("sweep");
         let mut got = r.corrupt.clone();

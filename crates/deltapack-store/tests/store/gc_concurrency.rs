@@ -7,21 +7,16 @@
 //! act as two nodes with separate ledgers: one sweeps (grace period) in a
 //! loop while the other publishes chains of deltas.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
-use deltapack::store::{RootFormat, Store, StoreConfig, SweepOptions};
+use crate::common::*;
+use deltapack_store::{RootFormat, Store, SweepOptions};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn clear_and_gc_race_publishers_reusing_the_same_objects() {
     let dir = tempfile::tempdir().expect("tmp");
     let url = format!("file://{}", dir.path().display());
-    let cfg = || StoreConfig {
-        grace: Duration::ZERO,
-        ..config()
-    };
+    let cfg = || config().with_grace(Duration::ZERO);
     let publisher = Store::open(&url, cfg()).expect("open");
     let collector = Store::open(&url, cfg()).expect("open");
     let (a, b) = (identity("gc-race-a"), identity("gc-race-b"));
@@ -77,10 +72,7 @@ async fn s3_sweeps_with_grace_never_lose_a_published_root() {
         let mut sweeps = 0;
         while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
             let r = b
-                .sweep(&SweepOptions {
-                    grace: Duration::from_secs(2),
-                    ..Default::default()
-                })
+                .sweep(&SweepOptions::default().with_grace(Duration::from_secs(2)))
                 .await
                 .expect("sweep");
             assert!(r.missing.is_empty() && r.corrupt.is_empty(), "{r:?}");

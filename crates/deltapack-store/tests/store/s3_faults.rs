@@ -23,8 +23,6 @@
 //! gets 412, which object_store reports as `AlreadyExists` — so deltapack's
 //! `put_create` sees `Existed` and reads the root back.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -32,9 +30,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
-use deltapack::format::{CacheIdentity, ContextDigest, Snapshot};
-use deltapack::store::{
+use crate::common::*;
+use deltapack_format::{CacheIdentity, ContextDigest, Snapshot};
+use deltapack_store::{
     BaseInput, PublishOutcome, PublishRequest, RestoreOutcome, RootFormat, Store, StoreError,
     SweepOptions,
 };
@@ -49,7 +47,10 @@ struct Proxy {
 
 impl Proxy {
     fn start(upstream: &str, seed: u64) -> Proxy {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tools/fault_proxy.py");
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/tools/fault_proxy.py"
+        );
         let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
         let mut child = Command::new(python)
             .arg(script)
@@ -463,19 +464,19 @@ async fn publish_and_restore_under_random_faults() {
             RestoreOutcome::Miss(m) => assert!(
                 matches!(
                     m,
-                    deltapack::store::MissReason::Absent
-                        | deltapack::store::MissReason::BaseMissing { .. }
+                    deltapack_store::MissReason::Absent
+                        | deltapack_store::MissReason::BaseMissing { .. }
                 ),
                 "{c}: failed publication left {m}"
             ),
         }
     }
     let sweep = direct
-        .sweep(&SweepOptions {
-            grace: Duration::from_secs(3600),
-            dry_run: true,
-            ..Default::default()
-        })
+        .sweep(
+            &SweepOptions::default()
+                .with_grace(Duration::from_secs(3600))
+                .with_dry_run(true),
+        )
         .await
         .expect("sweep");
     let quarantined = through.stats().quarantined;

@@ -11,13 +11,11 @@
 //! the next matching read, so two of them in a row would hit a read and its
 //! re-read: that is proof, and is quarantined.)
 
-mod common;
-
 use std::sync::Arc;
 
-use common::faults::{FaultPlan, Faulty};
-use common::*;
-use deltapack::store::{
+use crate::common::faults::{FaultPlan, Faulty};
+use crate::common::*;
+use deltapack_store::{
     keys, Backend, BackendKind, RestoreOutcome, RootFormat, Store, SweepOptions,
 };
 use object_store::ObjectStoreExt;
@@ -25,10 +23,10 @@ use object_store::ObjectStoreExt;
 struct World {
     faulty: Arc<Faulty>,
     store: Store,
-    id: deltapack::format::CacheIdentity,
+    id: deltapack_format::CacheIdentity,
     turns: Vec<(
-        deltapack::format::ContextDigest,
-        Arc<deltapack::format::Snapshot>,
+        deltapack_format::ContextDigest,
+        Arc<deltapack_format::Snapshot>,
     )>,
 }
 
@@ -170,8 +168,8 @@ async fn damage_at_rest_is_still_quarantined() {
         .await
         .expect("root")
     {
-        deltapack::store::RootStatus::Found(d) => match *d {
-            deltapack::format::DecodedRoot::V2(m) => m,
+        deltapack_store::RootStatus::Found(d) => match *d {
+            deltapack_format::DecodedRoot::V2(m) => m,
             other => panic!("{other:?}"),
         },
         other => panic!("{other:?}"),
@@ -229,8 +227,8 @@ async fn a_failed_read_then_a_flipped_read_quarantines_nothing() {
             .await
             .expect("root")
         {
-            deltapack::store::RootStatus::Found(d) => match *d {
-                deltapack::format::DecodedRoot::V2(m) => m,
+            deltapack_store::RootStatus::Found(d) => match *d {
+                deltapack_format::DecodedRoot::V2(m) => m,
                 other => panic!("{other:?}"),
             },
             other => panic!("{other:?}"),

@@ -6,13 +6,11 @@
 //! validation before any write, `restore_into`, `lookup`, and compressed
 //! extents.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
-use deltapack::format::synth;
-use deltapack::store::{
+use crate::common::*;
+use deltapack_format::synth;
+use deltapack_store::{
     BaseInput, MissReason, PublishOutcome, PublishRequest, RestoreIntoOutcome, RestoreOptions,
     RestoreOutcome, RootFormat, Store, StoreError,
 };
@@ -199,7 +197,7 @@ async fn suite(t: TestStore) {
 
     // --- lookup: longest published boundary among candidates, no payload reads.
     let hasher =
-        deltapack::format::ContextHasher::new(id.namespace(), id.chunk_tokens).expect("hasher");
+        deltapack_format::ContextHasher::new(id.namespace(), id.chunk_tokens).expect("hasher");
     let candidates = hasher.boundaries(&synth::tokens(1, 8192));
     assert_eq!(candidates.len(), 32);
     let found = s.lookup(&id, &candidates).await.expect("lookup");
@@ -223,27 +221,24 @@ async fn compressed(t: TestStore) {
     publish_base(s, &id, ca, a.clone(), RootFormat::V2).await;
     publish_delta(s, &id, cb, b.clone(), ca, a.clone(), RootFormat::V2).await;
     let root = s.read_root(&id.namespace(), &cb).await.expect("read");
-    let deltapack::store::RootStatus::Found(r) = root else {
+    let deltapack_store::RootStatus::Found(r) = root else {
         panic!("root")
     };
-    let deltapack::format::DecodedRoot::V2(m) = *r else {
+    let deltapack_format::DecodedRoot::V2(m) = *r else {
         panic!("v2")
     };
     assert!(
         m.extents
             .iter()
-            .any(|e| e.codec == deltapack::format::ExtentCodec::Zstd),
+            .any(|e| e.codec == deltapack_format::ExtentCodec::Zstd),
         "{}: bf16-like synthetic pages compress",
         t.name
     );
     assert_eq!(restore_bytes(s, &id, cb).await, b.encoded());
 }
 
-fn zstd_config() -> deltapack::store::StoreConfig {
-    deltapack::store::StoreConfig {
-        compression: Some(3),
-        ..config()
-    }
+fn zstd_config() -> deltapack_store::StoreConfig {
+    config().with_compression(Some(3))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,11 +7,9 @@
 //! bytes in the output file); an unknown context is an `absent` miss (exit
 //! 3); a usage error exits 2; and the `demo` runs end to end and verifies.
 
-mod common;
-
 use std::path::PathBuf;
 
-use common::expect_code;
+use crate::common::expect_code;
 
 fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}):\n{text}"))

@@ -1,35 +1,70 @@
 //! Shared helpers for the integration tests: real backends, synthetic
 //! conversations, and an instrumented `ObjectStore` wrapper.
-#![allow(dead_code, unreachable_pub)]
 
-pub mod faults;
-pub mod instrumented;
+pub(crate) mod faults;
+pub(crate) mod instrumented;
 
 use std::sync::Arc;
 
-use deltapack::format::synth::{self, Preset};
-use deltapack::format::{CacheIdentity, ContextDigest, ContextHasher, Snapshot};
-use deltapack::store::{
+use deltapack_format::synth::{self, Preset};
+use deltapack_format::{CacheIdentity, ContextDigest, ContextHasher, Snapshot};
+use deltapack_store::{
     open_backend, Backend, BaseInput, PublishReceipt, PublishRequest, RootFormat, Store,
     StoreConfig,
 };
 
+/// The repository's top folder (where `fixtures/` and `tests/tools/` live).
+pub(crate) fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Set in a child test process started by [`in_own_process`].
+const ISOLATED: &str = "DELTAPACK_TEST_ISOLATED";
+
+/// Runs the calling test again, alone, in a child process of this test
+/// binary, so that process-wide measurements (peak RSS) see only its own
+/// work and not the other tests running beside it in this binary.
+///
+/// `test` is the test's path as the harness names it
+/// (`"hostile_input::envelope_length_fields_are_bounded_before_use"`).
+/// Returns `true` in the child, which then runs the test's body; in the
+/// parent it waits for the child, asserts that exactly that one test ran and
+/// passed, and returns `false` (the caller returns).
+pub(crate) fn in_own_process(test: &str) -> bool {
+    if std::env::var_os(ISOLATED).is_some() {
+        return true;
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let out = std::process::Command::new(exe)
+        .args([test, "--exact", "--test-threads=1", "--nocapture"])
+        .env(ISOLATED, "1")
+        .output()
+        .expect("run the test binary again");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("test result: ok. 1 passed"),
+        "{test}, run in its own process, did not pass alone:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    false
+}
+
 /// Extent size used by tests: small, so tiny snapshots span several extents.
-pub const TEST_EXTENT: u64 = 4096;
+pub(crate) const TEST_EXTENT: u64 = 4096;
 
 /// A store under test plus what is needed to tamper with it.
-pub struct TestStore {
+pub(crate) struct TestStore {
     /// Human name of the backend.
-    pub name: &'static str,
+    pub(crate) name: &'static str,
     /// The store.
-    pub store: Store,
+    pub(crate) store: Store,
     /// Keeps a temp dir alive for local stores.
-    pub _dir: Option<tempfile::TempDir>,
+    pub(crate) _dir: Option<tempfile::TempDir>,
 }
 
 /// The S3 endpoint of the test server, if configured. In CI (`CI=true`) a
 /// missing server is a failure, not a skip.
-pub fn s3_endpoint() -> Option<String> {
+pub(crate) fn s3_endpoint() -> Option<String> {
     match std::env::var("DELTAPACK_TEST_S3_ENDPOINT") {
         Ok(e) if !e.is_empty() => {
             if std::env::var("AWS_ACCESS_KEY_ID").is_err() {
@@ -54,7 +89,7 @@ pub fn s3_endpoint() -> Option<String> {
 }
 
 /// Bucket used by the S3 tests.
-pub fn s3_bucket() -> String {
+pub(crate) fn s3_bucket() -> String {
     std::env::var("DELTAPACK_TEST_S3_BUCKET").unwrap_or_else(|_| "deltapack-test".into())
 }
 
@@ -74,21 +109,18 @@ fn unique() -> String {
 }
 
 /// The URL of a fresh, empty S3 prefix, if the server is configured.
-pub fn s3_url() -> Option<String> {
+pub(crate) fn s3_url() -> Option<String> {
     let ep = s3_endpoint()?;
     Some(format!("s3://{}/t-{}?endpoint={ep}", s3_bucket(), unique()))
 }
 
 /// Test config: small extents.
-pub fn config() -> StoreConfig {
-    StoreConfig {
-        max_extent_bytes: TEST_EXTENT,
-        ..Default::default()
-    }
+pub(crate) fn config() -> StoreConfig {
+    StoreConfig::default().with_max_extent_bytes(TEST_EXTENT)
 }
 
 /// A fresh memory store.
-pub fn memory(config: StoreConfig) -> TestStore {
+pub(crate) fn memory(config: StoreConfig) -> TestStore {
     TestStore {
         name: "memory",
         store: Store::open("memory://", config).expect("memory store"),
@@ -97,7 +129,7 @@ pub fn memory(config: StoreConfig) -> TestStore {
 }
 
 /// A fresh local-disk store in a temp dir.
-pub fn local(config: StoreConfig) -> TestStore {
+pub(crate) fn local(config: StoreConfig) -> TestStore {
     let dir = tempfile::tempdir().expect("tempdir");
     let store =
         Store::open(&format!("file://{}", dir.path().display()), config).expect("local store");
@@ -109,7 +141,7 @@ pub fn local(config: StoreConfig) -> TestStore {
 }
 
 /// A fresh S3 prefix, if configured.
-pub fn s3(config: StoreConfig) -> Option<TestStore> {
+pub(crate) fn s3(config: StoreConfig) -> Option<TestStore> {
     let url = s3_url()?;
     Some(TestStore {
         name: "s3",
@@ -119,36 +151,36 @@ pub fn s3(config: StoreConfig) -> Option<TestStore> {
 }
 
 /// Wraps an arbitrary backend (e.g. an instrumented one).
-pub fn wrapped(backend: Backend, config: StoreConfig) -> Store {
+pub(crate) fn wrapped(backend: Backend, config: StoreConfig) -> Store {
     Store::from_backend(backend, config).expect("store")
 }
 
 /// Opens the raw backend behind a URL.
-pub fn raw_backend(url: &str) -> Backend {
+pub(crate) fn raw_backend(url: &str) -> Backend {
     open_backend(url).expect("backend")
 }
 
 /// The test identity (salt distinguishes test namespaces).
-pub fn identity(salt: &str) -> CacheIdentity {
+pub(crate) fn identity(salt: &str) -> CacheIdentity {
     let mut id = CacheIdentity::example();
     id.salt = salt.into();
     id
 }
 
 /// A synthetic conversation turn.
-pub fn turn(seed: u64, tokens: u64) -> Arc<Snapshot> {
+pub(crate) fn turn(seed: u64, tokens: u64) -> Arc<Snapshot> {
     Arc::new(synth::snapshot(Preset::Tiny, seed, tokens).expect("synth"))
 }
 
 /// Context digest of the synthetic conversation `seed` at `tokens`.
-pub fn ctx(id: &CacheIdentity, seed: u64, tokens: usize) -> ContextDigest {
+pub(crate) fn ctx(id: &CacheIdentity, seed: u64, tokens: usize) -> ContextDigest {
     ContextHasher::new(id.namespace(), id.chunk_tokens)
         .expect("hasher")
         .digest(&synth::tokens(seed, tokens))
 }
 
 /// Publishes a flat snapshot.
-pub async fn publish_base(
+pub(crate) async fn publish_base(
     store: &Store,
     id: &CacheIdentity,
     ctx: ContextDigest,
@@ -168,7 +200,7 @@ pub async fn publish_base(
 }
 
 /// Publishes a delta.
-pub async fn publish_delta(
+pub(crate) async fn publish_delta(
     store: &Store,
     id: &CacheIdentity,
     ctx: ContextDigest,
@@ -193,19 +225,23 @@ pub async fn publish_delta(
 }
 
 /// Restores and returns the bytes, panicking on a miss.
-pub async fn restore_bytes(store: &Store, id: &CacheIdentity, ctx: ContextDigest) -> Vec<u8> {
+pub(crate) async fn restore_bytes(
+    store: &Store,
+    id: &CacheIdentity,
+    ctx: ContextDigest,
+) -> Vec<u8> {
     match store
         .restore((id, ctx), Default::default())
         .await
         .expect("restore")
     {
-        deltapack::store::RestoreOutcome::Hit(r) => r.snapshot.encoded().to_vec(),
-        deltapack::store::RestoreOutcome::Miss(m) => panic!("expected a hit, got miss {m}"),
+        deltapack_store::RestoreOutcome::Hit(r) => r.snapshot.encoded().to_vec(),
+        deltapack_store::RestoreOutcome::Miss(m) => panic!("expected a hit, got miss {m}"),
     }
 }
 
 /// Copies a directory tree (e.g. a fixture store into a temp dir).
-pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+pub(crate) fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     for e in std::fs::read_dir(from).expect("read_dir") {
         let e = e.expect("entry");
         let dest = to.join(e.file_name());

@@ -13,19 +13,19 @@
 //! work, and a v2.1 root's chain is fetched in one round of concurrent
 //! reads; and that the chain policy rebases long or wasteful chains.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::instrumented::Counters;
-use common::*;
-use deltapack::format::root::{self, DecodedRoot};
-use deltapack::format::{
+use crate::common::instrumented::Counters;
+use crate::common::*;
+use deltapack_format::root::{self, DecodedRoot};
+use deltapack_format::{
     BaseRef, CacheIdentity, ContextDigest, GroupKind, LayerSpec, PageGroup, PageLayout, Snapshot,
     SnapshotHeader, SCHEMA_V2_1,
 };
-use deltapack::store::{
+use deltapack_store::{
     keys, Backend, ChainPolicy, MissReason, RestoreIntoOutcome, RestoreOutcome, RootFormat, Store,
     StoreConfig,
 };
@@ -36,11 +36,9 @@ use proptest::prelude::*;
 const LIMIT: Duration = Duration::from_secs(60);
 
 fn unbounded(extent: u64) -> StoreConfig {
-    StoreConfig {
-        max_extent_bytes: extent,
-        chain: ChainPolicy::unbounded(),
-        ..Default::default()
-    }
+    StoreConfig::default()
+        .with_max_extent_bytes(extent)
+        .with_chain(ChainPolicy::unbounded())
 }
 
 fn fill(seed: u64, out: &mut [u8]) {
@@ -136,11 +134,7 @@ impl Conversation {
     }
 
     /// Turn 1 flat, every later turn a delta on the one before.
-    async fn publish(
-        &self,
-        s: &Store,
-        format: RootFormat,
-    ) -> Vec<deltapack::store::PublishReceipt> {
+    async fn publish(&self, s: &Store, format: RootFormat) -> Vec<deltapack_store::PublishReceipt> {
         let mut out = Vec::new();
         for (i, (c, snap)) in self.turns.iter().enumerate() {
             out.push(match i {
@@ -261,7 +255,7 @@ fn dir(t: &TestStore) -> &std::path::Path {
     t._dir.as_ref().expect("local store").path()
 }
 
-fn manifest(t: &TestStore, id: &CacheIdentity, c: ContextDigest) -> deltapack::format::ManifestV2 {
+fn manifest(t: &TestStore, id: &CacheIdentity, c: ContextDigest) -> deltapack_format::ManifestV2 {
     let bytes =
         std::fs::read(dir(t).join(keys::root_key(&id.namespace(), &c).as_ref())).expect("root");
     match root::decode(&bytes, None).expect("decode") {
@@ -274,7 +268,7 @@ fn put_manifest(
     t: &TestStore,
     id: &CacheIdentity,
     c: ContextDigest,
-    m: &deltapack::format::ManifestV2,
+    m: &deltapack_format::ManifestV2,
 ) {
     let path = dir(t).join(keys::root_key(&id.namespace(), &c).as_ref());
     std::fs::write(path, root::encode_v2(m, None).expect("encode")).expect("write root");
@@ -372,7 +366,7 @@ async fn broken_links_are_misses() {
     }
     // (As a plain v2 root: a v2.1 root's recorded header would not match.)
     m.chain = None;
-    m.schema = deltapack::format::SCHEMA_V2.into();
+    m.schema = deltapack_format::SCHEMA_V2.into();
     put_manifest(&t, &conv.id, conv.turns[3].0, &m);
     match restore(&fresh(&t.store, cfg()), &conv.id, top).await {
         RestoreOutcome::Miss(MissReason::BaseMissing { .. }) => {}
@@ -414,7 +408,7 @@ fn relink(
         boundary,
     });
     m.chain = None;
-    m.schema = deltapack::format::SCHEMA_V2.into();
+    m.schema = deltapack_format::SCHEMA_V2.into();
     put_manifest(t, &conv.id, c, &m);
 }
 
@@ -545,7 +539,7 @@ async fn a_chain_is_fetched_in_one_round_of_root_reads() {
     }
     let top = conv.turns[11].0;
     let m = match s.read_root(&conv.id.namespace(), &top).await.expect("root") {
-        deltapack::store::RootStatus::Found(d) => match *d {
+        deltapack_store::RootStatus::Found(d) => match *d {
             DecodedRoot::V2(m) => m,
             other => panic!("{other:?}"),
         },
@@ -613,10 +607,7 @@ async fn deep_chains_restore_and_the_depth_limit_holds() {
         hit_bytes(restore(&fresh(&t.store, unbounded(1024)), &conv.id, top).await),
         want.encoded()
     );
-    let shallow = StoreConfig {
-        max_base_depth: 10,
-        ..unbounded(1024)
-    };
+    let shallow = unbounded(1024).with_max_base_depth(10);
     match restore(&fresh(&t.store, shallow), &conv.id, top).await {
         RestoreOutcome::Miss(MissReason::Corrupt { what }) => {
             assert!(what.contains("deeper"), "{what}")
@@ -630,14 +621,15 @@ async fn the_chain_policy_rebases() {
     let l = layout(2, 1, 128, 32);
     let conv = Conversation::new("chain-policy", &l, &[2; 9], 21, &[]);
     // At most 3 deltas above a flat root.
-    let t = memory(StoreConfig {
-        max_extent_bytes: 1024,
-        chain: ChainPolicy {
-            max_depth: Some(3),
-            max_read_overhead: None,
-        },
-        ..Default::default()
-    });
+    let t = memory(
+        StoreConfig::default()
+            .with_max_extent_bytes(1024)
+            .with_chain(
+                ChainPolicy::default()
+                    .with_max_depth(Some(3))
+                    .with_max_read_overhead(None),
+            ),
+    );
     let receipts = conv.publish(&t.store, RootFormat::V2).await;
     let depths: Vec<u32> = receipts.iter().map(|r| r.chain_depth).collect();
     let rebased: Vec<bool> = receipts.iter().map(|r| r.rebased).collect();
@@ -654,14 +646,15 @@ async fn the_chain_policy_rebases() {
     }
     // A read-overhead bound of zero: every chain reads more than its result
     // (the flat root alone is the base), so every turn is flat.
-    let t = memory(StoreConfig {
-        max_extent_bytes: 1024,
-        chain: ChainPolicy {
-            max_depth: None,
-            max_read_overhead: Some(0.0),
-        },
-        ..Default::default()
-    });
+    let t = memory(
+        StoreConfig::default()
+            .with_max_extent_bytes(1024)
+            .with_chain(
+                ChainPolicy::default()
+                    .with_max_depth(None)
+                    .with_max_read_overhead(Some(0.0)),
+            ),
+    );
     let receipts = conv.publish(&t.store, RootFormat::V2).await;
     assert!(receipts
         .iter()
@@ -690,7 +683,7 @@ async fn the_chain_policy_rebases() {
         other => panic!("{other:?}"),
     };
     m.chain = None;
-    m.schema = deltapack::format::SCHEMA_V2.into();
+    m.schema = deltapack_format::SCHEMA_V2.into();
     t.store
         .object_store()
         .put(
@@ -751,14 +744,14 @@ async fn a_recorded_header_that_lies_is_corrupt_and_blames_no_object() {
     let (c, want) = conv.turns[3].clone();
     let mut m = manifest(&t, &conv.id, c);
     let chain = m.chain.as_mut().expect("v2.1");
-    let (mut h, _) = deltapack::format::delta::decode_header(&chain.delta_header).expect("header");
+    let (mut h, _) = deltapack_format::delta::decode_header(&chain.delta_header).expect("header");
     let g = h
         .reused_pages
         .iter()
         .position(|r| *r > 0)
         .expect("a group reuses pages");
     h.reused_pages[g] -= 1;
-    chain.delta_header = deltapack::format::DeltaLayout {
+    chain.delta_header = deltapack_format::DeltaLayout {
         header: h,
         tails: Vec::new(),
     }

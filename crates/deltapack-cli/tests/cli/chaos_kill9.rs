@@ -37,8 +37,6 @@
 //! done), `DELTAPACK_CHAOS_SEED` the random seed. The counts are printed
 //! as one line (`--nocapture`).
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -46,7 +44,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{deltapack, expect_code};
+use crate::common::{deltapack, expect_code};
 
 /// A process still running after this long is a hang: it is killed and the
 /// test fails.

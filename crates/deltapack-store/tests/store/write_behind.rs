@@ -4,14 +4,12 @@
 //! bounded queue never drops work (a full queue publishes inline, counted),
 //! and shutdown flushes everything to the store.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::faults::{FaultPlan, Faulty};
-use common::*;
-use deltapack::store::{Backend, PublishRequest, RestoreOutcome, RootFormat, WriteBehind};
+use crate::common::faults::{FaultPlan, Faulty};
+use crate::common::*;
+use deltapack_store::{Backend, PublishRequest, RestoreOutcome, RootFormat, WriteBehind};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_your_writes_under_a_full_queue() {
@@ -28,7 +26,7 @@ async fn read_your_writes_under_a_full_queue() {
     let store = wrapped(
         Backend {
             store: slow,
-            kind: deltapack::store::BackendKind::Memory,
+            kind: deltapack_store::BackendKind::Memory,
         },
         config(),
     );
@@ -97,7 +95,7 @@ async fn a_turn_chain_publishes_in_order_through_two_writers() {
     let store = wrapped(
         Backend {
             store: slow,
-            kind: deltapack::store::BackendKind::Memory,
+            kind: deltapack_store::BackendKind::Memory,
         },
         config(),
     );
@@ -107,7 +105,7 @@ async fn a_turn_chain_publishes_in_order_through_two_writers() {
         .map(|k| (ctx(&id, 61, (k * 1024) as usize), turn(61, k * 1024)))
         .collect();
     for (i, (c, s)) in turns.iter().enumerate() {
-        let base = (i > 0).then(|| deltapack::store::BaseInput {
+        let base = (i > 0).then(|| deltapack_store::BaseInput {
             context: turns[i - 1].0,
             snapshot: turns[i - 1].1.clone(),
         });

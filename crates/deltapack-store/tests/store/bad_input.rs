@@ -4,12 +4,10 @@
 //! disk store and the real S3 server (and memory), tampering through the same
 //! `ObjectStore` API an attacker or a bad disk would affect.
 
-mod common;
-
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
-use deltapack::format::{root, CacheIdentity, ContextDigest, DecodedRoot, Digest};
-use deltapack::store::{keys, MissReason, RestoreOutcome, RootFormat, RootStatus, Store};
+use deltapack_format::{root, CacheIdentity, ContextDigest, DecodedRoot, Digest};
+use deltapack_store::{keys, MissReason, RestoreOutcome, RootFormat, RootStatus, Store};
 use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
 

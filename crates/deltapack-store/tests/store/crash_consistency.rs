@@ -6,14 +6,12 @@
 //! over a real local-disk store (fsync on) and the real S3 server; the store
 //! is then reopened without the wrapper.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use common::faults::{FaultPlan, Faulty};
-use common::*;
-use deltapack::store::{
+use crate::common::faults::{FaultPlan, Faulty};
+use crate::common::*;
+use deltapack_store::{
     Backend, BaseInput, PublishRequest, RestoreOutcome, RootFormat, RootStatus, Store, SweepOptions,
 };
 use futures::TryStreamExt;
@@ -23,7 +21,7 @@ async fn referenced_and_present(s: &Store) -> (BTreeSet<String>, BTreeSet<String
     for (ns, ctx) in s.list_roots(None).await.expect("list") {
         if let RootStatus::Found(r) = s.read_root(&ns, &ctx).await.expect("read") {
             for (d, _) in r.summary().expect("summary").objects {
-                referenced.insert(deltapack::store::keys::object_key(&d).to_string());
+                referenced.insert(deltapack_store::keys::object_key(&d).to_string());
             }
         }
     }
@@ -118,7 +116,7 @@ async fn crash_sweep(
                 );
                 restorable += 1;
             }
-            RestoreOutcome::Miss(deltapack::store::MissReason::Absent) => absent += 1,
+            RestoreOutcome::Miss(deltapack_store::MissReason::Absent) => absent += 1,
             RestoreOutcome::Miss(m) => {
                 panic!("crash after {n}: a torn publication is visible: {m}")
             }

@@ -6,15 +6,15 @@
 //! grace period keeps condemned bytes counted until they are deleted; prune,
 //! clear and invalidate remove what they say; cold-start policies behave.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;
 
-use common::*;
-use deltapack::format::{CacheIdentity, ContextDigest};
-use deltapack::store::{
-    ColdStart, PruneFilter, RestoreOutcome, RootFormat, RootStatus, Store, StoreConfig, StoreError,
+use crate::common::*;
+use deltapack_format::{CacheIdentity, ContextDigest};
+use deltapack_store::{
+    ColdStart, PruneFilter, RestoreOutcome, RootFormat, RootStatus, Store, StoreError,
 };
 
 fn dir_bytes(p: &Path) -> u64 {
@@ -39,11 +39,7 @@ fn store_bytes(root: &Path) -> u64 {
 fn open(dir: &Path, budget: Option<u64>, grace: Duration) -> Store {
     Store::open(
         &format!("file://{}", dir.display()),
-        StoreConfig {
-            budget_bytes: budget,
-            grace,
-            ..config()
-        },
+        config().with_budget_bytes(budget).with_grace(grace),
     )
     .expect("open")
 }
@@ -80,11 +76,11 @@ async fn publish_turn(
     } else {
         RootFormat::V2
     };
-    let base = (t > 0).then(|| deltapack::store::BaseInput {
+    let base = (t > 0).then(|| deltapack_store::BaseInput {
         context: ctx(id, seed, (1024 * t) as usize),
         snapshot: turn(seed, 1024 * t),
     });
-    s.publish(deltapack::store::PublishRequest {
+    s.publish(deltapack_store::PublishRequest {
         identity: id.clone(),
         context: c,
         snapshot: turn(seed, tokens),
@@ -269,7 +265,7 @@ async fn prune_clear_invalidate_and_cold_start() {
     assert_eq!(dry.roots.len(), 2, "a root goes with its dependents");
     assert_eq!(
         dry.roots[1],
-        deltapack::store::keys::root_key(&a.namespace(), &a0).to_string(),
+        deltapack_store::keys::root_key(&a.namespace(), &a0).to_string(),
         "dependents first, the base last"
     );
     assert_eq!(s.ledger_totals().await.expect("t").roots, 3);
@@ -285,10 +281,7 @@ async fn prune_clear_invalidate_and_cold_start() {
     assert_eq!(restore_bytes(&s, &b, b0).await, turn(1, 1024).encoded());
     // Prune by schema (seed 1 → v1).
     let plan = s
-        .prune_plan(&PruneFilter {
-            schema: Some("v1".into()),
-            ..Default::default()
-        })
+        .prune_plan(&PruneFilter::default().with_schema(Some("v1".into())))
         .await
         .expect("prune");
     let pruned = s.execute(plan).await.expect("prune");
@@ -308,10 +301,7 @@ async fn prune_clear_invalidate_and_cold_start() {
     publish_turn(&s, &a, 4, 0).await.expect("p");
     let behind = Store::open(
         &format!("file://{}", dir.path().display()),
-        StoreConfig {
-            cold_start: ColdStart::Rebuild,
-            ..config()
-        },
+        config().with_cold_start(ColdStart::Rebuild),
     )
     .expect("open");
     publish_turn(&behind, &b, 6, 0).await.expect("p");
@@ -319,10 +309,7 @@ async fn prune_clear_invalidate_and_cold_start() {
     assert_eq!(fresh.ledger_totals().await.expect("t").roots, 2);
     let empty = Store::open(
         &format!("file://{}", dir.path().display()),
-        StoreConfig {
-            cold_start: ColdStart::Clear,
-            ..config()
-        },
+        config().with_cold_start(ColdStart::Clear),
     )
     .expect("open");
     assert_eq!(empty.ledger_totals().await.expect("t").roots, 0);
@@ -341,14 +328,12 @@ async fn minimum_free_space_is_kept() {
     publish_turn(&s, &id, 0, 0).await.expect("fits");
     // Demand more free space than the filesystem has: the store evicts what
     // it can, then refuses the publication before writing anything.
-    let free = deltapack::store::free_space(dir.path()).expect("statvfs works here");
+    let free = deltapack_store::free_space(dir.path()).expect("statvfs works here");
     let strict = Store::open(
         &format!("file://{}", dir.path().display()),
-        StoreConfig {
-            min_free_bytes: Some(free * 2),
-            grace: Duration::ZERO,
-            ..config()
-        },
+        config()
+            .with_min_free_bytes(Some(free * 2))
+            .with_grace(Duration::ZERO),
     )
     .expect("open");
     let err = publish_turn(&strict, &id, 2, 0).await.expect_err("no room");
@@ -373,15 +358,12 @@ async fn minimum_free_space_is_kept() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuild_racing_a_publication_does_not_lose_its_objects() {
     use common::faults::{FaultPlan, Faulty};
-    use deltapack::store::Backend;
+    use deltapack_store::Backend;
     use std::sync::Arc;
 
     let dir = tempfile::tempdir().expect("tmp");
     let url = format!("file://{}", dir.path().display());
-    let cfg = StoreConfig {
-        grace: Duration::ZERO,
-        ..config()
-    };
+    let cfg = config().with_grace(Duration::ZERO);
     let publisher = Store::open(&url, cfg.clone()).expect("store");
     let id = identity("rebuild-race");
     for seed in 93..96 {
@@ -407,10 +389,7 @@ async fn a_rebuild_racing_a_publication_does_not_lose_its_objects() {
             store: slow.clone(),
             kind: raw.kind.clone(),
         },
-        StoreConfig {
-            cold_start: ColdStart::Rebuild,
-            ..cfg.clone()
-        },
+        cfg.clone().with_cold_start(ColdStart::Rebuild),
     );
     let rebuild = tokio::spawn(async move {
         rebuilding.ledger_totals().await.expect("rebuild");

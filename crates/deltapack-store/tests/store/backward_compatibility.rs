@@ -5,16 +5,14 @@
 //! restores every context to the recorded snapshot digest — and that the
 //! fixture files themselves have not changed (their digests are pinned here).
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use common::*;
-use deltapack::format::{
+use crate::common::*;
+use deltapack_format::{
     root, CacheIdentity, ContextDigest, DecodedRoot, Digest, Namespace, Snapshot,
 };
-use deltapack::store::{RestoreOutcome, RootFormat, Store, StoreConfig};
+use deltapack_store::{RestoreOutcome, RootFormat, Store, StoreConfig};
 use serde::{Deserialize, Serialize};
 
 /// Every released fixture set with the BLAKE3 over the sorted `(relative
@@ -55,9 +53,7 @@ struct ExpectedRoot {
 }
 
 fn set_dir(set: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures")
-        .join(set)
+    crate::common::repo_root().join("fixtures").join(set)
 }
 
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -166,10 +162,7 @@ async fn restore_set(set: &str) {
     let plain = Store::open(&url, StoreConfig::default()).expect("open");
     let keyed = Store::open(
         &url,
-        StoreConfig {
-            mac_secret: Some(FIXTURE_SECRET.to_vec()),
-            ..Default::default()
-        },
+        StoreConfig::default().with_mac_secret(Some(FIXTURE_SECRET.to_vec())),
     )
     .expect("open");
     for r in &exp.roots {
@@ -213,14 +206,11 @@ async fn plain_keyed_check(
     ctx: ContextDigest,
 ) -> bool {
     let wrong = Store::from_backend(
-        deltapack::store::Backend {
+        deltapack_store::Backend {
             store: keyed.object_store().clone(),
             kind: keyed.backend_kind().clone(),
         },
-        StoreConfig {
-            mac_secret: Some(b"another key".to_vec()),
-            ..Default::default()
-        },
+        StoreConfig::default().with_mac_secret(Some(b"another key".to_vec())),
     )
     .expect("store");
     matches!(
@@ -228,7 +218,7 @@ async fn plain_keyed_check(
             .restore((id, ctx), Default::default())
             .await
             .expect("restore"),
-        RestoreOutcome::Miss(deltapack::store::MissReason::Unauthenticated { .. })
+        RestoreOutcome::Miss(deltapack_store::MissReason::Unauthenticated { .. })
     )
 }
 
@@ -272,9 +262,7 @@ async fn write_chain_set(dir: &Path) {
     }
     std::fs::write(
         dir.join("inputs/tokens-5120.u32le"),
-        deltapack::format::context::tokens_to_le_bytes(&deltapack::format::synth::tokens(
-            2026, 5120,
-        )),
+        deltapack_format::context::tokens_to_le_bytes(&deltapack_format::synth::tokens(2026, 5120)),
     )
     .expect("w");
     let mut roots = Vec::new();
@@ -282,11 +270,9 @@ async fn write_chain_set(dir: &Path) {
         let id = identity(&format!("fixture-{label}"));
         let id_file = format!("inputs/identity-{label}.json");
         std::fs::write(dir.join(&id_file), id.to_json_pretty()).expect("w");
-        let cfg = StoreConfig {
-            max_extent_bytes: m,
-            mac_secret: keyed.then(|| FIXTURE_SECRET.to_vec()),
-            ..Default::default()
-        };
+        let cfg = StoreConfig::default()
+            .with_max_extent_bytes(m)
+            .with_mac_secret(keyed.then(|| FIXTURE_SECRET.to_vec()));
         let store = Store::open(&url, cfg).expect("open");
         for (k, (t, snap)) in tokens.iter().zip(&snaps).enumerate() {
             let c = ctx(&id, 2026, *t as usize);
@@ -351,9 +337,7 @@ async fn write_v1v2_set(dir: &Path) {
     std::fs::write(dir.join("inputs/result-4096.snapshot"), result.encoded()).expect("w");
     std::fs::write(
         dir.join("inputs/tokens-4096.u32le"),
-        deltapack::format::context::tokens_to_le_bytes(&deltapack::format::synth::tokens(
-            2026, 4096,
-        )),
+        deltapack_format::context::tokens_to_le_bytes(&deltapack_format::synth::tokens(2026, 4096)),
     )
     .expect("w");
     let variants: [(&str, RootFormat, Option<i32>, bool); 4] = [
@@ -367,12 +351,10 @@ async fn write_v1v2_set(dir: &Path) {
         let id = identity(&format!("fixture-{label}"));
         let id_file = format!("inputs/identity-{label}.json");
         std::fs::write(dir.join(&id_file), id.to_json_pretty()).expect("w");
-        let cfg = StoreConfig {
-            max_extent_bytes: m,
-            compression,
-            mac_secret: keyed.then(|| FIXTURE_SECRET.to_vec()),
-            ..Default::default()
-        };
+        let cfg = StoreConfig::default()
+            .with_max_extent_bytes(m)
+            .with_compression(compression)
+            .with_mac_secret(keyed.then(|| FIXTURE_SECRET.to_vec()));
         let store = Store::open(&url, cfg).expect("open");
         let (cb, cr) = (ctx(&id, 2026, 1024), ctx(&id, 2026, 4096));
         publish_base(&store, &id, cb, base.clone(), format).await;
@@ -380,6 +362,7 @@ async fn write_v1v2_set(dir: &Path) {
         let schema = match format {
             RootFormat::V2 => root::SCHEMA_V2,
             RootFormat::V1 => root::SCHEMA_V1,
+            other => panic!("no frozen fixture for {other:?}"),
         };
         for (suffix, c, file, snap) in [
             ("base", cb, "inputs/base-1024.snapshot", &base),

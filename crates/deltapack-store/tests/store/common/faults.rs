@@ -19,72 +19,72 @@ use object_store::{
 
 /// What to inject.
 #[derive(Debug, Clone, Default)]
-pub struct FaultPlan {
+pub(crate) struct FaultPlan {
     /// Fail exactly this operation (1-based).
-    pub fail_nth: Option<u64>,
+    pub(crate) fail_nth: Option<u64>,
     /// After this many operations, every further operation fails.
-    pub crash_after: Option<u64>,
+    pub(crate) crash_after: Option<u64>,
     /// Fail this fraction of operations (deterministic from `seed`).
-    pub fail_fraction: f64,
+    pub(crate) fail_fraction: f64,
     /// Added to every operation.
-    pub latency: Duration,
+    pub(crate) latency: Duration,
     /// Truncate GET bodies by one byte.
-    pub truncate_bodies: bool,
+    pub(crate) truncate_bodies: bool,
     /// Flip one bit in GET bodies of objects.
-    pub flip_bodies: bool,
+    pub(crate) flip_bodies: bool,
     /// Seed for `fail_fraction`.
-    pub seed: u64,
+    pub(crate) seed: u64,
     /// Flip one bit in the bodies of the next this many GETs whose key
     /// starts with `once_prefix` (damage in transit), then stop.
-    pub flip_next: u64,
+    pub(crate) flip_next: u64,
     /// Fail the next this many GETs whose key starts with `once_prefix`
     /// (a transient error), then stop.
-    pub fail_next: u64,
+    pub(crate) fail_next: u64,
     /// Key prefix `flip_next` and `fail_next` apply to ("" = every key).
-    pub once_prefix: &'static str,
+    pub(crate) once_prefix: &'static str,
     /// Another actor's change to the inner store, made once: armed by the
     /// first successful PUT whose key starts with `race_after_put`, applied
     /// right after the next GET of the race's key has been served — the
     /// window between a writer's check of a key and its overwrite (e.g. an
     /// eviction in another process during a migration).
-    pub race: Option<Race>,
+    pub(crate) race: Option<Race>,
     /// Key prefix of the PUT that arms `race`.
-    pub race_after_put: &'static str,
+    pub(crate) race_after_put: &'static str,
     /// Conditional overwrites (`PutMode::Update`) fail as not implemented,
     /// like a backend without `If-Match`.
-    pub updates_unsupported: bool,
+    pub(crate) updates_unsupported: bool,
     /// Flip one random bit in this fraction of GET bodies, objects and
     /// roots alike (damage in transit; random from `seed`). Never in two
     /// reads of one key in a row (failed reads in between do not count):
     /// damage seen again on the re-read is, by the quarantine rule, damage
     /// at rest.
-    pub flip_fraction: f64,
+    pub(crate) flip_fraction: f64,
     /// Fail this fraction of GETs (not HEADs) with a transient error.
-    pub get_fail_fraction: f64,
+    pub(crate) get_fail_fraction: f64,
     /// Delay this fraction of GETs by a random time up to `slow_get`.
-    pub slow_get_fraction: f64,
+    pub(crate) slow_get_fraction: f64,
     /// Longest delay of a slow GET.
-    pub slow_get: Duration,
+    pub(crate) slow_get: Duration,
     /// Never flip a read right after a failed read of the same key (so a
     /// failed read and a flipped re-read never meet).
-    pub no_flip_after_error: bool,
+    pub(crate) no_flip_after_error: bool,
     /// The next create-if-absent PUT whose key starts with this prefix
     /// answers "already exists" without writing anything: another writer's
     /// object, gone again by the time anyone reads it (then the prefix is
     /// cleared).
-    pub create_exists_once: Option<&'static str>,
+    pub(crate) create_exists_once: Option<&'static str>,
 }
 
 /// What the random transient faults (`flip_fraction`, `get_fail_fraction`,
 /// `slow_get_fraction`) injected so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TransientCounts {
+pub(crate) struct TransientCounts {
     /// GET bodies with a flipped bit.
-    pub flips: u64,
+    pub(crate) flips: u64,
     /// GETs failed.
-    pub errors: u64,
+    pub(crate) errors: u64,
     /// GETs delayed.
-    pub slowed: u64,
+    pub(crate) slowed: u64,
 }
 
 /// State of the random transient faults.
@@ -103,7 +103,7 @@ struct Transient {
 
 /// A change another actor makes to the store behind the wrapper's back.
 #[derive(Debug, Clone)]
-pub enum Race {
+pub(crate) enum Race {
     /// The key is deleted.
     Delete(Path),
     /// The key is overwritten with these bytes.
@@ -120,7 +120,7 @@ impl Race {
 
 /// The wrapper.
 #[derive(Debug)]
-pub struct Faulty {
+pub(crate) struct Faulty {
     inner: Arc<dyn ObjectStore>,
     plan: Mutex<FaultPlan>,
     ops: AtomicU64,
@@ -149,7 +149,7 @@ fn injected(op: &str, n: u64) -> object_store::Error {
 }
 
 impl Faulty {
-    pub fn new(inner: Arc<dyn ObjectStore>, plan: FaultPlan) -> Self {
+    pub(crate) fn new(inner: Arc<dyn ObjectStore>, plan: FaultPlan) -> Self {
         Faulty {
             inner,
             plan: Mutex::new(plan),
@@ -161,13 +161,13 @@ impl Faulty {
     }
 
     /// What the random transient faults injected so far.
-    pub fn transient_counts(&self) -> TransientCounts {
+    pub(crate) fn transient_counts(&self) -> TransientCounts {
         self.transient.lock().map(|t| t.counts).unwrap_or_default()
     }
 
     /// What the GETs of `key` met while random transient faults were on,
     /// in order: `.` clean, `e` failed, `f` flipped.
-    pub fn read_history(&self, key: &str) -> String {
+    pub(crate) fn read_history(&self, key: &str) -> String {
         self.transient
             .lock()
             .ok()
@@ -228,12 +228,12 @@ impl Faulty {
     }
 
     /// Operations seen so far.
-    pub fn ops(&self) -> u64 {
+    pub(crate) fn ops(&self) -> u64 {
         self.ops.load(Ordering::SeqCst)
     }
 
     /// Replaces the plan (e.g. arms a one-shot fault after setting up).
-    pub fn set_plan(&self, plan: FaultPlan) {
+    pub(crate) fn set_plan(&self, plan: FaultPlan) {
         if let Ok(mut p) = self.plan.lock() {
             *p = plan;
         }
@@ -256,11 +256,6 @@ impl Faulty {
             return (false, true);
         }
         (false, false)
-    }
-
-    /// Faults injected so far.
-    pub fn injected(&self) -> u64 {
-        self.injected.load(Ordering::SeqCst)
     }
 
     fn plan(&self) -> FaultPlan {

@@ -5,21 +5,21 @@
 //! changes nothing, subsets n of m cover everything, and healthy roots are
 //! untouched. Runs on local disk and the real S3 server.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
-use deltapack::format::{DecodedRoot, Digest};
-use deltapack::store::{keys, RestoreOutcome, RootFormat, RootStatus, Store, SweepOptions};
+use deltapack_format::{DecodedRoot, Digest};
+use deltapack_store::{keys, RestoreOutcome, RootFormat, RootStatus, Store, SweepOptions};
 use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
 
 async fn keys_of(
     s: &Store,
-    id: &deltapack::format::CacheIdentity,
-    c: deltapack::format::ContextDigest,
+    id: &deltapack_format::CacheIdentity,
+    c: deltapack_format::ContextDigest,
 ) -> Vec<Path> {
     let RootStatus::Found(r) = s.read_root(&id.namespace(), &c).await.expect("read") else {
         panic!("root")
@@ -76,10 +76,7 @@ async fn sweep_suite(t: TestStore) {
     let mut covered = 0;
     for n in 0..4u8 {
         covered += s
-            .sweep(&SweepOptions {
-                subset: Some((n, 4)),
-                ..Default::default()
-            })
+            .sweep(&SweepOptions::default().with_subset(Some((n, 4))))
             .await
             .expect("sweep")
             .checked;
@@ -114,10 +111,7 @@ async fn sweep_suite(t: TestStore) {
 
     // Dry run: reports, changes nothing.
     let dry = s
-        .sweep(&SweepOptions {
-            dry_run: true,
-            ..Default::default()
-        })
+        .sweep(&SweepOptions::default().with_dry_run(true))
         .await
         .expect("dry");
     assert_eq!(dry.corrupt.len(), 2, "{dry:?}");
@@ -129,11 +123,11 @@ async fn sweep_suite(t: TestStore) {
 
     // Grace keeps the young orphan.
     let graced = s
-        .sweep(&SweepOptions {
-            grace: Duration::from_secs(3600),
-            dry_run: true,
-            ..Default::default()
-        })
+        .sweep(
+            &SweepOptions::default()
+                .with_grace(Duration::from_secs(3600))
+                .with_dry_run(true),
+        )
         .await
         .expect("sweep");
     assert_eq!(graced.orphans_in_grace, 1);
@@ -219,7 +213,7 @@ async fn sweep_s3() {
 async fn sweep_removes_only_old_staging_files() {
     let t = local(config());
     let root = match t.store.backend_kind() {
-        deltapack::store::BackendKind::Local { root } => root.clone(),
+        deltapack_store::BackendKind::Local { root } => root.clone(),
         _ => unreachable!(),
     };
     let dir = root.join("objects/blake3/aa");
@@ -234,10 +228,7 @@ async fn sweep_removes_only_old_staging_files() {
         .expect("age the torn staging file");
     let kept = t
         .store
-        .sweep(&SweepOptions {
-            grace: Duration::from_secs(3600),
-            ..Default::default()
-        })
+        .sweep(&SweepOptions::default().with_grace(Duration::from_secs(3600)))
         .await
         .expect("sweep");
     assert_eq!(kept.staging_removed, 0);
@@ -265,7 +256,7 @@ async fn sweep_removes_only_old_staging_files() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sweep_does_not_quarantine_a_root_republished_after_it_read_it() {
     use common::faults::{FaultPlan, Faulty, Race};
-    use deltapack::store::{Backend, RootFormat};
+    use deltapack_store::{Backend, RootFormat};
     use futures::TryStreamExt;
     use std::sync::Arc;
 
@@ -337,10 +328,7 @@ async fn sweep_does_not_quarantine_a_root_republished_after_it_read_it() {
             .await
             .expect("arm the race");
         let report = s
-            .sweep(&SweepOptions {
-                grace: Duration::from_secs(3600),
-                ..Default::default()
-            })
+            .sweep(&SweepOptions::default().with_grace(Duration::from_secs(3600)))
             .await
             .expect("sweep");
         if raw.store.head(&rk).await.is_err() {

@@ -6,11 +6,9 @@
 //! dry run needs none), and that a refused command leaves every root and
 //! object where it was.
 
-mod common;
-
 use std::path::Path;
 
-use common::expect_code;
+use crate::common::expect_code;
 
 /// Every file below `dir`, sorted.
 fn files(dir: &Path) -> Vec<String> {

@@ -21,32 +21,32 @@ use object_store::{
 
 /// Counters shared by a wrapper and the test.
 #[derive(Debug, Default)]
-pub struct Counters {
-    pub held: AtomicUsize,
-    pub max_held: AtomicUsize,
-    pub object_gets_in_flight: AtomicUsize,
-    pub max_object_gets_in_flight: AtomicUsize,
-    pub puts_in_flight: AtomicUsize,
-    pub max_puts_in_flight: AtomicUsize,
-    pub root_gets_in_flight: AtomicUsize,
-    pub max_root_gets_in_flight: AtomicUsize,
-    pub gets: Mutex<HashMap<String, usize>>,
+pub(crate) struct Counters {
+    pub(crate) held: AtomicUsize,
+    pub(crate) max_held: AtomicUsize,
+    pub(crate) object_gets_in_flight: AtomicUsize,
+    pub(crate) max_object_gets_in_flight: AtomicUsize,
+    pub(crate) puts_in_flight: AtomicUsize,
+    pub(crate) max_puts_in_flight: AtomicUsize,
+    pub(crate) root_gets_in_flight: AtomicUsize,
+    pub(crate) max_root_gets_in_flight: AtomicUsize,
+    pub(crate) gets: Mutex<HashMap<String, usize>>,
 }
 
 impl Counters {
-    pub fn max_held(&self) -> usize {
+    pub(crate) fn max_held(&self) -> usize {
         self.max_held.load(Ordering::SeqCst)
     }
-    pub fn max_object_gets(&self) -> usize {
+    pub(crate) fn max_object_gets(&self) -> usize {
         self.max_object_gets_in_flight.load(Ordering::SeqCst)
     }
-    pub fn max_puts(&self) -> usize {
+    pub(crate) fn max_puts(&self) -> usize {
         self.max_puts_in_flight.load(Ordering::SeqCst)
     }
-    pub fn max_root_gets(&self) -> usize {
+    pub(crate) fn max_root_gets(&self) -> usize {
         self.max_root_gets_in_flight.load(Ordering::SeqCst)
     }
-    pub fn gets_of_roots(&self) -> usize {
+    pub(crate) fn gets_of_roots(&self) -> usize {
         self.gets
             .lock()
             .map(|g| {
@@ -57,7 +57,7 @@ impl Counters {
             })
             .unwrap_or(0)
     }
-    pub fn gets_of_objects(&self) -> usize {
+    pub(crate) fn gets_of_objects(&self) -> usize {
         self.gets
             .lock()
             .map(|g| {
@@ -89,10 +89,10 @@ impl Drop for Held {
 
 /// The wrapper.
 #[derive(Debug)]
-pub struct Instrumented {
-    pub inner: Arc<dyn ObjectStore>,
-    pub counters: Arc<Counters>,
-    pub get_delay: Duration,
+pub(crate) struct Instrumented {
+    pub(crate) inner: Arc<dyn ObjectStore>,
+    pub(crate) counters: Arc<Counters>,
+    pub(crate) get_delay: Duration,
 }
 
 impl fmt::Display for Instrumented {
@@ -215,11 +215,11 @@ impl ObjectStore for Instrumented {
 /// A store over `inner` wrapped in an [`Instrumented`] layer (reported as a
 /// memory backend, so restores stream through `object_store`), with its
 /// counters.
-pub fn instrumented_store(
-    inner: deltapack::store::Backend,
+pub(crate) fn instrumented_store(
+    inner: deltapack_store::Backend,
     delay: Duration,
-    config: deltapack::store::StoreConfig,
-) -> (deltapack::store::Store, Arc<Counters>) {
+    config: deltapack_store::StoreConfig,
+) -> (deltapack_store::Store, Arc<Counters>) {
     let counters = Arc::new(Counters::default());
     let store = Arc::new(Instrumented {
         inner: inner.store,
@@ -228,9 +228,9 @@ pub fn instrumented_store(
     });
     (
         super::wrapped(
-            deltapack::store::Backend {
+            deltapack_store::Backend {
                 store,
-                kind: deltapack::store::BackendKind::Memory,
+                kind: deltapack_store::BackendKind::Memory,
             },
             config,
         ),

@@ -4,31 +4,24 @@
 //! the old v1 chunk objects become garbage reclaimed after the grace
 //! period, and the ledger agrees with a rebuild afterwards.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;
 
-use common::*;
-use deltapack::format::{DecodedRoot, SCHEMA_V1, SCHEMA_V2, SCHEMA_V2_1};
-use deltapack::store::{RestoreOutcome, RootFormat, RootStatus, Store, StoreConfig, SweepOptions};
+use crate::common::*;
+use deltapack_format::{DecodedRoot, SCHEMA_V1, SCHEMA_V2, SCHEMA_V2_1};
+use deltapack_store::{RestoreOutcome, RootFormat, RootStatus, Store, SweepOptions};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_fixture_v1_roots_and_a_mixed_chain() {
     let tmp = tempfile::tempdir().expect("tmp");
     copy_dir(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/2026-11-v1v2/store"),
+        &crate::common::repo_root().join("fixtures/2026-11-v1v2/store"),
         tmp.path(),
     );
     let url = format!("file://{}", tmp.path().display());
-    let s = Store::open(
-        &url,
-        StoreConfig {
-            grace: Duration::ZERO,
-            ..config()
-        },
-    )
-    .expect("open");
+    let s = Store::open(&url, config().with_grace(Duration::ZERO)).expect("open");
 
     // A v2 delta on a v1 base, in another namespace.
     let id = identity("migrate");
@@ -145,10 +138,10 @@ async fn migrate_fixture_v1_roots_and_a_mixed_chain() {
 async fn keyed_roots_migrate_only_with_the_key() {
     let tmp = tempfile::tempdir().expect("tmp");
     let url = format!("file://{}", tmp.path().display());
-    let keyed_cfg = || StoreConfig {
-        mac_secret: Some(b"migration test key".to_vec()),
-        grace: Duration::ZERO,
-        ..config()
+    let keyed_cfg = || {
+        config()
+            .with_mac_secret(Some(b"migration test key".to_vec()))
+            .with_grace(Duration::ZERO)
     };
     let keyed = Store::open(&url, keyed_cfg()).expect("open");
     let id = identity("migrate-keyed");
@@ -156,18 +149,11 @@ async fn keyed_roots_migrate_only_with_the_key() {
     publish_base(&keyed, &id, c, snap.clone(), RootFormat::V1).await;
     let path = tmp
         .path()
-        .join(deltapack::store::keys::root_key(&id.namespace(), &c).as_ref());
+        .join(deltapack_store::keys::root_key(&id.namespace(), &c).as_ref());
     let before = std::fs::read(&path).expect("root");
-    assert!(deltapack::format::root::has_mac(&before));
+    assert!(deltapack_format::root::has_mac(&before));
 
-    let plain = Store::open(
-        &url,
-        StoreConfig {
-            grace: Duration::ZERO,
-            ..config()
-        },
-    )
-    .expect("open");
+    let plain = Store::open(&url, config().with_grace(Duration::ZERO)).expect("open");
     for dry_run in [true, false] {
         let r = plain.migrate(None, dry_run).await.expect("migrate");
         assert!(r.migrated.is_empty(), "{r:?}");
@@ -178,7 +164,7 @@ async fn keyed_roots_migrate_only_with_the_key() {
     let r = keyed.migrate(None, false).await.expect("migrate");
     assert_eq!(r.migrated.len(), 1, "{r:?}");
     let after = std::fs::read(&path).expect("root");
-    assert!(deltapack::format::root::has_mac(&after), "still keyed");
+    assert!(deltapack_format::root::has_mac(&after), "still keyed");
     assert_eq!(restore_bytes(&keyed, &id, c).await, snap.encoded());
 }
 
@@ -190,7 +176,7 @@ async fn keyed_roots_migrate_only_with_the_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_root_removed_or_replaced_during_migration_is_not_brought_back() {
     use common::faults::{FaultPlan, Faulty, Race};
-    use deltapack::store::{keys, Backend};
+    use deltapack_store::{keys, Backend};
     use object_store::ObjectStoreExt;
     use std::sync::Arc;
 
@@ -211,10 +197,7 @@ async fn a_root_removed_or_replaced_during_migration_is_not_brought_back() {
                     store: faulty.clone(),
                     kind: raw.kind.clone(),
                 },
-                StoreConfig {
-                    grace: Duration::ZERO,
-                    ..config()
-                },
+                config().with_grace(Duration::ZERO),
             );
             let id = identity("migrate-race");
             let (c, snap) = (ctx(&id, 83, 2048), turn(83, 2048));
@@ -257,7 +240,7 @@ async fn a_root_removed_or_replaced_during_migration_is_not_brought_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migration_refuses_a_backend_without_conditional_overwrite() {
     use common::faults::{FaultPlan, Faulty};
-    use deltapack::store::{keys, Backend, StoreError};
+    use deltapack_store::{keys, Backend, StoreError};
     use object_store::ObjectStoreExt;
     use std::sync::Arc;
 
@@ -314,10 +297,7 @@ async fn migration_refuses_a_backend_without_conditional_overwrite() {
 async fn local_migration_racing_eviction_never_resurrects_a_root() {
     let tmp = tempfile::tempdir().expect("tmp");
     let url = format!("file://{}", tmp.path().display());
-    let cfg = || StoreConfig {
-        grace: Duration::ZERO,
-        ..config()
-    };
+    let cfg = || config().with_grace(Duration::ZERO);
     let id = identity("migrate-vs-evict");
     for round in 0..3u64 {
         let a = Store::open(&url, cfg()).expect("open");

@@ -1,13 +1,12 @@
 //! Helpers shared by the CLI's test binaries: run the `deltapack` binary
 //! as a user would and check its exit code.
-#![allow(dead_code, unreachable_pub)]
 
 use std::path::Path;
 use std::process::{Command, Output};
 
 /// Runs `deltapack` with `args` in `dir` (quiet logs, no root key from the
 /// environment).
-pub fn deltapack(dir: &Path, args: &[&str]) -> Output {
+pub(crate) fn deltapack(dir: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_deltapack"))
         .args(args)
         .current_dir(dir)
@@ -18,7 +17,7 @@ pub fn deltapack(dir: &Path, args: &[&str]) -> Output {
 }
 
 /// Runs and asserts the exit code, returning stdout.
-pub fn expect_code(dir: &Path, args: &[&str], code: i32) -> String {
+pub(crate) fn expect_code(dir: &Path, args: &[&str], code: i32) -> String {
     let out = deltapack(dir, args);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(

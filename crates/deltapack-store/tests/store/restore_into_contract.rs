@@ -8,21 +8,19 @@
 //! delta chain on local disk, with the damage in the last extent (so that
 //! every other extent's bytes were already placed when the check failed).
 
-mod common;
-
-use common::*;
-use deltapack::store::{keys, RestoreIntoOutcome, RootFormat, RootStatus};
+use crate::common::*;
+use deltapack_store::{keys, RestoreIntoOutcome, RootFormat, RootStatus};
 
 async fn damage_last_extent(
     t: &TestStore,
-    id: &deltapack::format::CacheIdentity,
-    c: deltapack::format::ContextDigest,
+    id: &deltapack_format::CacheIdentity,
+    c: deltapack_format::ContextDigest,
 ) {
     let RootStatus::Found(root) = t.store.peek_root(&id.namespace(), &c).await.expect("root")
     else {
         panic!("no root")
     };
-    let deltapack::format::DecodedRoot::V2(m) = *root else {
+    let deltapack_format::DecodedRoot::V2(m) = *root else {
         panic!("not v2")
     };
     let e = m.extents.last().expect("extents");

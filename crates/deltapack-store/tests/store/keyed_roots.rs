@@ -5,22 +5,13 @@
 //! replaying a valid root under another key — cannot make a keyed reader
 //! consume forged state. Unkeyed stores keep working as before.
 
-mod common;
-
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
-use deltapack::store::{keys, MissReason, RestoreOutcome, RootFormat, Store, StoreConfig};
+use deltapack_store::{keys, MissReason, RestoreOutcome, RootFormat, Store};
 use object_store::{ObjectStoreExt, PutPayload};
 
 fn keyed(url: &str, secret: &[u8]) -> Store {
-    Store::open(
-        url,
-        StoreConfig {
-            mac_secret: Some(secret.to_vec()),
-            ..config()
-        },
-    )
-    .expect("open")
+    Store::open(url, config().with_mac_secret(Some(secret.to_vec()))).expect("open")
 }
 
 async fn suite(url: String) {

@@ -48,16 +48,14 @@
 //! defeated the quarantine rule until bug 5 (docs/reliability.md) was
 //! fixed, to tell that failure from any other.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::faults::{FaultPlan, Faulty, TransientCounts};
-use common::*;
-use deltapack::format::{CacheIdentity, ContextDigest, Snapshot};
-use deltapack::store::{
+use crate::common::faults::{FaultPlan, Faulty, TransientCounts};
+use crate::common::*;
+use deltapack_format::{CacheIdentity, ContextDigest, Snapshot};
+use deltapack_store::{
     keys, Backend, BackendKind, BaseInput, PublishOutcome, PublishRequest, RestoreIntoOutcome,
     RestoreOutcome, RootFormat, RootStatus, Store, SweepOptions, SweepReport,
 };
@@ -287,7 +285,7 @@ async fn publish(
 
 /// Checks one restore's outcome against the expected bytes.
 fn check_restore(
-    out: deltapack::store::Result<RestoreOutcome>,
+    out: deltapack_store::Result<RestoreOutcome>,
     want: &Snapshot,
     tally: &mut Tally,
     seed: u64,

@@ -1,0 +1,12 @@
+//! The CLI's tests: the real `deltapack` binary run as a user (and an operator, and a crash) would.
+//!
+//! One test binary for the whole crate (`cargo test -p deltapack-cli --test cli`),
+//! one module per property it guards; each module opens with why.
+
+mod common;
+
+mod chaos_kill9;
+mod cli_end_to_end;
+mod crash_kill9;
+mod destructive_commands;
+mod multi_process_ledger;

@@ -1,0 +1,27 @@
+//! deltapack-store's integration tests, against real components: real files with fsync, the S3-compatible
+//! server `.ci/run` starts, real corruption of real bytes, real processes.
+//!
+//! One test binary for the whole crate (`cargo test -p deltapack-store --test store`),
+//! one module per property it guards; each module opens with why.
+
+mod common;
+
+mod backward_compatibility;
+mod bad_input;
+mod capacity_ledger;
+mod chain_restore;
+mod chaos_faults;
+mod concurrency;
+mod conformance;
+mod corruption_matrix;
+mod crash_consistency;
+mod disk_full;
+mod gc_concurrency;
+mod hostile_input;
+mod integrity_sweep;
+mod keyed_roots;
+mod migration;
+mod quarantine_needs_proof;
+mod restore_into_contract;
+mod s3_faults;
+mod write_behind;

@@ -2,8 +2,8 @@
 //!
 //! This umbrella crate re-exports the two library crates:
 //! [`mod@format`] (pure byte formats, no I/O) and [`store`] (object-store backed
-//! publication and verified restore). The top-level `tests/` and `benches/`
-//! folders of the repository belong to this package.
+//! publication and verified restore). The repository's `benches/` (criterion)
+//! belong to this package; each library crate owns its tests.
 
 pub use deltapack_format as format;
 pub use deltapack_store as store;

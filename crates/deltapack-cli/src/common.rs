@@ -108,6 +108,30 @@ impl CapacityArgs {
 /// accident is the kind of surprise a storage tool must not have).
 pub(crate) const DEMO_STORE: &str = "./deltapack-data";
 
+/// How a publishing command lays out v2 payloads: extent size and codec
+/// (flattened into `publish` and `demo`).
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ExtentArgs {
+    /// Extent size for v2 roots (a power of two from 1 KiB to 1 GiB; 64 MiB
+    /// by default — smaller values are for tests).
+    #[arg(long, value_name = "N")]
+    pub(crate) max_extent_bytes: Option<u64>,
+    /// zstd-compress v2 extents at this level (1–22); raw by default.
+    #[arg(long, value_name = "LEVEL", value_parser = clap::value_parser!(i32).range(1..=22))]
+    pub(crate) compress: Option<i32>,
+}
+
+impl ExtentArgs {
+    /// Applies the options to a configuration.
+    pub(crate) fn apply(&self, c: StoreConfig) -> StoreConfig {
+        c.with_max_extent_bytes(
+            self.max_extent_bytes
+                .unwrap_or(deltapack_format::DEFAULT_MAX_EXTENT_BYTES),
+        )
+        .with_compression(self.compress)
+    }
+}
+
 /// Which store to open and how: the options every store-opening command
 /// shares (flattened into each command's arguments).
 #[derive(Debug, Clone, clap::Args)]

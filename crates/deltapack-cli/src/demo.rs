@@ -47,12 +47,8 @@ pub(crate) struct DemoArgs {
     /// Conversation seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Extent size for v2 roots (power of two, 1 KiB–1 GiB; default 64 MiB).
-    #[arg(long, value_name = "N")]
-    max_extent_bytes: Option<u64>,
-    /// zstd-compress v2 extents at this level (1–22); raw by default.
-    #[arg(long, value_name = "LEVEL", value_parser = clap::value_parser!(i32).range(1..=22))]
-    compress: Option<i32>,
+    #[command(flatten)]
+    extents: common::ExtentArgs,
     /// Machine-readable report.
     #[arg(long)]
     json: bool,
@@ -166,14 +162,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode> {
         .context("conversation too long")?;
     let n_tokens = usize::try_from(final_tokens).context("conversation too long")?;
 
-    let config = args
-        .store
-        .config()?
-        .with_max_extent_bytes(
-            args.max_extent_bytes
-                .unwrap_or(deltapack_format::DEFAULT_MAX_EXTENT_BYTES),
-        )
-        .with_compression(args.compress);
+    let config = args.extents.apply(args.store.config()?);
     let store = args.store.open_with(config)?;
     let store_name = match store.backend_kind() {
         BackendKind::Local { root } => root.display().to_string(),

@@ -68,13 +68,8 @@ pub(crate) struct PublishArgs {
     /// Root schema to write.
     #[arg(long, value_enum, default_value = "v2")]
     format: FormatArg,
-    /// Extent size for v2 roots (a power of two from 1 KiB to 1 GiB; 64 MiB
-    /// by default — smaller values are for tests).
-    #[arg(long, value_name = "N")]
-    max_extent_bytes: Option<u64>,
-    /// zstd-compress v2 extents at this level (1–22); raw by default.
-    #[arg(long, value_name = "LEVEL", value_parser = clap::value_parser!(i32).range(1..=22))]
-    compress: Option<i32>,
+    #[command(flatten)]
+    extents: common::ExtentArgs,
     /// Chain policy: publish flat instead of a delta that would sit more
     /// than N deltas above its flat root (0 = no limit).
     #[arg(long, value_name = "N", default_value_t = default_chain().max_depth.unwrap_or(0))]
@@ -150,19 +145,11 @@ pub(crate) async fn run(args: PublishArgs) -> Result<ExitCode> {
         }
     };
 
-    let config = args
-        .store
-        .config()?
-        .with_max_extent_bytes(
-            args.max_extent_bytes
-                .unwrap_or(deltapack_format::DEFAULT_MAX_EXTENT_BYTES),
-        )
-        .with_compression(args.compress)
-        .with_chain(
-            ChainPolicy::default()
-                .with_max_depth(Some(args.max_chain_depth).filter(|k| *k > 0))
-                .with_max_read_overhead(Some(args.max_read_overhead).filter(|x| *x >= 0.0)),
-        );
+    let config = args.extents.apply(args.store.config()?).with_chain(
+        ChainPolicy::default()
+            .with_max_depth(Some(args.max_chain_depth).filter(|k| *k > 0))
+            .with_max_read_overhead(Some(args.max_read_overhead).filter(|x| *x >= 0.0)),
+    );
     let store = args.store.open_with(config)?;
     let req = PublishRequest {
         identity,

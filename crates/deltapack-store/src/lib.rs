@@ -14,7 +14,11 @@
 //!   one is a reported conflict.
 //! * **Verify before use** — [`Store::restore`] checks the root envelope and
 //!   schema, each object digest before its bytes are used, the payload
-//!   digest, and the reconstructed snapshot digest.
+//!   digest, and the reconstructed snapshot digest. A delta chain planned
+//!   from v2.1 roots alone is first restored in one deferred pass: every
+//!   byte it places is checked by the reconstructed snapshot digest (the
+//!   extents' own names are checked only if that fails), so the result is
+//!   hashed once whatever the chain's depth (docs/design.md §6.2).
 //! * **Bounded memory** — at most [`RESTORE_IN_FLIGHT`] object
 //!   payloads in flight on restore, [`PUBLISH_BATCH`] per
 //!   publication batch; every length from storage is bounded before use.
@@ -67,8 +71,8 @@
 //!     })
 //!     .await?;
 //!
-//! // Restore turn 2: every object, the payload and the rebuilt snapshot
-//! // are verified before the bytes are handed over.
+//! // Restore turn 2: the rebuilt snapshot is verified against its digest
+//! // before the bytes are handed over.
 //! match store.restore((&id, ctx2), Default::default()).await? {
 //!     RestoreOutcome::Hit(hit) => assert_eq!(hit.snapshot.encoded(), turn2.encoded()),
 //!     RestoreOutcome::Miss(reason) => panic!("unexpected miss: {reason}"),

@@ -8,22 +8,32 @@
 //! plans are composed first ([`deltapack_format::compose`]) from the delta
 //! headers alone, so every byte of the final result has exactly one origin:
 //! the newest delta whose tail wrote it, or the bottom. Then only the
-//! extents that still hold result bytes (plus each delta's header extent)
-//! are read, each once, each verified against its BLAKE3 name as it streams
-//! through the same fused read → hash → place loop as a single delta; a
-//! bottom held in memory is copied by the same workers.
+//! extents that still hold result bytes are read, each once. The first pass
+//! is *deferred* when every delta is v2.1 (its header and chain hints are
+//! in the root, so the plan came from authenticated roots alone): raw
+//! extents are read without checking their names, only the range that holds
+//! result bytes, on local disk straight into the result; the result is
+//! hashed once, as blocks complete. If that digest is wrong, a *verified*
+//! pass follows (the fused read → hash → place loop of a flat restore, every
+//! extent checked by name as it streams, each delta's header extent too), so
+//! the object at fault is found and, once proven, quarantined. v2 chains
+//! (headers read from storage) and every pass after a failure are verified.
+//! A bottom held in memory is copied by the same workers.
 //!
-//! # Why skipping the intermediate digests is safe
+//! # Why the result digest is enough
 //!
-//! Every byte placed comes from a verified extent of a root that was
-//! authenticated on its own, or from a snapshot verified earlier, and the
-//! whole result is hashed (block by block, as blocks are completed, while
-//! they are still in cache) and compared with the result digest the target
-//! root names. A result that passes is, by BLAKE3's collision resistance,
-//! exactly the snapshot that root was published for, whatever the
-//! intermediate results would have been; a wrong header, a wrong link or a
-//! wrong extent can only make it fail. So the intermediate snapshots'
-//! digests prove nothing the final one does not.
+//! Every placed byte goes where a plan made from authenticated roots (or
+//! from a snapshot verified earlier) puts it, no stored byte is
+//! interpreted, and the whole result is hashed (block by block, as blocks
+//! are completed, while they are still in cache) and compared with the
+//! result digest the target root names. A result that passes is, by BLAKE3's
+//! collision resistance, exactly the snapshot that root was published for,
+//! whatever the intermediate results or the extents' names would have been;
+//! a wrong header, a wrong link or a wrong extent can only make it fail. So
+//! neither the intermediate snapshots' digests nor (in a deferred pass) the
+//! extents' names prove anything for this result that the final one does
+//! not. Damage confined to bytes later turns replaced is not this restore's
+//! business: the sweep finds it.
 //!
 //! # Memory
 //!
@@ -39,11 +49,11 @@ use std::time::Instant;
 
 use deltapack_format::delta::{self, Origin, PageDelta};
 use deltapack_format::scatter::{self, Span};
-use deltapack_format::{Digest, ExtentPlan, ManifestV2, Snapshot, SnapshotHeader};
+use deltapack_format::{Digest, ExtentCodec, ExtentPlan, ManifestV2, Snapshot, SnapshotHeader};
 
 use super::reassembly::{
-    blame, read_extent, read_header_prefix, Dest, FaultKind, ObjectFault, Output, Sink, Source,
-    PIECE, RESULT_BLOCK,
+    blame, open_local, read_at, read_extent, read_header_prefix, read_range_unverified, Dest,
+    FaultKind, ObjectFault, Output, Sink, Source, PIECE, RESULT_BLOCK,
 };
 
 /// Largest piece of a memory-to-result copy handed to one worker.
@@ -109,6 +119,23 @@ impl SharedDest {
         // buffer or another snapshot).
         unsafe {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.add(at as usize), bytes.len())
+        }
+    }
+
+    /// The bytes of `r`, for writing in place.
+    ///
+    /// # Safety
+    /// No other thread may access `r` while the returned slice lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice_mut(&self, r: Range<u64>) -> &mut [u8] {
+        assert!(r.start <= r.end && r.end <= self.len, "write out of bounds");
+        // SAFETY: in bounds (checked above); exclusive by the caller's
+        // contract.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.ptr.add(r.start as usize),
+                (r.end - r.start) as usize,
+            )
         }
     }
 
@@ -274,6 +301,7 @@ pub(crate) fn restore_chain(
     into: Option<&mut [u8]>,
     threads: usize,
     deadline: Option<Instant>,
+    allow_deferred: bool,
 ) -> Result<Output, ObjectFault> {
     let Some(top) = deltas.last() else {
         return Err(ObjectFault::plain("a chain needs at least one delta"));
@@ -385,113 +413,53 @@ pub(crate) fn restore_chain(
         }
     }
 
-    // 4. The pass.
+    // 4. The pass. With every link's plan taken from authenticated roots
+    //    (v2.1), the first pass is *deferred*: extents are read without
+    //    checking their names, and only the result digest is computed, so
+    //    each result byte is read once and hashed once, as for a flat root.
+    //    If that digest is wrong, a verified pass follows (every extent
+    //    checked by name as it streams), which finds the culprit or, if all
+    //    objects are sound, shows the chain itself is inconsistent.
     let len =
         usize::try_from(composed.result_len).map_err(|_| ObjectFault::plain("result too large"))?;
     let mut result = Dest::take(len, into).map_err(ObjectFault::plain)?;
-    let hash = ResultHash::new(composed.result_len, top.max_extent_bytes)?;
     let bytes = result.bytes();
     let dest = SharedDest {
         ptr: bytes.as_mut_ptr(),
         len: bytes.len() as u64,
     };
-    let mut done = Vec::new();
-    // SAFETY: no worker runs yet.
-    unsafe { dest.write(0, &composed.result_prefix) };
-    hash.wrote(&dest, 0, composed.result_prefix.len() as u64, &mut done);
-    let next = AtomicUsize::new(0);
-    let failed = std::sync::atomic::AtomicBool::new(false);
-    let failures: Mutex<Vec<ObjectFault>> = Mutex::new(Vec::new());
-    let hashed: Mutex<Vec<(u64, Digest)>> = Mutex::new(done);
-    let memory_src = match bottom {
-        Bottom::Memory(s, _) => Some(s.encoded()),
-        Bottom::Flat(_) => None,
+    let deferred = allow_deferred && deltas.iter().all(|m| m.chain.is_some());
+    let ctx = Pass {
+        source,
+        levels: &levels,
+        plans: &plans,
+        items: &items,
+        dest: &dest,
+        prefix: &composed.result_prefix,
+        result_len: composed.result_len,
+        extent_bytes: top.max_extent_bytes,
+        want: top.result_snapshot_digest,
+        memory_src: match bottom {
+            Bottom::Memory(s, _) => Some(s.encoded()),
+            Bottom::Flat(_) => None,
+        },
+        top_level: deltas.len() - 1,
+        threads,
+        deadline,
+        suspect: std::sync::atomic::AtomicBool::new(false),
     };
-    let top_level = deltas.len() - 1;
-    std::thread::scope(|sc| {
-        for _ in 0..threads.max(1).min(items.len().max(1)) {
-            sc.spawn(|| {
-                let mut scratch = vec![0u8; PIECE];
-                let mut done = Vec::new();
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= items.len() {
-                        break;
-                    }
-                    let in_base = match &items[i] {
-                        Item::Extent { level, .. } => *level != top_level,
-                        Item::Memory(_) => false,
-                    };
-                    // After a failure the pass is a miss either way; only
-                    // the bases' extents are still read, so that damage to
-                    // a base is reported as such (`base-missing`) whichever
-                    // worker found what first.
-                    if failed.load(Ordering::Relaxed) && !in_base {
-                        continue;
-                    }
-                    let r = match &items[i] {
-                        Item::Extent {
-                            level,
-                            index,
-                            spans,
-                            header,
-                        } => {
-                            let m = levels[*level];
-                            let mut sink = ItemSink {
-                                dest: &dest,
-                                hash: &hash,
-                                spans,
-                                done: &mut done,
-                            };
-                            read_extent(
-                                source,
-                                &plans[*level],
-                                *index,
-                                &m.extents[*index as usize],
-                                &mut sink,
-                                *header,
-                                deadline,
-                                &mut scratch,
-                            )
-                        }
-                        Item::Memory(span) => {
-                            copy_memory(memory_src, *span, &dest, &hash, &mut done, deadline)
-                        }
-                    };
-                    if let Err(mut d) = r {
-                        d.in_base = in_base;
-                        let stop = matches!(d.kind, FaultKind::Deadline | FaultKind::Io(_));
-                        if let Ok(mut f) = failures.lock() {
-                            f.push(d);
-                        }
-                        failed.store(true, Ordering::Relaxed);
-                        if stop {
-                            next.store(items.len(), Ordering::Relaxed);
-                        }
-                    }
-                }
-                if let Ok(mut h) = hashed.lock() {
-                    h.append(&mut done);
-                }
-            });
+    match ctx.run(deferred) {
+        Ok(()) => {}
+        Err(PassError::Fault(d)) => return Err(d),
+        Err(PassError::Mismatch(what)) if !deferred => return Err(ObjectFault::plain(what)),
+        Err(PassError::Mismatch(what)) => {
+            tracing::warn!(%what, "deferred chain pass failed its result digest; verifying every extent");
+            match ctx.run(false) {
+                Ok(()) => {}
+                Err(PassError::Fault(d)) => return Err(d),
+                Err(PassError::Mismatch(what)) => return Err(ObjectFault::plain(what)),
+            }
         }
-    });
-    let mut failures = failures.into_inner().unwrap_or_default();
-    // A base's damage first, then the rest, in the order found.
-    if let Some(i) = failures.iter().position(|d| d.in_base) {
-        return Err(failures.swap_remove(i));
-    }
-    if !failures.is_empty() {
-        return Err(failures.swap_remove(0));
-    }
-    let found = hash
-        .finish(&dest, hashed.into_inner().unwrap_or_default())
-        .map_err(ObjectFault::plain)?;
-    if found != top.result_snapshot_digest {
-        return Err(ObjectFault::plain(format!(
-            "reconstructed result {found} != {} named by the root",
-            top.result_snapshot_digest
-        )));
     }
     match result {
         Dest::Owned(v) => Snapshot::from_encoded(v)
@@ -499,6 +467,307 @@ pub(crate) fn restore_chain(
             .map_err(|e| ObjectFault::plain(e.to_string())),
         Dest::Borrowed(_) => Ok(Output::Written),
     }
+}
+
+/// Why one pass over a chain failed.
+enum PassError {
+    /// An object (or the source, or the deadline) failed.
+    Fault(ObjectFault),
+    /// Every read succeeded, but the result is not the one the root names.
+    Mismatch(String),
+}
+
+/// Everything one pass over the work items needs.
+struct Pass<'a, 'p> {
+    source: &'a Source,
+    levels: &'a [&'p ManifestV2],
+    plans: &'a [ExtentPlan],
+    items: &'a [Item<'p>],
+    dest: &'a SharedDest,
+    prefix: &'a [u8],
+    result_len: u64,
+    extent_bytes: u64,
+    want: Digest,
+    memory_src: Option<&'a [u8]>,
+    top_level: usize,
+    threads: usize,
+    deadline: Option<Instant>,
+    /// Set by a deferred pass that found a stored delta header unlike the
+    /// one its root recorded: the pass fails, and a verified one follows.
+    suspect: std::sync::atomic::AtomicBool,
+}
+
+impl Pass<'_, '_> {
+    /// Places every item's bytes into the result and checks the result
+    /// digest. `deferred`: raw extents are read without checking their
+    /// names (the result digest covers every byte placed); otherwise each
+    /// extent is checked by name as it streams.
+    fn run(&self, deferred: bool) -> Result<(), PassError> {
+        let (dest, items) = (self.dest, self.items);
+        let hash = ResultHash::new(self.result_len, self.extent_bytes).map_err(PassError::Fault)?;
+        let mut done = Vec::new();
+        // SAFETY: no worker runs yet.
+        unsafe { dest.write(0, self.prefix) };
+        hash.wrote(dest, 0, self.prefix.len() as u64, &mut done);
+        let next = AtomicUsize::new(0);
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        let failures: Mutex<Vec<ObjectFault>> = Mutex::new(Vec::new());
+        let hashed: Mutex<Vec<(u64, Digest)>> = Mutex::new(done);
+        std::thread::scope(|sc| {
+            for _ in 0..self.threads.max(1).min(items.len().max(1)) {
+                sc.spawn(|| {
+                    let mut scratch = vec![0u8; PIECE];
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= items.len() {
+                            break;
+                        }
+                        let in_base = match &items[i] {
+                            Item::Extent { level, .. } => *level != self.top_level,
+                            Item::Memory(_) => false,
+                        };
+                        // After a failure the pass is a miss either way;
+                        // only the bases' extents are still read, so that
+                        // damage to a base is reported as such
+                        // (`base-missing`) whichever worker found what first.
+                        if failed.load(Ordering::Relaxed) && !in_base {
+                            continue;
+                        }
+                        let r = self.item(&items[i], deferred, &hash, &mut done, &mut scratch);
+                        if let Err(mut d) = r {
+                            d.in_base = in_base;
+                            let stop = matches!(d.kind, FaultKind::Deadline | FaultKind::Io(_));
+                            if let Ok(mut f) = failures.lock() {
+                                f.push(d);
+                            }
+                            failed.store(true, Ordering::Relaxed);
+                            if stop {
+                                next.store(items.len(), Ordering::Relaxed);
+                            }
+                        }
+                    }
+                    if let Ok(mut h) = hashed.lock() {
+                        h.append(&mut done);
+                    }
+                });
+            }
+        });
+        let mut failures = failures.into_inner().unwrap_or_default();
+        // A base's damage first, then the rest, in the order found.
+        if let Some(i) = failures.iter().position(|d| d.in_base) {
+            return Err(PassError::Fault(failures.swap_remove(i)));
+        }
+        if !failures.is_empty() {
+            return Err(PassError::Fault(failures.swap_remove(0)));
+        }
+        if self.suspect.swap(false, Ordering::Relaxed) {
+            return Err(PassError::Mismatch(
+                "a stored delta header differs from the one its root recorded".into(),
+            ));
+        }
+        let found = hash
+            .finish(dest, hashed.into_inner().unwrap_or_default())
+            .map_err(|w| PassError::Fault(ObjectFault::plain(w)))?;
+        if found != self.want {
+            return Err(PassError::Mismatch(format!(
+                "reconstructed result {found} != {} named by the root",
+                self.want
+            )));
+        }
+        Ok(())
+    }
+
+    /// Places one work item's bytes.
+    fn item(
+        &self,
+        item: &Item<'_>,
+        deferred: bool,
+        hash: &ResultHash,
+        done: &mut Vec<(u64, Digest)>,
+        scratch: &mut [u8],
+    ) -> Result<(), ObjectFault> {
+        let (level, index, spans, header) = match item {
+            Item::Memory(span) => {
+                return copy_memory(self.memory_src, *span, self.dest, hash, done, self.deadline)
+            }
+            Item::Extent {
+                level,
+                index,
+                spans,
+                header,
+            } => (*level, *index, *spans, *header),
+        };
+        let m = self.levels[level];
+        let e = &m.extents[index as usize];
+        let mut sink = ItemSink {
+            dest: self.dest,
+            hash,
+            spans,
+            done,
+        };
+        // A deferred pass reads raw extents unchecked: its plan came from the
+        // roots, not from these bytes. zstd extents are decoded whole, so
+        // they are checked by name either way.
+        if !(deferred && e.codec == ExtentCodec::Raw) {
+            return read_extent(
+                self.source,
+                &self.plans[level],
+                index,
+                e,
+                &mut sink,
+                header,
+                self.deadline,
+                scratch,
+            );
+        }
+        // The delta header bytes this extent holds must be the ones its root
+        // recorded (the plan's source): a difference makes the pass suspect,
+        // and the verified pass that follows tells which side is damaged.
+        let stored_header = header.and_then(|h| {
+            let a = usize::try_from(e.offset).ok()?;
+            let end = h
+                .len()
+                .min(a.saturating_add(usize::try_from(e.raw_len).ok()?));
+            (a < end).then(|| &h[a..end])
+        });
+        let needed = match (spans.first(), spans.last()) {
+            (Some(first), Some(last)) => {
+                Some(first.src.max(e.offset)..last.src_end().min(e.offset + e.raw_len))
+            }
+            _ => None,
+        };
+        let header_differs = match self.source {
+            Source::Local(root) => place_local_unverified(
+                root,
+                e,
+                spans,
+                stored_header,
+                self.dest,
+                hash,
+                sink.done,
+                self.deadline,
+            )?,
+            Source::Remote { store, handle } => {
+                // One ranged GET from the header (if this extent holds part
+                // of it) to the last needed byte.
+                let (start, end) = match (&needed, stored_header) {
+                    (Some(r), Some(h)) => (e.offset, r.end.max(e.offset + h.len() as u64)),
+                    (Some(r), None) => (r.start, r.end),
+                    (None, Some(h)) => (e.offset, e.offset + h.len() as u64),
+                    (None, None) => return Ok(()),
+                };
+                let mut check = HeaderCheck {
+                    inner: &mut sink,
+                    header: stored_header.unwrap_or(&[]),
+                    at: e.offset,
+                    differs: false,
+                };
+                read_range_unverified(
+                    store,
+                    handle,
+                    e,
+                    start..end,
+                    &mut check,
+                    self.deadline,
+                    scratch,
+                )?;
+                check.differs
+            }
+        };
+        if header_differs {
+            self.suspect.store(true, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+/// Forwards placed bytes and compares the ones that fall on `header` (the
+/// delta header bytes a root recorded, from payload offset `at`).
+struct HeaderCheck<'a, 's> {
+    inner: &'a mut dyn Sink,
+    header: &'s [u8],
+    at: u64,
+    differs: bool,
+}
+
+impl Sink for HeaderCheck<'_, '_> {
+    fn place(&mut self, src: u64, bytes: &[u8]) {
+        let (lo, hi) = (
+            src.max(self.at),
+            (src + bytes.len() as u64).min(self.at + self.header.len() as u64),
+        );
+        if lo < hi {
+            let mine = &bytes[(lo - src) as usize..(hi - src) as usize];
+            let theirs = &self.header[(lo - self.at) as usize..(hi - self.at) as usize];
+            self.differs |= mine != theirs;
+        }
+        self.inner.place(src, bytes);
+    }
+
+    fn placed_upto(&mut self, payload_end: u64) {
+        self.inner.placed_upto(payload_end);
+    }
+}
+
+/// Reads the bytes of `spans` inside `range` of one local raw extent
+/// straight into the result (no staging copy) without checking the
+/// extent's name (see [`Pass::run`]), a piece at a time so that the result
+/// blocks it completes are hashed while they are still in cache.
+#[allow(clippy::too_many_arguments)]
+fn place_local_unverified(
+    root: &std::path::Path,
+    e: &deltapack_format::root::ExtentEntry,
+    spans: &[Span],
+    stored_header: Option<&[u8]>,
+    dest: &SharedDest,
+    hash: &ResultHash,
+    done: &mut Vec<(u64, Digest)>,
+    deadline: Option<Instant>,
+) -> Result<bool, ObjectFault> {
+    let key = crate::keys::object_key(&e.object_digest());
+    let file = open_local(root, &key, e)?;
+    let read_exact = |buf: &mut [u8], pos: u64| -> Result<(), ObjectFault> {
+        let mut got = 0usize;
+        while got < buf.len() {
+            let k = read_at(&file, &mut buf[got..], pos + got as u64)
+                .map_err(|x| ObjectFault::io(&key, "read", x))?;
+            if k == 0 {
+                return Err(ObjectFault::of(
+                    &key,
+                    FaultKind::Corrupt,
+                    "object ended early (it shrank while being read)",
+                ));
+            }
+            got += k;
+        }
+        Ok(())
+    };
+    let mut header_differs = false;
+    if let Some(h) = stored_header {
+        let mut stored = vec![0u8; h.len()];
+        read_exact(&mut stored, 0)?;
+        header_differs = stored != h;
+    }
+    let (start, end) = (e.offset, e.offset + e.raw_len);
+    for s in spans {
+        let (lo, hi) = (s.src.max(start), s.src_end().min(end));
+        let mut at = lo;
+        while at < hi {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(ObjectFault::deadline());
+            }
+            let n = (hi - at).min(PIECE as u64);
+            let dst = s.dst + (at - s.src);
+            // SAFETY: these result bytes belong to this span, and the span
+            // to this work item alone.
+            let buf = unsafe { dest.slice_mut(dst..dst + n) };
+            read_exact(buf, at - e.offset)?;
+            hash.wrote(dest, dst, n, done);
+            at += n;
+        }
+    }
+    Ok(header_differs)
 }
 
 /// Plans one link of the chain from its header bytes, checked against its

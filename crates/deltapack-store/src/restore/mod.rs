@@ -638,26 +638,39 @@ impl Store {
         let source = self.reassembly_source();
         let threads = source.threads(RESTORE_IN_FLIGHT);
         let chain_threads = source.threads(self.config().chain_gets_in_flight.max(1));
-        let pass = |into: Option<&mut [u8]>| match what {
+        let pass = |into: Option<&mut [u8]>, deferred: bool| match what {
             Plan::Flat(m) => reassembly::restore_flat(&source, m, into, threads, deadline),
-            Plan::Chain { bottom, deltas } => {
-                compose::restore_chain(&source, bottom, deltas, into, chain_threads, deadline)
-            }
+            Plan::Chain { bottom, deltas } => compose::restore_chain(
+                &source,
+                bottom,
+                deltas,
+                into,
+                chain_threads,
+                deadline,
+                deferred,
+            ),
             Plan::V1 { .. } => Err(reassembly::ObjectFault::plain(
                 "internal: a v1 root reached the v2 rebuild",
             )),
         };
         if matches!(what, Plan::Flat(_)) {
             // A flat restore applies the quarantine rule per extent itself.
-            return pass(into);
+            return pass(into, false);
         }
         // A composed pass that fails on an object (or a read) runs again;
-        // the object is quarantined only if it fails its check twice.
+        // the object is quarantined only if it fails its check twice. Only
+        // the first pass may be deferred (extents read unchecked, the
+        // result digest checking every placed byte): a later pass must check
+        // every object it reads, or an unchecked read between two failed
+        // checks of one object could hide a clean read, and the "two
+        // consecutive failed reads" the quarantine rule needs would not be.
         let mut proof = reassembly::Proof::default();
+        let mut deferred = true;
         loop {
-            match pass(into.as_deref_mut()) {
+            match pass(into.as_deref_mut(), deferred) {
                 Ok(o) => return Ok(o),
                 Err(d) => {
+                    deferred = false;
                     tracing::warn!(what = %d.what, "composed restore failed");
                     if let Some(f) = proof.record(d) {
                         return Err(f);

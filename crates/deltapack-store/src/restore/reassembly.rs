@@ -436,6 +436,63 @@ pub(crate) fn read_extent(
     })
 }
 
+/// Reads the raw bytes `range` (payload offsets) of one remote raw extent
+/// and places them, **without** checking the extent's name: for a delta
+/// chain whose plan came from authenticated roots alone, every placed byte
+/// is checked by the result digest instead (`compose`'s deferred mode),
+/// and the extent by its name only if that check fails. One ranged GET,
+/// streamed through `scratch`, so memory stays one piece per worker.
+pub(crate) fn read_range_unverified(
+    store: &Arc<dyn ObjectStore>,
+    handle: &tokio::runtime::Handle,
+    e: &ExtentEntry,
+    range: std::ops::Range<u64>,
+    region: &mut dyn Sink,
+    deadline: Option<Instant>,
+    scratch: &mut [u8],
+) -> Result<(), ObjectFault> {
+    let key = keys::object_key(&e.object_digest());
+    if range.start < e.offset || range.end > e.offset + e.raw_len || range.start >= range.end {
+        return Err(ObjectFault::plain(format!(
+            "{key}: bytes {range:?} are not inside the extent"
+        )));
+    }
+    let opts = object_store::GetOptions::default()
+        .with_range(Some(range.start - e.offset..range.end - e.offset));
+    let got = handle.block_on(store.get_opts(&key, opts));
+    let mut body = remote_result(&key, e, got)?.into_stream();
+    let mut chunk = Bytes::new();
+    let mut off = range.start;
+    while off < range.end {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(ObjectFault::deadline());
+        }
+        let want = ((range.end - off) as usize).min(scratch.len());
+        let buf = &mut scratch[..want];
+        let mut got = 0;
+        while got < want {
+            let n = handle
+                .block_on(fill(&mut body, &mut chunk, &mut buf[got..]))
+                .map_err(|x| ObjectFault::io(&key, "read", x))?;
+            if n == 0 {
+                return Err(ObjectFault::of(
+                    &key,
+                    FaultKind::Corrupt,
+                    format!(
+                        "ranged read ended {} bytes short",
+                        range.end - off - got as u64
+                    ),
+                ));
+            }
+            got += n;
+        }
+        region.place(off, buf);
+        off += want as u64;
+        region.placed_upto(off);
+    }
+    Ok(())
+}
+
 /// Fills `buf` from a GET body, keeping the unread rest of the current
 /// chunk in `chunk`; returns 0 only at the end of the body.
 async fn fill(
@@ -462,7 +519,7 @@ async fn fill(
 }
 
 /// Opens a local extent file and checks its size.
-fn open_local(root: &FsPath, key: &Path, e: &ExtentEntry) -> Result<File, ObjectFault> {
+pub(crate) fn open_local(root: &FsPath, key: &Path, e: &ExtentEntry) -> Result<File, ObjectFault> {
     let file = match File::open(root.join(key.as_ref())) {
         Ok(f) => f,
         Err(x) if x.kind() == std::io::ErrorKind::NotFound => {
@@ -637,13 +694,13 @@ pub(crate) fn blame(
 }
 
 #[cfg(unix)]
-fn read_at(f: &File, buf: &mut [u8], pos: u64) -> std::io::Result<usize> {
+pub(crate) fn read_at(f: &File, buf: &mut [u8], pos: u64) -> std::io::Result<usize> {
     use std::os::unix::fs::FileExt;
     f.read_at(buf, pos)
 }
 
 #[cfg(not(unix))]
-fn read_at(f: &File, buf: &mut [u8], pos: u64) -> std::io::Result<usize> {
+pub(crate) fn read_at(f: &File, buf: &mut [u8], pos: u64) -> std::io::Result<usize> {
     use std::io::{Read, Seek, SeekFrom};
     let mut f = f;
     f.seek(SeekFrom::Start(pos))?;

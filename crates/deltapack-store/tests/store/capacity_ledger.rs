@@ -353,7 +353,7 @@ async fn minimum_free_space_is_kept() {
 /// the next garbage collection (grace 0, as on one machine) deleted them —
 /// a published root left without its objects. Here the rebuilding process
 /// reads slowly (400 ms per request), and the publication runs while it
-/// reads. Found by `crates/deltapack-cli/tests/chaos_kill9.rs` (a healthy
+/// reads. Found by the CLI's `chaos_kill9` suite (`crates/deltapack-cli/tests/cli/chaos_kill9.rs`) (a healthy
 /// flat root quarantined by a sweep because its objects were gone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuild_racing_a_publication_does_not_lose_its_objects() {

@@ -6,8 +6,8 @@
 //! faults stop.
 //!
 //! Why: each rule was tested on its own (one flipped read, one failed read,
-//! one damaged object — `tests/quarantine_needs_proof.rs`,
-//! `tests/corruption_matrix.rs`); a store in service meets them mixed, on
+//! one damaged object — `quarantine_needs_proof`,
+//! `corruption_matrix`); a store in service meets them mixed, on
 //! chains of v1 and v2 turns, on every read path at once (flat restores,
 //! composed chains, legacy v1 chains, `restore_into`, the sweep's own reads).
 //! A quarantine on the strength of one bad read takes a healthy root and

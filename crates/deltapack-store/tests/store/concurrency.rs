@@ -385,7 +385,7 @@ async fn sixteen_writers_with_readers_eviction_and_sweep() {
 /// whose root is then removed (evicted by a third process) before this
 /// writer reads it back, is not an internal error: the context is free
 /// again. The lost race is injected at the root's create-if-absent PUT.
-/// Found by `crates/deltapack-cli/tests/chaos_kill9.rs` ("internal invariant
+/// Found by the CLI's `chaos_kill9` suite (`crates/deltapack-cli/tests/cli/chaos_kill9.rs`) ("internal invariant
 /// broken: root … existed at create but vanished before it could be read").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_root_lost_to_a_writer_whose_root_then_vanished_is_not_an_internal_error() {

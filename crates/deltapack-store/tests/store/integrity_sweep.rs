@@ -251,7 +251,7 @@ async fn sweep_removes_only_old_staging_files() {
 /// — here as a flat root, whole and healthy — after the sweep read it, the
 /// sweep must not move the new root to quarantine. The race is placed
 /// right after the sweep's read of the root (the fault wrapper acts as soon
-/// as that read is served). Found by `crates/deltapack-cli/tests/chaos_kill9.rs`
+/// as that read is served). Found by the CLI's `chaos_kill9` suite (`crates/deltapack-cli/tests/cli/chaos_kill9.rs`)
 /// (a healthy flat root in `quarantine/`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sweep_does_not_quarantine_a_root_republished_after_it_read_it() {

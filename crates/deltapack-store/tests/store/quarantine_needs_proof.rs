@@ -209,7 +209,7 @@ async fn damage_at_rest_is_still_quarantined() {
 
 /// A failed read followed by one flipped read is one bad read, not proof:
 /// the object was never seen damaged twice. Found by
-/// `tests/chaos_faults.rs`; checked here on every path that re-reads.
+/// `chaos_faults`; checked here on every path that re-reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_read_then_a_flipped_read_quarantines_nothing() {
     let mut failures = Vec::new();

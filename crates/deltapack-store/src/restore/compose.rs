@@ -663,15 +663,7 @@ impl Pass<'_, '_> {
                     at: e.offset,
                     differs: false,
                 };
-                read_range_unverified(
-                    store,
-                    handle,
-                    e,
-                    start..end,
-                    &mut check,
-                    self.deadline,
-                    scratch,
-                )?;
+                read_range_unverified(store, handle, e, start..end, &mut check, self.deadline)?;
                 check.differs
             }
         };

@@ -441,7 +441,8 @@ pub(crate) fn read_extent(
 /// chain whose plan came from authenticated roots alone, every placed byte
 /// is checked by the result digest instead (`compose`'s deferred mode),
 /// and the extent by its name only if that check fails. One ranged GET,
-/// streamed through `scratch`, so memory stays one piece per worker.
+/// its body's chunks placed as they arrive (no staging copy), so memory
+/// stays one body chunk per worker.
 pub(crate) fn read_range_unverified(
     store: &Arc<dyn ObjectStore>,
     handle: &tokio::runtime::Handle,
@@ -449,7 +450,6 @@ pub(crate) fn read_range_unverified(
     range: std::ops::Range<u64>,
     region: &mut dyn Sink,
     deadline: Option<Instant>,
-    scratch: &mut [u8],
 ) -> Result<(), ObjectFault> {
     let key = keys::object_key(&e.object_digest());
     if range.start < e.offset || range.end > e.offset + e.raw_len || range.start >= range.end {
@@ -461,33 +461,27 @@ pub(crate) fn read_range_unverified(
         .with_range(Some(range.start - e.offset..range.end - e.offset));
     let got = handle.block_on(store.get_opts(&key, opts));
     let mut body = remote_result(&key, e, got)?.into_stream();
-    let mut chunk = Bytes::new();
+    // Nothing is hashed here, so the body's chunks are placed as they come,
+    // with no staging copy.
     let mut off = range.start;
     while off < range.end {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Err(ObjectFault::deadline());
         }
-        let want = ((range.end - off) as usize).min(scratch.len());
-        let buf = &mut scratch[..want];
-        let mut got = 0;
-        while got < want {
-            let n = handle
-                .block_on(fill(&mut body, &mut chunk, &mut buf[got..]))
-                .map_err(|x| ObjectFault::io(&key, "read", x))?;
-            if n == 0 {
+        let chunk = match handle.block_on(body.next()) {
+            Some(Ok(c)) => c,
+            Some(Err(x)) => return Err(ObjectFault::backend(&key, x)),
+            None => {
                 return Err(ObjectFault::of(
                     &key,
                     FaultKind::Corrupt,
-                    format!(
-                        "ranged read ended {} bytes short",
-                        range.end - off - got as u64
-                    ),
-                ));
+                    format!("ranged read ended {} bytes short", range.end - off),
+                ))
             }
-            got += n;
-        }
-        region.place(off, buf);
-        off += want as u64;
+        };
+        let n = (chunk.len() as u64).min(range.end - off) as usize;
+        region.place(off, &chunk[..n]);
+        off += n as u64;
         region.placed_upto(off);
     }
     Ok(())

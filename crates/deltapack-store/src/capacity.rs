@@ -29,7 +29,7 @@ use crate::backend::{put_create, BackendKind};
 use crate::base_graph::{BaseGraph, RootId};
 use crate::error::{Result, StoreError};
 use crate::keys;
-use crate::ledger::{now_ms, ColdStart, Ledger, RootEntry, Totals};
+use crate::ledger::{now_ms, ColdStart, Ledger, RootEntry, RootRow, Totals};
 use crate::stats::Stats;
 use crate::store::{RootStatus, Store};
 
@@ -140,6 +140,10 @@ impl RemovalPlan {
     }
 }
 
+/// How long a publication waits for other publications' reservations to
+/// end when nothing else can be evicted to fit it under the budget.
+const RESERVATION_PATIENCE: Duration = Duration::from_secs(60);
+
 fn valid_hold_name(name: &str) -> Result<()> {
     if keys::valid_hold_name(name) {
         Ok(())
@@ -173,13 +177,16 @@ impl Store {
         self.inner
             .ledger
             .get_or_try_init(|| async {
-                let (ledger, persisted) = match self.backend_kind() {
-                    BackendKind::Local { root } => (
-                        Ledger::open_file(&root.join("ledger").join("ledger.sqlite3"))?,
-                        true,
-                    ),
-                    _ => (Ledger::open_memory()?, false),
-                };
+                let kind = self.backend_kind().clone();
+                let (ledger, persisted) = tokio::task::spawn_blocking(move || match kind {
+                    BackendKind::Local { root } => {
+                        Ledger::open_file(&root.join("ledger").join("ledger.sqlite3"))
+                            .map(|l| (l, true))
+                    }
+                    _ => Ledger::open_memory().map(|l| (l, false)),
+                })
+                .await
+                .map_err(|e| StoreError::task("ledger open", e))??;
                 match self.config().cold_start {
                     ColdStart::Clear => {
                         self.clear_store().await?;
@@ -188,7 +195,7 @@ impl Store {
                     ColdStart::Rebuild => self.rebuild_into(&ledger).await?,
                     ColdStart::Load => {
                         let listed = self.list_roots(None).await?.len() as u64;
-                        let known = ledger.totals()?.roots;
+                        let known = ledger.run(|l| l.totals()).await?.roots;
                         if !persisted || listed != known {
                             if persisted {
                                 tracing::info!(
@@ -210,7 +217,7 @@ impl Store {
     pub async fn rebuild_ledger(&self) -> Result<Totals> {
         let ledger = self.ledger().await?;
         self.rebuild_into(ledger).await?;
-        Ok(ledger.totals()?)
+        Ok(ledger.run(|l| l.totals()).await?)
     }
 
     async fn rebuild_into(&self, ledger: &Ledger) -> Result<()> {
@@ -250,7 +257,9 @@ impl Store {
                 )
             })
             .collect();
-        ledger.replace_all(&entries, &holds, &present, now_ms())?;
+        ledger
+            .run(move |l| l.replace_all(&entries, &holds, &present, now_ms()))
+            .await?;
         Ok(())
     }
 
@@ -290,12 +299,12 @@ impl Store {
 
     /// Ledger totals.
     pub async fn ledger_totals(&self) -> Result<Totals> {
-        Ok(self.ledger().await?.totals()?)
+        Ok(self.ledger().await?.run(|l| l.totals()).await?)
     }
 
     /// The ledger's comparable content (for tests and `ledger check`).
     pub async fn ledger_image(&self) -> Result<crate::ledger::LedgerImage> {
-        Ok(self.ledger().await?.image()?)
+        Ok(self.ledger().await?.run(|l| l.image()).await?)
     }
 
     /// Records a freshly created root in the ledger. The root is already
@@ -305,7 +314,8 @@ impl Store {
     pub(crate) async fn ledger_record(&self, entry: &RootEntry) {
         match self.ledger().await {
             Ok(l) => {
-                if let Err(e) = l.record_root(entry, now_ms()) {
+                let entry = entry.clone();
+                if let Err(e) = l.run(move |l| l.record_root(&entry, now_ms())).await {
                     tracing::warn!(error = %e, "published root not recorded in the ledger (it will be rebuilt)");
                 }
             }
@@ -313,12 +323,27 @@ impl Store {
         }
     }
 
-    /// Marks an access.
+    /// Marks an access. The access is queued and written by a background
+    /// task, batched with others: a restore hit never waits for the ledger
+    /// (which another process may hold locked). Anything that reads the
+    /// access order (eviction, pruning) applies the queue first.
     pub(crate) async fn ledger_touch(&self, ns: &Namespace, ctx: &ContextDigest) {
-        if let Ok(l) = self.ledger().await {
-            if let Err(e) = l.touch(ns, ctx, now_ms()) {
-                tracing::warn!(error = %e, "ledger touch failed");
-            }
+        let now = now_ms();
+        if let Ok(mut t) = self.inner.touches.lock() {
+            let e = t.entry((*ns, *ctx)).or_insert(now);
+            *e = (*e).max(now);
+        }
+        if !self
+            .inner
+            .touch_flush_scheduled
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            let store = self.clone();
+            tokio::spawn(async move {
+                if let Err(e) = store.flush_touches().await {
+                    tracing::warn!(error = %e, "ledger touch failed");
+                }
+            });
         }
     }
 
@@ -352,7 +377,11 @@ impl Store {
         }
         let marker = keys::hold_key(name, &ns, &ctx);
         put_create(self.object_store().as_ref(), &marker, Bytes::new()).await?;
-        self.ledger().await?.add_hold(name, &ns, &ctx)?;
+        let name = name.to_string();
+        self.ledger()
+            .await?
+            .run(move |l| l.add_hold(&name, &ns, &ctx))
+            .await?;
         Ok(())
     }
 
@@ -364,7 +393,12 @@ impl Store {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => return Err(StoreError::io(&marker, e)),
         }
-        Ok(self.ledger().await?.release_hold(name, &ns, &ctx)?)
+        let name = name.to_string();
+        Ok(self
+            .ledger()
+            .await?
+            .run(move |l| l.release_hold(&name, &ns, &ctx))
+            .await?)
     }
 
     /// Deletes condemned objects whose grace period has passed and that no
@@ -378,18 +412,23 @@ impl Store {
         let (n, b) = match self.backend_kind() {
             BackendKind::Local { root } => {
                 let root = root.clone();
-                ledger.collect(cutoff, |key| match std::fs::remove_file(root.join(key)) {
-                    Ok(()) => true,
-                    Err(e) => e.kind() == std::io::ErrorKind::NotFound,
-                })?
+                ledger
+                    .run(move |l| {
+                        l.collect(cutoff, |key| match std::fs::remove_file(root.join(key)) {
+                            Ok(()) => true,
+                            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+                        })
+                    })
+                    .await?
             }
             _ => {
                 let (mut n, mut b) = (0, 0);
-                for (key, bytes) in ledger.due(cutoff)? {
+                for (key, bytes) in ledger.run(move |l| l.due(cutoff)).await? {
                     let p = Path::from(key.as_str());
                     match self.object_store().delete(&p).await {
                         Ok(()) | Err(object_store::Error::NotFound { .. }) => {
-                            ledger.forget_if_condemned(&key)?;
+                            let k = key.clone();
+                            ledger.run(move |l| l.forget_if_condemned(&k)).await?;
                             n += 1;
                             b += bytes;
                         }
@@ -406,7 +445,7 @@ impl Store {
     }
 
     /// The base graph of the roots the ledger knows.
-    fn ledger_graph(rows: &[crate::ledger::RootRow]) -> BaseGraph {
+    fn ledger_graph(rows: &[RootRow]) -> BaseGraph {
         let mut graph = BaseGraph::default();
         for r in rows {
             if let Some(b) = r.base {
@@ -417,19 +456,61 @@ impl Store {
     }
 
     /// Whether a pin or a hold protects any of `roots`.
-    fn any_protected(&self, ledger: &Ledger, roots: &[RootId]) -> Result<bool> {
-        for k in roots {
-            if self.is_pinned(k) || ledger.is_held(&k.0, &k.1)? {
-                return Ok(true);
-            }
+    async fn any_protected(&self, ledger: &Ledger, roots: &[RootId]) -> Result<bool> {
+        if roots.iter().any(|k| self.is_pinned(k)) {
+            return Ok(true);
         }
-        Ok(false)
+        let roots = roots.to_vec();
+        Ok(ledger
+            .run(move |l| {
+                for k in &roots {
+                    if l.is_held(&k.0, &k.1)? {
+                        return Ok(true);
+                    }
+                }
+                Ok(false)
+            })
+            .await?)
+    }
+
+    /// The ledger's roots, least recently used first, after applying the
+    /// accesses still queued in this process (so eviction order sees them).
+    pub(crate) async fn lru_rows(&self, ledger: &Ledger) -> Result<Vec<RootRow>> {
+        let pending = self.take_touches();
+        Ok(ledger
+            .run(move |l| {
+                l.touch_many(&pending)?;
+                l.roots_lru()
+            })
+            .await?)
+    }
+
+    /// Takes the queued accesses (see [`Store::ledger_touch`]).
+    fn take_touches(&self) -> Vec<(RootId, u64)> {
+        match self.inner.touches.lock() {
+            Ok(mut t) => t.drain().collect(),
+            Err(p) => p.into_inner().drain().collect(),
+        }
+    }
+
+    /// Writes the queued accesses into the ledger.
+    pub(crate) async fn flush_touches(&self) -> Result<()> {
+        self.inner
+            .touch_flush_scheduled
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        let pending = self.take_touches();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let ledger = self.ledger().await?;
+        ledger.run(move |l| l.touch_many(&pending)).await?;
+        Ok(())
     }
 
     /// A plan removing `seeds`, each with every delta built on it.
     fn plan_with_dependents(
         kind: RemovalKind,
-        rows: &[crate::ledger::RootRow],
+        rows: &[RootRow],
         seeds: Vec<RootId>,
     ) -> RemovalPlan {
         RemovalPlan {
@@ -446,7 +527,7 @@ impl Store {
     /// every root it depends on.
     pub async fn execute(&self, plan: RemovalPlan) -> Result<RemovalReport> {
         let ledger = self.ledger().await?;
-        let rows = ledger.roots_lru()?;
+        let rows = self.lru_rows(ledger).await?;
         let graph = Self::ledger_graph(&rows);
         let respect = matches!(plan.kind, RemovalKind::Evict | RemovalKind::Prune);
         let mut report = RemovalReport::default();
@@ -456,7 +537,7 @@ impl Store {
                 continue;
             }
             let group = graph.with_dependents([t]);
-            if respect && self.any_protected(ledger, &group)? {
+            if respect && self.any_protected(ledger, &group).await? {
                 continue;
             }
             for k in group {
@@ -488,7 +569,20 @@ impl Store {
         report: &mut RemovalReport,
     ) -> Result<()> {
         let key = keys::root_key(&k.0, &k.1);
-        self.delete_root_object(&key).await?;
+        // Root deletion and the ledger update under one root lock: a
+        // republication of this context (which creates and records its root
+        // under the same lock) comes entirely before — and is removed — or
+        // entirely after, recorded afresh with its objects live.
+        let lock = self.root_lock().await?;
+        self.delete_root_object_locked(&key).await?;
+        let condemned = ledger
+            .run(move |l| l.remove_root(&k.0, &k.1, now_ms()))
+            .await;
+        drop(lock);
+        for (_, bytes) in condemned? {
+            report.condemned_objects += 1;
+            report.condemned_bytes += bytes;
+        }
         for (name, ns, ctx) in self
             .list_holds()
             .await?
@@ -498,16 +592,24 @@ impl Store {
             let marker = keys::hold_key(&name, &ns, &ctx);
             let _ = self.object_store().delete(&marker).await;
         }
-        for (_, bytes) in ledger.remove_root(&k.0, &k.1, now_ms())? {
-            report.condemned_objects += 1;
-            report.condemned_bytes += bytes;
-        }
         Ok(())
     }
 
     /// Makes room for `need` more bytes under the budget and minimum free
-    /// space (see the module docs); a capacity error if impossible.
-    pub(crate) async fn make_room(&self, need: u64) -> Result<()> {
+    /// space (see the module docs) and reserves them for the publication
+    /// `guard` stands for; a capacity error if impossible.
+    ///
+    /// The reservation is taken in the ledger transaction that checks the
+    /// budget, counting every other publication's reservation: concurrent
+    /// publications (in this process or any other sharing the ledger) can
+    /// never together exceed a hard budget. It lasts until the publication
+    /// ends ([`crate::publish::ProtectGuard::finish`]), by which time its
+    /// root and objects are recorded and counted instead.
+    pub(crate) async fn make_room(
+        &self,
+        need: u64,
+        guard: &crate::publish::ProtectGuard,
+    ) -> Result<()> {
         let (budget, min_free) = (self.config().budget_bytes, self.config().min_free_bytes);
         if budget.is_none() && min_free.is_none() {
             return Ok(());
@@ -517,9 +619,15 @@ impl Store {
             _ => None,
         };
         let ledger = self.ledger().await?;
+        let id = guard.id();
+        let (mut waited, mut pause) = (Duration::ZERO, Duration::from_millis(5));
         loop {
             self.collect_garbage().await?;
-            let t = ledger.totals()?;
+            let t = ledger.run(|l| l.totals()).await?;
+            // Eviction makes room among recorded roots only; other
+            // publications' reservations are waited for, not evicted for
+            // (a reservation is an upper bound, and most concurrent
+            // publications of one context write nothing).
             let live = t.object_bytes + t.root_bytes;
             let free_short = match (min_free, local_root.as_deref().and_then(free_space)) {
                 (Some(m), Some(free)) => free < m.saturating_add(need),
@@ -527,30 +635,56 @@ impl Store {
             };
             let live_over = budget.is_some_and(|b| live.saturating_add(need) > b);
             if !live_over && !free_short {
-                if budget.is_some_and(|b| t.used_bytes.saturating_add(need) > b) {
-                    return Err(StoreError::Capacity(format!(
-                        "need {need} bytes: {} bytes are condemned and will be reclaimed after the grace period \
-                         ({:?}); budget {}, in use {}",
-                        t.condemned_bytes,
-                        self.config().grace,
-                        budget.unwrap_or(0),
-                        t.used_bytes
-                    )));
+                let Some(b) = budget else {
+                    return Ok(());
+                };
+                let Some(t) = ledger.run(move |l| l.reserve(id, need, b)).await? else {
+                    return Ok(());
+                };
+                let live = t.object_bytes + t.root_bytes;
+                if live.saturating_add(need) > b {
+                    // Roots were recorded meanwhile: evict again.
+                    continue;
                 }
-                return Ok(());
+                if t.reserved_bytes > 0 && waited < RESERVATION_PATIENCE {
+                    // Other publications in progress hold the space: their
+                    // roots become evictable, or their bytes come back,
+                    // when they end.
+                    tokio::time::sleep(pause).await;
+                    waited += pause;
+                    pause = (pause * 2).min(Duration::from_millis(100));
+                    continue;
+                }
+                return Err(StoreError::Capacity(format!(
+                    "need {need} bytes: {} bytes are condemned and will be reclaimed after the grace period \
+                     ({:?}); budget {b}, in use {} (of which {} reserved by publications in progress)",
+                    t.condemned_bytes,
+                    self.config().grace,
+                    t.used_bytes,
+                    t.reserved_bytes,
+                )));
             }
             // Evict the least recently used evictable root (with dependents).
-            let rows = ledger.roots_lru()?;
+            let rows = self.lru_rows(ledger).await?;
             let graph = Self::ledger_graph(&rows);
             let mut victim = None;
             for r in &rows {
                 let group = graph.with_dependents([(r.namespace, r.context)]);
-                if !self.any_protected(ledger, &group)? {
+                if !self.any_protected(ledger, &group).await? {
                     victim = Some(group);
                     break;
                 }
             }
             let Some(group) = victim else {
+                // Other publications hold reservations: once they end, their
+                // roots are evictable (or their bytes released). Wait for
+                // that, a bounded time, rather than fail at once.
+                if t.reserved_bytes > 0 && waited < RESERVATION_PATIENCE {
+                    tokio::time::sleep(pause).await;
+                    waited += pause;
+                    pause = (pause * 2).min(Duration::from_millis(100));
+                    continue;
+                }
                 return Err(StoreError::Capacity(format!(
                     "need {need} bytes but nothing evictable is left (budget {:?}, live {live} bytes, \
                      free space short: {free_short}); nothing was written",
@@ -571,13 +705,13 @@ impl Store {
     /// bytes fit `budget`. Carry it out with [`Store::execute`].
     pub async fn evict_plan(&self, budget: u64) -> Result<RemovalPlan> {
         let ledger = self.ledger().await?;
-        let rows = ledger.roots_lru()?;
+        let rows = self.lru_rows(ledger).await?;
         let graph = Self::ledger_graph(&rows);
-        let t = ledger.totals()?;
+        let t = ledger.run(|l| l.totals()).await?;
         let mut live = t.object_bytes + t.root_bytes;
         let mut targets = Vec::new();
         let mut gone = BTreeSet::new();
-        let image = ledger.image()?;
+        let image = ledger.run(|l| l.image()).await?;
         for r in &rows {
             if live <= budget {
                 break;
@@ -587,7 +721,7 @@ impl Store {
                 continue;
             }
             let group = graph.with_dependents([k]);
-            if self.any_protected(ledger, &group)? {
+            if self.any_protected(ledger, &group).await? {
                 continue;
             }
             // Estimate: root objects + objects used only by the group.
@@ -626,7 +760,7 @@ impl Store {
     pub async fn prune_plan(&self, filter: &PruneFilter) -> Result<RemovalPlan> {
         let ledger = self.ledger().await?;
         let now = now_ms();
-        let rows = ledger.roots_lru()?;
+        let rows = self.lru_rows(ledger).await?;
         let mut seeds = Vec::new();
         for r in &rows {
             let k = (r.namespace, r.context);
@@ -648,7 +782,7 @@ impl Store {
         let mut seen = BTreeSet::new();
         for k in seeds {
             let group = graph.with_dependents([k]);
-            if self.any_protected(ledger, &group)? {
+            if self.any_protected(ledger, &group).await? {
                 continue;
             }
             for g in group {
@@ -666,7 +800,7 @@ impl Store {
     /// Plans the removal of every root (or every root of one namespace),
     /// holds included, with every delta built on them.
     pub async fn clear_plan(&self, namespace: Option<Namespace>) -> Result<RemovalPlan> {
-        let rows = self.ledger().await?.roots_lru()?;
+        let rows = self.lru_rows(self.ledger().await?).await?;
         let seeds = rows
             .iter()
             .filter(|r| namespace.is_none_or(|n| n == r.namespace))
@@ -682,7 +816,7 @@ impl Store {
         namespace: Namespace,
         context: Option<ContextDigest>,
     ) -> Result<RemovalPlan> {
-        let rows = self.ledger().await?.roots_lru()?;
+        let rows = self.lru_rows(self.ledger().await?).await?;
         let seeds = rows
             .iter()
             .filter(|r| r.namespace == namespace && context.is_none_or(|c| c == r.context))
@@ -704,7 +838,10 @@ impl Store {
             Err(p) => p.into_inner().clone(),
         };
         let deltas = crate::stats::counter_deltas(&now, &last);
-        self.ledger().await?.add_counters(&deltas)?;
+        self.ledger()
+            .await?
+            .run(move |l| l.add_counters(&deltas))
+            .await?;
         last = now;
         if let Ok(mut l) = self.inner.flushed.lock() {
             *l = last;
@@ -721,10 +858,10 @@ impl Store {
             _ => None,
         };
         Ok(crate::stats::StatsReport {
-            ledger: ledger.totals()?,
+            ledger: ledger.run(|l| l.totals()).await?,
             free_bytes,
             budget_bytes: self.config().budget_bytes,
-            counters: ledger.counters()?,
+            counters: ledger.run(|l| l.counters()).await?,
             process: self.stats(),
         })
     }

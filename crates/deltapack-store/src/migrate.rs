@@ -188,13 +188,21 @@ impl Store {
                     continue;
                 }
             }
-            drop(guard);
+            guard.finish().await;
             // 4. Ledger: the v1 chunks are condemned, the extents recorded.
             let ledger = self.ledger().await?;
-            ledger.remove_root(&ns, &ctx, now_ms())?;
-            if let Some(s) = DecodedRoot::V2(v2.clone()).summary() {
-                ledger.record_root(&RootEntry::from_summary(&s, root_len), now_ms())?;
-            }
+            let entry = DecodedRoot::V2(v2.clone())
+                .summary()
+                .map(|s| RootEntry::from_summary(&s, root_len));
+            ledger
+                .run(move |l| {
+                    l.remove_root(&ns, &ctx, now_ms())?;
+                    if let Some(e) = entry {
+                        l.record_root(&e, now_ms())?;
+                    }
+                    Ok(())
+                })
+                .await?;
             report.objects_before += m.chunks.len() as u64;
             report.objects_after += v2.extents.len() as u64;
             report.bytes_written += receipt.bytes_written + root_len;

@@ -350,9 +350,9 @@ impl Store {
         };
         // Upper bound of what this publication adds: the payload (objects
         // already present are not subtracted) and a generous root estimate.
-        self.make_room(receipt.payload_len + 4096 + 256 * objects)
-            .await?;
         let guard = ProtectGuard::new(self).await?;
+        self.make_room(receipt.payload_len + 4096 + 256 * objects, &guard)
+            .await?;
 
         let t_write = Instant::now();
         let root_bytes = match req.format {
@@ -427,8 +427,14 @@ impl Store {
         let mut attempt = 0;
         loop {
             attempt += 1;
+            // The lock also covers the ledger record: a removal of this
+            // context (root deleted, then forgotten in the ledger) cannot
+            // interleave with the creation and record of the new root.
             let lock = self.root_lock().await?;
             let put = put_create(self.object_store().as_ref(), &key, root_bytes.clone()).await;
+            if matches!(put, Ok(PutOutcome::Created)) {
+                self.ledger_record(&entry).await;
+            }
             drop(lock);
             let created = match put {
                 Ok(o) => o,
@@ -443,7 +449,6 @@ impl Store {
             };
             match created {
                 PutOutcome::Created => {
-                    self.ledger_record(&entry).await;
                     receipt.outcome = PublishOutcome::Created;
                     receipt.root_digest = Some(root_digest);
                     receipt.bytes_written += root_len;
@@ -482,7 +487,7 @@ impl Store {
                 }
             }
         }
-        drop(guard);
+        guard.finish().await;
         receipt.write_time = t_write.elapsed();
         receipt.total_time = start.elapsed();
         if receipt.outcome == PublishOutcome::Conflict {
@@ -721,7 +726,7 @@ impl Store {
         let written = prepared
             .map(|p| async move {
                 let (i, entry, obj) = p?;
-                guard.protect(vec![obj.key.to_string()])?;
+                guard.protect(vec![obj.key.to_string()]).await?;
                 let outcome = self.write_object(&obj.key, obj.payload).await?;
                 Ok::<_, StoreError>((i, entry, outcome, obj.len))
             })
@@ -806,11 +811,13 @@ impl Store {
                     len: r.end - r.start,
                 })
                 .collect();
-            guard.protect(
-                objs.iter()
-                    .map(|o: &PendingObject| o.key.to_string())
-                    .collect(),
-            )?;
+            guard
+                .protect(
+                    objs.iter()
+                        .map(|o: &PendingObject| o.key.to_string())
+                        .collect(),
+                )
+                .await?;
             self.write_batch(objs, receipt).await?;
             done += batch.iter().map(|(c, _)| c.bytes).sum::<u64>();
             progress(done, total);
@@ -1031,51 +1038,104 @@ fn prepare_extent(
 /// fails); protections also expire on their own if the process dies.
 pub(crate) struct ProtectGuard {
     store: Store,
-    owner: u64,
+    /// The publication's id in the ledger (a database sequence).
+    owner: Option<i64>,
     until: u64,
+    /// Renews the publication's lease while it runs.
+    renewer: Option<tokio::task::JoinHandle<()>>,
 }
+
+/// How long a publication's reservation lasts without renewal: a killed
+/// publisher's reserved bytes come back within this time. Renewed every
+/// third of it.
+const PUBLICATION_LEASE: Duration = Duration::from_secs(10);
 
 impl ProtectGuard {
     pub(crate) async fn new(store: &Store) -> Result<Self> {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static SEQ: AtomicU64 = AtomicU64::new(1);
-        store.ledger().await?;
+        let ledger = store.ledger().await?;
         let now = crate::ledger::now_ms();
-        let owner = (u64::from(std::process::id()) << 32)
-            ^ (SEQ.fetch_add(1, Ordering::Relaxed) << 1)
-            ^ (now & 0xffff_ffff);
         let until = now
             + store
                 .config()
                 .grace
                 .max(Duration::from_secs(3600))
                 .as_millis() as u64;
+        let lease = |now: u64| now + PUBLICATION_LEASE.as_millis() as u64;
+        let owner = ledger.run(move |l| l.begin_publication(lease(now))).await?;
+        let renewing = ledger.clone();
+        let renewer = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(PUBLICATION_LEASE / 3).await;
+                let until = lease(crate::ledger::now_ms());
+                if let Err(e) = renewing
+                    .run(move |l| l.renew_publication(owner, until))
+                    .await
+                {
+                    tracing::warn!(error = %e, "could not renew a publication's lease");
+                }
+            }
+        });
         Ok(ProtectGuard {
             store: store.clone(),
-            owner,
+            owner: Some(owner),
             until,
+            renewer: Some(renewer),
         })
     }
 
-    fn protect(&self, keys: Vec<String>) -> Result<()> {
-        if let Some(l) = self.store.inner.ledger.get() {
-            if let Err(e) = l.protect(self.owner, &keys, self.until) {
-                // A ledger that cannot be written (full disk) cannot run a
-                // collection either, so publishing on is safe; the grace
-                // period still protects against other processes' sweeps.
-                tracing::warn!(error = %e, "could not record publication protections");
-            }
+    /// The publication's ledger id.
+    pub(crate) fn id(&self) -> i64 {
+        self.owner.unwrap_or(-1)
+    }
+
+    async fn protect(&self, keys: Vec<String>) -> Result<()> {
+        let (Some(l), Some(owner)) = (self.store.inner.ledger.get(), self.owner) else {
+            return Ok(());
+        };
+        let until = self.until;
+        if let Err(e) = l.run(move |l| l.protect(owner, &keys, until)).await {
+            // A ledger that cannot be written (full disk) cannot run a
+            // collection either, so publishing on is safe; the grace
+            // period still protects against other processes' sweeps.
+            tracing::warn!(error = %e, "could not record publication protections");
         }
         Ok(())
     }
+
+    /// Ends the publication: its protections and its reservation go.
+    pub(crate) async fn finish(mut self) {
+        if let Some(r) = self.renewer.take() {
+            r.abort();
+        }
+        let (Some(l), Some(owner)) = (self.store.inner.ledger.get(), self.owner.take()) else {
+            return;
+        };
+        if let Err(e) = l.run(move |l| l.end_publication(owner)).await {
+            tracing::warn!(error = %e, "could not drop publication protections");
+        }
+    }
 }
 
+/// A publication that fails (or is cancelled) ends here: on a blocking
+/// thread if a runtime is there, else in place. Protections left behind by
+/// a dead process expire on their own.
 impl Drop for ProtectGuard {
     fn drop(&mut self) {
-        if let Some(l) = self.store.inner.ledger.get() {
-            if let Err(e) = l.unprotect(self.owner) {
+        if let Some(r) = self.renewer.take() {
+            r.abort();
+        }
+        let (Some(l), Some(owner)) = (self.store.inner.ledger.get(), self.owner.take()) else {
+            return;
+        };
+        let l = l.clone();
+        let end = move || {
+            if let Err(e) = l.end_publication(owner) {
                 tracing::warn!(error = %e, "could not drop publication protections");
             }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => drop(h.spawn_blocking(end)),
+            Err(_) => end(),
         }
     }
 }

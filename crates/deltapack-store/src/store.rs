@@ -173,6 +173,12 @@ pub(crate) struct Inner {
     pub(crate) base_cache: Mutex<BaseCache>,
     pub(crate) ledger: tokio::sync::OnceCell<crate::ledger::Ledger>,
     pub(crate) pins: Mutex<HashMap<(Namespace, ContextDigest), usize>>,
+    /// Accesses not yet written to the ledger (latest ms per root).
+    pub(crate) touches: Mutex<HashMap<(Namespace, ContextDigest), u64>>,
+    /// Whether a task to write `touches` is already on its way.
+    pub(crate) touch_flush_scheduled: std::sync::atomic::AtomicBool,
+    /// The root lock of object-store backends (see [`Store::root_lock`]).
+    pub(crate) root_mutex: Arc<tokio::sync::Mutex<()>>,
     pub(crate) flushed: Mutex<crate::stats::StatsSnapshot>,
 }
 
@@ -192,7 +198,26 @@ impl Drop for Inner {
         if let Err(e) = ledger.add_counters(&deltas) {
             tracing::warn!(error = %e, "could not persist counters");
         }
+        // Accesses still queued (a process about to exit).
+        let touches: Vec<_> = match self.touches.lock() {
+            Ok(mut t) => t.drain().collect(),
+            Err(p) => p.into_inner().drain().collect(),
+        };
+        if let Err(e) = ledger.touch_many(&touches) {
+            tracing::warn!(error = %e, "could not persist root accesses");
+        }
     }
+}
+
+/// The root lock as held (see [`Store::root_lock`]); released on drop.
+#[derive(Debug)]
+pub(crate) enum RootGuard {
+    /// The store's cross-process lock file (local disk).
+    #[allow(dead_code)] // held for its Drop
+    File(crate::local::RootLock),
+    /// This process's lock (object stores).
+    #[allow(dead_code)] // held for its Drop
+    Process(tokio::sync::OwnedMutexGuard<()>),
 }
 
 /// A handle on one deltapack store. Cheap to clone; clones share counters,
@@ -281,6 +306,9 @@ impl Store {
                 base_cache: Mutex::new(BaseCache::default()),
                 ledger: tokio::sync::OnceCell::new(),
                 pins: Mutex::new(HashMap::new()),
+                touches: Mutex::new(HashMap::new()),
+                touch_flush_scheduled: std::sync::atomic::AtomicBool::new(false),
+                root_mutex: Arc::new(tokio::sync::Mutex::new(())),
                 flushed: Mutex::new(Default::default()),
             }),
         })
@@ -462,29 +490,34 @@ impl Store {
         Ok((status, damaged, Some(bytes)))
     }
 
-    /// Takes the store's root lock on local disk (see
-    /// [`crate::local::RootLock`]); `None` elsewhere (object stores have no
-    /// such lock: conditional writes and re-reads narrow the windows there).
-    /// Held across the check and the act of every root change.
-    pub(crate) async fn root_lock(&self) -> Result<Option<crate::local::RootLock>> {
+    /// Takes the store's root lock, held across the check and the act of
+    /// every root change — and, for root creation and root removal, across
+    /// the ledger update too, so a removal's "delete the root, forget it in
+    /// the ledger" never interleaves with a republication's "create the
+    /// root, record it". On local disk it is the cross-process
+    /// [`crate::local::RootLock`]; elsewhere a lock of this handle's
+    /// process (the ledger of an object store is this process's own), with
+    /// conditional writes and re-reads narrowing the windows between
+    /// processes. Not re-entrant: a holder calls the `_locked` variants.
+    pub(crate) async fn root_lock(&self) -> Result<Option<RootGuard>> {
         let BackendKind::Local { root } = self.backend_kind() else {
-            return Ok(None);
+            let g = Arc::clone(&self.inner.root_mutex).lock_owned().await;
+            return Ok(Some(RootGuard::Process(g)));
         };
         let root = root.clone();
         let lock = tokio::task::spawn_blocking(move || crate::local::RootLock::acquire(&root))
             .await
             .map_err(|e| StoreError::task("root lock", e))?
             .map_err(|e| StoreError::local_io(&Path::from("ledger/roots.lock"), e))?;
-        Ok(Some(lock))
+        Ok(Some(RootGuard::File(lock)))
     }
 
-    /// Deletes a root object. On local disk the deletion happens under the
-    /// store's root lock and is made durable, so it cannot interleave with a
+    /// Deletes a root object; the caller holds the root lock
+    /// ([`Store::root_lock`]). On local disk the deletion is made durable, so it cannot interleave with a
     /// conditional replacement ([`Store::replace_root_if_unchanged`]) in
     /// any process. An absent root is not an error.
-    pub(crate) async fn delete_root_object(&self, key: &Path) -> Result<()> {
+    pub(crate) async fn delete_root_object_locked(&self, key: &Path) -> Result<()> {
         if let BackendKind::Local { root } = self.backend_kind() {
-            let _lock = self.root_lock().await?;
             return crate::local::delete_durably(root, key)
                 .map_err(|e| StoreError::local_io(key, e));
         }

@@ -386,7 +386,11 @@ impl Store {
                     continue;
                 }
                 let removed = match ledger {
-                    Some(l) => l.remove_root(ns, ctx, crate::ledger::now_ms()),
+                    Some(l) => {
+                        let (ns, ctx) = (*ns, *ctx);
+                        l.run(move |l| l.remove_root(&ns, &ctx, crate::ledger::now_ms()))
+                            .await
+                    }
                     None => Ok(Vec::new()),
                 };
                 if let Err(e) = removed {
@@ -432,7 +436,7 @@ impl Store {
             Err(e) => return Err(e),
         };
         let mut degraded = false;
-        for row in ledger.roots_lru()? {
+        for row in self.lru_rows(ledger).await? {
             let k = (row.namespace, row.context);
             if refs.live.contains_key(&k) || invalidated.contains(&k) {
                 continue;
@@ -440,7 +444,10 @@ impl Store {
             let key = keys::root_key(&k.0, &k.1);
             if let Err(object_store::Error::NotFound { .. }) = self.object_store().head(&key).await
             {
-                if let Err(e) = ledger.remove_root(&k.0, &k.1, crate::ledger::now_ms()) {
+                if let Err(e) = ledger
+                    .run(move |l| l.remove_root(&k.0, &k.1, crate::ledger::now_ms()))
+                    .await
+                {
                     // Typically a full disk: reclaim space from the
                     // listing's view first; the ledger is rebuilt after.
                     tracing::warn!(error = %e, "ledger update failed during sweep; deleting orphans by listing");
@@ -485,7 +492,8 @@ impl Store {
                     continue;
                 }
                 if let (true, Some(ledger)) = (lu.degraded, lu.ledger) {
-                    let _ = ledger.forget_object(meta.location.as_ref());
+                    let key = meta.location.to_string();
+                    let _ = ledger.run(move |l| l.forget_object(&key)).await;
                 }
             }
             report.orphans_deleted += 1;
@@ -509,11 +517,13 @@ impl Store {
                 }
             }
             (BackendKind::Local { root }, Some(ledger)) => {
-                let rm = |k: &str| match std::fs::remove_file(root.join(k)) {
+                let root = root.clone();
+                let rm = move |k: &str| match std::fs::remove_file(root.join(k)) {
                     Ok(()) => true,
                     Err(e) => e.kind() == std::io::ErrorKind::NotFound,
                 };
-                match ledger.delete_if_unused(meta.location.as_ref(), rm) {
+                let (key, rm2) = (meta.location.to_string(), rm.clone());
+                match ledger.run(move |l| l.delete_if_unused(&key, rm2)).await {
                     Ok(d) => d,
                     Err(e) => {
                         // The ledger cannot be written (full disk):
@@ -530,14 +540,16 @@ impl Store {
                 ))
             }
             (_, Some(ledger)) => {
-                if ledger.is_used(meta.location.as_ref())? {
+                let key = meta.location.to_string();
+                if ledger.run(move |l| l.is_used(&key)).await? {
                     false
                 } else {
                     match self.object_store().delete(&meta.location).await {
                         Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
                         Err(e) => return Err(StoreError::io(&meta.location, e)),
                     }
-                    let _ = ledger.forget_object(meta.location.as_ref());
+                    let key = meta.location.to_string();
+                    let _ = ledger.run(move |l| l.forget_object(&key)).await;
                     true
                 }
             }

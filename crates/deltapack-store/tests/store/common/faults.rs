@@ -73,6 +73,29 @@ pub(crate) struct FaultPlan {
     /// object, gone again by the time anyone reads it (then the prefix is
     /// cleared).
     pub(crate) create_exists_once: Option<&'static str>,
+    /// Runs once, right after the first delete of a key starting with its
+    /// prefix has been carried out and before the delete returns: another
+    /// actor working in the window between a remover's deletion and its
+    /// next step (e.g. its ledger update).
+    pub(crate) after_delete: Option<DeleteHook>,
+}
+
+/// Work another actor does right after a delete (see
+/// [`FaultPlan::after_delete`]).
+#[derive(Clone)]
+pub(crate) struct DeleteHook {
+    /// Key prefix of the delete that triggers the hook.
+    pub(crate) prefix: &'static str,
+    /// Set once the hook has run (it runs once).
+    pub(crate) fired: Arc<std::sync::atomic::AtomicBool>,
+    /// The work.
+    pub(crate) run: Arc<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>,
+}
+
+impl fmt::Debug for DeleteHook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DeleteHook({:?})", self.prefix)
+    }
 }
 
 /// What the random transient faults (`flip_fraction`, `get_fail_fraction`,
@@ -440,7 +463,25 @@ impl ObjectStore for Faulty {
         if crashed {
             return futures::stream::once(async { Err(injected("delete", 0)) }).boxed();
         }
-        self.inner.delete_stream(locations)
+        let Some(hook) = self.plan().after_delete else {
+            return self.inner.delete_stream(locations);
+        };
+        self.inner
+            .delete_stream(locations)
+            .then(move |r| {
+                let hook = hook.clone();
+                async move {
+                    if let Ok(path) = &r {
+                        if path.as_ref().starts_with(hook.prefix)
+                            && !hook.fired.swap(true, Ordering::SeqCst)
+                        {
+                            (hook.run)().await;
+                        }
+                    }
+                    r
+                }
+            })
+            .boxed()
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {

@@ -89,6 +89,13 @@ pub(crate) struct CapacityArgs {
     /// Prefill rate in tokens/s, to count hits that beat recomputation.
     #[arg(long, value_name = "TOKENS_PER_S")]
     pub(crate) prefill_rate: Option<f64>,
+    /// The capacity ledger's database: sqlite:///path/ledger.sqlite3, or
+    /// postgres://user@host/db for a ledger every node of a fleet shares.
+    /// Default: the store's own file for file:// stores; for s3:// stores a
+    /// SQLite file under the state directory ($DELTAPACK_STATE_DIR, else
+    /// $XDG_STATE_HOME/deltapack, else ~/.local/state/deltapack).
+    #[arg(long, value_name = "URL", env = "DELTAPACK_LEDGER")]
+    pub(crate) ledger: Option<String>,
 }
 
 impl CapacityArgs {
@@ -99,6 +106,7 @@ impl CapacityArgs {
             .with_grace(self.grace)
             .with_cold_start(self.cold_start.policy())
             .with_prefill_tokens_per_s(self.prefill_rate)
+            .with_ledger(self.ledger.clone())
     }
 }
 

@@ -260,9 +260,27 @@ pub(crate) async fn ledger(a: LedgerArgs) -> Result<ExitCode> {
     } else {
         store.ledger_totals().await?
     };
+    let location = store.ledger_location().await?;
     if a.s.json {
-        print_json(&totals)?;
+        #[derive(serde::Serialize)]
+        struct Shown<'a> {
+            engine: &'a str,
+            location: &'a str,
+            persisted: bool,
+            #[serde(flatten)]
+            totals: &'a deltapack_store::Totals,
+        }
+        print_json(&Shown {
+            engine: location.engine,
+            location: &location.location,
+            persisted: location.persisted,
+            totals: &totals,
+        })?;
     } else {
+        println!(
+            "engine            {:>12}  ({})",
+            location.engine, location.location
+        );
         println!("roots             {:>12}", totals.roots);
         println!(
             "objects           {:>12}  ({})",

@@ -144,6 +144,48 @@ impl RemovalPlan {
 /// end when nothing else can be evicted to fit it under the budget.
 const RESERVATION_PATIENCE: Duration = Duration::from_secs(60);
 
+/// Opens the ledger a store of `kind` uses (see [`Store::ledger`]); with
+/// the store's identity when the ledger lives outside the store.
+fn open_ledger(kind: &BackendKind, url: Option<&str>) -> Result<(Ledger, Option<String>)> {
+    let identity = match kind {
+        BackendKind::Local { root } => format!("file://{}", root.display()),
+        BackendKind::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}"),
+        BackendKind::Memory => "memory://".to_string(),
+    };
+    if let Some(url) = url {
+        let ledger = if let Some(rest) = url.strip_prefix("sqlite://") {
+            if rest.is_empty() || rest == ":memory:" {
+                Ledger::open_memory()?
+            } else {
+                Ledger::open_file(std::path::Path::new(rest))?
+            }
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ledger::open_postgres(url)?
+        } else {
+            return Err(StoreError::Invalid(format!(
+                "ledger URL {:?}: use sqlite:///path/ledger.sqlite3 or postgres://user@host/db",
+                url.split('@').next_back().unwrap_or(url)
+            )));
+        };
+        let external = ledger.location().persisted.then_some(identity);
+        return Ok((ledger, external));
+    }
+    Ok(match kind {
+        BackendKind::Local { root } => (
+            Ledger::open_file(&root.join("ledger").join("ledger.sqlite3"))?,
+            None,
+        ),
+        BackendKind::S3 { .. } => {
+            let name = blake3::hash(identity.as_bytes()).to_hex();
+            let path = crate::state_dir()
+                .join("ledgers")
+                .join(format!("{}.sqlite3", &name[..32]));
+            (Ledger::open_file(&path)?, Some(identity))
+        }
+        BackendKind::Memory => (Ledger::open_memory()?, None),
+    })
+}
+
 fn valid_hold_name(name: &str) -> Result<()> {
     if keys::valid_hold_name(name) {
         Ok(())
@@ -173,26 +215,43 @@ pub fn free_space(_path: &std::path::Path) -> Option<u64> {
 
 impl Store {
     /// Opens the ledger on first use and applies the cold-start policy.
+    ///
+    /// Which ledger ([`StoreConfig::ledger`](crate::StoreConfig::ledger)):
+    /// a `sqlite://` or `postgres://` URL if given; otherwise the store's
+    /// own file for `file://` stores, a SQLite file under the state
+    /// directory ([`crate::state_dir`]) for `s3://` stores, and an in-memory
+    /// one for `memory://`. A ledger outside the store is bound to the
+    /// first store that uses it (`meta.store`) and refuses any other: two
+    /// buckets' accounts in one database would corrupt both.
     pub(crate) async fn ledger(&self) -> Result<&Ledger> {
         self.inner
             .ledger
             .get_or_try_init(|| async {
                 let kind = self.backend_kind().clone();
-                let (ledger, persisted) = tokio::task::spawn_blocking(move || match kind {
-                    BackendKind::Local { root } => {
-                        Ledger::open_file(&root.join("ledger").join("ledger.sqlite3"))
-                            .map(|l| (l, true))
+                let url = self.config().ledger.clone();
+                let (ledger, external) =
+                    tokio::task::spawn_blocking(move || open_ledger(&kind, url.as_deref()))
+                        .await
+                        .map_err(|e| StoreError::task("ledger open", e))??;
+                let mut policy = self.config().cold_start;
+                if let Some(id) = external {
+                    let fresh = ledger.run(move |l| l.bind_store(&id)).await?;
+                    if fresh && policy == ColdStart::Load {
+                        policy = ColdStart::Rebuild;
                     }
-                    _ => Ledger::open_memory().map(|l| (l, false)),
-                })
-                .await
-                .map_err(|e| StoreError::task("ledger open", e))??;
-                match self.config().cold_start {
+                }
+                let persisted = ledger.location().persisted;
+                match policy {
                     ColdStart::Clear => {
                         self.clear_store().await?;
                         self.rebuild_into(&ledger).await?;
                     }
                     ColdStart::Rebuild => self.rebuild_into(&ledger).await?,
+                    // A fleet's shared ledger is trusted at open: listing a
+                    // bucket is what a node must not wait for. Roots written
+                    // behind its back are reconciled by `sweep` and
+                    // `ledger rebuild`.
+                    ColdStart::Load if ledger.location().engine == "postgres" => {}
                     ColdStart::Load => {
                         let listed = self.list_roots(None).await?.len() as u64;
                         let known = ledger.run(|l| l.totals()).await?.roots;
@@ -211,6 +270,11 @@ impl Store {
                 Ok::<_, StoreError>(ledger)
             })
             .await
+    }
+
+    /// Which ledger this store uses: engine and location.
+    pub async fn ledger_location(&self) -> Result<crate::ledger::LedgerLocation> {
+        Ok(self.ledger().await?.location().clone())
     }
 
     /// Recomputes the ledger from the store (roots, holds, objects).
@@ -422,13 +486,17 @@ impl Store {
                     .await?
             }
             _ => {
+                // Claim, delete, finish: a publisher that protects a claimed
+                // key waits for the deletion and writes the object again.
                 let (mut n, mut b) = (0, 0);
-                for (key, bytes) in ledger.run(move |l| l.due(cutoff)).await? {
+                for (key, bytes) in ledger.run(move |l| l.claim_due(cutoff)).await? {
                     let p = Path::from(key.as_str());
-                    match self.object_store().delete(&p).await {
+                    let res = self.object_store().delete(&p).await;
+                    let deleted = matches!(res, Ok(()) | Err(object_store::Error::NotFound { .. }));
+                    let k = key.clone();
+                    ledger.run(move |l| l.finish_delete(&k, deleted)).await?;
+                    match res {
                         Ok(()) | Err(object_store::Error::NotFound { .. }) => {
-                            let k = key.clone();
-                            ledger.run(move |l| l.forget_if_condemned(&k)).await?;
                             n += 1;
                             b += bytes;
                         }

@@ -113,7 +113,26 @@ pub use backend::{is_storage_full, open as open_backend, Backend, BackendKind};
 pub use capacity::{free_space, Pin, PruneFilter, RemovalKind, RemovalPlan, RemovalReport};
 pub use error::{MissReason, OpenError, Result, StoreError};
 pub use keys::RootKey;
-pub use ledger::{ColdStart, LedgerError, LedgerImage, Totals};
+pub use ledger::{ColdStart, LedgerError, LedgerImage, LedgerLocation, Totals};
+
+/// Where deltapack keeps local state that is not part of a store: the
+/// SQLite ledgers of `s3://` stores opened without a ledger URL
+/// (`<state dir>/ledgers/<hash of bucket/prefix>.sqlite3`).
+/// `$DELTAPACK_STATE_DIR` if set, else `$XDG_STATE_HOME/deltapack`, else
+/// `~/.local/state/deltapack`, else `deltapack-state` in the temp directory.
+pub fn state_dir() -> std::path::PathBuf {
+    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    if let Some(d) = env("DELTAPACK_STATE_DIR") {
+        return d.into();
+    }
+    if let Some(d) = env("XDG_STATE_HOME") {
+        return std::path::PathBuf::from(d).join("deltapack");
+    }
+    if let Some(h) = env("HOME") {
+        return std::path::PathBuf::from(h).join(".local/state/deltapack");
+    }
+    std::env::temp_dir().join("deltapack-state")
+}
 pub use migrate::MigrationReport;
 pub use publish::{
     BaseInput, PublishOutcome, PublishReceipt, PublishRequest, RootFormat, PUBLISH_BATCH,

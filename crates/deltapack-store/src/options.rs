@@ -47,6 +47,7 @@ setters!(crate::StoreConfig {
     with_min_free_bytes => min_free_bytes: Option<u64>,
     with_grace => grace: std::time::Duration,
     with_cold_start => cold_start: crate::ColdStart,
+    with_ledger => ledger: Option<String>,
     with_prefill_tokens_per_s => prefill_tokens_per_s: Option<f64>,
 });
 

@@ -1093,11 +1093,35 @@ impl ProtectGuard {
             return Ok(());
         };
         let until = self.until;
-        if let Err(e) = l.run(move |l| l.protect(owner, &keys, until)).await {
-            // A ledger that cannot be written (full disk) cannot run a
-            // collection either, so publishing on is safe; the grace
-            // period still protects against other processes' sweeps.
-            tracing::warn!(error = %e, "could not record publication protections");
+        let mut claimed = match l.run(move |l| l.protect(owner, &keys, until)).await {
+            Ok(c) => c,
+            Err(e) => {
+                // A ledger that cannot be written (full disk) cannot run a
+                // collection either, so publishing on is safe; the grace
+                // period still protects against other processes' sweeps.
+                tracing::warn!(error = %e, "could not record publication protections");
+                return Ok(());
+            }
+        };
+        // Objects a collector (of any node) is deleting right now: never
+        // relied upon. Wait until each deletion is over; the caller then
+        // writes the object again (create-if-absent finds it gone).
+        let start = Instant::now();
+        let mut pause = Duration::from_millis(5);
+        while !claimed.is_empty() {
+            if start.elapsed() > crate::ledger::DELETING_LEASE + Duration::from_secs(5) {
+                return Err(StoreError::Internal(format!(
+                    "{} objects stayed claimed for deletion longer than the claim lease",
+                    claimed.len()
+                )));
+            }
+            tracing::debug!(
+                objects = claimed.len(),
+                "waiting for a collector's deletion"
+            );
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(100));
+            claimed = l.run(move |l| l.deleting(&claimed)).await?;
         }
         Ok(())
     }

@@ -61,6 +61,11 @@ pub struct StoreConfig {
     pub grace: std::time::Duration,
     /// What to do with a persisted ledger at open.
     pub cold_start: crate::ledger::ColdStart,
+    /// The capacity ledger's database: `sqlite:///path/ledger.sqlite3` or
+    /// `postgres://user@host/db` (a fleet's shared ledger). `None`: the
+    /// store's own file for `file://`, a SQLite file under
+    /// [`crate::state_dir`] for `s3://`, in memory for `memory://`.
+    pub ledger: Option<String>,
     /// Prefill rate (tokens/s) to judge whether hits beat recomputation.
     pub prefill_tokens_per_s: Option<f64>,
 }
@@ -159,6 +164,7 @@ impl Default for StoreConfig {
             min_free_bytes: None,
             grace: std::time::Duration::from_secs(3600),
             cold_start: crate::ledger::ColdStart::Load,
+            ledger: None,
             prefill_tokens_per_s: None,
         }
     }

@@ -541,16 +541,17 @@ impl Store {
             }
             (_, Some(ledger)) => {
                 let key = meta.location.to_string();
-                if ledger.run(move |l| l.is_used(&key)).await? {
+                if !ledger.run(move |l| l.claim_orphan(&key)).await? {
                     false
                 } else {
-                    match self.object_store().delete(&meta.location).await {
-                        Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    let res = self.object_store().delete(&meta.location).await;
+                    let deleted = matches!(res, Ok(()) | Err(object_store::Error::NotFound { .. }));
+                    let key = meta.location.to_string();
+                    let _ = ledger.run(move |l| l.finish_delete(&key, deleted)).await;
+                    match res {
+                        Ok(()) | Err(object_store::Error::NotFound { .. }) => true,
                         Err(e) => return Err(StoreError::io(&meta.location, e)),
                     }
-                    let key = meta.location.to_string();
-                    let _ = ledger.run(move |l| l.forget_object(&key)).await;
-                    true
                 }
             }
         })

@@ -51,6 +51,77 @@ fn concurrent_processes_share_one_ledger() {
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path();
     let store = format!("file://{}", dir.join("store").display());
+    let shown = hammer(dir, &store, None);
+    let on_disk = dir_bytes(&dir.join("store/objects")) + dir_bytes(&dir.join("store/roots"));
+    let used = shown["used_bytes"].as_u64().expect("used");
+    assert_eq!(used, on_disk, "ledger bytes equal bytes on disk");
+    assert!(on_disk <= 60_000, "budget held: {on_disk}");
+    let (c, stats) = run(dir, &["stats", "--store", &store, "--prometheus"]);
+    assert_eq!(c, 0);
+    assert!(stats.contains("deltapack_ledger_used_bytes"), "{stats}");
+    assert!(
+        stats.contains("deltapack_hits_total"),
+        "counters from every process persisted: {stats}"
+    );
+}
+
+/// The fleet form: the processes are nodes on one S3 bucket (the moto
+/// server) sharing a PostgreSQL ledger (the cluster `.ci/run` starts), each
+/// given it with `--ledger`. The shared account equals a rebuild from the
+/// bucket at the end, and the budget held.
+#[test]
+fn fleet_processes_share_one_postgres_ledger() {
+    let (Some(endpoint), Some(pg)) = (
+        std::env::var("DELTAPACK_TEST_S3_ENDPOINT").ok(),
+        std::env::var("DELTAPACK_TEST_POSTGRES").ok(),
+    ) else {
+        assert!(
+            std::env::var("CI").map(|v| v != "true").unwrap_or(true),
+            "CI=true but the S3 or PostgreSQL test server is not configured"
+        );
+        eprintln!("S3 or PostgreSQL test server not configured: skipping");
+        return;
+    };
+    // A schema of its own in the test database.
+    let schema = format!("cli_{}", std::process::id());
+    let mut c = postgres::Client::connect(&pg, postgres::NoTls).expect("connect");
+    c.batch_execute(&format!(
+        "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
+    ))
+    .expect("schema");
+    let sep = if pg.contains('?') { '&' } else { '?' };
+    let ledger = format!("{pg}{sep}options=-c%20search_path%3D{schema}");
+    let bucket =
+        std::env::var("DELTAPACK_TEST_S3_BUCKET").unwrap_or_else(|_| "deltapack-test".into());
+    let store = format!(
+        "s3://{bucket}/fleet-{}-{}?endpoint={endpoint}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    );
+    let tmp = tempfile::tempdir().expect("tmp");
+    let shown = hammer(tmp.path(), &store, Some(&ledger));
+    assert_eq!(shown["engine"], "postgres", "{shown}");
+    assert!(
+        shown["used_bytes"].as_u64().expect("used") <= 60_000,
+        "{shown}"
+    );
+}
+
+/// Two lanes of publishers+restorers (v2 and v1 chains under a budget) and
+/// an evictor, each command a real process; returns `ledger show --json`
+/// after checking it equals a rebuild.
+fn hammer(dir: &Path, store: &str, ledger: Option<&str>) -> serde_json::Value {
+    let store = store.to_string();
+    let with = |mut a: Vec<String>| {
+        if let Some(l) = ledger {
+            a.extend(["--ledger".to_string(), l.to_string()]);
+        }
+        a
+    };
+    let strs = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let budget = "60000";
     let (c, id) = run(dir, &["identity", "--example"]);
     assert_eq!(c, 0);
@@ -114,29 +185,30 @@ fn concurrent_processes_share_one_ledger() {
                             format!("l{lane}t{}.tok", t - 1),
                         ]);
                     }
+                    let args = with(args);
                     let a: Vec<&str> = args.iter().map(String::as_str).collect();
                     // Success, or a clean failure when the budget forced the
                     // base out (then the next turn is published flat).
                     let (code, _) = run(dir, &a);
                     assert!(code == 0 || code == 1, "publish exited {code}");
-                    let (code, _) = run(
-                        dir,
-                        &[
-                            "restore",
-                            "--store",
-                            &store,
-                            "--identity",
-                            "id.json",
-                            "--tokens",
-                            &tok,
-                            "--out",
-                            &format!("out{lane}.snap"),
-                            "--grace",
-                            "0s",
-                            "--budget",
-                            budget,
-                        ],
-                    );
+                    let out = format!("out{lane}.snap");
+                    let args = with(strs(&[
+                        "restore",
+                        "--store",
+                        &store,
+                        "--identity",
+                        "id.json",
+                        "--tokens",
+                        &tok,
+                        "--out",
+                        &out,
+                        "--grace",
+                        "0s",
+                        "--budget",
+                        budget,
+                    ]));
+                    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+                    let (code, _) = run(dir, &a);
                     assert!(code == 0 || code == 3, "restore exited {code}");
                     if code == 0 {
                         let got = std::fs::read(dir.join(format!("out{lane}.snap"))).expect("out");
@@ -149,22 +221,24 @@ fn concurrent_processes_share_one_ledger() {
         let store = store.clone();
         s.spawn(move || {
             for _ in 0..4 {
-                let (code, _) = run(
-                    dir,
-                    &["evict", "--store", &store, "--to", "40000", "--grace", "0s"],
-                );
+                let args = with(strs(&[
+                    "evict", "--store", &store, "--to", "40000", "--grace", "0s",
+                ]));
+                let a: Vec<&str> = args.iter().map(String::as_str).collect();
+                let (code, _) = run(dir, &a);
                 assert_eq!(code, 0, "evict");
             }
         });
     });
-    let (c, shown) = run(dir, &["ledger", "show", "--store", &store, "--json"]);
+    let args = with(strs(&["ledger", "show", "--store", &store, "--json"]));
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (c, shown) = run(dir, &a);
     assert_eq!(c, 0);
-    let (c, rebuilt) = run(
-        dir,
-        &[
-            "ledger", "rebuild", "--store", &store, "--json", "--grace", "0s",
-        ],
-    );
+    let args = with(strs(&[
+        "ledger", "rebuild", "--store", &store, "--json", "--grace", "0s",
+    ]));
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (c, rebuilt) = run(dir, &a);
     assert_eq!(c, 0);
     let shown: serde_json::Value = serde_json::from_str(&shown).expect("json");
     let rebuilt: serde_json::Value = serde_json::from_str(&rebuilt).expect("json");
@@ -174,15 +248,5 @@ fn concurrent_processes_share_one_ledger() {
             "{field}: persisted ledger vs rebuilt\n{shown}\n{rebuilt}"
         );
     }
-    let on_disk = dir_bytes(&dir.join("store/objects")) + dir_bytes(&dir.join("store/roots"));
-    let used = shown["used_bytes"].as_u64().expect("used");
-    assert_eq!(used, on_disk, "ledger bytes equal bytes on disk");
-    assert!(on_disk <= 60_000, "budget held: {on_disk}");
-    let (c, stats) = run(dir, &["stats", "--store", &store, "--prometheus"]);
-    assert_eq!(c, 0);
-    assert!(stats.contains("deltapack_ledger_used_bytes"), "{stats}");
-    assert!(
-        stats.contains("deltapack_hits_total"),
-        "counters from every process persisted: {stats}"
-    );
+    shown
 }

@@ -50,6 +50,7 @@ async fn eviction_racing_a_republication_keeps_the_new_roots_objects() {
         faulty.set_plan(FaultPlan {
             after_delete: Some(DeleteHook {
                 prefix: "roots/",
+                before: false,
                 fired: Arc::new(AtomicBool::new(false)),
                 run: Arc::new(move || {
                     let (s2, id2, snap2, slot2) =

@@ -20,6 +20,7 @@ mod gc_concurrency;
 mod hostile_input;
 mod integrity_sweep;
 mod keyed_roots;
+mod ledger_engines;
 mod ledger_races;
 mod migration;
 mod quarantine_needs_proof;

@@ -74,7 +74,8 @@ pub(crate) struct FaultPlan {
     /// cleared).
     pub(crate) create_exists_once: Option<&'static str>,
     /// Runs once, right after the first delete of a key starting with its
-    /// prefix has been carried out and before the delete returns: another
+    /// prefix has been carried out and before the delete returns (or, with
+    /// `before`, right before it is carried out): another
     /// actor working in the window between a remover's deletion and its
     /// next step (e.g. its ledger update).
     pub(crate) after_delete: Option<DeleteHook>,
@@ -86,6 +87,8 @@ pub(crate) struct FaultPlan {
 pub(crate) struct DeleteHook {
     /// Key prefix of the delete that triggers the hook.
     pub(crate) prefix: &'static str,
+    /// Run before the delete is carried out (not after).
+    pub(crate) before: bool,
     /// Set once the hook has run (it runs once).
     pub(crate) fired: Arc<std::sync::atomic::AtomicBool>,
     /// The work.
@@ -466,6 +469,24 @@ impl ObjectStore for Faulty {
         let Some(hook) = self.plan().after_delete else {
             return self.inner.delete_stream(locations);
         };
+        if hook.before {
+            let locations = locations
+                .then(move |r| {
+                    let hook = hook.clone();
+                    async move {
+                        if let Ok(path) = &r {
+                            if path.as_ref().starts_with(hook.prefix)
+                                && !hook.fired.swap(true, Ordering::SeqCst)
+                            {
+                                (hook.run)().await;
+                            }
+                        }
+                        r
+                    }
+                })
+                .boxed();
+            return self.inner.delete_stream(locations);
+        }
         self.inner
             .delete_stream(locations)
             .then(move |r| {

@@ -1,0 +1,336 @@
+//! The ledger's engines: one conformance workload run against SQLite and
+//! PostgreSQL (real servers: the PostgreSQL cluster and the moto bucket that
+//! `.ci/run` starts) must leave the same account, equal to a rebuild from
+//! the store; two nodes sharing a PostgreSQL ledger on one bucket never
+//! collect each other's objects (the data loss separate ledgers cause);
+//! a ledger outside its store belongs to one store only; and the engine in
+//! use is reported.
+
+use std::time::Duration;
+
+use crate::common::*;
+use deltapack_store::{LedgerImage, PruneFilter, RootFormat, Store, StoreConfig, Totals};
+
+/// The ledgers the conformance workload runs on: a SQLite file outside the
+/// store, and PostgreSQL when the test server is configured.
+fn engines(dir: &std::path::Path) -> Vec<(&'static str, String)> {
+    let mut v = vec![(
+        "sqlite",
+        format!("sqlite://{}", dir.join("ledger.sqlite3").display()),
+    )];
+    if let Some(pg) = postgres_ledger_url() {
+        v.push(("postgres", pg));
+    }
+    v
+}
+
+/// Publishes, restores, holds, evicts, prunes and collects; returns the
+/// ledger's image and totals at the end (access times aside).
+async fn workload(s: &Store) -> (LedgerImage, Totals) {
+    let id = identity("engines");
+    let (c0, c1, c2, c3) = (
+        ctx(&id, 80, 1024),
+        ctx(&id, 80, 2048),
+        ctx(&id, 80, 3072),
+        ctx(&id, 81, 2048),
+    );
+    let (t0, t1, t2, t3) = (
+        turn(80, 1024),
+        turn(80, 2048),
+        turn(80, 3072),
+        turn(81, 2048),
+    );
+    publish_base(s, &id, c0, t0.clone(), RootFormat::V2).await;
+    publish_delta(s, &id, c1, t1.clone(), c0, t0.clone(), RootFormat::V2).await;
+    publish_delta(s, &id, c2, t2.clone(), c1, t1.clone(), RootFormat::V2).await;
+    publish_base(s, &id, c3, t3.clone(), RootFormat::V1).await;
+    assert_eq!(restore_bytes(s, &id, c2).await, t2.encoded());
+    assert_eq!(restore_bytes(s, &id, c3).await, t3.encoded());
+    s.hold("keep", id.namespace(), c3).await.expect("hold");
+    // Pruning v1 roots skips the held one; evicting to zero removes the
+    // chain (dependents first) but not the held root.
+    let plan = s
+        .prune_plan(&PruneFilter::default().with_schema(Some("v1".into())))
+        .await
+        .expect("prune plan");
+    assert!(plan.is_empty(), "a held root was planned for pruning");
+    let report = s
+        .execute(s.evict_plan(0).await.expect("plan"))
+        .await
+        .expect("evict");
+    assert_eq!(report.roots.len(), 3, "{report:?}");
+    s.collect_garbage().await.expect("gc");
+    assert_eq!(restore_bytes(s, &id, c3).await, t3.encoded());
+    let image = s.ledger_image().await.expect("image");
+    let totals = s.ledger_totals().await.expect("totals");
+    (image, totals)
+}
+
+/// The same workload on every engine leaves the same account, and each
+/// account equals a rebuild from the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_workload_leaves_the_same_ledger_on_every_engine() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut seen: Vec<(&str, LedgerImage, Totals)> = Vec::new();
+    for (engine, url) in engines(dir.path()) {
+        let store_dir = tempfile::tempdir().expect("store dir");
+        let cfg = config()
+            .with_grace(Duration::ZERO)
+            .with_ledger(Some(url.clone()));
+        let s = Store::open(
+            &format!("file://{}", store_dir.path().display()),
+            cfg.clone(),
+        )
+        .expect("open");
+        let (image, totals) = workload(&s).await;
+        assert_eq!(s.ledger_location().await.expect("location").engine, engine);
+        let rebuilt = s.rebuild_ledger().await.expect("rebuild");
+        assert_eq!(
+            s.ledger_image().await.expect("image"),
+            image,
+            "{engine}: the incremental ledger differs from a rebuild"
+        );
+        assert_eq!(rebuilt.used_bytes, totals.used_bytes, "{engine}");
+        // A second handle (another process would do the same) opens the
+        // persisted ledger and sees the same account.
+        let again =
+            Store::open(&format!("file://{}", store_dir.path().display()), cfg).expect("reopen");
+        assert_eq!(
+            again.ledger_image().await.expect("image"),
+            image,
+            "{engine}"
+        );
+        seen.push((engine, image, totals));
+    }
+    for w in seen.windows(2) {
+        assert_eq!(w[0].1, w[1].1, "{} and {} disagree", w[0].0, w[1].0);
+        assert_eq!(w[0].2.used_bytes, w[1].2.used_bytes);
+        assert_eq!(w[0].2.roots, w[1].2.roots);
+    }
+}
+
+/// Two nodes on one bucket. With a ledger each, node A's eviction condemned
+/// C's objects in A's ledger only; node B republished C reusing them; A's
+/// collector then deleted them and C restored as `corrupt: … missing`. With
+/// one PostgreSQL ledger, B's republication references the objects again
+/// in the ledger A collects from, so A deletes nothing C needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_sharing_a_postgres_ledger_never_collect_each_others_objects() {
+    let (Some(bucket), Some(pg)) = (s3_url(), postgres_ledger_url()) else {
+        return;
+    };
+    // Node A keeps condemned objects for 1 s; node B publishes.
+    let cfg = config().with_ledger(Some(pg));
+    let a = Store::open(&bucket, cfg.clone().with_grace(Duration::from_secs(1))).expect("node A");
+    let b = Store::open(&bucket, cfg.clone()).expect("node B");
+    let id = identity("fleet");
+    let (c, snap) = (ctx(&id, 90, 4096), turn(90, 4096));
+    publish_base(&a, &id, c, snap.clone(), RootFormat::V2).await;
+    // A evicts C: its objects are condemned, still inside A's grace.
+    let report = a
+        .execute(a.evict_plan(0).await.expect("plan"))
+        .await
+        .expect("evict");
+    assert_eq!(report.roots.len(), 1);
+    assert!(report.condemned_objects > 0, "{report:?}");
+    assert_eq!(report.deleted_objects, 0, "{report:?}");
+    // B republishes C, finding the objects present and reusing them.
+    let receipt = publish_base(&b, &id, c, snap.clone(), RootFormat::V2).await;
+    assert_eq!(receipt.outcome, deltapack_store::PublishOutcome::Created);
+    assert!(receipt.objects_reused > 0, "{receipt:?}");
+    // A's grace passes; A collects.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (deleted, _) = a.collect_garbage().await.expect("A collects");
+    assert_eq!(deleted, 0, "A deleted objects B's new root uses");
+    let fresh = Store::open(&bucket, cfg).expect("node C");
+    assert_eq!(
+        restore_bytes(&fresh, &id, c).await,
+        snap.encoded(),
+        "node A's collector deleted objects node B's root uses"
+    );
+    assert_eq!(
+        a.ledger_image().await.expect("image"),
+        b.ledger_image().await.expect("image"),
+        "the nodes see different ledgers"
+    );
+}
+
+/// A ledger outside the store is bound to the first store that uses it; a
+/// second store is refused with an error naming both, never mixed in.
+#[tokio::test]
+async fn a_ledger_belongs_to_one_store() {
+    let dir = tempfile::tempdir().expect("tmp");
+    for (engine, url) in engines(dir.path()) {
+        let (d1, d2) = (
+            tempfile::tempdir().expect("a"),
+            tempfile::tempdir().expect("b"),
+        );
+        let cfg = config().with_ledger(Some(url.clone()));
+        let s1 =
+            Store::open(&format!("file://{}", d1.path().display()), cfg.clone()).expect("open");
+        s1.ledger_totals()
+            .await
+            .expect("first store binds the ledger");
+        let s2 = Store::open(&format!("file://{}", d2.path().display()), cfg).expect("open");
+        let err = s2
+            .ledger_totals()
+            .await
+            .expect_err(&format!("{engine}: a second store used the ledger"));
+        let msg = err.to_string();
+        assert!(
+            msg.contains("belongs to the store") && msg.contains(&d1.path().display().to_string()),
+            "{engine}: {msg}"
+        );
+    }
+}
+
+/// `ledger_location` names the engine and where it lives; a bad URL is a
+/// clear error.
+#[tokio::test]
+async fn the_ledger_in_use_is_reported() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let local = Store::open(&format!("file://{}", dir.path().display()), config()).expect("open");
+    let l = local.ledger_location().await.expect("location");
+    assert_eq!((l.engine, l.persisted), ("sqlite", true));
+    assert!(
+        l.location.ends_with("ledger/ledger.sqlite3"),
+        "{}",
+        l.location
+    );
+    let mem = Store::open("memory://", config()).expect("open");
+    let l = mem.ledger_location().await.expect("location");
+    assert_eq!((l.engine, l.persisted), ("sqlite", false));
+    if let Some(url) = s3_url() {
+        let s3 = Store::open(&url, config()).expect("open");
+        let l = s3.ledger_location().await.expect("location");
+        assert_eq!(
+            (l.engine, l.persisted),
+            ("sqlite", true),
+            "an S3 store's default ledger is persisted"
+        );
+        assert!(
+            l.location
+                .starts_with(&deltapack_store::state_dir().display().to_string()),
+            "{}",
+            l.location
+        );
+    }
+    if let Some(pg) = postgres_ledger_url() {
+        let s = Store::open(
+            &format!(
+                "file://{}",
+                tempfile::tempdir().expect("d").keep().display()
+            ),
+            StoreConfig::default().with_ledger(Some(pg)),
+        )
+        .expect("open");
+        let l = s.ledger_location().await.expect("location");
+        assert_eq!((l.engine, l.persisted), ("postgres", true));
+    }
+    let bad =
+        Store::open("memory://", config().with_ledger(Some("mysql://x".into()))).expect("open");
+    let err = bad.ledger_totals().await.expect_err("mysql is no engine");
+    assert!(err.to_string().contains("sqlite:///"), "{err}");
+}
+
+/// The exact cross-node GC protocol. Node A's collector decides to delete
+/// an object of an evicted root; node B republishes the same bytes in the
+/// instant before A's DELETE reaches the bucket. B used to find the object
+/// present, reuse it and record its root — and A's DELETE then removed an
+/// object B's root relies on. Now A claims each object in the ledger
+/// (`deleting`) before deleting it, and B's protection of a claimed key
+/// makes B wait for the deletion and write the object again. Run with a
+/// shared SQLite file (two handles) and with PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_and_a_publisher_racing_on_one_object_lose_nothing() {
+    use crate::common::faults::{DeleteHook, FaultPlan, Faulty};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::{Arc, Mutex};
+    type Slot = Arc<
+        Mutex<
+            Option<
+                tokio::task::JoinHandle<deltapack_store::Result<deltapack_store::PublishReceipt>>,
+            >,
+        >,
+    >;
+
+    let dir = tempfile::tempdir().expect("tmp");
+    for (engine, ledger) in engines(dir.path()) {
+        let Some(bucket) = s3_url() else {
+            return;
+        };
+        let raw = raw_backend(&bucket);
+        let faulty = Arc::new(Faulty::new(raw.store.clone(), FaultPlan::default()));
+        let cfg = config().with_ledger(Some(ledger));
+        let a = wrapped(
+            deltapack_store::Backend {
+                store: faulty.clone(),
+                kind: raw.kind.clone(),
+            },
+            cfg.clone().with_grace(Duration::ZERO),
+        );
+        let b = Store::open(&bucket, cfg.clone()).expect("node B");
+        let id = identity("gc-race");
+        let (c, snap) = (ctx(&id, 95, 4096), turn(95, 4096));
+        publish_base(&a, &id, c, snap.clone(), RootFormat::V2).await;
+
+        // Right before A's first object DELETE, B republishes C; B gets up
+        // to 2 s to finish inside that window.
+        let slot: Slot = Arc::new(Mutex::new(None));
+        let (b2, id2, snap2, slot2) = (b.clone(), id.clone(), snap.clone(), slot.clone());
+        faulty.set_plan(FaultPlan {
+            after_delete: Some(DeleteHook {
+                prefix: "objects/",
+                before: true,
+                fired: Arc::new(AtomicBool::new(false)),
+                run: Arc::new(move || {
+                    let (b2, id2, snap2, slot2) =
+                        (b2.clone(), id2.clone(), snap2.clone(), slot2.clone());
+                    Box::pin(async move {
+                        let h = tokio::spawn(async move {
+                            b2.publish(deltapack_store::PublishRequest {
+                                identity: id2,
+                                context: c,
+                                snapshot: snap2,
+                                base: None,
+                                format: RootFormat::V2,
+                            })
+                            .await
+                        });
+                        let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                            while !h.is_finished() {
+                                tokio::time::sleep(Duration::from_millis(5)).await;
+                            }
+                        })
+                        .await;
+                        *slot2.lock().expect("slot") = Some(h);
+                    })
+                }),
+            }),
+            ..Default::default()
+        });
+        // A evicts C and (grace 0) collects its objects at once.
+        let report = a
+            .execute(a.evict_plan(0).await.expect("plan"))
+            .await
+            .expect("evict");
+        assert_eq!(report.roots.len(), 1, "{engine}");
+        let h = slot
+            .lock()
+            .expect("slot")
+            .take()
+            .expect("the hook ran: A deleted an object");
+        let receipt = h.await.expect("task").expect("B's publication");
+        assert_eq!(
+            receipt.outcome,
+            deltapack_store::PublishOutcome::Created,
+            "{engine}"
+        );
+        let fresh = Store::open(&bucket, cfg).expect("node C");
+        assert_eq!(
+            restore_bytes(&fresh, &id, c).await,
+            snap.encoded(),
+            "{engine}: A's DELETE removed an object B's new root relies on"
+        );
+    }
+}

@@ -742,6 +742,13 @@ impl Store {
     /// Given `(boundary, context)` candidates (e.g. every 256-token boundary
     /// of a request), returns the longest boundary that has a root, checking
     /// existence only (no payload reads).
+    ///
+    /// The ledger's root index answers first: the longest candidate it
+    /// records is confirmed with one HEAD (a stale row — a root deleted
+    /// behind the ledger's back — moves on to the next). Only when the
+    /// ledger knows none of them (a ledger per node, while other nodes
+    /// publish to the bucket) does it fall back to a HEAD per candidate,
+    /// 16 at a time.
     pub async fn lookup(
         &self,
         identity: &CacheIdentity,
@@ -750,6 +757,20 @@ impl Store {
         let ns = identity.namespace();
         let mut sorted = candidates.to_vec();
         sorted.sort_by_key(|c| std::cmp::Reverse(c.0));
+        let ctxs: Vec<ContextDigest> = sorted.iter().map(|c| c.1).collect();
+        let known = self
+            .ledger()
+            .await?
+            .run(move |l| l.recorded(&ns, &ctxs))
+            .await?;
+        for (b, c) in sorted.iter().filter(|c| known.contains(&c.1)) {
+            let key = keys::root_key(&ns, c);
+            match self.object_store().head(&key).await {
+                Ok(_) => return Ok(Some((*b, *c))),
+                Err(object_store::Error::NotFound { .. }) => continue,
+                Err(e) => return Err(StoreError::io(&key, e)),
+            }
+        }
         let store = self.object_store().clone();
         let found: Vec<Option<(u64, ContextDigest)>> = futures::stream::iter(sorted)
             .map(|(b, c)| {

@@ -1101,6 +1101,33 @@ impl Ledger {
         })
     }
 
+    /// Which of `contexts` (of namespace `ns`) have a recorded root (one
+    /// indexed query per 256 contexts).
+    pub(crate) fn recorded(
+        &self,
+        ns: &Namespace,
+        contexts: &[ContextDigest],
+    ) -> Result<std::collections::HashSet<ContextDigest>, LedgerError> {
+        let ns = ns.hex();
+        self.with(|db| {
+            let mut out = std::collections::HashSet::new();
+            for chunk in contexts.chunks(256) {
+                let marks: Vec<String> = (0..chunk.len()).map(|i| format!("?{}", i + 2)).collect();
+                let sql = format!(
+                    "SELECT ctx FROM roots WHERE ns = ?1 AND ctx IN ({})",
+                    marks.join(", ")
+                );
+                let mut params = vec![V::from(&ns)];
+                params.extend(chunk.iter().map(|c| V::from(c.hex())));
+                for r in db.query(&sql, &params)? {
+                    let (_, ctx) = parse_pair(&ns, &r.text(0)?)?;
+                    out.insert(ctx);
+                }
+            }
+            Ok(out)
+        })
+    }
+
     /// Adds a hold (idempotent).
     pub(crate) fn add_hold(
         &self,

@@ -334,3 +334,55 @@ async fn a_collector_and_a_publisher_racing_on_one_object_lose_nothing() {
         );
     }
 }
+
+/// `lookup` answers from the ledger's root index: over the 128 candidate
+/// boundaries of a 32,768-token request it sends one request to the store
+/// (the HEAD confirming the chosen root), not one per candidate. A root
+/// the ledger does not know (another node's, with a ledger per node) is
+/// still found by the HEAD scan the lookup falls back to.
+#[tokio::test]
+async fn lookup_answers_from_the_ledger_with_one_head() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let url = format!("file://{}", dir.path().display());
+    let (s, counters) = crate::common::instrumented::instrumented_store(
+        raw_backend(&url),
+        Duration::ZERO,
+        config(),
+    );
+    // A second handle with a ledger of its own, opened (and built from
+    // the then empty store) before the root is published: its ledger never
+    // learns of the root.
+    let other = Store::open(
+        &url,
+        config().with_ledger(Some(format!(
+            "sqlite://{}",
+            dir.path().join("other.sqlite3").display()
+        ))),
+    )
+    .expect("open");
+    assert_eq!(other.ledger_totals().await.expect("totals").roots, 0);
+    let id = identity("lookup");
+    let (c, snap) = (ctx(&id, 97, 6144), turn(97, 6144));
+    publish_base(&s, &id, c, snap, RootFormat::V2).await;
+    let hasher =
+        deltapack_format::ContextHasher::new(id.namespace(), id.chunk_tokens).expect("hasher");
+    let candidates = hasher.boundaries(&deltapack_format::synth::tokens(97, 32_768));
+    assert_eq!(candidates.len(), 128);
+    let before = counters.gets_of_roots();
+    assert_eq!(
+        s.lookup(&id, &candidates).await.expect("lookup"),
+        Some((6144, c))
+    );
+    assert_eq!(
+        counters.gets_of_roots() - before,
+        1,
+        "lookup sent more than one root request"
+    );
+    // The other handle's ledger does not know the root: the fallback scan
+    // finds it.
+    let none_known = other
+        .lookup(&id, &candidates)
+        .await
+        .expect("lookup via a fresh ledger");
+    assert_eq!(none_known, Some((6144, c)));
+}

@@ -186,6 +186,27 @@ fn open_ledger(kind: &BackendKind, url: Option<&str>) -> Result<(Ledger, Option<
     })
 }
 
+/// Waiting for other publications' reservations: pauses backing off from 5
+/// to 100 ms, for at most [`RESERVATION_PATIENCE`] in all.
+#[derive(Default)]
+struct ReservationWait {
+    waited: Duration,
+    pause: Duration,
+}
+
+impl ReservationWait {
+    /// Sleeps one pause; `false` (without sleeping) once patience is spent.
+    async fn pause(&mut self) -> bool {
+        if self.waited >= RESERVATION_PATIENCE {
+            return false;
+        }
+        self.pause = (self.pause * 2).clamp(Duration::from_millis(5), Duration::from_millis(100));
+        tokio::time::sleep(self.pause).await;
+        self.waited += self.pause;
+        true
+    }
+}
+
 fn valid_hold_name(name: &str) -> Result<()> {
     if keys::valid_hold_name(name) {
         Ok(())
@@ -688,7 +709,7 @@ impl Store {
         };
         let ledger = self.ledger().await?;
         let id = guard.id();
-        let (mut waited, mut pause) = (Duration::ZERO, Duration::from_millis(5));
+        let mut wait = ReservationWait::default();
         loop {
             self.collect_garbage().await?;
             let t = ledger.run(|l| l.totals()).await?;
@@ -714,13 +735,10 @@ impl Store {
                     // Roots were recorded meanwhile: evict again.
                     continue;
                 }
-                if t.reserved_bytes > 0 && waited < RESERVATION_PATIENCE {
-                    // Other publications in progress hold the space: their
-                    // roots become evictable, or their bytes come back,
-                    // when they end.
-                    tokio::time::sleep(pause).await;
-                    waited += pause;
-                    pause = (pause * 2).min(Duration::from_millis(100));
+                // Other publications in progress hold the space: their
+                // roots become evictable, or their bytes come back, when
+                // they end.
+                if t.reserved_bytes > 0 && wait.pause().await {
                     continue;
                 }
                 return Err(StoreError::Capacity(format!(
@@ -747,10 +765,7 @@ impl Store {
                 // Other publications hold reservations: once they end, their
                 // roots are evictable (or their bytes released). Wait for
                 // that, a bounded time, rather than fail at once.
-                if t.reserved_bytes > 0 && waited < RESERVATION_PATIENCE {
-                    tokio::time::sleep(pause).await;
-                    waited += pause;
-                    pause = (pause * 2).min(Duration::from_millis(100));
+                if t.reserved_bytes > 0 && wait.pause().await {
                     continue;
                 }
                 return Err(StoreError::Capacity(format!(

@@ -95,6 +95,19 @@ pub(crate) struct DeleteHook {
     pub(crate) run: Arc<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>,
 }
 
+impl DeleteHook {
+    /// Runs the hook (once) if `r` is a delete of a key under its prefix;
+    /// passes `r` through.
+    async fn fire(self, r: Result<Path>) -> Result<Path> {
+        if let Ok(path) = &r {
+            if path.as_ref().starts_with(self.prefix) && !self.fired.swap(true, Ordering::SeqCst) {
+                (self.run)().await;
+            }
+        }
+        r
+    }
+}
+
 impl fmt::Debug for DeleteHook {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "DeleteHook({:?})", self.prefix)
@@ -470,38 +483,12 @@ impl ObjectStore for Faulty {
             return self.inner.delete_stream(locations);
         };
         if hook.before {
-            let locations = locations
-                .then(move |r| {
-                    let hook = hook.clone();
-                    async move {
-                        if let Ok(path) = &r {
-                            if path.as_ref().starts_with(hook.prefix)
-                                && !hook.fired.swap(true, Ordering::SeqCst)
-                            {
-                                (hook.run)().await;
-                            }
-                        }
-                        r
-                    }
-                })
-                .boxed();
+            let locations = locations.then(move |r| hook.clone().fire(r)).boxed();
             return self.inner.delete_stream(locations);
         }
         self.inner
             .delete_stream(locations)
-            .then(move |r| {
-                let hook = hook.clone();
-                async move {
-                    if let Ok(path) = &r {
-                        if path.as_ref().starts_with(hook.prefix)
-                            && !hook.fired.swap(true, Ordering::SeqCst)
-                        {
-                            (hook.run)().await;
-                        }
-                    }
-                    r
-                }
-            })
+            .then(move |r| hook.clone().fire(r))
             .boxed()
     }
 

@@ -29,7 +29,10 @@ use crate::backend::{put_create, BackendKind};
 use crate::base_graph::{BaseGraph, RootId};
 use crate::error::{Result, StoreError};
 use crate::keys;
-use crate::ledger::{now_ms, ColdStart, Ledger, RootEntry, RootRow, Totals};
+use crate::ledger::{now_ms, ColdStart, Ledger, Listing, RootEntry, RootRow, Totals};
+
+/// Root reads in flight while the ledger is rebuilt or reconciled.
+const REBUILD_READS: usize = 32;
 use crate::stats::Stats;
 use crate::store::{RootStatus, Store};
 
@@ -254,39 +257,52 @@ impl Store {
                     tokio::task::spawn_blocking(move || open_ledger(&kind, url.as_deref()))
                         .await
                         .map_err(|e| StoreError::task("ledger open", e))??;
-                let mut policy = self.config().cold_start;
+                let policy = self.config().cold_start;
+                let mut fresh = false;
                 if let Some(id) = external {
-                    let fresh = ledger.run(move |l| l.bind_store(&id)).await?;
-                    if fresh && policy == ColdStart::Load {
-                        policy = ColdStart::Rebuild;
-                    }
+                    fresh = ledger.run(move |l| l.bind_store(&id)).await?;
                 }
-                let persisted = ledger.location().persisted;
+                let location = ledger.location().clone();
+                let mut background = false;
                 match policy {
                     ColdStart::Clear => {
                         self.clear_store().await?;
-                        self.rebuild_into(&ledger).await?;
+                        self.reconcile_into(&ledger, true).await?;
                     }
-                    ColdStart::Rebuild => self.rebuild_into(&ledger).await?,
-                    // A fleet's shared ledger is trusted at open: listing a
-                    // bucket is what a node must not wait for. Roots written
-                    // behind its back are reconciled by `sweep` and
-                    // `ledger rebuild`.
-                    ColdStart::Load if ledger.location().engine == "postgres" => {}
+                    ColdStart::Rebuild => {
+                        self.reconcile_into(&ledger, true).await?;
+                    }
+                    // An in-memory ledger starts empty: built now (a
+                    // `memory://` store is small, or empty, at open).
+                    ColdStart::Load if !location.persisted => {
+                        self.reconcile_into(&ledger, true).await?;
+                    }
+                    // A fleet's shared ledger is trusted at open: listing
+                    // a bucket is what a node must not wait for. Roots
+                    // written behind its back are reconciled by `sweep`
+                    // and `ledger rebuild`; a ledger new to the store is
+                    // built in the background.
+                    ColdStart::Load if location.engine == "postgres" && !fresh => {}
+                    // A persisted ledger is trusted at open, without a
+                    // listing (O(1) open); it is reconciled with the store
+                    // in the background. Garbage collection and the sweep
+                    // wait for that reconciliation; restores and
+                    // publications never do.
                     ColdStart::Load => {
-                        let listed = self.list_roots(None).await?.len() as u64;
-                        let known = ledger.run(|l| l.totals()).await?.roots;
-                        if !persisted || listed != known {
-                            if persisted {
-                                tracing::info!(
-                                    listed,
-                                    known,
-                                    "ledger disagrees with the store: rebuilding"
-                                );
+                        background = true;
+                        self.inner
+                            .reconcile_full
+                            .store(fresh, std::sync::atomic::Ordering::Relaxed);
+                        let (store, l) = (self.clone(), ledger.clone());
+                        tokio::spawn(async move {
+                            if let Err(e) = store.reconcile_once(&l).await {
+                                tracing::warn!(error = %e, "background ledger reconciliation failed (garbage collection will retry it)");
                             }
-                            self.rebuild_into(&ledger).await?;
-                        }
+                        });
                     }
+                }
+                if !background {
+                    let _ = self.inner.reconciled.set(());
                 }
                 Ok::<_, StoreError>(ledger)
             })
@@ -298,33 +314,64 @@ impl Store {
         Ok(self.ledger().await?.location().clone())
     }
 
-    /// Recomputes the ledger from the store (roots, holds, objects).
+    /// Recomputes the ledger from the store (roots, holds, objects): every
+    /// root is read again (32 reads in flight) and the result merged in,
+    /// so roots recorded or removed while the rebuild runs are kept or
+    /// stay removed. Safe on a busy store and fleet.
     pub async fn rebuild_ledger(&self) -> Result<Totals> {
         let ledger = self.ledger().await?;
-        self.rebuild_into(ledger).await?;
+        self.reconcile_into(ledger, true).await?;
         Ok(ledger.run(|l| l.totals()).await?)
     }
 
-    async fn rebuild_into(&self, ledger: &Ledger) -> Result<()> {
-        // Holds the root lock (local disk) from the listing to the commit: a
-        // root created in between would be listed by nobody and its ledger
-        // record wiped by the replacement, leaving its objects to look like
-        // orphans to the collector.
-        let _lock = self.root_lock().await?;
-        let mut entries = Vec::new();
-        for (ns, ctx) in self.list_roots(None).await? {
-            if let RootStatus::Found(r) = self.peek_root(&ns, &ctx).await? {
-                let size = self
-                    .object_store()
-                    .head(&keys::root_key(&ns, &ctx))
-                    .await
-                    .map(|m| m.size)
-                    .unwrap_or(0);
-                if let Some(s) = r.summary() {
-                    entries.push(RootEntry::from_summary(&s, size));
-                }
-            }
-        }
+    /// Waits until the ledger has been reconciled with the store once by
+    /// this handle: roots written by a process that died before recording
+    /// them are recorded, roots deleted behind the ledger's back are
+    /// forgotten. A persisted ledger is opened without a listing and
+    /// reconciled in the background; garbage collection and the sweep
+    /// wait for it, restores and publications never do. Bounded in
+    /// requests: one listing, one GET per root the ledger did not know,
+    /// one HEAD per recorded root the listing did not show.
+    pub async fn reconcile_ledger(&self) -> Result<()> {
+        let ledger = self.ledger().await?;
+        self.reconcile_once(ledger).await
+    }
+
+    /// [`Store::reconcile_ledger`] on an open ledger.
+    async fn reconcile_once(&self, ledger: &Ledger) -> Result<()> {
+        self.inner
+            .reconciled
+            .get_or_try_init(|| async {
+                let full = self
+                    .inner
+                    .reconcile_full
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                self.reconcile_into(ledger, full).await.map(|_| ())
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Lists the store and merges what it shows into the ledger (see
+    /// [`Ledger::merge_listing`]). `full` reads every root; otherwise only
+    /// roots the ledger does not know are read.
+    pub(crate) async fn reconcile_into(
+        &self,
+        ledger: &Ledger,
+        full: bool,
+    ) -> Result<crate::ledger::MergeReport> {
+        use futures::StreamExt;
+        let began = now_ms();
+        let prefix = Path::from(keys::ROOTS);
+        let listed: Vec<(Namespace, ContextDigest, u64)> = self
+            .object_store()
+            .list(Some(&prefix))
+            .try_collect::<Vec<_>>()
+            .await
+            .map_err(|e| StoreError::io(&prefix, e))?
+            .iter()
+            .filter_map(|m| keys::parse_root_key(&m.location).map(|(n, c)| (n, c, m.size)))
+            .collect();
         let holds = self.list_holds().await?;
         let objects: Vec<object_store::ObjectMeta> = self
             .object_store()
@@ -342,10 +389,63 @@ impl Store {
                 )
             })
             .collect();
-        ledger
-            .run(move |l| l.replace_all(&entries, &holds, &present, now_ms()))
+        let known: std::collections::HashSet<(Namespace, ContextDigest)> = ledger
+            .run(|l| l.recorded_roots())
+            .await?
+            .into_iter()
+            .collect();
+        let listed_ids: std::collections::HashSet<(Namespace, ContextDigest)> =
+            listed.iter().map(|(n, c, _)| (*n, *c)).collect();
+        let to_read: Vec<_> = listed
+            .into_iter()
+            .filter(|(n, c, _)| full || !known.contains(&(*n, *c)))
+            .collect();
+        let roots: Vec<RootEntry> = futures::stream::iter(to_read)
+            .map(|(ns, ctx, size)| async move {
+                Ok::<_, StoreError>(match self.peek_root(&ns, &ctx).await? {
+                    RootStatus::Found(r) => r.summary().map(|s| RootEntry::from_summary(&s, size)),
+                    _ => None,
+                })
+            })
+            .buffer_unordered(REBUILD_READS)
+            .try_collect::<Vec<_>>()
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
+        let unlisted: Vec<_> = known
+            .iter()
+            .filter(|k| !listed_ids.contains(k))
+            .copied()
+            .collect();
+        let vanished: Vec<(Namespace, ContextDigest)> = futures::stream::iter(unlisted)
+            .map(|(ns, ctx)| async move {
+                let key = keys::root_key(&ns, &ctx);
+                match self.object_store().head(&key).await {
+                    Ok(_) => Ok(None),
+                    Err(object_store::Error::NotFound { .. }) => Ok(Some((ns, ctx))),
+                    Err(e) => Err(StoreError::io(&key, e)),
+                }
+            })
+            .buffer_unordered(REBUILD_READS)
+            .try_collect::<Vec<_>>()
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
+        let listing = Listing {
+            began,
+            full,
+            roots,
+            vanished,
+            holds,
+            present,
+        };
+        let report = ledger
+            .run(move |l| l.merge_listing(&listing, now_ms()))
             .await?;
-        Ok(())
+        tracing::info!(full, ?report, "ledger reconciled with the store");
+        Ok(report)
     }
 
     async fn list_holds(&self) -> Result<Vec<(String, Namespace, ContextDigest)>> {
@@ -394,14 +494,14 @@ impl Store {
 
     /// Records a freshly created root in the ledger. The root is already
     /// durable and visible, so a ledger failure here is logged, not returned:
-    /// the ledger is derived state and the next open notices the missing root
-    /// (root count check) and rebuilds.
+    /// the ledger is derived state, and the next reconciliation (at open,
+    /// in the background, or by `sweep`) records the missing root.
     pub(crate) async fn ledger_record(&self, entry: &RootEntry) {
         match self.ledger().await {
             Ok(l) => {
                 let entry = entry.clone();
                 if let Err(e) = l.run(move |l| l.record_root(&entry, now_ms())).await {
-                    tracing::warn!(error = %e, "published root not recorded in the ledger (it will be rebuilt)");
+                    tracing::warn!(error = %e, "published root not recorded in the ledger (the next reconciliation records it)");
                 }
             }
             Err(e) => tracing::warn!(error = %e, "ledger unavailable"),
@@ -493,6 +593,10 @@ impl Store {
     /// either sees the object gone and rewrites it, or protects it first.
     pub async fn collect_garbage(&self) -> Result<(u64, u64)> {
         let ledger = self.ledger().await?;
+        // An object the ledger thinks unreferenced may be used by a root
+        // it has not seen yet (written by a process that died before
+        // recording it): reconcile first.
+        self.reconcile_ledger().await?;
         let cutoff = now_ms().saturating_sub(self.config().grace.as_millis() as u64);
         let (n, b) = match self.backend_kind() {
             BackendKind::Local { root } => {

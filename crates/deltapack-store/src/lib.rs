@@ -113,7 +113,7 @@ pub use backend::{is_storage_full, open as open_backend, Backend, BackendKind};
 pub use capacity::{free_space, Pin, PruneFilter, RemovalKind, RemovalPlan, RemovalReport};
 pub use error::{MissReason, OpenError, Result, StoreError};
 pub use keys::RootKey;
-pub use ledger::{ColdStart, LedgerError, LedgerImage, LedgerLocation, Totals};
+pub use ledger::{ColdStart, LedgerError, LedgerImage, LedgerLocation, MergeReport, Totals};
 
 /// Where deltapack keeps local state that is not part of a store: the
 /// SQLite ledgers of `s3://` stores opened without a ledger URL

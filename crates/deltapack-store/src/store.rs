@@ -183,6 +183,12 @@ pub(crate) struct Inner {
     pub(crate) touches: Mutex<HashMap<(Namespace, ContextDigest), u64>>,
     /// Whether a task to write `touches` is already on its way.
     pub(crate) touch_flush_scheduled: std::sync::atomic::AtomicBool,
+    /// Set once the ledger has been reconciled with the store by this
+    /// handle (see [`Store::reconcile_ledger`]).
+    pub(crate) reconciled: tokio::sync::OnceCell<()>,
+    /// Whether that reconciliation reads every root (a ledger new to the
+    /// store) or only the ones it does not know.
+    pub(crate) reconcile_full: std::sync::atomic::AtomicBool,
     /// The root lock of object-store backends (see [`Store::root_lock`]).
     pub(crate) root_mutex: Arc<tokio::sync::Mutex<()>>,
     pub(crate) flushed: Mutex<crate::stats::StatsSnapshot>,
@@ -314,6 +320,8 @@ impl Store {
                 pins: Mutex::new(HashMap::new()),
                 touches: Mutex::new(HashMap::new()),
                 touch_flush_scheduled: std::sync::atomic::AtomicBool::new(false),
+                reconciled: tokio::sync::OnceCell::new(),
+                reconcile_full: std::sync::atomic::AtomicBool::new(false),
                 root_mutex: Arc::new(tokio::sync::Mutex::new(())),
                 flushed: Mutex::new(Default::default()),
             }),

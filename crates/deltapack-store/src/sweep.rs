@@ -166,10 +166,10 @@ impl Store {
         self.sweep_remove_staging(opts, &mut report)?;
         if ledger.degraded {
             // Not rebuilt here: on a full disk a rebuild's journal would eat
-            // the space just reclaimed. The next open sees the root count
-            // disagree and rebuilds.
+            // the space just reclaimed. The next open reconciles it in the
+            // background (and `ledger rebuild` rebuilds it).
             tracing::warn!(
-                "ledger is behind the store after a degraded sweep; it will rebuild at next open"
+                "ledger is behind the store after a degraded sweep; it is reconciled at next open"
             );
         }
         report.quarantined = self.stats().quarantined - quarantined_before;
@@ -436,6 +436,14 @@ impl Store {
             Err(e) => return Err(e),
         };
         let mut degraded = false;
+        // Reconcile first (one more listing, GETs only for roots the
+        // ledger does not know): a root written by a process that died
+        // before recording it is recorded, so its objects are never taken
+        // for orphans by a collector that trusts the ledger.
+        if let Err(e) = self.reconcile_into(ledger, false).await {
+            tracing::warn!(error = %e, "ledger reconciliation failed during sweep");
+            degraded = matches!(e, StoreError::Ledger(_));
+        }
         for row in self.lru_rows(ledger).await? {
             let k = (row.namespace, row.context);
             if refs.live.contains_key(&k) || invalidated.contains(&k) {

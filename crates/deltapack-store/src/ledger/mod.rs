@@ -19,7 +19,17 @@
 //! a journal plus an advisory lock, or a single-process embedded store
 //! (redb, sled) — would need their own multi-process protocol. For a local
 //! store the database lives at `<store>/ledger/ledger.sqlite3`; for S3 and
-//! memory stores each process keeps an in-memory ledger rebuilt at open.
+//! `memory://` stores each process keeps an in-memory ledger built at open;
+//! `s3://` stores keep a SQLite file under the state directory, or share a
+//! PostgreSQL ledger across a fleet (`db.rs` runs one set of statements on
+//! either engine).
+//!
+//! **Rebuilds merge.** A rebuild or reconciliation lists the store and
+//! merges what it saw ([`Ledger::merge_listing`]): a row recorded after the
+//! listing began survives, a root removed after the listing saw it stays
+//! removed (a tombstone), and a recorded root is forgotten only when a HEAD
+//! after the listing confirms it absent. So a rebuild never needs the root
+//! lock and is safe while other processes and nodes publish and evict.
 //!
 //! **Two-phase deletion.** Removing a root never deletes objects directly:
 //! objects whose reference count drops to zero are *condemned* with a
@@ -77,8 +87,10 @@ pub enum LedgerError {
 #[serde(rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum ColdStart {
-    /// Trust the persisted ledger after a cheap consistency check (root
-    /// count against a listing of the store); rebuild if the check fails.
+    /// Trust a persisted ledger at open, without listing the store, and
+    /// reconcile it with the store in the background (see
+    /// [`crate::Store::reconcile_ledger`]); an in-memory ledger, or one new
+    /// to the store, is built from the store.
     #[default]
     Load,
     /// Always rebuild from the store.
@@ -226,17 +238,19 @@ CREATE TABLE IF NOT EXISTS roots(
     ns TEXT NOT NULL, ctx TEXT NOT NULL, schema TEXT NOT NULL, kind TEXT NOT NULL,
     boundary INTEGER NOT NULL, base_ns TEXT, base_ctx TEXT,
     root_bytes INTEGER NOT NULL, last_access INTEGER NOT NULL,
+    recorded_at INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY(ns, ctx));
 CREATE INDEX IF NOT EXISTS roots_lru ON roots(last_access);
 CREATE INDEX IF NOT EXISTS roots_base ON roots(base_ns, base_ctx);
 CREATE TABLE IF NOT EXISTS refs(ns TEXT NOT NULL, ctx TEXT NOT NULL, key TEXT NOT NULL, PRIMARY KEY(ns, ctx, key));
 CREATE INDEX IF NOT EXISTS refs_key ON refs(key);
 CREATE TABLE IF NOT EXISTS objects(key TEXT PRIMARY KEY, bytes INTEGER NOT NULL, refs INTEGER NOT NULL, condemned_at INTEGER);
-CREATE TABLE IF NOT EXISTS holds(name TEXT NOT NULL, ns TEXT NOT NULL, ctx TEXT NOT NULL, PRIMARY KEY(name, ns, ctx));
+CREATE TABLE IF NOT EXISTS holds(name TEXT NOT NULL, ns TEXT NOT NULL, ctx TEXT NOT NULL, since INTEGER NOT NULL DEFAULT 0, PRIMARY KEY(name, ns, ctx));
 CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS protected(owner INTEGER NOT NULL, key TEXT NOT NULL, until INTEGER NOT NULL, PRIMARY KEY(owner, key));
 CREATE TABLE IF NOT EXISTS publications(id INTEGER PRIMARY KEY AUTOINCREMENT, reserved INTEGER NOT NULL, until INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS deleting(key TEXT PRIMARY KEY, since INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS tombstones(kind TEXT NOT NULL, id TEXT NOT NULL, at INTEGER NOT NULL, PRIMARY KEY(kind, id));
 ";
 
 /// The same tables, PostgreSQL dialect (version [`LEDGER_VERSION`]).
@@ -245,18 +259,20 @@ CREATE TABLE IF NOT EXISTS roots(
     ns TEXT NOT NULL, ctx TEXT NOT NULL, schema TEXT NOT NULL, kind TEXT NOT NULL,
     boundary BIGINT NOT NULL, base_ns TEXT, base_ctx TEXT,
     root_bytes BIGINT NOT NULL, last_access BIGINT NOT NULL,
+    recorded_at BIGINT NOT NULL DEFAULT 0,
     PRIMARY KEY(ns, ctx));
 CREATE INDEX IF NOT EXISTS roots_lru ON roots(last_access);
 CREATE INDEX IF NOT EXISTS roots_base ON roots(base_ns, base_ctx);
 CREATE TABLE IF NOT EXISTS refs(ns TEXT NOT NULL, ctx TEXT NOT NULL, key TEXT NOT NULL, PRIMARY KEY(ns, ctx, key));
 CREATE INDEX IF NOT EXISTS refs_key ON refs(key);
 CREATE TABLE IF NOT EXISTS objects(key TEXT PRIMARY KEY, bytes BIGINT NOT NULL, refs BIGINT NOT NULL, condemned_at BIGINT);
-CREATE TABLE IF NOT EXISTS holds(name TEXT NOT NULL, ns TEXT NOT NULL, ctx TEXT NOT NULL, PRIMARY KEY(name, ns, ctx));
+CREATE TABLE IF NOT EXISTS holds(name TEXT NOT NULL, ns TEXT NOT NULL, ctx TEXT NOT NULL, since BIGINT NOT NULL DEFAULT 0, PRIMARY KEY(name, ns, ctx));
 CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS protected(owner BIGINT NOT NULL, key TEXT NOT NULL, until BIGINT NOT NULL, PRIMARY KEY(owner, key));
 CREATE INDEX IF NOT EXISTS protected_key ON protected(key);
 CREATE TABLE IF NOT EXISTS publications(id BIGSERIAL PRIMARY KEY, reserved BIGINT NOT NULL, until BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS deleting(key TEXT PRIMARY KEY, since BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS tombstones(kind TEXT NOT NULL, id TEXT NOT NULL, at BIGINT NOT NULL, PRIMARY KEY(kind, id));
 ";
 
 /// Migrations: `(version, SQL)` — the SQL takes a ledger of the previous
@@ -274,10 +290,25 @@ const SQLITE_MIGRATIONS: &[(u32, &str)] = &[
          CREATE TABLE IF NOT EXISTS publications(id INTEGER PRIMARY KEY AUTOINCREMENT, reserved INTEGER NOT NULL, until INTEGER NOT NULL);
          CREATE TABLE IF NOT EXISTS deleting(key TEXT PRIMARY KEY, since INTEGER NOT NULL);",
     ),
+    // 3: a rebuild merges instead of replacing. Roots and holds carry when
+    // they were recorded (rows recorded after a rebuild's listing began
+    // survive it), and removals leave tombstones (a root removed after
+    // the listing saw it is not brought back).
+    (
+        3,
+        "ALTER TABLE roots ADD COLUMN recorded_at INTEGER NOT NULL DEFAULT 0;
+         ALTER TABLE holds ADD COLUMN since INTEGER NOT NULL DEFAULT 0;
+         CREATE TABLE IF NOT EXISTS tombstones(kind TEXT NOT NULL, id TEXT NOT NULL, at INTEGER NOT NULL, PRIMARY KEY(kind, id));",
+    ),
 ];
 
 /// PostgreSQL ledgers start at version 2.
-const POSTGRES_MIGRATIONS: &[(u32, &str)] = &[];
+const POSTGRES_MIGRATIONS: &[(u32, &str)] = &[(
+    3,
+    "ALTER TABLE roots ADD COLUMN IF NOT EXISTS recorded_at BIGINT NOT NULL DEFAULT 0;
+     ALTER TABLE holds ADD COLUMN IF NOT EXISTS since BIGINT NOT NULL DEFAULT 0;
+     CREATE TABLE IF NOT EXISTS tombstones(kind TEXT NOT NULL, id TEXT NOT NULL, at BIGINT NOT NULL, PRIMARY KEY(kind, id));",
+)];
 
 /// Condemned objects due for deletion: unreferenced, condemned at or before
 /// ?1, and not protected by a publication in progress at ?2.
@@ -300,7 +331,7 @@ const FRESH_CLAIM: &str = "SELECT 1 FROM deleting WHERE key = ?1 AND since > ?2"
 /// Ledger format version, bumped when the tables change. An older ledger is
 /// migrated forward at open (`*_MIGRATIONS`); a newer one is refused (this
 /// build would misread it).
-const LEDGER_VERSION: u32 = 2;
+const LEDGER_VERSION: u32 = 3;
 
 /// Bytes reserved by publications in progress (not expired) at `?1`.
 const RESERVED: &str =
@@ -361,8 +392,8 @@ fn record_in(db: &mut Db, e: &RootEntry, now: u64) -> Result<(), LedgerError> {
         None => (None, None),
     };
     db.exec(
-        "INSERT INTO roots(ns, ctx, schema, kind, boundary, base_ns, base_ctx, root_bytes, last_access)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        "INSERT INTO roots(ns, ctx, schema, kind, boundary, base_ns, base_ctx, root_bytes, last_access, recorded_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)",
         &[
             V::from(&ns),
             V::from(&ctx),
@@ -374,6 +405,10 @@ fn record_in(db: &mut Db, e: &RootEntry, now: u64) -> Result<(), LedgerError> {
             V::from(e.root_bytes),
             V::from(now),
         ],
+    )?;
+    db.exec(
+        "DELETE FROM tombstones WHERE kind = 'root' AND id = ?1",
+        &[V::from(format!("{ns}/{ctx}"))],
     )?;
     for (key, bytes) in &e.objects {
         let fresh = db.exec(
@@ -389,6 +424,66 @@ fn record_in(db: &mut Db, e: &RootEntry, now: u64) -> Result<(), LedgerError> {
         }
     }
     Ok(())
+}
+
+/// Leaves a tombstone for a removed root or hold (`kind` `root` or `hold`).
+fn tombstone_in(db: &mut Db, kind: &str, id: &str, now: u64) -> Result<(), LedgerError> {
+    db.exec(
+        "INSERT INTO tombstones(kind, id, at) VALUES (?1, ?2, ?3)
+         ON CONFLICT(kind, id) DO UPDATE SET at = excluded.at",
+        &[V::from(kind), V::from(id), V::from(now)],
+    )?;
+    Ok(())
+}
+
+/// How far the clocks of a fleet's nodes may disagree. A tombstone this
+/// much older than a rebuild's listing still keeps the removed root out.
+pub(crate) const CLOCK_SKEW: Duration = Duration::from_secs(60);
+
+/// How long tombstones are kept: far longer than any rebuild runs.
+const TOMBSTONE_KEEP: Duration = Duration::from_secs(24 * 3600);
+
+/// What a listing of the store showed, for [`Ledger::merge_listing`].
+#[derive(Debug, Default)]
+pub(crate) struct Listing {
+    /// When the listing began (ms since the epoch).
+    pub began: u64,
+    /// Whether `roots` holds every listed root (a full rebuild, which also
+    /// corrects recorded roots) or only the ones the ledger did not know.
+    pub full: bool,
+    /// Roots read from the store.
+    pub roots: Vec<RootEntry>,
+    /// Recorded roots the listing did not show and a HEAD after the
+    /// listing found absent.
+    pub vanished: Vec<(Namespace, ContextDigest)>,
+    /// Hold markers listed.
+    pub holds: Vec<(String, Namespace, ContextDigest)>,
+    /// Objects listed: `(key, bytes, last modified ms)`.
+    pub present: Vec<(String, u64, u64)>,
+}
+
+/// What a merge changed (see [`Ledger::merge_listing`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct MergeReport {
+    /// Roots the ledger did not know, recorded.
+    pub added: u64,
+    /// Recorded roots replaced by what the store holds (full rebuild).
+    pub replaced: u64,
+    /// Recorded roots kept as they were (known, or recorded after the
+    /// listing began).
+    pub kept: u64,
+    /// Listed roots not recorded because they were removed after the
+    /// listing began.
+    pub skipped_removed: u64,
+    /// Recorded roots gone from the store, forgotten.
+    pub removed: u64,
+    /// Holds added from markers.
+    pub holds_added: u64,
+    /// Holds dropped (no marker).
+    pub holds_removed: u64,
+    /// Unreferenced object rows dropped (the object is gone).
+    pub objects_dropped: u64,
 }
 
 fn parse_pair(ns: &str, ctx: &str) -> Result<(Namespace, ContextDigest), LedgerError> {
@@ -766,6 +861,7 @@ impl Ledger {
             db.exec("DELETE FROM refs WHERE ns = ?1 AND ctx = ?2", &pair)?;
             db.exec("DELETE FROM roots WHERE ns = ?1 AND ctx = ?2", &pair)?;
             db.exec("DELETE FROM holds WHERE ns = ?1 AND ctx = ?2", &pair)?;
+            tombstone_in(db, "root", &format!("{ns}/{ctx}"), now)?;
             Ok(condemned)
         })
     }
@@ -1136,16 +1232,22 @@ impl Ledger {
         ctx: &ContextDigest,
     ) -> Result<(), LedgerError> {
         let (ns, ctx) = hexpair(ns, ctx);
-        self.with(|db| {
+        let id = format!("{name}/{ns}/{ctx}");
+        self.write(|db| {
             db.exec(
-                "INSERT INTO holds(name, ns, ctx) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
-                &[V::from(name), V::from(&ns), V::from(&ctx)],
+                "INSERT INTO holds(name, ns, ctx, since) VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
+                &[V::from(name), V::from(&ns), V::from(&ctx), V::from(now_ms())],
+            )?;
+            db.exec(
+                "DELETE FROM tombstones WHERE kind = 'hold' AND id = ?1",
+                &[V::from(&id)],
             )?;
             Ok(())
         })
     }
 
-    /// Releases a hold.
+    /// Releases a hold (and leaves a tombstone, so a rebuild whose listing
+    /// still saw the marker does not bring it back).
     pub(crate) fn release_hold(
         &self,
         name: &str,
@@ -1153,11 +1255,14 @@ impl Ledger {
         ctx: &ContextDigest,
     ) -> Result<bool, LedgerError> {
         let (ns, ctx) = hexpair(ns, ctx);
-        self.with(|db| {
-            Ok(db.exec(
+        let id = format!("{name}/{ns}/{ctx}");
+        self.write(|db| {
+            let released = db.exec(
                 "DELETE FROM holds WHERE name = ?1 AND ns = ?2 AND ctx = ?3",
                 &[V::from(name), V::from(&ns), V::from(&ctx)],
-            )? > 0)
+            )? > 0;
+            tombstone_in(db, "hold", &id, now_ms())?;
+            Ok(released)
         })
     }
 
@@ -1174,38 +1279,156 @@ impl Ledger {
         })
     }
 
-    /// Replaces the whole content with what a listing of the store shows:
-    /// `roots`, `holds`, and every present object `(key, bytes, last
-    /// modified ms)`; present objects no root references are condemned as of
-    /// their last modification.
-    pub(crate) fn replace_all(
+    /// Every recorded root.
+    pub(crate) fn recorded_roots(&self) -> Result<Vec<(Namespace, ContextDigest)>, LedgerError> {
+        self.with(|db| {
+            db.query("SELECT ns, ctx FROM roots", &[])?
+                .iter()
+                .map(|r| parse_pair(&r.text(0)?, &r.text(1)?))
+                .collect()
+        })
+    }
+
+    /// Merges what a listing of the store showed into the ledger, in one
+    /// transaction, losing nothing recorded meanwhile:
+    ///
+    /// - a listed root the ledger lacks is recorded, unless it was removed
+    ///   after the listing began (a tombstone); on a full rebuild a
+    ///   recorded root is replaced by what the store holds, unless it was
+    ///   recorded after the listing began;
+    /// - a recorded root is forgotten only if a HEAD after the listing
+    ///   confirmed it absent ([`Listing::vanished`]) and it was recorded
+    ///   before the listing began;
+    /// - holds likewise (listed ones added unless released meanwhile,
+    ///   unlisted ones dropped if placed before the listing);
+    /// - listed objects the ledger lacks are added as condemned (as of
+    ///   their last modification); reference counts are recounted from the
+    ///   roots; unreferenced rows of objects the listing did not show are
+    ///   dropped unless a publication protects them or a collector is
+    ///   deleting them.
+    pub(crate) fn merge_listing(
         &self,
-        roots: &[RootEntry],
-        holds: &[(String, Namespace, ContextDigest)],
-        present: &[(String, u64, u64)],
+        listing: &Listing,
         now: u64,
-    ) -> Result<(), LedgerError> {
-        // One transaction: other processes see the old ledger or the new
-        // one, never a half-built one.
+    ) -> Result<MergeReport, LedgerError> {
+        let began = listing.began;
+        let tomb_since = began.saturating_sub(CLOCK_SKEW.as_millis() as u64);
+        let present: std::collections::HashSet<&str> =
+            listing.present.iter().map(|(k, _, _)| k.as_str()).collect();
+        let listed_holds: std::collections::HashSet<(String, String, String)> = listing
+            .holds
+            .iter()
+            .map(|(n, ns, c)| (n.clone(), ns.hex(), c.hex()))
+            .collect();
         self.write(|db| {
-            db.batch("DELETE FROM refs; DELETE FROM roots; DELETE FROM objects; DELETE FROM holds;")?;
-            for r in roots {
-                record_in(db, r, now)?;
+            let mut report = MergeReport::default();
+            let tombs: std::collections::HashSet<(String, String)> = db
+                .query(
+                    "SELECT kind, id FROM tombstones WHERE at >= ?1",
+                    &[V::from(tomb_since)],
+                )?
+                .iter()
+                .map(|r| Ok((r.text(0)?, r.text(1)?)))
+                .collect::<Result<_, LedgerError>>()?;
+            for e in &listing.roots {
+                let (ns, ctx) = hexpair(&e.namespace, &e.context);
+                if tombs.contains(&("root".to_string(), format!("{ns}/{ctx}"))) {
+                    report.skipped_removed += 1;
+                    continue;
+                }
+                let pair = [V::from(&ns), V::from(&ctx)];
+                match db.opt(
+                    "SELECT recorded_at, last_access FROM roots WHERE ns = ?1 AND ctx = ?2",
+                    &pair,
+                )? {
+                    Some(r) if !listing.full || r.u64(0)? >= began => report.kept += 1,
+                    Some(r) => {
+                        // Replaced by what the store holds; reference
+                        // counts are recounted below.
+                        let last = r.u64(1)?;
+                        db.exec("DELETE FROM refs WHERE ns = ?1 AND ctx = ?2", &pair)?;
+                        db.exec("DELETE FROM roots WHERE ns = ?1 AND ctx = ?2", &pair)?;
+                        record_in(db, e, began)?;
+                        db.exec(
+                            "UPDATE roots SET last_access = ?3 WHERE ns = ?1 AND ctx = ?2",
+                            &[V::from(&ns), V::from(&ctx), V::from(last)],
+                        )?;
+                        report.replaced += 1;
+                    }
+                    None => {
+                        record_in(db, e, began)?;
+                        report.added += 1;
+                    }
+                }
             }
-            for (name, ns, ctx) in holds {
-                let (ns, ctx) = hexpair(ns, ctx);
-                db.exec(
-                    "INSERT INTO holds(name, ns, ctx) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
-                    &[V::from(name), V::from(ns), V::from(ctx)],
+            for (vns, vctx) in &listing.vanished {
+                let (ns, ctx) = hexpair(vns, vctx);
+                let pair = [V::from(&ns), V::from(&ctx), V::from(began)];
+                if db.exec(
+                    "DELETE FROM roots WHERE ns = ?1 AND ctx = ?2 AND recorded_at < ?3",
+                    &pair,
+                )? > 0
+                {
+                    db.exec(
+                        "DELETE FROM refs WHERE ns = ?1 AND ctx = ?2",
+                        &pair[..2],
+                    )?;
+                    db.exec("DELETE FROM holds WHERE ns = ?1 AND ctx = ?2", &pair[..2])?;
+                    report.removed += 1;
+                }
+            }
+            for (name, ns, ctx) in &listed_holds {
+                if tombs.contains(&("hold".to_string(), format!("{name}/{ns}/{ctx}"))) {
+                    continue;
+                }
+                report.holds_added += db.exec(
+                    "INSERT INTO holds(name, ns, ctx, since) VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
+                    &[V::from(name), V::from(ns), V::from(ctx), V::from(began)],
                 )?;
             }
-            for (key, bytes, mtime) in present {
+            for r in db.query(
+                "SELECT name, ns, ctx FROM holds WHERE since < ?1",
+                &[V::from(began)],
+            )? {
+                let h = (r.text(0)?, r.text(1)?, r.text(2)?);
+                if !listed_holds.contains(&h) {
+                    report.holds_removed += db.exec(
+                        "DELETE FROM holds WHERE name = ?1 AND ns = ?2 AND ctx = ?3",
+                        &[V::from(&h.0), V::from(&h.1), V::from(&h.2)],
+                    )?;
+                }
+            }
+            for (key, bytes, mtime) in &listing.present {
                 db.exec(
                     "INSERT INTO objects(key, bytes, refs, condemned_at) VALUES (?1, ?2, 0, ?3) ON CONFLICT(key) DO NOTHING",
                     &[V::from(key), V::from(*bytes), V::from(*mtime)],
                 )?;
             }
-            Ok(())
+            db.batch(
+                "UPDATE objects SET refs = (SELECT COUNT(*) FROM refs WHERE refs.key = objects.key);
+                 UPDATE objects SET condemned_at = NULL WHERE refs > 0 AND condemned_at IS NOT NULL;",
+            )?;
+            db.exec(
+                "UPDATE objects SET condemned_at = ?1 WHERE refs = 0 AND condemned_at IS NULL",
+                &[V::from(now)],
+            )?;
+            for r in db.query("SELECT key FROM objects WHERE refs = 0", &[])? {
+                let key = r.text(0)?;
+                if present.contains(key.as_str()) {
+                    continue;
+                }
+                report.objects_dropped += db.exec(
+                    "DELETE FROM objects WHERE key = ?1 AND refs = 0
+                     AND NOT EXISTS (SELECT 1 FROM protected p WHERE p.key = ?1 AND p.until > ?2)
+                     AND NOT EXISTS (SELECT 1 FROM deleting d WHERE d.key = ?1)",
+                    &[V::from(&key), V::from(now)],
+                )?;
+            }
+            db.exec(
+                "DELETE FROM tombstones WHERE at < ?1",
+                &[V::from(now.saturating_sub(TOMBSTONE_KEEP.as_millis() as u64))],
+            )?;
+            Ok(report)
         })
     }
 
@@ -1361,7 +1584,25 @@ mod tests {
         );
     }
 
-    /// A ledger written by the previous version (1) is migrated forward;
+    /// The tables of ledger version 1, as that version created them.
+    const V1_SCHEMA: &str = "
+CREATE TABLE meta(k TEXT PRIMARY KEY, v TEXT NOT NULL);
+CREATE TABLE roots(
+    ns TEXT NOT NULL, ctx TEXT NOT NULL, schema TEXT NOT NULL, kind TEXT NOT NULL,
+    boundary INTEGER NOT NULL, base_ns TEXT, base_ctx TEXT,
+    root_bytes INTEGER NOT NULL, last_access INTEGER NOT NULL,
+    PRIMARY KEY(ns, ctx));
+CREATE INDEX roots_lru ON roots(last_access);
+CREATE INDEX roots_base ON roots(base_ns, base_ctx);
+CREATE TABLE refs(ns TEXT NOT NULL, ctx TEXT NOT NULL, key TEXT NOT NULL, PRIMARY KEY(ns, ctx, key));
+CREATE INDEX refs_key ON refs(key);
+CREATE TABLE objects(key TEXT PRIMARY KEY, bytes INTEGER NOT NULL, refs INTEGER NOT NULL, condemned_at INTEGER);
+CREATE TABLE holds(name TEXT NOT NULL, ns TEXT NOT NULL, ctx TEXT NOT NULL, PRIMARY KEY(name, ns, ctx));
+CREATE TABLE counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE protected(owner INTEGER NOT NULL, key TEXT NOT NULL, until INTEGER NOT NULL, PRIMARY KEY(owner, key));
+";
+
+    /// A ledger written by version 1 is migrated forward (through 2 and 3);
     /// one written by a newer build is refused with a clear message, not
     /// misread.
     #[test]
@@ -1370,11 +1611,18 @@ mod tests {
         let path = dir.path().join("ledger.sqlite3");
         {
             let c = Connection::open(&path).expect("open");
-            c.execute_batch(&SQLITE_SCHEMA.replace(
-                "CREATE TABLE IF NOT EXISTS publications(id INTEGER PRIMARY KEY AUTOINCREMENT, reserved INTEGER NOT NULL, until INTEGER NOT NULL);",
-                "",
-            ))
-            .expect("v1 schema");
+            c.execute_batch(V1_SCHEMA).expect("v1 schema");
+            c.execute(
+                "INSERT INTO roots(ns, ctx, schema, kind, boundary, root_bytes, last_access)
+                 VALUES ('n', 'c', 's', 'snapshot', 256, 10, 5)",
+                [],
+            )
+            .expect("v1 root");
+            c.execute(
+                "INSERT INTO holds(name, ns, ctx) VALUES ('h', 'n', 'c')",
+                [],
+            )
+            .expect("v1 hold");
             c.execute("INSERT INTO meta(k, v) VALUES ('version', '1')", [])
                 .expect("v1");
             c.execute(
@@ -1391,6 +1639,18 @@ mod tests {
         // Old-style protections were dropped (their ids meant nothing).
         assert!(!l.is_used("objects/x").expect("used"));
         drop(l);
+        // Rows survive; version 3's columns start at 0 (recorded before
+        // any listing, so a rebuild may correct them).
+        let c = Connection::open(&path).expect("open");
+        let (recorded, since): (i64, i64) = c
+            .query_row(
+                "SELECT r.recorded_at, h.since FROM roots r JOIN holds h ON h.ns = r.ns AND h.ctx = r.ctx",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .expect("migrated root and hold");
+        assert_eq!((recorded, since), (0, 0));
+        drop(c);
         let c = Connection::open(&path).expect("open");
         let v: String = c
             .query_row("SELECT v FROM meta WHERE k = 'version'", [], |r| r.get(0))

@@ -243,7 +243,7 @@ async fn the_ledger_in_use_is_reported() {
 /// shared SQLite file (two handles) and with PostgreSQL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collector_and_a_publisher_racing_on_one_object_lose_nothing() {
-    use crate::common::faults::{DeleteHook, FaultPlan, Faulty};
+    use crate::common::faults::{FaultPlan, Faulty, Hook};
     use std::sync::atomic::AtomicBool;
     use std::sync::{Arc, Mutex};
     type Slot = Arc<
@@ -279,7 +279,7 @@ async fn a_collector_and_a_publisher_racing_on_one_object_lose_nothing() {
         let slot: Slot = Arc::new(Mutex::new(None));
         let (b2, id2, snap2, slot2) = (b.clone(), id.clone(), snap.clone(), slot.clone());
         faulty.set_plan(FaultPlan {
-            after_delete: Some(DeleteHook {
+            after_delete: Some(Hook {
                 prefix: "objects/",
                 before: true,
                 fired: Arc::new(AtomicBool::new(false)),

@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::faults::{DeleteHook, FaultPlan, Faulty};
+use crate::common::faults::{FaultPlan, Faulty, Hook};
 use crate::common::*;
 use deltapack_store::{
     Backend, PublishOutcome, PublishReceipt, PublishRequest, RestoreOptions, RestoreOutcome,
@@ -48,7 +48,7 @@ async fn eviction_racing_a_republication_keeps_the_new_roots_objects() {
         let slot: Slot = Arc::new(Mutex::new(None));
         let (s2, id2, snap2, slot2) = (s.clone(), id.clone(), snap.clone(), slot.clone());
         faulty.set_plan(FaultPlan {
-            after_delete: Some(DeleteHook {
+            after_delete: Some(Hook {
                 prefix: "roots/",
                 before: false,
                 fired: Arc::new(AtomicBool::new(false)),
@@ -281,4 +281,183 @@ fn a_deadline_fires_while_another_process_holds_the_ledger_lock() {
         took < Duration::from_secs(15),
         "a restore with a 500 ms deadline took {took:?} while the ledger was locked"
     );
+}
+
+/// A rebuild used to replace the ledger with the picture its listing
+/// showed. A root another node (its own root lock) published after the
+/// listing was dropped from the ledger; its objects, listed as present
+/// and referenced by nobody the rebuild knew, were condemned and the
+/// collector deleted them. A rebuild now merges: rows recorded after its
+/// listing began survive, and the new root restores after a collection
+/// with no grace at all. Two handles share one SQLite ledger, on a memory
+/// bucket and on the moto server; the fault wrapper lets the second node
+/// publish right after the first node's listing of the roots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rebuild_during_a_publication_keeps_the_new_root() {
+    for url in std::iter::once("memory://".to_string()).chain(s3_url()) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let ledger = format!("sqlite://{}", dir.path().join("shared.sqlite3").display());
+        let cfg = config()
+            .with_grace(Duration::ZERO)
+            .with_ledger(Some(ledger));
+        let raw = raw_backend(&url);
+        let faulty = Arc::new(Faulty::new(raw.store.clone(), FaultPlan::default()));
+        let a = wrapped(
+            Backend {
+                store: faulty.clone(),
+                kind: raw.kind.clone(),
+            },
+            cfg.clone(),
+        );
+        let b = wrapped(raw.clone(), cfg.clone());
+        let id = identity("rebuild-vs-publish");
+        let (c1, snap1) = (ctx(&id, 71, 2048), turn(71, 2048));
+        let (c2, snap2) = (ctx(&id, 72, 3072), turn(72, 3072));
+        publish_base(&a, &id, c1, snap1.clone(), RootFormat::V2).await;
+        a.reconcile_ledger().await.expect("a reconciled");
+        b.reconcile_ledger().await.expect("b reconciled");
+
+        let fired = Arc::new(AtomicBool::new(false));
+        let (b2, id2, snap2b) = (b.clone(), id.clone(), snap2.clone());
+        faulty.set_plan(FaultPlan {
+            after_list: Some(Hook {
+                prefix: "roots",
+                before: false,
+                fired: fired.clone(),
+                run: Arc::new(move || {
+                    let (b2, id2, snap2b) = (b2.clone(), id2.clone(), snap2b.clone());
+                    Box::pin(async move {
+                        let r = b2
+                            .publish(PublishRequest {
+                                identity: id2,
+                                context: c2,
+                                snapshot: snap2b,
+                                base: None,
+                                format: RootFormat::V2,
+                            })
+                            .await
+                            .expect("the other node's publication");
+                        assert_eq!(r.outcome, PublishOutcome::Created);
+                    })
+                }),
+            }),
+            ..Default::default()
+        });
+        a.rebuild_ledger().await.expect("rebuild");
+        assert!(
+            fired.load(std::sync::atomic::Ordering::SeqCst),
+            "{url}: the rebuild listed the roots"
+        );
+        assert_eq!(
+            a.ledger_totals().await.expect("totals").roots,
+            2,
+            "{url}: the root published during the rebuild is still recorded"
+        );
+        a.collect_garbage().await.expect("gc");
+        let fresh = wrapped(raw.clone(), config());
+        assert_eq!(
+            restore_bytes(&fresh, &id, c2).await,
+            snap2.encoded(),
+            "{url}: the root published during the rebuild lost objects"
+        );
+        assert_eq!(restore_bytes(&fresh, &id, c1).await, snap1.encoded());
+        let merged = a.ledger_image().await.expect("image");
+        a.rebuild_ledger().await.expect("quiet rebuild");
+        assert_eq!(
+            merged,
+            a.ledger_image().await.expect("image"),
+            "{url}: the merged ledger equals a rebuild on a quiet store"
+        );
+    }
+}
+
+/// Opening a store used to list its roots (a count check against the
+/// ledger) before the first ledger use returned, so a node's first
+/// restore waited for a listing of the whole bucket. A persisted ledger is
+/// now trusted at open and reconciled in the background: with the listing
+/// held back by the fault wrapper, totals and a restore hit still answer;
+/// the reconciliation finishes once the listing is let go, and records a
+/// root the ledger never saw (published through another ledger, as by a
+/// process that died before recording it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opening_a_persisted_ledger_does_not_wait_for_a_listing() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let url = format!("file://{}", dir.path().display());
+    let id = identity("o1-open");
+    let (c1, snap1) = (ctx(&id, 81, 2048), turn(81, 2048));
+    let (c2, snap2) = (ctx(&id, 82, 2048), turn(82, 2048));
+    {
+        let s = wrapped(raw_backend(&url), config());
+        publish_base(&s, &id, c1, snap1.clone(), RootFormat::V2).await;
+        s.reconcile_ledger().await.expect("reconciled");
+        let elsewhere = format!("sqlite://{}", dir.path().join("other.sqlite3").display());
+        let other = wrapped(raw_backend(&url), config().with_ledger(Some(elsewhere)));
+        publish_base(&other, &id, c2, snap2.clone(), RootFormat::V2).await;
+    }
+
+    let raw = raw_backend(&url);
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let fired = Arc::new(AtomicBool::new(false));
+    let g = gate.clone();
+    let faulty = Arc::new(Faulty::new(
+        raw.store.clone(),
+        FaultPlan {
+            after_list: Some(Hook {
+                prefix: "roots",
+                before: false,
+                fired: fired.clone(),
+                run: Arc::new(move || {
+                    let g = g.clone();
+                    Box::pin(async move { g.notified().await })
+                }),
+            }),
+            ..Default::default()
+        },
+    ));
+    let s = wrapped(
+        Backend {
+            store: faulty,
+            kind: raw.kind.clone(),
+        },
+        config(),
+    );
+    let limit = Duration::from_secs(60);
+    let totals = tokio::time::timeout(limit, s.ledger_totals())
+        .await
+        .expect("the ledger opened without waiting for the listing")
+        .expect("totals");
+    assert_eq!(totals.roots, 1, "the persisted ledger, as it was");
+    let bytes = tokio::time::timeout(limit, restore_bytes(&s, &id, c1))
+        .await
+        .expect("a restore hit does not wait for the listing");
+    assert_eq!(bytes, snap1.encoded());
+
+    // The background reconciliation is listing (held back) by now.
+    tokio::time::timeout(limit, async {
+        while !fired.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the reconciliation runs in the background");
+    gate.notify_one();
+    tokio::time::timeout(limit, s.reconcile_ledger())
+        .await
+        .expect("reconciliation finishes")
+        .expect("reconciled");
+    assert_eq!(
+        s.ledger_totals().await.expect("totals").roots,
+        2,
+        "the root the ledger never saw is recorded"
+    );
+    let fresh = wrapped(
+        raw_backend(&url),
+        config().with_cold_start(deltapack_store::ColdStart::Rebuild),
+    );
+    assert_eq!(
+        s.ledger_image().await.expect("image"),
+        fresh.ledger_image().await.expect("rebuilt"),
+        "reconciled ledger equals a rebuild"
+    );
+    assert_eq!(restore_bytes(&s, &id, c2).await, snap2.encoded());
 }

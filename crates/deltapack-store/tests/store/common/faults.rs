@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::stream::BoxStream;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use object_store::path::Path;
 use object_store::{
     CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
@@ -78,16 +78,22 @@ pub(crate) struct FaultPlan {
     /// `before`, right before it is carried out): another
     /// actor working in the window between a remover's deletion and its
     /// next step (e.g. its ledger update).
-    pub(crate) after_delete: Option<DeleteHook>,
+    pub(crate) after_delete: Option<Hook>,
+    /// Runs once, after the first listing of a prefix starting with its
+    /// prefix has been read from the inner store and before any of it is
+    /// served: another actor working while a lister (e.g. a ledger
+    /// rebuild) acts on a listing that is already out of date. A hook that
+    /// waits holds the listing back.
+    pub(crate) after_list: Option<Hook>,
 }
 
-/// Work another actor does right after a delete (see
-/// [`FaultPlan::after_delete`]).
+/// Work another actor does in a window of this store's caller (see
+/// [`FaultPlan::after_delete`] and [`FaultPlan::after_list`]).
 #[derive(Clone)]
-pub(crate) struct DeleteHook {
-    /// Key prefix of the delete that triggers the hook.
+pub(crate) struct Hook {
+    /// Key prefix of the delete (or listing) that triggers the hook.
     pub(crate) prefix: &'static str,
-    /// Run before the delete is carried out (not after).
+    /// Run before the delete is carried out (not after; deletes only).
     pub(crate) before: bool,
     /// Set once the hook has run (it runs once).
     pub(crate) fired: Arc<std::sync::atomic::AtomicBool>,
@@ -95,7 +101,7 @@ pub(crate) struct DeleteHook {
     pub(crate) run: Arc<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>,
 }
 
-impl DeleteHook {
+impl Hook {
     /// Runs the hook (once) if `r` is a delete of a key under its prefix;
     /// passes `r` through.
     async fn fire(self, r: Result<Path>) -> Result<Path> {
@@ -108,9 +114,9 @@ impl DeleteHook {
     }
 }
 
-impl fmt::Debug for DeleteHook {
+impl fmt::Debug for Hook {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "DeleteHook({:?})", self.prefix)
+        write!(f, "Hook({:?})", self.prefix)
     }
 }
 
@@ -498,7 +504,23 @@ impl ObjectStore for Faulty {
         if crashed {
             return futures::stream::once(async { Err(injected("list", 0)) }).boxed();
         }
-        self.inner.list(prefix)
+        let listing = self.inner.list(prefix);
+        let Some(hook) = self.plan().after_list else {
+            return listing;
+        };
+        let p = prefix.map(|p| p.to_string()).unwrap_or_default();
+        if !p.starts_with(hook.prefix) || hook.fired.load(Ordering::SeqCst) {
+            return listing;
+        }
+        async move {
+            let items: Vec<Result<ObjectMeta>> = listing.collect().await;
+            if !hook.fired.swap(true, Ordering::SeqCst) {
+                (hook.run)().await;
+            }
+            futures::stream::iter(items)
+        }
+        .flatten_stream()
+        .boxed()
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {

@@ -16,6 +16,7 @@
 mod common;
 mod demo;
 mod inspect;
+mod lookup;
 mod ops;
 mod publish;
 mod restore;
@@ -58,6 +59,9 @@ enum Command {
     Publish(publish::PublishArgs),
     /// Restore and verify the snapshot of a context into a file.
     Restore(restore::RestoreArgs),
+    /// The longest stored boundary of a token sequence (from the ledger's
+    /// root index, confirmed with one HEAD). Exits 3 when none is stored.
+    Lookup(lookup::LookupArgs),
     /// List the roots of a store, or show one root in detail.
     Inspect(inspect::InspectArgs),
     /// Verify every object roots reference, quarantine corrupt ones,
@@ -157,6 +161,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     Command::Publish(a) => publish::run(a).await,
                     Command::Restore(a) => restore::run(a).await,
                     Command::Inspect(a) => inspect::run(a).await,
+                    Command::Lookup(a) => lookup::run(a).await,
                     Command::Demo(a) => demo::run(a).await,
                     Command::Sweep(a) => sweep::run(a).await,
                     Command::Evict(a) => ops::evict(a).await,

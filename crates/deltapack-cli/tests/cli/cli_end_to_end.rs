@@ -5,7 +5,9 @@
 //! already-present); `inspect --json` lists every root (v1 and v2); a flipped
 //! byte in a stored delta object is a `corrupt` miss (exit 3, never bad
 //! bytes in the output file); an unknown context is an `absent` miss (exit
-//! 3); a usage error exits 2; and the `demo` runs end to end and verifies.
+//! 3); a usage error exits 2; `lookup` answers the longest stored boundary
+//! of a longer request (exit 0) and misses an unrelated one (exit 3); and
+//! the `demo` runs end to end and verifies.
 
 use std::path::PathBuf;
 
@@ -87,6 +89,39 @@ fn publish_restore_inspect_corrupt_and_demo() {
     assert_eq!(delta["chain_depth"], 1);
     assert_eq!(delta["rebased"], false);
     let delta_ctx = delta["context"].as_str().expect("context").to_string();
+
+    // Lookup of a longer request (the delta's tokens plus 300 more):
+    // the longest stored boundary is the delta's, 4096.
+    let mut longer = std::fs::read(dir.join("b.tok")).expect("b.tok");
+    longer.extend((0..300u32).flat_map(|t| (t + 11).to_le_bytes()));
+    std::fs::write(dir.join("longer.tok"), &longer).expect("write longer.tok");
+    let lookup = |tok: &str, code: i32| {
+        json(&expect_code(
+            dir,
+            &[
+                "lookup",
+                "--store",
+                s,
+                "--identity",
+                "id.json",
+                "--tokens",
+                tok,
+                "--json",
+            ],
+            code,
+        ))
+    };
+    let hit = lookup("longer.tok", 0);
+    assert_eq!(hit["outcome"], "hit");
+    assert_eq!(hit["boundary"], 4096);
+    assert_eq!(hit["context"], delta_ctx.as_str());
+    assert_eq!(hit["tokens"], 4096 + 300);
+    // A prompt that shares no stored prefix: a miss, exit 3.
+    let other: Vec<u8> = (0..1024u32)
+        .flat_map(|t| (t * 7 + 3).to_le_bytes())
+        .collect();
+    std::fs::write(dir.join("other.tok"), other).expect("write other.tok");
+    assert_eq!(lookup("other.tok", 3)["outcome"], "miss");
 
     // Restore to a file: bit-exact.
     let restored = json(&expect_code(

@@ -1,15 +1,315 @@
-//! Ledger cold start at scale: how long opening a store with N roots takes
-//! with the `load` policy (persisted ledger + root-count check) and with
-//! `rebuild` (list and decode every root). N = 100,000 by default
-//! (`DELTAPACK_BENCH_ROOTS` overrides; `.ci/smoke` runs a small N).
-//! Prints one JSON line per policy; not a timed assertion.
+//! The ledger at scale: N valid v2 roots (N = 100,000 by default;
+//! `DELTAPACK_BENCH_ROOTS` overrides, `.ci/smoke` runs a small N), then
+//!
+//! - **rebuild**: list and read every root into the ledger (SQLite; also
+//!   PostgreSQL and a moto bucket when `DELTAPACK_TEST_POSTGRES` /
+//!   `DELTAPACK_TEST_S3_ENDPOINT` are set), with the number of requests the
+//!   store received, counted by a wrapper around the backend;
+//! - **open**: a fresh handle's first ledger answer with a persisted ledger
+//!   (`load`: no listing), and the background reconciliation that follows;
+//! - **lookup**: `Store::lookup` of a 262,144-token request (1,024
+//!   candidate boundaries, one of them stored) over the N roots, p50/p99 of
+//!   200 calls, and the requests one call sends.
+//!
+//! Prints one JSON line per measurement; not a timed assertion.
 
-use std::time::Instant;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use deltapack::format::context::ContextHasher;
 use deltapack::format::root::{self, RootMeta};
 use deltapack::format::synth::{self, Preset};
 use deltapack::format::{CacheIdentity, ContextDigest};
-use deltapack::store::{keys, ColdStart, Store, StoreConfig};
+use deltapack::store::{keys, open_backend, Backend, ColdStart, Store, StoreConfig};
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::ObjectStoreExt;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult,
+};
+
+/// Counts the requests a store sends its backend, by kind.
+#[derive(Debug, Default)]
+struct Counts {
+    put: AtomicU64,
+    get: AtomicU64,
+    head: AtomicU64,
+    list: AtomicU64,
+    delete: AtomicU64,
+}
+
+impl Counts {
+    fn json(&self) -> String {
+        format!(
+            "{{\"list\":{},\"get\":{},\"head\":{},\"put\":{},\"delete\":{}}}",
+            self.list.load(Ordering::Relaxed),
+            self.get.load(Ordering::Relaxed),
+            self.head.load(Ordering::Relaxed),
+            self.put.load(Ordering::Relaxed),
+            self.delete.load(Ordering::Relaxed)
+        )
+    }
+    fn reset(&self) {
+        for c in [&self.put, &self.get, &self.head, &self.list, &self.delete] {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A backend wrapper that counts requests (a listing counts once per
+/// 1,000 keys, as S3 pages it).
+#[derive(Debug)]
+struct Counting {
+    inner: Arc<dyn ObjectStore>,
+    counts: Arc<Counts>,
+}
+
+impl fmt::Display for Counting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Counting({})", self.inner)
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for Counting {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        self.counts.put.fetch_add(1, Ordering::Relaxed);
+        self.inner.put_opts(location, payload, opts).await
+    }
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.counts.put.fetch_add(1, Ordering::Relaxed);
+        self.inner.put_multipart_opts(location, opts).await
+    }
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        let c = if options.head {
+            &self.counts.head
+        } else {
+            &self.counts.get
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+        self.inner.get_opts(location, options).await
+    }
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        let counts = self.counts.clone();
+        self.inner
+            .delete_stream(locations)
+            .inspect(move |_| {
+                counts.delete.fetch_add(1, Ordering::Relaxed);
+            })
+            .boxed()
+    }
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        let counts = self.counts.clone();
+        counts.list.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .list(prefix)
+            .enumerate()
+            .map(move |(i, m)| {
+                if i > 0 && i % 1000 == 0 {
+                    counts.list.fetch_add(1, Ordering::Relaxed);
+                }
+                m
+            })
+            .boxed()
+    }
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.counts.list.fetch_add(1, Ordering::Relaxed);
+        self.inner.list_with_delimiter(prefix).await
+    }
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
+
+/// A fresh schema in the test PostgreSQL, as a ledger URL.
+fn postgres_url() -> Option<String> {
+    let base = std::env::var("DELTAPACK_TEST_POSTGRES")
+        .ok()
+        .filter(|u| !u.is_empty())?;
+    let schema = format!("bench_{}", std::process::id());
+    let b = base.clone();
+    let s = schema.clone();
+    std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&b, postgres::NoTls).expect("connect");
+        c.batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {s} CASCADE; CREATE SCHEMA {s}"
+        ))
+        .expect("schema");
+    })
+    .join()
+    .expect("schema thread");
+    let sep = if base.contains('?') { '&' } else { '?' };
+    Some(format!("{base}{sep}options=-c%20search_path%3D{schema}"))
+}
+
+fn p(sorted: &[Duration], q: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted[i].as_secs_f64() * 1000.0
+}
+
+struct Fixture {
+    id: CacheIdentity,
+    candidates: Vec<(u64, ContextDigest)>,
+    hit: (u64, ContextDigest),
+}
+
+/// Writes the object and N roots through `backend` (32 PUTs in flight).
+async fn populate(backend: &Backend, n: usize) -> Fixture {
+    let id = CacheIdentity::example();
+    let ns = id.namespace();
+    // One small snapshot payload shared by every root (one object), and N
+    // valid v2 roots naming it under distinct contexts; root 0 is the
+    // request's boundary at 131,072 tokens.
+    let snap = synth::snapshot(Preset::Tiny, 1, 1024).expect("synth");
+    let x = root::v2_extents(snap.encoded(), 1 << 20, None).expect("extents");
+    let object = &x.entries[0];
+    backend
+        .store
+        .put(
+            &keys::object_key(&object.object_digest()),
+            bytes::Bytes::copy_from_slice(snap.encoded()).into(),
+        )
+        .await
+        .expect("object");
+    let tokens = synth::tokens(7, 262_144);
+    let candidates = ContextHasher::new(ns, id.chunk_tokens)
+        .expect("hasher")
+        .boundaries(&tokens);
+    let hit = candidates[511];
+    let t = Instant::now();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let ctx = if i == 0 {
+                hit.1
+            } else {
+                let mut c = [0u8; 32];
+                c[..8].copy_from_slice(&(i as u64).to_le_bytes());
+                ContextDigest(*blake3::hash(&c).as_bytes())
+            };
+            let meta = RootMeta {
+                namespace: ns,
+                context: ctx,
+                chunk_tokens: id.chunk_tokens,
+                result_header: snap.header().clone(),
+                result_snapshot_digest: snap.digest(),
+                result_snapshot_len: snap.encoded().len() as u64,
+                base: None,
+            };
+            let m = deltapack::format::ManifestV2::new(
+                &meta,
+                snap.encoded().len() as u64,
+                x.payload_digest,
+                1 << 20,
+                x.entries.clone(),
+            )
+            .expect("manifest");
+            let bytes = root::encode_v2(&m, None).expect("encode");
+            let store = backend.store.clone();
+            async move {
+                store
+                    .put(&keys::root_key(&ns, &ctx), bytes::Bytes::from(bytes).into())
+                    .await
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<_>>()
+        .await
+        .expect("roots");
+    eprintln!("wrote {n} roots in {:.1} s", t.elapsed().as_secs_f64());
+    Fixture {
+        id,
+        candidates,
+        hit,
+    }
+}
+
+async fn measure(engine: &str, url: &str, ledger: Option<String>, n: usize, f: &Fixture) {
+    let raw = open_backend(url).expect("backend");
+    let counts = Arc::new(Counts::default());
+    let backend = Backend {
+        store: Arc::new(Counting {
+            inner: raw.store.clone(),
+            counts: counts.clone(),
+        }),
+        kind: raw.kind.clone(),
+    };
+    let config = StoreConfig::default().with_ledger(ledger);
+    let t = Instant::now();
+    let store = Store::from_backend(
+        backend.clone(),
+        config.clone().with_cold_start(ColdStart::Rebuild),
+    )
+    .expect("open");
+    let totals = store.ledger_totals().await.expect("rebuild");
+    let secs = t.elapsed().as_secs_f64();
+    assert_eq!(totals.roots as usize, n);
+    println!(
+        "{{\"bench\":\"ledger_rebuild\",\"engine\":\"{engine}\",\"roots\":{n},\"seconds\":{secs:.3},\"requests\":{}}}",
+        counts.json()
+    );
+    drop(store);
+    for round in 0..2 {
+        counts.reset();
+        let t = Instant::now();
+        let store = Store::from_backend(backend.clone(), config.clone()).expect("open");
+        let totals = store.ledger_totals().await.expect("open");
+        let open = t.elapsed();
+        let open_requests = counts.json();
+        assert_eq!(totals.roots as usize, n);
+        let t = Instant::now();
+        store.reconcile_ledger().await.expect("reconcile");
+        let reconcile = t.elapsed();
+        println!(
+            "{{\"bench\":\"ledger_open\",\"engine\":\"{engine}\",\"roots\":{n},\"round\":{round},\"open_ms\":{:.2},\"open_requests\":{open_requests},\"background_reconcile_s\":{:.3},\"requests\":{}}}",
+            open.as_secs_f64() * 1000.0,
+            reconcile.as_secs_f64(),
+            counts.json()
+        );
+        if round == 1 {
+            let mut times = Vec::new();
+            counts.reset();
+            for _ in 0..200 {
+                let t = Instant::now();
+                let found = store.lookup(&f.id, &f.candidates).await.expect("lookup");
+                times.push(t.elapsed());
+                assert_eq!(found, Some(f.hit));
+            }
+            times.sort();
+            println!(
+                "{{\"bench\":\"lookup\",\"engine\":\"{engine}\",\"roots\":{n},\"candidates\":{},\"p50_ms\":{:.3},\"p99_ms\":{:.3},\"requests_per_lookup\":{}}}",
+                f.candidates.len(),
+                p(&times, 0.5),
+                p(&times, 0.99),
+                counts.head.load(Ordering::Relaxed) as f64 / 200.0
+            );
+        }
+    }
+}
 
 fn main() {
     let n: usize = std::env::var("DELTAPACK_BENCH_ROOTS")
@@ -20,57 +320,24 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let dir = tempfile::tempdir().expect("tmp");
-    let id = CacheIdentity::example();
-    let ns = id.namespace();
-    // One small snapshot payload shared by every root (one object), and N
-    // valid v2 roots naming it under distinct contexts.
-    let snap = synth::snapshot(Preset::Tiny, 1, 1024).expect("synth");
-    let x = root::v2_extents(snap.encoded(), 1 << 20, None).expect("extents");
-    let object = &x.entries[0];
-    let opath = dir
-        .path()
-        .join(keys::object_key(&object.object_digest()).as_ref());
-    std::fs::create_dir_all(opath.parent().expect("parent")).expect("mkdir");
-    std::fs::write(&opath, snap.encoded()).expect("object");
-    let t = Instant::now();
-    for i in 0..n {
-        let mut c = [0u8; 32];
-        c[..8].copy_from_slice(&(i as u64).to_le_bytes());
-        let ctx = ContextDigest(*blake3::hash(&c).as_bytes());
-        let meta = RootMeta {
-            namespace: ns,
-            context: ctx,
-            chunk_tokens: id.chunk_tokens,
-            result_header: snap.header().clone(),
-            result_snapshot_digest: snap.digest(),
-            result_snapshot_len: snap.encoded().len() as u64,
-            base: None,
-        };
-        let m = deltapack::format::ManifestV2::new(
-            &meta,
-            snap.encoded().len() as u64,
-            x.payload_digest,
-            1 << 20,
-            x.entries.clone(),
-        )
-        .expect("manifest");
-        let bytes = root::encode_v2(&m, None).expect("encode");
-        let p = dir.path().join(keys::root_key(&ns, &ctx).as_ref());
-        if i == 0 {
-            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+    rt.block_on(async {
+        let dir = tempfile::tempdir().expect("tmp");
+        let url = format!("file://{}", dir.path().display());
+        let f = populate(&open_backend(&url).expect("backend"), n).await;
+        measure("sqlite", &url, None, n, &f).await;
+        if let Some(pg) = postgres_url() {
+            measure("postgres", &url, Some(pg), n, &f).await;
         }
-        std::fs::write(p, bytes).expect("root");
-    }
-    eprintln!("wrote {n} roots in {:.1} s", t.elapsed().as_secs_f64());
-    let url = format!("file://{}", dir.path().display());
-    for policy in [ColdStart::Rebuild, ColdStart::Load, ColdStart::Load] {
-        let t = Instant::now();
-        let store =
-            Store::open(&url, StoreConfig::default().with_cold_start(policy)).expect("open");
-        let totals = rt.block_on(store.ledger_totals()).expect("ledger");
-        let secs = t.elapsed().as_secs_f64();
-        assert_eq!(totals.roots as usize, n);
-        println!("{{\"bench\":\"ledger_open\",\"roots\":{n},\"policy\":\"{policy:?}\",\"seconds\":{secs:.3}}}");
-    }
+        if let Ok(ep) = std::env::var("DELTAPACK_TEST_S3_ENDPOINT") {
+            let bucket = std::env::var("DELTAPACK_TEST_S3_BUCKET")
+                .unwrap_or_else(|_| "deltapack-test".into());
+            let s3 = format!(
+                "s3://{bucket}/bench-ledger-{}?endpoint={ep}",
+                std::process::id()
+            );
+            let f = populate(&open_backend(&s3).expect("s3 backend"), n).await;
+            let ledger = format!("sqlite://{}", dir.path().join("moto.sqlite3").display());
+            measure("sqlite+moto", &s3, Some(ledger), n, &f).await;
+        }
+    });
 }

@@ -440,6 +440,9 @@ fn tombstone_in(db: &mut Db, kind: &str, id: &str, now: u64) -> Result<(), Ledge
 /// much older than a rebuild's listing still keeps the removed root out.
 pub(crate) const CLOCK_SKEW: Duration = Duration::from_secs(60);
 
+/// Roots merged per transaction by [`Ledger::merge_listing`].
+const MERGE_BATCH: usize = 1000;
+
 /// How long tombstones are kept: far longer than any rebuild runs.
 const TOMBSTONE_KEEP: Duration = Duration::from_secs(24 * 3600);
 
@@ -1289,8 +1292,9 @@ impl Ledger {
         })
     }
 
-    /// Merges what a listing of the store showed into the ledger, in one
-    /// transaction, losing nothing recorded meanwhile:
+    /// Merges what a listing of the store showed into the ledger (roots in
+    /// transactions of [`MERGE_BATCH`], then one for the rest), losing
+    /// nothing recorded meanwhile:
     ///
     /// - a listed root the ledger lacks is recorded, unless it was removed
     ///   after the listing began (a tombstone); on a full rebuild a
@@ -1320,47 +1324,65 @@ impl Ledger {
             .iter()
             .map(|(n, ns, c)| (n.clone(), ns.hex(), c.hex()))
             .collect();
-        self.write(|db| {
-            let mut report = MergeReport::default();
-            let tombs: std::collections::HashSet<(String, String)> = db
-                .query(
+        let tombs_in =
+            |db: &mut Db| -> Result<std::collections::HashSet<(String, String)>, LedgerError> {
+                db.query(
                     "SELECT kind, id FROM tombstones WHERE at >= ?1",
                     &[V::from(tomb_since)],
                 )?
                 .iter()
                 .map(|r| Ok((r.text(0)?, r.text(1)?)))
-                .collect::<Result<_, LedgerError>>()?;
-            for e in &listing.roots {
-                let (ns, ctx) = hexpair(&e.namespace, &e.context);
-                if tombs.contains(&("root".to_string(), format!("{ns}/{ctx}"))) {
-                    report.skipped_removed += 1;
-                    continue;
-                }
-                let pair = [V::from(&ns), V::from(&ctx)];
-                match db.opt(
-                    "SELECT recorded_at, last_access FROM roots WHERE ns = ?1 AND ctx = ?2",
-                    &pair,
-                )? {
-                    Some(r) if !listing.full || r.u64(0)? >= began => report.kept += 1,
-                    Some(r) => {
-                        // Replaced by what the store holds; reference
-                        // counts are recounted below.
-                        let last = r.u64(1)?;
-                        db.exec("DELETE FROM refs WHERE ns = ?1 AND ctx = ?2", &pair)?;
-                        db.exec("DELETE FROM roots WHERE ns = ?1 AND ctx = ?2", &pair)?;
-                        record_in(db, e, began)?;
-                        db.exec(
-                            "UPDATE roots SET last_access = ?3 WHERE ns = ?1 AND ctx = ?2",
-                            &[V::from(&ns), V::from(&ctx), V::from(last)],
-                        )?;
-                        report.replaced += 1;
+                .collect()
+            };
+        let mut report = MergeReport::default();
+        // Roots in batches, one transaction each: a fleet's writers wait
+        // for one batch at a time, not for the whole rebuild. Each root's
+        // rule is checked against the ledger as it is in its batch.
+        for batch in listing.roots.chunks(MERGE_BATCH) {
+            let r = self.write(|db| {
+                let mut report = MergeReport::default();
+                let tombs = tombs_in(db)?;
+                for e in batch {
+                    let (ns, ctx) = hexpair(&e.namespace, &e.context);
+                    if tombs.contains(&("root".to_string(), format!("{ns}/{ctx}"))) {
+                        report.skipped_removed += 1;
+                        continue;
                     }
-                    None => {
-                        record_in(db, e, began)?;
-                        report.added += 1;
+                    let pair = [V::from(&ns), V::from(&ctx)];
+                    match db.opt(
+                        "SELECT recorded_at, last_access FROM roots WHERE ns = ?1 AND ctx = ?2",
+                        &pair,
+                    )? {
+                        Some(r) if !listing.full || r.u64(0)? >= began => report.kept += 1,
+                        Some(r) => {
+                            // Replaced by what the store holds; reference
+                            // counts are recounted below.
+                            let last = r.u64(1)?;
+                            db.exec("DELETE FROM refs WHERE ns = ?1 AND ctx = ?2", &pair)?;
+                            db.exec("DELETE FROM roots WHERE ns = ?1 AND ctx = ?2", &pair)?;
+                            record_in(db, e, began)?;
+                            db.exec(
+                                "UPDATE roots SET last_access = ?3 WHERE ns = ?1 AND ctx = ?2",
+                                &[V::from(&ns), V::from(&ctx), V::from(last)],
+                            )?;
+                            report.replaced += 1;
+                        }
+                        None => {
+                            record_in(db, e, began)?;
+                            report.added += 1;
+                        }
                     }
                 }
-            }
+                Ok(report)
+            })?;
+            report.added += r.added;
+            report.replaced += r.replaced;
+            report.kept += r.kept;
+            report.skipped_removed += r.skipped_removed;
+        }
+        let r = self.write(|db| {
+            let mut report = MergeReport::default();
+            let tombs = tombs_in(db)?;
             for (vns, vctx) in &listing.vanished {
                 let (ns, ctx) = hexpair(vns, vctx);
                 let pair = [V::from(&ns), V::from(&ctx), V::from(began)];
@@ -1429,7 +1451,12 @@ impl Ledger {
                 &[V::from(now.saturating_sub(TOMBSTONE_KEEP.as_millis() as u64))],
             )?;
             Ok(report)
-        })
+        })?;
+        report.removed = r.removed;
+        report.holds_added = r.holds_added;
+        report.holds_removed = r.holds_removed;
+        report.objects_dropped = r.objects_dropped;
+        Ok(report)
     }
 
     /// The comparable content (everything but access and condemnation times).

@@ -9,4 +9,5 @@ mod chaos_kill9;
 mod cli_end_to_end;
 mod crash_kill9;
 mod destructive_commands;
+mod fleet_kill9;
 mod multi_process_ledger;

@@ -12,7 +12,11 @@
 //!   the background reconciliation that follows;
 //! - **lookup**: `Store::lookup` of a 262,144-token request (1,024
 //!   candidate boundaries, one of them stored) over the N roots, p50/p99 of
-//!   200 calls, and the requests one call sends.
+//!   200 calls, and the requests one call sends;
+//! - **publish/restore**: a durable publication and a restore of a
+//!   ≈ 100 MB snapshot with a SQLite and with a PostgreSQL ledger (5
+//!   alternating runs each, medians and ratios; each handle's ledger is
+//!   opened before the clock starts, as a node opens its connection once).
 //!
 //! Prints one JSON line per measurement; not a timed assertion.
 
@@ -150,11 +154,11 @@ impl ObjectStore for Counting {
 }
 
 /// A fresh schema in the test PostgreSQL, as a ledger URL.
-fn postgres_url() -> Option<String> {
+fn postgres_url(tag: &str) -> Option<String> {
     let base = std::env::var("DELTAPACK_TEST_POSTGRES")
         .ok()
         .filter(|u| !u.is_empty())?;
-    let schema = format!("bench_{}", std::process::id());
+    let schema = format!("bench_{}_{tag}", std::process::id());
     let b = base.clone();
     let s = schema.clone();
     std::thread::spawn(move || {
@@ -317,6 +321,91 @@ async fn measure(engine: &str, url: &str, ledger: Option<String>, n: usize, f: &
     }
 }
 
+/// One durable publication of a flat snapshot of the default preset
+/// (`DELTAPACK_BENCH_PR_TOKENS` tokens, default 16,384 ≈ 100 MB) into a fresh
+/// local store, then its restore by a fresh handle; seconds of each.
+async fn publish_restore_once(
+    ledger: Option<String>,
+    snap: &Arc<deltapack::format::Snapshot>,
+    id: &CacheIdentity,
+    ctx: ContextDigest,
+) -> (f64, f64) {
+    let dir = tempfile::tempdir().expect("tmp");
+    let url = format!("file://{}", dir.path().display());
+    let config = StoreConfig::default().with_ledger(ledger);
+    let store = Store::open(&url, config.clone()).expect("open");
+    // A node opens its ledger connection once: not part of a publication.
+    store.ledger_location().await.expect("ledger");
+    let t = Instant::now();
+    store
+        .publish(deltapack::store::PublishRequest {
+            identity: id.clone(),
+            context: ctx,
+            snapshot: snap.clone(),
+            base: None,
+            format: deltapack::store::RootFormat::V2,
+        })
+        .await
+        .expect("publish");
+    let publish = t.elapsed().as_secs_f64();
+    drop(store);
+    let store = Store::open(&url, config).expect("open");
+    store.ledger_location().await.expect("ledger");
+    let t = Instant::now();
+    match store
+        .restore(
+            (id.namespace(), ctx),
+            deltapack::store::RestoreOptions::default(),
+        )
+        .await
+        .expect("restore")
+    {
+        deltapack::store::RestoreOutcome::Hit(r) => {
+            assert_eq!(r.snapshot.encoded(), snap.encoded())
+        }
+        other => panic!("restore: {other:?}"),
+    }
+    (publish, t.elapsed().as_secs_f64())
+}
+
+/// Publication and restore with a SQLite and with a PostgreSQL ledger,
+/// alternating, 5 times each: the medians and their ratio.
+async fn publish_restore() {
+    let Some(probe) = postgres_url("probe") else {
+        return;
+    };
+    drop(probe);
+    let tokens: u64 = std::env::var("DELTAPACK_BENCH_PR_TOKENS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16_384);
+    let id = CacheIdentity::example();
+    let snap = Arc::new(synth::snapshot(Preset::Default, 3, tokens).expect("synth"));
+    let toks = synth::tokens(3, tokens as usize);
+    let ctx = ContextHasher::new(id.namespace(), id.chunk_tokens)
+        .expect("hasher")
+        .digest(&toks);
+    let (mut sq, mut pg) = (Vec::new(), Vec::new());
+    for i in 0..5 {
+        sq.push(publish_restore_once(None, &snap, &id, ctx).await);
+        let url = postgres_url(&format!("pr{i}"));
+        pg.push(publish_restore_once(url, &snap, &id, ctx).await);
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (mut sp, mut sr): (Vec<f64>, Vec<f64>) = sq.into_iter().unzip();
+    let (mut pp, mut pr): (Vec<f64>, Vec<f64>) = pg.into_iter().unzip();
+    let (sp, sr, pp, pr) = (med(&mut sp), med(&mut sr), med(&mut pp), med(&mut pr));
+    println!(
+        "{{\"bench\":\"publish_restore\",\"tokens\":{tokens},\"bytes\":{},\"sqlite_publish_s\":{sp:.3},\"postgres_publish_s\":{pp:.3},\"publish_ratio\":{:.3},\"sqlite_restore_s\":{sr:.3},\"postgres_restore_s\":{pr:.3},\"restore_ratio\":{:.3}}}",
+        snap.encoded().len(),
+        pp / sp,
+        pr / sr
+    );
+}
+
 fn main() {
     let n: usize = std::env::var("DELTAPACK_BENCH_ROOTS")
         .ok()
@@ -327,13 +416,19 @@ fn main() {
         .build()
         .expect("runtime");
     rt.block_on(async {
+        if n == 0 {
+            // DELTAPACK_BENCH_ROOTS=0: the publication/restore comparison only.
+            publish_restore().await;
+            return;
+        }
         let dir = tempfile::tempdir().expect("tmp");
         let url = format!("file://{}", dir.path().display());
         let f = populate(&open_backend(&url).expect("backend"), n).await;
         measure("sqlite", &url, None, n, &f).await;
-        if let Some(pg) = postgres_url() {
+        if let Some(pg) = postgres_url("scale") {
             measure("postgres", &url, Some(pg), n, &f).await;
         }
+        publish_restore().await;
         if let Ok(ep) = std::env::var("DELTAPACK_TEST_S3_ENDPOINT") {
             let bucket = std::env::var("DELTAPACK_TEST_S3_BUCKET")
                 .unwrap_or_else(|_| "deltapack-test".into());

@@ -2,7 +2,8 @@
 //! PostgreSQL (real servers: the PostgreSQL cluster and the moto bucket that
 //! `.ci/run` starts) must leave the same account, equal to a rebuild from
 //! the store; two nodes sharing a PostgreSQL ledger on one bucket never
-//! collect each other's objects (the data loss separate ledgers cause);
+//! collect each other's objects (the data loss separate ledgers cause)
+//! and share one hard budget;
 //! a ledger outside its store belongs to one store only; and the engine in
 //! use is reported.
 
@@ -153,6 +154,130 @@ async fn two_nodes_sharing_a_postgres_ledger_never_collect_each_others_objects()
         b.ledger_image().await.expect("image"),
         "the nodes see different ledgers"
     );
+}
+
+/// Bytes of every object and root under a store's prefix, from its listing.
+async fn bucket_bytes(s: &Store) -> u64 {
+    use futures::TryStreamExt;
+    let mut total = 0;
+    for prefix in ["objects", "roots"] {
+        let p = object_store::path::Path::from(prefix);
+        let metas: Vec<object_store::ObjectMeta> = s
+            .object_store()
+            .list(Some(&p))
+            .try_collect()
+            .await
+            .unwrap_or_default();
+        total += metas.iter().map(|m| m.size).sum::<u64>();
+    }
+    total
+}
+
+/// The budget is the fleet's: two nodes (handles with root locks of their
+/// own) publishing into one bucket at once, sharing a PostgreSQL ledger,
+/// never put more into it than one hard budget — measured from the
+/// bucket's listing while they publish. With a ledger per node each node
+/// counted only its own writes and the bucket held up to N × budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_publishing_at_once_share_one_hard_budget() {
+    let (Some(bucket), Some(pg)) = (s3_url(), postgres_ledger_url()) else {
+        return;
+    };
+    const PER_NODE: u64 = 4;
+    // What one publication occupies, measured on a scratch prefix.
+    let one = {
+        let scratch = Store::open(&s3_url().expect("s3"), config()).expect("scratch");
+        let id = identity("fleet-budget-scratch");
+        publish_base(
+            &scratch,
+            &id,
+            ctx(&id, 950, 2048),
+            turn(950, 2048),
+            RootFormat::V2,
+        )
+        .await;
+        bucket_bytes(&scratch).await
+    };
+    let budget = one * 5 / 2;
+    let cfg = config()
+        .with_ledger(Some(pg))
+        .with_budget_bytes(Some(budget))
+        .with_grace(Duration::ZERO);
+    let nodes = [
+        Store::open(&bucket, cfg.clone()).expect("node A"),
+        Store::open(&bucket, cfg.clone()).expect("node B"),
+    ];
+    let id = identity("fleet-budget");
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (s, done) = (nodes[0].clone(), done.clone());
+        tokio::spawn(async move {
+            let mut peak = 0;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                peak = peak.max(bucket_bytes(&s).await);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            peak
+        })
+    };
+    let mut tasks = Vec::new();
+    for (n, node) in nodes.iter().enumerate() {
+        for k in 0..PER_NODE {
+            let (s, id) = (node.clone(), id.clone());
+            let seed = 960 + n as u64 * PER_NODE + k;
+            tasks.push(tokio::spawn(async move {
+                s.publish(deltapack_store::PublishRequest {
+                    identity: id.clone(),
+                    context: ctx(&id, seed, 2048),
+                    snapshot: turn(seed, 2048),
+                    base: None,
+                    format: RootFormat::V2,
+                })
+                .await
+            }));
+        }
+    }
+    let mut created = 0;
+    for task in tasks {
+        match task.await.expect("task") {
+            Ok(r) => {
+                assert_eq!(r.outcome, deltapack_store::PublishOutcome::Created);
+                created += 1;
+            }
+            Err(deltapack_store::StoreError::Capacity(_)) => {}
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let peak = sampler
+        .await
+        .expect("sampler")
+        .max(bucket_bytes(&nodes[0]).await);
+    assert!(created >= 1, "no publication fitted a budget of 2.5");
+    assert!(
+        peak <= budget,
+        "two nodes put {peak} bytes into a shared hard budget of {budget} \
+         (one publication is {one} bytes)"
+    );
+    // Both nodes see one account, and it agrees with the bucket.
+    let (ta, tb) = (
+        nodes[0].ledger_totals().await.expect("totals"),
+        nodes[1].ledger_totals().await.expect("totals"),
+    );
+    assert_eq!(ta.used_bytes, tb.used_bytes);
+    assert!(ta.used_bytes <= budget, "{ta:?}");
+    // Every root that survived restores exactly.
+    let fresh = Store::open(&bucket, config()).expect("node C");
+    for seed in 960..960 + 2 * PER_NODE {
+        let c = ctx(&id, seed, 2048);
+        if let deltapack_store::RestoreOutcome::Hit(r) = fresh
+            .restore((&id, c), Default::default())
+            .await
+            .expect("restore")
+        {
+            assert_eq!(r.snapshot.encoded(), turn(seed, 2048).encoded());
+        }
+    }
 }
 
 /// A ledger outside the store is bound to the first store that uses it; a

@@ -495,7 +495,8 @@ pub(crate) struct Listing {
     pub present: Vec<(String, u64, u64)>,
 }
 
-/// What a merge changed (see [`Ledger::merge_listing`]).
+/// What a rebuild or reconciliation changed in the ledger (the merge of a
+/// listing of the store).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct MergeReport {

@@ -286,8 +286,9 @@ impl Store {
                     // A persisted ledger is trusted at open, without a
                     // listing (O(1) open); it is reconciled with the store
                     // in the background. Garbage collection and the sweep
-                    // wait for that reconciliation; restores and
-                    // publications never do.
+                    // wait for that reconciliation (so does a first
+                    // publication under a budget: it collects first);
+                    // restores and unbudgeted publications never do.
                     ColdStart::Load => {
                         background = true;
                         self.inner
@@ -329,7 +330,9 @@ impl Store {
     /// them are recorded, roots deleted behind the ledger's back are
     /// forgotten. A persisted ledger is opened without a listing and
     /// reconciled in the background; garbage collection and the sweep
-    /// wait for it, restores and publications never do. Bounded in
+    /// wait for it (so does a handle's first publication under a budget,
+    /// which collects garbage first); restores and unbudgeted
+    /// publications never do. Bounded in
     /// requests: one listing, one GET per root the ledger did not know,
     /// one HEAD per recorded root the listing did not show.
     pub async fn reconcile_ledger(&self) -> Result<()> {

@@ -258,6 +258,10 @@ pub(crate) async fn ledger(a: LedgerArgs) -> Result<ExitCode> {
     let totals = if a.action == "rebuild" {
         store.rebuild_ledger().await?
     } else {
+        // A short-lived process must not report an account the background
+        // reconciliation had no time to finish (e.g. a node's first use
+        // of a bucket with a fresh ledger).
+        store.reconcile_ledger().await?;
         store.ledger_totals().await?
     };
     let location = store.ledger_location().await?;
@@ -303,6 +307,7 @@ pub(crate) async fn ledger(a: LedgerArgs) -> Result<ExitCode> {
 
 pub(crate) async fn stats(a: StatsArgs) -> Result<ExitCode> {
     let store = a.s.open()?;
+    store.reconcile_ledger().await?;
     let report = store.stats_report().await?;
     if a.prometheus {
         print!("{}", deltapack_store::prometheus(&report));

@@ -330,9 +330,10 @@ impl Store {
     /// them are recorded, roots deleted behind the ledger's back are
     /// forgotten. A persisted ledger is opened without a listing and
     /// reconciled in the background; garbage collection and the sweep
-    /// wait for it (so does a handle's first publication under a budget,
-    /// which collects garbage first); restores and unbudgeted
-    /// publications never do. Bounded in
+    /// wait for it, and so do removal plans (evict, prune, clear,
+    /// invalidate: a root the ledger has not seen would escape them) and a
+    /// handle's first publication under a budget (it collects garbage
+    /// first); restores and unbudgeted publications never do. Bounded in
     /// requests: one listing, one GET per root the ledger did not know,
     /// one HEAD per recorded root the listing did not show.
     pub async fn reconcile_ledger(&self) -> Result<()> {
@@ -895,6 +896,7 @@ impl Store {
     /// bytes fit `budget`. Carry it out with [`Store::execute`].
     pub async fn evict_plan(&self, budget: u64) -> Result<RemovalPlan> {
         let ledger = self.ledger().await?;
+        self.reconcile_ledger().await?;
         let rows = self.lru_rows(ledger).await?;
         let graph = Self::ledger_graph(&rows);
         let t = ledger.run(|l| l.totals()).await?;
@@ -949,6 +951,7 @@ impl Store {
     /// skipped), each with its dependents.
     pub async fn prune_plan(&self, filter: &PruneFilter) -> Result<RemovalPlan> {
         let ledger = self.ledger().await?;
+        self.reconcile_ledger().await?;
         let now = now_ms();
         let rows = self.lru_rows(ledger).await?;
         let mut seeds = Vec::new();
@@ -990,6 +993,7 @@ impl Store {
     /// Plans the removal of every root (or every root of one namespace),
     /// holds included, with every delta built on them.
     pub async fn clear_plan(&self, namespace: Option<Namespace>) -> Result<RemovalPlan> {
+        self.reconcile_ledger().await?;
         let rows = self.lru_rows(self.ledger().await?).await?;
         let seeds = rows
             .iter()
@@ -1006,6 +1010,7 @@ impl Store {
         namespace: Namespace,
         context: Option<ContextDigest>,
     ) -> Result<RemovalPlan> {
+        self.reconcile_ledger().await?;
         let rows = self.lru_rows(self.ledger().await?).await?;
         let seeds = rows
             .iter()

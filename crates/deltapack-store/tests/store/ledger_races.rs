@@ -461,3 +461,61 @@ async fn opening_a_persisted_ledger_does_not_wait_for_a_listing() {
     );
     assert_eq!(restore_bytes(&s, &id, c2).await, snap2.encoded());
 }
+
+/// With the ledger reconciled in the background, a removal plan made
+/// right after open saw only what the ledger already knew: a node's first
+/// `evict` on a bucket with a fresh ledger planned nothing, and a root the
+/// ledger never saw escaped `clear`. Removal plans now wait for the
+/// reconciliation. The fault wrapper slows the reconciliation's listing so
+/// that the plan would otherwise come first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removal_plans_wait_for_the_background_reconciliation() {
+    for url in std::iter::once("memory://".to_string()).chain(s3_url()) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let raw = raw_backend(&url);
+        let id = identity("plans-wait");
+        let first = format!("sqlite://{}", dir.path().join("first.sqlite3").display());
+        let writer = wrapped(raw.clone(), config().with_ledger(Some(first)));
+        for k in 0..3 {
+            publish_base(
+                &writer,
+                &id,
+                ctx(&id, 120 + k, 1024),
+                turn(120 + k, 1024),
+                RootFormat::V2,
+            )
+            .await;
+        }
+        // A node with a ledger of its own, new to the bucket.
+        let fresh = format!("sqlite://{}", dir.path().join("fresh.sqlite3").display());
+        let faulty = Arc::new(Faulty::new(
+            raw.store.clone(),
+            FaultPlan {
+                after_list: Some(Hook {
+                    prefix: "roots",
+                    before: false,
+                    fired: Arc::new(AtomicBool::new(false)),
+                    run: Arc::new(|| {
+                        Box::pin(async { tokio::time::sleep(Duration::from_millis(500)).await })
+                    }),
+                }),
+                ..Default::default()
+            },
+        ));
+        let node = wrapped(
+            Backend {
+                store: faulty,
+                kind: raw.kind.clone(),
+            },
+            config().with_ledger(Some(fresh)),
+        );
+        let plan = node.evict_plan(0).await.expect("plan");
+        assert_eq!(
+            plan.roots().len(),
+            3,
+            "{url}: a fresh node's eviction plan covers the whole bucket"
+        );
+        let plan = node.clear_plan(None).await.expect("clear plan");
+        assert_eq!(plan.roots().len(), 3, "{url}");
+    }
+}

@@ -194,11 +194,17 @@ impl Store {
             let entry = DecodedRoot::V2(v2.clone())
                 .summary()
                 .map(|s| RootEntry::from_summary(&s, root_len));
+            // One transaction: the root is never missing from the ledger
+            // (a removal plan made meanwhile would miss it).
             ledger
                 .run(move |l| {
-                    l.remove_root(&ns, &ctx, now_ms())?;
-                    if let Some(e) = entry {
-                        l.record_root(&e, now_ms())?;
+                    match entry {
+                        Some(e) => {
+                            l.replace_root(&e, now_ms())?;
+                        }
+                        None => {
+                            l.remove_root(&ns, &ctx, now_ms())?;
+                        }
                     }
                     Ok(())
                 })

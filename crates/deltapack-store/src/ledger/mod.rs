@@ -844,6 +844,40 @@ impl Ledger {
         self.write(|db| record_in(db, e, now))
     }
 
+    /// Replaces a recorded root by a new version of it (a migration from
+    /// v1 to v2) in one transaction: the old root's objects no other root
+    /// uses are condemned, the new one's recorded. The root is never absent
+    /// from the ledger in between (a removal plan made meanwhile covers it).
+    /// If the root is no longer recorded (removed since), nothing is
+    /// recorded: the root file went with it. Returns whether it replaced.
+    pub(crate) fn replace_root(&self, e: &RootEntry, now: u64) -> Result<bool, LedgerError> {
+        let (ns, ctx) = hexpair(&e.namespace, &e.context);
+        self.write(|db| {
+            let pair = [V::from(&ns), V::from(&ctx)];
+            if db
+                .opt("SELECT 1 FROM roots WHERE ns = ?1 AND ctx = ?2", &pair)?
+                .is_none()
+            {
+                return Ok(false);
+            }
+            for k in db.query("SELECT key FROM refs WHERE ns = ?1 AND ctx = ?2", &pair)? {
+                let key = k.text(0)?;
+                db.exec(
+                    "UPDATE objects SET refs = refs - 1 WHERE key = ?1",
+                    &[V::from(&key)],
+                )?;
+                db.exec(
+                    "UPDATE objects SET refs = 0, condemned_at = ?2 WHERE key = ?1 AND refs <= 0",
+                    &[V::from(&key), V::from(now)],
+                )?;
+            }
+            db.exec("DELETE FROM refs WHERE ns = ?1 AND ctx = ?2", &pair)?;
+            db.exec("DELETE FROM roots WHERE ns = ?1 AND ctx = ?2", &pair)?;
+            record_in(db, e, now)?;
+            Ok(true)
+        })
+    }
+
     /// Marks accesses of many roots, `((namespace, context), ms)`, in one
     /// transaction (an access time never moves back).
     pub(crate) fn touch_many(

@@ -741,8 +741,15 @@ impl Store {
                 if !done.insert(k) {
                     continue;
                 }
+                // Eviction and pruning claim each root first: one that a
+                // publication (of any node) is building a delta on, or that
+                // a delta recorded since the plan builds on, is kept — and
+                // with it, through the same check, every root below it.
+                if !self.remove_one(ledger, k, respect, &mut report).await? {
+                    tracing::info!(root = %keys::root_key(&k.0, &k.1), "kept: a delta is being built on it");
+                    continue;
+                }
                 report.roots.push(keys::root_key(&k.0, &k.1).to_string());
-                self.remove_one(ledger, k, &mut report).await?;
                 if plan.kind == RemovalKind::Evict {
                     Stats::add(&self.stats_ref().evictions, 1);
                 }
@@ -759,19 +766,37 @@ impl Store {
         Ok(report)
     }
 
+    /// Removes one root: deletes its object, forgets it in the ledger and
+    /// its hold markers. With `claim` (eviction, pruning) it first claims the
+    /// root in the ledger ([`crate::ledger::Ledger::claim_root_removal`]) and
+    /// returns `false`, removing nothing, if the claim is refused.
     async fn remove_one(
         &self,
         ledger: &Ledger,
         k: (Namespace, ContextDigest),
+        claim: bool,
         report: &mut RemovalReport,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let key = keys::root_key(&k.0, &k.1);
         // Root deletion and the ledger update under one root lock: a
         // republication of this context (which creates and records its root
         // under the same lock) comes entirely before — and is removed — or
         // entirely after, recorded afresh with its objects live.
         let lock = self.root_lock().await?;
-        self.delete_root_object_locked(&key).await?;
+        if claim
+            && !ledger
+                .run(move |l| l.claim_root_removal(&k.0, &k.1))
+                .await?
+        {
+            return Ok(false);
+        }
+        if let Err(e) = self.delete_root_object_locked(&key).await {
+            if claim {
+                let claimed = key.to_string();
+                let _ = ledger.run(move |l| l.finish_delete(&claimed, false)).await;
+            }
+            return Err(e);
+        }
         let condemned = ledger
             .run(move |l| l.remove_root(&k.0, &k.1, now_ms()))
             .await;
@@ -789,7 +814,7 @@ impl Store {
             let marker = keys::hold_key(&name, &ns, &ctx);
             let _ = self.object_store().delete(&marker).await;
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Makes room for `need` more bytes under the budget and minimum free
@@ -818,6 +843,9 @@ impl Store {
         let ledger = self.ledger().await?;
         let id = guard.id();
         let mut wait = ReservationWait::default();
+        // Roots whose removal claim was refused (a delta is being built on
+        // them): skipped, with everything they belong to, from then on.
+        let mut kept = BTreeSet::new();
         loop {
             self.collect_garbage().await?;
             let t = ledger.run(|l| l.totals()).await?;
@@ -864,6 +892,9 @@ impl Store {
             let mut victim = None;
             for r in &rows {
                 let group = graph.with_dependents([(r.namespace, r.context)]);
+                if group.iter().any(|k| kept.contains(k)) {
+                    continue;
+                }
                 if !self.any_protected(ledger, &group).await? {
                     victim = Some(group);
                     break;
@@ -884,7 +915,12 @@ impl Store {
             };
             let mut report = RemovalReport::default();
             for k in group {
-                self.remove_one(ledger, k, &mut report).await?;
+                if !self.remove_one(ledger, k, true, &mut report).await? {
+                    // A delta is being built on it (here or on another
+                    // node): not evictable for this publication.
+                    kept.insert(k);
+                    break;
+                }
                 Stats::add(&self.stats_ref().evictions, 1);
                 tracing::info!(root = %keys::root_key(&k.0, &k.1), "evicted");
             }

@@ -205,6 +205,20 @@ impl Store {
                 "boundary {boundary} is not a positive multiple of chunk_tokens {ct}"
             )));
         }
+        // The publication's ledger id, protections and reservation (taken
+        // here for a delta, below for a flat snapshot). A delta
+        // protects its base root in the ledger *before* reading it: from
+        // then on no node's eviction or pruning removes the base (their
+        // removal claim is refused) until this publication ends, by when
+        // the delta is recorded and names its base. A base already claimed
+        // for removal is waited for, and then found gone.
+        let mut early_guard = None;
+        if let Some(b) = &req.base {
+            let g = ProtectGuard::new(self).await?;
+            g.protect(vec![keys::root_key(&ns, &b.context).to_string()])
+                .await?;
+            early_guard = Some(g);
+        }
         let checked = match &req.base {
             None => None,
             Some(b) => Some(self.check_base(&ns, id, b, snap).await?),
@@ -294,6 +308,9 @@ impl Store {
                 if done == PublishOutcome::AlreadyPresent {
                     self.ledger_touch(&ns, &req.context).await;
                 }
+                if let Some(g) = early_guard.take() {
+                    g.finish().await;
+                }
                 receipt.total_time = start.elapsed();
                 return Ok(done_receipt(receipt, done));
             }
@@ -304,7 +321,9 @@ impl Store {
         if req.format == RootFormat::V1 {
             receipt.schema = root::SCHEMA_V1.into();
         }
-        // The base must not be evicted while its delta is being published.
+        // The base must not be evicted while its delta is being published
+        // (the ledger protection above covers every node; the pin keeps it
+        // out of this process's eviction plans too).
         let _base_pin = base_in.map(|b| self.pin(ns, b.context));
 
         // The payload as parts of the caller's snapshot: nothing is copied.
@@ -350,7 +369,10 @@ impl Store {
         };
         // Upper bound of what this publication adds: the payload (objects
         // already present are not subtracted) and a generous root estimate.
-        let guard = ProtectGuard::new(self).await?;
+        let guard = match early_guard {
+            Some(g) => g,
+            None => ProtectGuard::new(self).await?,
+        };
         self.make_room(receipt.payload_len + 4096 + 256 * objects, &guard)
             .await?;
 

@@ -900,14 +900,66 @@ impl Ledger {
         })
     }
 
+    /// Claims a root for removal by eviction or pruning: refused (`false`)
+    /// while a live publication protects its key — a delta being published
+    /// on it, which protected its base before reading it — or while a
+    /// recorded root builds on it (a delta recorded after the caller's plan
+    /// was made). Otherwise the root key is entered in `deleting`, so a
+    /// publication that protects it from now on learns it is going and
+    /// waits for the removal instead of building on it. The claim ends with
+    /// [`Ledger::remove_root`] (or [`Ledger::finish_delete`] if the removal
+    /// fails); a remover that dies leaves a claim that lapses after
+    /// [`DELETING_LEASE`].
+    pub(crate) fn claim_root_removal(
+        &self,
+        ns: &Namespace,
+        ctx: &ContextDigest,
+    ) -> Result<bool, LedgerError> {
+        let key = crate::keys::root_key(ns, ctx).to_string();
+        let (ns, ctx) = hexpair(ns, ctx);
+        let now = now_ms();
+        let stale = now.saturating_sub(DELETING_LEASE.as_millis() as u64);
+        self.write(|db| {
+            db.exec(
+                "DELETE FROM deleting WHERE key LIKE 'roots/%' AND since <= ?1",
+                &[V::from(stale)],
+            )?;
+            let protected = db
+                .opt(
+                    "SELECT 1 FROM protected p JOIN publications u ON u.id = p.owner
+                     WHERE p.key = ?1 AND p.until > ?2 AND u.until > ?2",
+                    &[V::from(&key), V::from(now)],
+                )?
+                .is_some();
+            let built_on = db
+                .opt(
+                    "SELECT 1 FROM roots WHERE base_ns = ?1 AND base_ctx = ?2
+                     AND NOT (ns = ?1 AND ctx = ?2)",
+                    &[V::from(&ns), V::from(&ctx)],
+                )?
+                .is_some();
+            if protected || built_on {
+                return Ok(false);
+            }
+            db.exec(
+                "INSERT INTO deleting(key, since) VALUES (?1, ?2)
+                 ON CONFLICT(key) DO UPDATE SET since = excluded.since",
+                &[V::from(&key), V::from(now)],
+            )?;
+            Ok(true)
+        })
+    }
+
     /// Forgets a root; objects no other root references are condemned at
-    /// `now`. Returns `(key, bytes)` of the newly condemned objects.
+    /// `now`. Returns `(key, bytes)` of the newly condemned objects. Ends a
+    /// removal claim on the root ([`Ledger::claim_root_removal`]).
     pub(crate) fn remove_root(
         &self,
         ns: &Namespace,
         ctx: &ContextDigest,
         now: u64,
     ) -> Result<Vec<(String, u64)>, LedgerError> {
+        let root_key = crate::keys::root_key(ns, ctx).to_string();
         let (ns, ctx) = hexpair(ns, ctx);
         self.write(|db| {
             let pair = [V::from(&ns), V::from(&ctx)];
@@ -937,6 +989,7 @@ impl Ledger {
             db.exec("DELETE FROM refs WHERE ns = ?1 AND ctx = ?2", &pair)?;
             db.exec("DELETE FROM roots WHERE ns = ?1 AND ctx = ?2", &pair)?;
             db.exec("DELETE FROM holds WHERE ns = ?1 AND ctx = ?2", &pair)?;
+            db.exec("DELETE FROM deleting WHERE key = ?1", &[V::from(&root_key)])?;
             tombstone_in(db, "root", &format!("{ns}/{ctx}"), now)?;
             Ok(condemned)
         })

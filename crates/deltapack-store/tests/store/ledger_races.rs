@@ -519,3 +519,104 @@ async fn removal_plans_wait_for_the_background_reconciliation() {
         assert_eq!(plan.roots().len(), 3, "{url}");
     }
 }
+
+/// A delta publication checked its base root, then pinned it in its own
+/// process only. Another node evicting in between (or any node, at any
+/// time before the delta was recorded) removed the base: the delta root
+/// was written over a base that no longer existed, and restored as a
+/// `base-missing` miss (three real processes on moto with a PostgreSQL
+/// ledger hit it within seconds). A publication now protects its base root
+/// in the shared ledger before it reads it, and a removal claims a root in
+/// a transaction that refuses it while a live publication protects it or a
+/// recorded root builds on it. Two handles share one ledger (SQLite on a
+/// memory bucket and on moto, PostgreSQL on moto); the fault wrapper lets
+/// the second node evict everything right after the first node's
+/// publisher has read its base root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_racing_a_delta_publication_keeps_its_base() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let sqlite = |n: &str| format!("sqlite://{}", dir.path().join(n).display());
+    let mut cases = vec![("memory://".to_string(), sqlite("m.sqlite3"))];
+    if let Some(bucket) = s3_url() {
+        cases.push((bucket, sqlite("s.sqlite3")));
+        if let Some(pg) = postgres_ledger_url() {
+            cases.push((s3_url().expect("bucket"), pg));
+        }
+    }
+    for (url, ledger) in cases {
+        let cfg = config()
+            .with_grace(Duration::ZERO)
+            .with_ledger(Some(ledger));
+        let raw = raw_backend(&url);
+        let faulty = Arc::new(Faulty::new(raw.store.clone(), FaultPlan::default()));
+        let a = wrapped(
+            Backend {
+                store: faulty.clone(),
+                kind: raw.kind.clone(),
+            },
+            cfg.clone(),
+        );
+        let b = wrapped(raw.clone(), cfg.clone());
+        let id = identity("evict-vs-delta");
+        let (c1, snap1) = (ctx(&id, 81, 2048), turn(81, 2048));
+        let (c2, snap2) = (ctx(&id, 81, 3072), turn(81, 3072));
+        publish_base(&b, &id, c1, snap1.clone(), RootFormat::V2).await;
+        a.reconcile_ledger().await.expect("a reconciled");
+        b.reconcile_ledger().await.expect("b reconciled");
+
+        let fired = Arc::new(AtomicBool::new(false));
+        let evicted = Arc::new(Mutex::new(Vec::new()));
+        let (b2, evicted2) = (b.clone(), evicted.clone());
+        faulty.set_plan(FaultPlan {
+            after_get: Some(Hook {
+                prefix: "roots",
+                before: false,
+                fired: fired.clone(),
+                run: Arc::new(move || {
+                    let (b2, evicted2) = (b2.clone(), evicted2.clone());
+                    Box::pin(async move {
+                        let plan = b2.evict_plan(0).await.expect("plan");
+                        let report = b2.execute(plan).await.expect("the other node's eviction");
+                        if let Ok(mut e) = evicted2.lock() {
+                            e.extend(report.roots);
+                        }
+                    })
+                }),
+            }),
+            ..Default::default()
+        });
+        let r = publish_delta(
+            &a,
+            &id,
+            c2,
+            snap2.clone(),
+            c1,
+            snap1.clone(),
+            RootFormat::V2,
+        )
+        .await;
+        assert_eq!(r.outcome, PublishOutcome::Created, "{url}");
+        assert!(
+            fired.load(std::sync::atomic::Ordering::SeqCst),
+            "{url}: the publisher read its base root"
+        );
+        assert_eq!(
+            evicted.lock().map(|e| e.clone()).unwrap_or_default(),
+            Vec::<String>::new(),
+            "{url}: the base of a delta being published was evicted"
+        );
+        let fresh = wrapped(raw.clone(), config());
+        assert_eq!(
+            restore_bytes(&fresh, &id, c2).await,
+            snap2.encoded(),
+            "{url}: the delta restores"
+        );
+        // Once the delta is recorded, an eviction takes it with its base.
+        let report = b
+            .execute(b.evict_plan(0).await.expect("plan"))
+            .await
+            .expect("evict");
+        assert_eq!(report.roots.len(), 2, "{url}: {:?}", report.roots);
+        assert_eq!(listed_bytes(&b).await, 0, "{url}: the bucket is empty");
+    }
+}

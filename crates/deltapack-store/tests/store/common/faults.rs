@@ -85,10 +85,16 @@ pub(crate) struct FaultPlan {
     /// rebuild) acts on a listing that is already out of date. A hook that
     /// waits holds the listing back.
     pub(crate) after_list: Option<Hook>,
+    /// Runs once, after the first GET (not HEAD) of a key starting with its
+    /// prefix has been answered by the inner store and before its body is
+    /// served: another actor working while a reader acts on what it read
+    /// (e.g. a publisher that has just checked its base root).
+    pub(crate) after_get: Option<Hook>,
 }
 
 /// Work another actor does in a window of this store's caller (see
-/// [`FaultPlan::after_delete`] and [`FaultPlan::after_list`]).
+/// [`FaultPlan::after_delete`], [`FaultPlan::after_list`] and
+/// [`FaultPlan::after_get`]).
 #[derive(Clone)]
 pub(crate) struct Hook {
     /// Key prefix of the delete (or listing) that triggers the hook.
@@ -407,6 +413,13 @@ impl ObjectStore for Faulty {
         }
         let r = self.inner.get_opts(location, options).await?;
         let plan = self.plan();
+        if let Some(hook) = plan.after_get.clone().filter(|_| !head) {
+            if location.as_ref().starts_with(hook.prefix)
+                && !hook.fired.swap(true, Ordering::SeqCst)
+            {
+                (hook.run)().await;
+            }
+        }
         let race = match self.plan.lock() {
             Ok(mut p)
                 if !head

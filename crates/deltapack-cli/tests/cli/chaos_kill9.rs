@@ -44,7 +44,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::common::{deltapack, expect_code};
+use crate::common::{deltapack, expect_code, wait_or_kill, Ended, Rng};
 
 /// A process still running after this long is a hang: it is killed and the
 /// test fails.
@@ -58,24 +58,6 @@ const TURNS: usize = 6;
 const HELD: usize = LANES;
 /// Byte budget of the publishers that run with one.
 const BUDGET: u64 = 160_000;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, p: f64) -> bool {
-        (self.next() as f64 / u64::MAX as f64) < p
-    }
-}
 
 /// One turn of a conversation: its files and context.
 struct TurnFiles {
@@ -177,23 +159,13 @@ fn launch(sh: &Shared, kind: &'static str, args: &[String], rng: &mut Rng, slot:
         .stderr(err)
         .spawn()
         .expect("spawn deltapack");
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break Some(status);
-        }
-        let now = Instant::now();
-        if kill_at.is_some_and(|k| now >= k) {
-            child.kill().expect("SIGKILL");
-            let _ = child.wait();
-            break None;
-        }
-        if now - start > HANG {
-            child.kill().expect("SIGKILL");
-            let _ = child.wait();
+    let status = match wait_or_kill(&mut child, start, kill_at, HANG) {
+        Ended::Exited(status) => Some(status),
+        Ended::Killed => None,
+        Ended::Hung => {
             sh.fail(format!("deltapack {args:?} hung for {HANG:?}"));
-            break None;
+            None
         }
-        std::thread::sleep(Duration::from_millis(2));
     };
     let Some(status) = status else {
         sh.count(format!("{kind}: killed"));

@@ -24,16 +24,11 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::{mix, wait_or_kill, Ended};
+
 const CONTEXTS: u64 = 6;
 const ROUNDS: u64 = 8;
 const HANG: Duration = Duration::from_secs(180);
-
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
 
 /// Runs `deltapack args`; with `kill_after`, kills it with SIGKILL then if
 /// it is still running. Returns the exit code (`None` when killed) and
@@ -61,20 +56,10 @@ fn run(
         .spawn()
         .expect("spawn deltapack");
     let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break Some(s);
-        }
-        if kill_after.is_some_and(|k| start.elapsed() >= k) {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        if start.elapsed() > HANG {
-            let _ = child.kill();
-            panic!("deltapack {args:?} hung for {HANG:?}");
-        }
-        std::thread::sleep(Duration::from_millis(5));
+    let status = match wait_or_kill(&mut child, start, kill_after.map(|k| start + k), HANG) {
+        Ended::Exited(s) => Some(s),
+        Ended::Killed => None,
+        Ended::Hung => panic!("deltapack {args:?} hung for {HANG:?}"),
     };
     let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
     let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
@@ -98,36 +83,9 @@ fn strs(a: &[&str]) -> Vec<String> {
 
 #[test]
 fn fleet_nodes_killed_mid_publication_and_mid_gc_lose_nothing() {
-    let (Some(endpoint), Some(pg)) = (
-        std::env::var("DELTAPACK_TEST_S3_ENDPOINT").ok(),
-        std::env::var("DELTAPACK_TEST_POSTGRES").ok(),
-    ) else {
-        assert!(
-            std::env::var("CI").map(|v| v != "true").unwrap_or(true),
-            "CI=true but the S3 or PostgreSQL test server is not configured"
-        );
-        eprintln!("S3 or PostgreSQL test server not configured: skipping");
+    let Some((store, ledger)) = crate::common::fleet("kill9") else {
         return;
     };
-    let schema = format!("kill9_{}", std::process::id());
-    let mut c = postgres::Client::connect(&pg, postgres::NoTls).expect("connect");
-    c.batch_execute(&format!(
-        "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
-    ))
-    .expect("schema");
-    drop(c);
-    let sep = if pg.contains('?') { '&' } else { '?' };
-    let ledger = format!("{pg}{sep}options=-c%20search_path%3D{schema}");
-    let bucket =
-        std::env::var("DELTAPACK_TEST_S3_BUCKET").unwrap_or_else(|_| "deltapack-test".into());
-    let store = format!(
-        "s3://{bucket}/kill9-{}-{}?endpoint={endpoint}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    );
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path();
     let (code, id) = run(dir, &strs(&["identity", "--example"]), &ledger, None);

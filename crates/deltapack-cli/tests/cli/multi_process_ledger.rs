@@ -73,36 +73,9 @@ fn concurrent_processes_share_one_ledger() {
 /// bucket at the end, and the budget held.
 #[test]
 fn fleet_processes_share_one_postgres_ledger() {
-    let (Some(endpoint), Some(pg)) = (
-        std::env::var("DELTAPACK_TEST_S3_ENDPOINT").ok(),
-        std::env::var("DELTAPACK_TEST_POSTGRES").ok(),
-    ) else {
-        assert!(
-            std::env::var("CI").map(|v| v != "true").unwrap_or(true),
-            "CI=true but the S3 or PostgreSQL test server is not configured"
-        );
-        eprintln!("S3 or PostgreSQL test server not configured: skipping");
+    let Some((store, ledger)) = crate::common::fleet("cli") else {
         return;
     };
-    // A schema of its own in the test database.
-    let schema = format!("cli_{}", std::process::id());
-    let mut c = postgres::Client::connect(&pg, postgres::NoTls).expect("connect");
-    c.batch_execute(&format!(
-        "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
-    ))
-    .expect("schema");
-    let sep = if pg.contains('?') { '&' } else { '?' };
-    let ledger = format!("{pg}{sep}options=-c%20search_path%3D{schema}");
-    let bucket =
-        std::env::var("DELTAPACK_TEST_S3_BUCKET").unwrap_or_else(|_| "deltapack-test".into());
-    let store = format!(
-        "s3://{bucket}/fleet-{}-{}?endpoint={endpoint}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    );
     let tmp = tempfile::tempdir().expect("tmp");
     let shown = hammer(tmp.path(), &store, Some(&ledger));
     assert_eq!(shown["engine"], "postgres", "{shown}");

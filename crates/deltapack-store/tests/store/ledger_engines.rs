@@ -156,23 +156,6 @@ async fn two_nodes_sharing_a_postgres_ledger_never_collect_each_others_objects()
     );
 }
 
-/// Bytes of every object and root under a store's prefix, from its listing.
-async fn bucket_bytes(s: &Store) -> u64 {
-    use futures::TryStreamExt;
-    let mut total = 0;
-    for prefix in ["objects", "roots"] {
-        let p = object_store::path::Path::from(prefix);
-        let metas: Vec<object_store::ObjectMeta> = s
-            .object_store()
-            .list(Some(&p))
-            .try_collect()
-            .await
-            .unwrap_or_default();
-        total += metas.iter().map(|m| m.size).sum::<u64>();
-    }
-    total
-}
-
 /// The budget is the fleet's: two nodes (handles with root locks of their
 /// own) publishing into one bucket at once, sharing a PostgreSQL ledger,
 /// never put more into it than one hard budget — measured from the
@@ -196,7 +179,7 @@ async fn two_nodes_publishing_at_once_share_one_hard_budget() {
             RootFormat::V2,
         )
         .await;
-        bucket_bytes(&scratch).await
+        listed_bytes(&scratch).await
     };
     let budget = one * 5 / 2;
     let cfg = config()
@@ -214,7 +197,7 @@ async fn two_nodes_publishing_at_once_share_one_hard_budget() {
         tokio::spawn(async move {
             let mut peak = 0;
             while !done.load(std::sync::atomic::Ordering::SeqCst) {
-                peak = peak.max(bucket_bytes(&s).await);
+                peak = peak.max(listed_bytes(&s).await);
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             peak
@@ -252,7 +235,7 @@ async fn two_nodes_publishing_at_once_share_one_hard_budget() {
     let peak = sampler
         .await
         .expect("sampler")
-        .max(bucket_bytes(&nodes[0]).await);
+        .max(listed_bytes(&nodes[0]).await);
     assert!(created >= 1, "no publication fitted a budget of 2.5");
     assert!(
         peak <= budget,

@@ -16,7 +16,6 @@ use deltapack_store::{
     Backend, PublishOutcome, PublishReceipt, PublishRequest, RestoreOptions, RestoreOutcome,
     RootFormat, Store, StoreError,
 };
-use futures::TryStreamExt;
 
 type Slot = Arc<Mutex<Option<tokio::task::JoinHandle<deltapack_store::Result<PublishReceipt>>>>>;
 
@@ -105,22 +104,6 @@ async fn eviction_racing_a_republication_keeps_the_new_roots_objects() {
             "{url}: the ledger disagrees with a rebuild from the store"
         );
     }
-}
-
-/// Bytes of every object and root in the store, from its listing.
-async fn listed_bytes(s: &Store) -> u64 {
-    let mut total = 0;
-    for prefix in ["objects", "roots"] {
-        let p = object_store::path::Path::from(prefix);
-        let metas: Vec<object_store::ObjectMeta> = s
-            .object_store()
-            .list(Some(&p))
-            .try_collect()
-            .await
-            .unwrap_or_default();
-        total += metas.iter().map(|m| m.size).sum::<u64>();
-    }
-    total
 }
 
 /// The budget check used to read the ledger's totals and let the

@@ -2,7 +2,8 @@
 //! as a user would and check its exit code.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Child, Command, ExitStatus, Output};
+use std::time::{Duration, Instant};
 
 /// Runs `deltapack` with `args` in `dir` (quiet logs, no root key from the
 /// environment).
@@ -27,4 +28,109 @@ pub(crate) fn expect_code(dir: &Path, args: &[&str], code: i32) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
+}
+
+/// A fleet to test on: a fresh prefix of the moto bucket and a PostgreSQL
+/// ledger URL with a schema of its own (both from the servers `.ci/run`
+/// starts), as `(store URL, ledger URL)`. `None`, with a note, when they are
+/// not configured outside CI; in CI (`CI=true`) that is a failure.
+pub(crate) fn fleet(name: &str) -> Option<(String, String)> {
+    let (Some(endpoint), Some(pg)) = (
+        std::env::var("DELTAPACK_TEST_S3_ENDPOINT").ok(),
+        std::env::var("DELTAPACK_TEST_POSTGRES").ok(),
+    ) else {
+        assert!(
+            std::env::var("CI").map(|v| v != "true").unwrap_or(true),
+            "CI=true but the S3 or PostgreSQL test server is not configured"
+        );
+        eprintln!("S3 or PostgreSQL test server not configured: skipping");
+        return None;
+    };
+    let schema = format!("{name}_{}", std::process::id());
+    let mut c = postgres::Client::connect(&pg, postgres::NoTls).expect("connect");
+    c.batch_execute(&format!(
+        "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
+    ))
+    .expect("schema");
+    drop(c);
+    let sep = if pg.contains('?') { '&' } else { '?' };
+    let ledger = format!("{pg}{sep}options=-c%20search_path%3D{schema}");
+    let bucket =
+        std::env::var("DELTAPACK_TEST_S3_BUCKET").unwrap_or_else(|_| "deltapack-test".into());
+    let store = format!(
+        "s3://{bucket}/{name}-{}-{}?endpoint={endpoint}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    );
+    Some((store, ledger))
+}
+
+/// SplitMix64: a well-mixed 64-bit value from `z` (test randomness that a
+/// seed reproduces).
+pub(crate) fn mix(z: u64) -> u64 {
+    let mut z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A seeded SplitMix64 stream.
+pub(crate) struct Rng(pub(crate) u64);
+
+impl Rng {
+    /// The next value.
+    pub(crate) fn next(&mut self) -> u64 {
+        let r = mix(self.0);
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        r
+    }
+    /// A value in `0..n` (`0` for `n = 0`).
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    /// True with probability `p`.
+    pub(crate) fn chance(&mut self, p: f64) -> bool {
+        (self.next() as f64 / u64::MAX as f64) < p
+    }
+}
+
+/// How a child waited for by [`wait_or_kill`] ended.
+pub(crate) enum Ended {
+    /// It exited (or died of a signal someone else sent).
+    Exited(ExitStatus),
+    /// We killed it with SIGKILL at the moment asked for.
+    Killed,
+    /// It was still running `hang` after `start`: killed, and a failure.
+    Hung,
+}
+
+/// Waits for `child`, polling every 2 ms; kills it with SIGKILL at
+/// `kill_at` if that comes first, and as a hang once `hang` has passed
+/// since `start`. The child is always reaped.
+pub(crate) fn wait_or_kill(
+    child: &mut Child,
+    start: Instant,
+    kill_at: Option<Instant>,
+    hang: Duration,
+) -> Ended {
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Ended::Exited(status);
+        }
+        let now = Instant::now();
+        if kill_at.is_some_and(|k| now >= k) {
+            child.kill().expect("SIGKILL");
+            let _ = child.wait();
+            return Ended::Killed;
+        }
+        if now - start > hang {
+            child.kill().expect("SIGKILL");
+            let _ = child.wait();
+            return Ended::Hung;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }

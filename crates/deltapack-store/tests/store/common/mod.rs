@@ -284,3 +284,21 @@ pub(crate) fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
         }
     }
 }
+
+/// Bytes of every object and root under a store's prefix, from its listing
+/// (what the bucket really holds, whatever the ledger says).
+pub(crate) async fn listed_bytes(s: &Store) -> u64 {
+    use futures::TryStreamExt;
+    let mut total = 0;
+    for prefix in ["objects", "roots"] {
+        let p = object_store::path::Path::from(prefix);
+        let metas: Vec<object_store::ObjectMeta> = s
+            .object_store()
+            .list(Some(&p))
+            .try_collect()
+            .await
+            .unwrap_or_default();
+        total += metas.iter().map(|m| m.size).sum::<u64>();
+    }
+    total
+}

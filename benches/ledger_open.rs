@@ -13,10 +13,14 @@
 //! - **lookup**: `Store::lookup` of a 262,144-token request (1,024
 //!   candidate boundaries, one of them stored) over the N roots, p50/p99 of
 //!   200 calls, and the requests one call sends;
-//! - **publish/restore**: a durable publication and a restore of a
-//!   ≈ 100 MB snapshot with a SQLite and with a PostgreSQL ledger (5
-//!   alternating runs each, medians and ratios; each handle's ledger is
-//!   opened before the clock starts, as a node opens its connection once).
+//! - **publish/restore**: the reference workload's shape — a delta over a
+//!   4,096-token base, durably published, then restored cold by a fresh
+//!   handle — with a SQLite and with a PostgreSQL ledger
+//!   (`DELTAPACK_BENCH_PR_TOKENS` result tokens, default 16,384 ≈ 100 MB,
+//!   262,144 for the reference 1.58 GB delta; `DELTAPACK_BENCH_PR_RUNS`
+//!   alternating runs each, default 5; medians and ratios; each handle's
+//!   ledger is opened before the clock starts, as a node opens its
+//!   connection once).
 //!
 //! Prints one JSON line per measurement; not a timed assertion.
 
@@ -321,28 +325,38 @@ async fn measure(engine: &str, url: &str, ledger: Option<String>, n: usize, f: &
     }
 }
 
-/// One durable publication of a flat snapshot of the default preset
-/// (`DELTAPACK_BENCH_PR_TOKENS` tokens, default 16,384 ≈ 100 MB) into a fresh
-/// local store, then its restore by a fresh handle; seconds of each.
-async fn publish_restore_once(
-    ledger: Option<String>,
-    snap: &Arc<deltapack::format::Snapshot>,
-    id: &CacheIdentity,
-    ctx: ContextDigest,
-) -> (f64, f64) {
+/// The reference workload's shape: a flat base of 4,096 tokens published
+/// first (not timed), then one durable publication of the result
+/// (`DELTAPACK_BENCH_PR_TOKENS` tokens, default 16,384 ≈ 100 MB; 262,144 is
+/// the reference, a 1.58 GB delta) as a delta on it into a fresh local
+/// store, then the result's cold restore by a fresh handle; seconds of each.
+async fn publish_restore_once(ledger: Option<String>, w: &PrWorkload) -> (f64, f64) {
     let dir = tempfile::tempdir().expect("tmp");
     let url = format!("file://{}", dir.path().display());
     let config = StoreConfig::default().with_ledger(ledger);
     let store = Store::open(&url, config.clone()).expect("open");
     // A node opens its ledger connection once: not part of a publication.
     store.ledger_location().await.expect("ledger");
+    store
+        .publish(deltapack::store::PublishRequest {
+            identity: w.id.clone(),
+            context: w.base_ctx,
+            snapshot: w.base.clone(),
+            base: None,
+            format: deltapack::store::RootFormat::V2,
+        })
+        .await
+        .expect("publish base");
     let t = Instant::now();
     store
         .publish(deltapack::store::PublishRequest {
-            identity: id.clone(),
-            context: ctx,
-            snapshot: snap.clone(),
-            base: None,
+            identity: w.id.clone(),
+            context: w.ctx,
+            snapshot: w.snap.clone(),
+            base: Some(deltapack::store::BaseInput {
+                context: w.base_ctx,
+                snapshot: w.base.clone(),
+            }),
             format: deltapack::store::RootFormat::V2,
         })
         .await
@@ -354,53 +368,87 @@ async fn publish_restore_once(
     let t = Instant::now();
     match store
         .restore(
-            (id.namespace(), ctx),
+            (w.id.namespace(), w.ctx),
             deltapack::store::RestoreOptions::default(),
         )
         .await
         .expect("restore")
     {
         deltapack::store::RestoreOutcome::Hit(r) => {
-            assert_eq!(r.snapshot.encoded(), snap.encoded())
+            let took = t.elapsed().as_secs_f64();
+            assert!(
+                r.snapshot.encoded() == w.snap.encoded(),
+                "restored bytes differ"
+            );
+            (publish, took)
         }
         other => panic!("restore: {other:?}"),
     }
-    (publish, t.elapsed().as_secs_f64())
+}
+
+/// The conversation [`publish_restore_once`] publishes.
+struct PrWorkload {
+    id: CacheIdentity,
+    base: Arc<deltapack::format::Snapshot>,
+    base_ctx: ContextDigest,
+    snap: Arc<deltapack::format::Snapshot>,
+    ctx: ContextDigest,
 }
 
 /// Publication and restore with a SQLite and with a PostgreSQL ledger,
-/// alternating, 5 times each: the medians and their ratio.
+/// alternating, `DELTAPACK_BENCH_PR_RUNS` (default 5) times each: the
+/// medians and their ratio.
 async fn publish_restore() {
     let Some(probe) = postgres_url("probe") else {
         return;
     };
     drop(probe);
-    let tokens: u64 = std::env::var("DELTAPACK_BENCH_PR_TOKENS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(16_384);
+    let env = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let tokens = env("DELTAPACK_BENCH_PR_TOKENS", 16_384).max(4096 + 256);
+    let runs = env("DELTAPACK_BENCH_PR_RUNS", 5).max(1);
     let id = CacheIdentity::example();
-    let snap = Arc::new(synth::snapshot(Preset::Default, 3, tokens).expect("synth"));
-    let toks = synth::tokens(3, tokens as usize);
-    let ctx = ContextHasher::new(id.namespace(), id.chunk_tokens)
-        .expect("hasher")
-        .digest(&toks);
+    let hasher = ContextHasher::new(id.namespace(), id.chunk_tokens).expect("hasher");
+    let w = PrWorkload {
+        base: Arc::new(synth::snapshot(Preset::Default, 1, 4096).expect("synth")),
+        base_ctx: hasher.digest(&synth::tokens(1, 4096)),
+        snap: Arc::new(synth::snapshot(Preset::Default, 1, tokens).expect("synth")),
+        ctx: hasher.digest(&synth::tokens(1, tokens as usize)),
+        id,
+    };
     let (mut sq, mut pg) = (Vec::new(), Vec::new());
-    for i in 0..5 {
-        sq.push(publish_restore_once(None, &snap, &id, ctx).await);
+    for i in 0..runs {
+        sq.push(publish_restore_once(None, &w).await);
         let url = postgres_url(&format!("pr{i}"));
-        pg.push(publish_restore_once(url, &snap, &id, ctx).await);
+        pg.push(publish_restore_once(url, &w).await);
     }
     let med = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
+    let fmt = |v: &[(f64, f64)], i: usize| {
+        v.iter()
+            .map(|r| format!("{:.3}", if i == 0 { r.0 } else { r.1 }))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    println!(
+        "{{\"bench\":\"publish_restore_samples\",\"sqlite_publish_s\":[{}],\"postgres_publish_s\":[{}],\"sqlite_restore_s\":[{}],\"postgres_restore_s\":[{}]}}",
+        fmt(&sq, 0),
+        fmt(&pg, 0),
+        fmt(&sq, 1),
+        fmt(&pg, 1)
+    );
     let (mut sp, mut sr): (Vec<f64>, Vec<f64>) = sq.into_iter().unzip();
     let (mut pp, mut pr): (Vec<f64>, Vec<f64>) = pg.into_iter().unzip();
     let (sp, sr, pp, pr) = (med(&mut sp), med(&mut sr), med(&mut pp), med(&mut pr));
     println!(
-        "{{\"bench\":\"publish_restore\",\"tokens\":{tokens},\"bytes\":{},\"sqlite_publish_s\":{sp:.3},\"postgres_publish_s\":{pp:.3},\"publish_ratio\":{:.3},\"sqlite_restore_s\":{sr:.3},\"postgres_restore_s\":{pr:.3},\"restore_ratio\":{:.3}}}",
-        snap.encoded().len(),
+        "{{\"bench\":\"publish_restore\",\"tokens\":{tokens},\"base_tokens\":4096,\"bytes\":{},\"runs\":{runs},\"sqlite_publish_s\":{sp:.3},\"postgres_publish_s\":{pp:.3},\"publish_ratio\":{:.3},\"sqlite_restore_s\":{sr:.3},\"postgres_restore_s\":{pr:.3},\"restore_ratio\":{:.3}}}",
+        w.snap.encoded().len(),
         pp / sp,
         pr / sr
     );

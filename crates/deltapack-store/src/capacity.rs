@@ -848,7 +848,7 @@ impl Store {
         let mut kept = BTreeSet::new();
         loop {
             self.collect_garbage().await?;
-            let t = ledger.run(|l| l.totals()).await?;
+            let t = ledger.run(|l| l.usage()).await?;
             // Eviction makes room among recorded roots only; other
             // publications' reservations are waited for, not evicted for
             // (a reservation is an upper bound, and most concurrent
@@ -935,7 +935,7 @@ impl Store {
         self.reconcile_ledger().await?;
         let rows = self.lru_rows(ledger).await?;
         let graph = Self::ledger_graph(&rows);
-        let t = ledger.run(|l| l.totals()).await?;
+        let t = ledger.run(|l| l.usage()).await?;
         let mut live = t.object_bytes + t.root_bytes;
         let mut targets = Vec::new();
         let mut gone = BTreeSet::new();

@@ -713,7 +713,12 @@ impl Store {
         // extent i+1 overlaps writing extent i.
         let (tx, rx) = tokio::sync::mpsc::channel(writers);
         let order: Vec<u64> = early.into_iter().chain(waiting).collect();
-        let producer = tokio::spawn(async move {
+        // The producer also protects each extent's key before handing it
+        // to the writers: the protection's ledger commit (a WAL flush on
+        // PostgreSQL) overlaps the writes already in flight instead of
+        // holding up the write it guards.
+        let protector = guard.protector();
+        let mut producer = AbortOnDrop(tokio::spawn(async move {
             for i in order {
                 let r = plan.range(i);
                 let raw = match &header {
@@ -730,25 +735,30 @@ impl Store {
                     },
                     _ => slice_parts(&parts, r),
                 };
-                let prepared =
+                let mut prepared =
                     tokio::task::spawn_blocking(move || prepare_extent(&plan, i, raw, level))
                         .await
                         .map_err(|e| StoreError::task("extent", e))
                         .and_then(|r| r)
                         .map(|(entry, obj)| (i, entry, obj));
+                if let Ok((_, _, obj)) = &prepared {
+                    if let Err(e) = protector.protect(vec![obj.key.to_string()]).await {
+                        prepared = Err(e);
+                    }
+                }
                 let failed = prepared.is_err();
                 if tx.send(prepared).await.is_err() || failed {
                     return;
                 }
             }
-        });
+        }));
         let prepared = futures::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|item| (item, rx))
         });
         let written = prepared
             .map(|p| async move {
+                // Protected by the producer.
                 let (i, entry, obj) = p?;
-                guard.protect(vec![obj.key.to_string()]).await?;
                 let outcome = self.write_object(&obj.key, obj.payload).await?;
                 Ok::<_, StoreError>((i, entry, outcome, obj.len))
             })
@@ -764,7 +774,7 @@ impl Store {
             progress(done, total);
         }
         // The stream ended: the producer has sent everything.
-        producer
+        (&mut producer.0)
             .await
             .map_err(|e| StoreError::task("extent producer", e))?;
         entries.sort_by_key(|(i, _)| *i);
@@ -1111,7 +1121,58 @@ impl ProtectGuard {
     }
 
     async fn protect(&self, keys: Vec<String>) -> Result<()> {
-        let (Some(l), Some(owner)) = (self.store.inner.ledger.get(), self.owner) else {
+        self.protector().protect(keys).await
+    }
+
+    /// A handle that protects keys for this publication from another task
+    /// (it does not end the publication).
+    fn protector(&self) -> Protector {
+        Protector {
+            ledger: self.store.inner.ledger.get().cloned(),
+            owner: self.owner,
+            until: self.until,
+        }
+    }
+
+    /// Ends the publication: its protections and its reservation go.
+    pub(crate) async fn finish(mut self) {
+        if let Some(r) = self.renewer.take() {
+            r.abort();
+        }
+        let (Some(l), Some(owner)) = (self.store.inner.ledger.get(), self.owner.take()) else {
+            return;
+        };
+        if let Err(e) = l.run(move |l| l.end_publication(owner)).await {
+            tracing::warn!(error = %e, "could not drop publication protections");
+        }
+    }
+}
+
+/// A task aborted when its handle goes (a publication that fails stops its
+/// extent producer, which would otherwise protect keys after the end).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Protects keys for one publication (see [`ProtectGuard`]); cheap to clone
+/// into a task.
+#[derive(Clone)]
+pub(crate) struct Protector {
+    ledger: Option<crate::ledger::Ledger>,
+    owner: Option<i64>,
+    until: u64,
+}
+
+impl Protector {
+    /// Protects `keys` from garbage collection until the publication ends;
+    /// returns once none of them is being deleted by a collector (a key
+    /// that was is gone by then, and the caller writes it again).
+    pub(crate) async fn protect(&self, keys: Vec<String>) -> Result<()> {
+        let (Some(l), Some(owner)) = (self.ledger.as_ref(), self.owner) else {
             return Ok(());
         };
         let until = self.until;
@@ -1146,19 +1207,6 @@ impl ProtectGuard {
             claimed = l.run(move |l| l.deleting(&claimed)).await?;
         }
         Ok(())
-    }
-
-    /// Ends the publication: its protections and its reservation go.
-    pub(crate) async fn finish(mut self) {
-        if let Some(r) = self.renewer.take() {
-            r.abort();
-        }
-        let (Some(l), Some(owner)) = (self.store.inner.ledger.get(), self.owner.take()) else {
-            return;
-        };
-        if let Err(e) = l.run(move |l| l.end_publication(owner)).await {
-            tracing::warn!(error = %e, "could not drop publication protections");
-        }
     }
 }
 

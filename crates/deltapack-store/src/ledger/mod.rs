@@ -562,6 +562,23 @@ fn parse_pair(ns: &str, ctx: &str) -> Result<(Namespace, ContextDigest), LedgerE
 
 /// The totals, read on `db` (inside a transaction or not).
 fn totals_in(db: &mut Db) -> Result<Totals, LedgerError> {
+    let mut t = usage_in(db)?;
+    t.per_namespace = db
+        .query(
+            "SELECT ns, CAST(SUM(bytes) AS BIGINT) FROM (SELECT DISTINCT refs.ns AS ns, objects.key AS key, objects.bytes AS bytes
+               FROM refs JOIN objects ON objects.key = refs.key) AS d GROUP BY ns ORDER BY ns",
+            &[],
+        )?
+        .iter()
+        .map(|r| Ok((r.text(0)?, r.u64(1)?)))
+        .collect::<Result<Vec<_>, LedgerError>>()?;
+    Ok(t)
+}
+
+/// [`totals_in`] without the per-namespace breakdown (a join of every
+/// reference with its object, most of the cost at 100,000 roots): what a
+/// budget check needs.
+fn usage_in(db: &mut Db) -> Result<Totals, LedgerError> {
     let roots = db.one("SELECT COUNT(*) FROM roots", &[])?.u64(0)?;
     let root_bytes = db
         .one(
@@ -578,15 +595,6 @@ fn totals_in(db: &mut Db) -> Result<Totals, LedgerError> {
         &[],
     )?;
     let reserved = db.one(RESERVED, &[V::from(now_ms())])?.u64(0)?;
-    let per_namespace = db
-        .query(
-            "SELECT ns, CAST(SUM(bytes) AS BIGINT) FROM (SELECT DISTINCT refs.ns AS ns, objects.key AS key, objects.bytes AS bytes
-               FROM refs JOIN objects ON objects.key = refs.key) AS d GROUP BY ns ORDER BY ns",
-            &[],
-        )?
-        .iter()
-        .map(|r| Ok((r.text(0)?, r.u64(1)?)))
-        .collect::<Result<Vec<_>, LedgerError>>()?;
     let (object_bytes, condemned_bytes) = (live.u64(1)?, condemned.u64(1)?);
     Ok(Totals {
         roots,
@@ -597,7 +605,7 @@ fn totals_in(db: &mut Db) -> Result<Totals, LedgerError> {
         condemned_bytes,
         reserved_bytes: reserved,
         used_bytes: object_bytes + condemned_bytes + root_bytes + reserved,
-        per_namespace,
+        per_namespace: Vec::new(),
     })
 }
 
@@ -1032,6 +1040,7 @@ impl Ledger {
     /// lapses within one lease. Expired publications are cleaned up.
     pub(crate) fn begin_publication(&self, until: u64) -> Result<i64, LedgerError> {
         self.write(|db| {
+            db.lease_commit()?;
             let now = V::from(now_ms());
             db.exec(
                 "DELETE FROM publications WHERE until <= ?1",
@@ -1071,11 +1080,12 @@ impl Ledger {
         budget: u64,
     ) -> Result<Option<Totals>, LedgerError> {
         self.write(|db| {
+            db.lease_commit()?;
             db.exec(
                 "UPDATE publications SET reserved = 0 WHERE id = ?1",
                 &[V::from(id)],
             )?;
-            let t = totals_in(db)?;
+            let t = usage_in(db)?;
             if t.used_bytes.saturating_add(need) > budget {
                 return Ok(Some(t));
             }
@@ -1102,6 +1112,7 @@ impl Ledger {
     ) -> Result<Vec<String>, LedgerError> {
         let fresh = now_ms().saturating_sub(DELETING_LEASE.as_millis() as u64);
         self.write(|db| {
+            db.lease_commit()?;
             let mut claimed = Vec::new();
             for k in keys {
                 db.exec(
@@ -1212,6 +1223,7 @@ impl Ledger {
     /// any that expired).
     pub(crate) fn end_publication(&self, owner: i64) -> Result<(), LedgerError> {
         self.write(|db| {
+            db.lease_commit()?;
             let p = [V::from(owner), V::from(now_ms())];
             db.exec("DELETE FROM protected WHERE owner = ?1 OR until <= ?2", &p)?;
             db.exec("DELETE FROM publications WHERE id = ?1 OR until <= ?2", &p)?;
@@ -1293,6 +1305,12 @@ impl Ledger {
     /// Totals.
     pub(crate) fn totals(&self) -> Result<Totals, LedgerError> {
         self.with(totals_in)
+    }
+
+    /// Totals without the per-namespace breakdown (what a budget check
+    /// needs; `per_namespace` is empty).
+    pub(crate) fn usage(&self) -> Result<Totals, LedgerError> {
+        self.with(usage_in)
     }
 
     /// Every root, least recently used first.

@@ -496,14 +496,15 @@ struct Store {
 #[pymethods]
 impl Store {
     #[new]
-    #[pyo3(signature = (url, *, ledger=None, budget=None, min_free=None, grace=None,
-        root_key=None, max_extent_bytes=None, compression=None, max_chain_depth=None,
+    #[pyo3(signature = (url, *, ledger=None, ledger_url=None, budget=None, min_free=None,
+        grace=None, root_key=None, max_extent_bytes=None, compression=None, max_chain_depth=None,
         max_read_overhead=None, prefill_rate=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         url: String,
         ledger: Option<&str>,
+        ledger_url: Option<String>,
         budget: Option<u64>,
         min_free: Option<u64>,
         grace: Option<f64>,
@@ -526,9 +527,14 @@ impl Store {
         if root_key.as_ref().is_some_and(|k| k.is_empty()) {
             return Err(bad_input("root_key is empty"));
         }
+        // As the CLI's `--ledger`: the environment when not given.
+        let ledger_url = ledger_url
+            .or_else(|| std::env::var("DELTAPACK_LEDGER").ok())
+            .filter(|u| !u.is_empty());
         let opts = store::OpenOptions {
             url,
             ledger,
+            ledger_url,
             budget,
             min_free,
             grace: seconds(grace, "grace")?,

@@ -122,6 +122,9 @@ pub(crate) struct OpenOptions {
     pub(crate) url: String,
     /// Ledger policy at open.
     pub(crate) ledger: LedgerPolicy,
+    /// The ledger's database (`sqlite:///path`, `postgres://…`); `None`:
+    /// the store's default.
+    pub(crate) ledger_url: Option<String>,
     /// Hard byte budget.
     pub(crate) budget: Option<u64>,
     /// Minimum free space to keep on a local store's filesystem.
@@ -182,7 +185,8 @@ impl Engine {
                 LedgerPolicy::Load => ds::ColdStart::Load,
                 LedgerPolicy::Rebuild => ds::ColdStart::Rebuild,
             })
-            .with_prefill_tokens_per_s(o.prefill_rate);
+            .with_prefill_tokens_per_s(o.prefill_rate)
+            .with_ledger(o.ledger_url);
         let store = ds::Store::open(&o.url, config)?;
         Ok(Engine { store, url: o.url })
     }

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import deltapack
+from conftest import read_json
 
 
 def test_parse_size_and_duration():
@@ -57,3 +58,32 @@ def test_operations(tmp_path):
         report = store.evict(to="0B")
         assert len(report["roots"]) == 1
         assert store.restore(ident, ids).reason == "absent"
+
+
+def test_ledger_url_outside_the_store(tmp_path, monkeypatch, cli):
+    """`ledger_url` puts the capacity ledger where a fleet keeps it (here a
+    SQLite file outside the store; `postgres://` takes the same path), the
+    CLI finds the same account through `--ledger`, `DELTAPACK_LEDGER` is the
+    default as for the CLI, and a bad URL is a clear error."""
+    ident = deltapack.CacheIdentity.example()
+    snap, ids = deltapack.synth(2048, "tiny", 23)
+    url = f"file://{tmp_path / 's'}"
+    ledger = f"sqlite://{tmp_path / 'fleet' / 'ledger.sqlite3'}"
+    (tmp_path / "fleet").mkdir()
+    with deltapack.Store(url, ledger_url=ledger) as store:
+        store.publish(ident, ids, snap)
+        assert store.stats()["ledger"]["roots"] == 1
+    assert (tmp_path / "fleet" / "ledger.sqlite3").exists()
+    assert not (tmp_path / "s" / "ledger" / "ledger.sqlite3").exists()
+    code, out = cli("ledger", "show", "--store", url, "--ledger", ledger, "--json")
+    shown = read_json(out)
+    assert code == 0 and shown["engine"] == "sqlite" and shown["roots"] == 1, shown
+    monkeypatch.setenv("DELTAPACK_LEDGER", ledger)
+    with deltapack.Store(url) as store:
+        assert store.stats()["ledger"]["roots"] == 1
+        assert store.restore(ident, ids)
+    monkeypatch.delenv("DELTAPACK_LEDGER")
+    bad = deltapack.Store(url, ledger_url="ftp://nowhere/ledger")
+    with pytest.raises(deltapack.BadInput) as e:
+        bad.stats()
+    assert "ledger URL" in str(e.value)

@@ -540,6 +540,12 @@ class Store:
     * ``ledger`` -- what to do with the capacity ledger at open: ``"load"``
       (default: trust it after a consistency check, rebuild if it disagrees
       with the store) or ``"rebuild"``.
+    * ``ledger_url`` -- where the capacity ledger lives:
+      ``"sqlite:///path/ledger.sqlite3"`` or ``"postgres://user@host/db"``
+      (the fleet ledger every node of a bucket shares); default: the
+      ``DELTAPACK_LEDGER`` environment variable, as for the CLI, else the
+      store's own (inside a ``file://`` store; a file under the state
+      directory for ``s3://``).
     * ``budget`` -- hard size limit (bytes, or text like ``"50GiB"``);
       publications evict least recently used roots to stay within it.
     * ``root_key`` -- secret (bytes or str) authenticating roots in a keyed
@@ -572,6 +578,7 @@ class Store:
         budget: Union[int, str, None] = None,
         root_key: Union[bytes, str, None] = None,
         *,
+        ledger_url: Optional[str] = None,
         min_free: Union[int, str, None] = None,
         grace: Union[float, str, None] = None,
         max_extent_bytes: Optional[int] = None,
@@ -585,6 +592,7 @@ class Store:
         self._native = _native.Store(
             str(url),
             ledger=ledger,
+            ledger_url=ledger_url,
             budget=None if budget is None else parse_size(budget),
             min_free=None if min_free is None else parse_size(min_free),
             grace=None if grace is None else parse_duration(grace),

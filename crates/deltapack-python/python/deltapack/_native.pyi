@@ -93,6 +93,7 @@ class Store:
         url: str,
         *,
         ledger: Optional[str] = None,
+        ledger_url: Optional[str] = None,
         budget: Optional[int] = None,
         min_free: Optional[int] = None,
         grace: Optional[float] = None,

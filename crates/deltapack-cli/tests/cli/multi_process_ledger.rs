@@ -91,13 +91,39 @@ fn fleet_processes_share_one_postgres_ledger() {
 /// equals a rebuild.
 fn hammer(dir: &Path, store: &str, ledger: Option<&str>) -> serde_json::Value {
     let store = store.to_string();
-    let with = |mut a: Vec<String>| {
+    // Runs a store command with the ledger under test, if any.
+    let run_l = move |args: &[&str]| {
+        let mut a = args.to_vec();
         if let Some(l) = ledger {
-            a.extend(["--ledger".to_string(), l.to_string()]);
+            a.extend(["--ledger", l]);
         }
-        a
+        run(dir, &a)
     };
-    let strs = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    // Restores lane `lane`'s turn `t` into `out` (with `extra` options);
+    // a hit must be bit-exact. Returns whether it was a hit.
+    let restore_turn = move |store: &str, lane: u64, t: u64, out: &str, extra: &[&str]| {
+        let tok = format!("l{lane}t{t}.tok");
+        let mut args = vec![
+            "restore",
+            "--store",
+            store,
+            "--identity",
+            "id.json",
+            "--tokens",
+            &tok,
+            "--out",
+            out,
+        ];
+        args.extend_from_slice(extra);
+        let (code, _) = run_l(&args);
+        assert!(code == 0 || code == 3, "restore exited {code}");
+        if code == 0 {
+            let got = std::fs::read(dir.join(out)).expect("out");
+            let want = std::fs::read(dir.join(format!("l{lane}t{t}.snap"))).expect("in");
+            assert!(got == want, "lane {lane} turn {t}: restored bytes differ");
+        }
+        code == 0
+    };
     let budget = "60000";
     let (c, id) = run(dir, &["identity", "--example"]);
     assert_eq!(c, 0);
@@ -161,47 +187,27 @@ fn hammer(dir: &Path, store: &str, ledger: Option<&str>) -> serde_json::Value {
                             format!("l{lane}t{}.tok", t - 1),
                         ]);
                     }
-                    let args = with(args);
                     let a: Vec<&str> = args.iter().map(String::as_str).collect();
                     // Success, or a clean failure when the budget forced the
                     // base out (then the next turn is published flat).
-                    let (code, _) = run(dir, &a);
+                    let (code, _) = run_l(&a);
                     assert!(code == 0 || code == 1, "publish exited {code}");
                     let out = format!("out{lane}.snap");
-                    let args = with(strs(&[
-                        "restore",
-                        "--store",
+                    restore_turn(
                         &store,
-                        "--identity",
-                        "id.json",
-                        "--tokens",
-                        &tok,
-                        "--out",
+                        lane,
+                        t,
                         &out,
-                        "--grace",
-                        "0s",
-                        "--budget",
-                        budget,
-                    ]));
-                    let a: Vec<&str> = args.iter().map(String::as_str).collect();
-                    let (code, _) = run(dir, &a);
-                    assert!(code == 0 || code == 3, "restore exited {code}");
-                    if code == 0 {
-                        let got = std::fs::read(dir.join(format!("out{lane}.snap"))).expect("out");
-                        let want = std::fs::read(dir.join(&snap)).expect("in");
-                        assert!(got == want, "lane {lane} turn {t}: restored bytes differ");
-                    }
+                        &["--grace", "0s", "--budget", budget],
+                    );
                 }
             });
         }
         let store = store.clone();
         s.spawn(move || {
             for _ in 0..4 {
-                let args = with(strs(&[
-                    "evict", "--store", &store, "--to", "40000", "--grace", "0s",
-                ]));
-                let a: Vec<&str> = args.iter().map(String::as_str).collect();
-                let (code, _) = run(dir, &a);
+                let (code, _) =
+                    run_l(&["evict", "--store", &store, "--to", "40000", "--grace", "0s"]);
                 assert_eq!(code, 0, "evict");
                 // A sweep with no grace while the lanes publish: orphans
                 // are deleted at once, so only the ledger's protections keep
@@ -209,11 +215,7 @@ fn hammer(dir: &Path, store: &str, ledger: Option<&str>) -> serde_json::Value {
                 // missing that an eviction collected after the sweep listed
                 // it (exit 3), but it must never invalidate a root: nothing
                 // here is damaged.
-                let args = with(strs(&[
-                    "sweep", "--store", &store, "--grace", "0s", "--json",
-                ]));
-                let a: Vec<&str> = args.iter().map(String::as_str).collect();
-                let (code, out) = run(dir, &a);
+                let (code, out) = run_l(&["sweep", "--store", &store, "--grace", "0s", "--json"]);
                 assert!(code == 0 || code == 3, "sweep exited {code}");
                 let report: serde_json::Value = serde_json::from_str(&out).expect("sweep json");
                 assert_eq!(
@@ -227,11 +229,7 @@ fn hammer(dir: &Path, store: &str, ledger: Option<&str>) -> serde_json::Value {
     });
     // Quiet now: a sweep finds nothing wrong, and every root that survived
     // the campaign restores bit-exactly (each turn that misses has no root).
-    let args = with(strs(&[
-        "sweep", "--store", &store, "--grace", "0s", "--json",
-    ]));
-    let a: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (code, out) = run(dir, &a);
+    let (code, out) = run_l(&["sweep", "--store", &store, "--grace", "0s", "--json"]);
     assert_eq!(code, 0, "final sweep: {out}");
     let report: serde_json::Value = serde_json::from_str(&out).expect("sweep json");
     for field in ["missing", "corrupt", "invalidated_roots", "unusable_roots"] {
@@ -240,25 +238,7 @@ fn hammer(dir: &Path, store: &str, ledger: Option<&str>) -> serde_json::Value {
     let mut restored = 0u64;
     for lane in 0..2u64 {
         for t in 1..=6u64 {
-            let (snap, tok) = (format!("l{lane}t{t}.snap"), format!("l{lane}t{t}.tok"));
-            let args = with(strs(&[
-                "restore",
-                "--store",
-                &store,
-                "--identity",
-                "id.json",
-                "--tokens",
-                &tok,
-                "--out",
-                "final.snap",
-            ]));
-            let a: Vec<&str> = args.iter().map(String::as_str).collect();
-            let (code, _) = run(dir, &a);
-            assert!(code == 0 || code == 3, "final restore exited {code}");
-            if code == 0 {
-                let got = std::fs::read(dir.join("final.snap")).expect("out");
-                let want = std::fs::read(dir.join(&snap)).expect("in");
-                assert!(got == want, "lane {lane} turn {t}: restored bytes differ");
+            if restore_turn(&store, lane, t, "final.snap", &[]) {
                 restored += 1;
             }
         }
@@ -268,15 +248,11 @@ fn hammer(dir: &Path, store: &str, ledger: Option<&str>) -> serde_json::Value {
         report["roots"].as_u64(),
         "every root the sweep found restores: {report}"
     );
-    let args = with(strs(&["ledger", "show", "--store", &store, "--json"]));
-    let a: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (c, shown) = run(dir, &a);
+    let (c, shown) = run_l(&["ledger", "show", "--store", &store, "--json"]);
     assert_eq!(c, 0);
-    let args = with(strs(&[
+    let (c, rebuilt) = run_l(&[
         "ledger", "rebuild", "--store", &store, "--json", "--grace", "0s",
-    ]));
-    let a: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (c, rebuilt) = run(dir, &a);
+    ]);
     assert_eq!(c, 0);
     let shown: serde_json::Value = serde_json::from_str(&shown).expect("json");
     let rebuilt: serde_json::Value = serde_json::from_str(&rebuilt).expect("json");

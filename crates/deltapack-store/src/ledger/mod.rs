@@ -456,7 +456,6 @@ fn backfill_ckeys(db: &mut Db) -> Result<(), LedgerError> {
     Ok(())
 }
 
-/// Leaves a tombstone for a removed root or hold (`kind` `root` or `hold`).
 /// Forgets root `pair` (`[ns, ctx]` as hex) and its references: each object
 /// it referenced loses one reference, and those left with none are
 /// condemned at `now`. Returns `(key, bytes)` of the newly condemned.
@@ -488,6 +487,7 @@ fn unref_root_in(db: &mut Db, pair: &[V; 2], now: u64) -> Result<Vec<(String, u6
     Ok(condemned)
 }
 
+/// Leaves a tombstone for a removed root or hold (`kind` `root` or `hold`).
 fn tombstone_in(db: &mut Db, kind: &str, id: &str, now: u64) -> Result<(), LedgerError> {
     db.exec(
         "INSERT INTO tombstones(kind, id, at) VALUES (?1, ?2, ?3)

@@ -255,10 +255,9 @@ async fn sweep_removes_only_old_staging_files() {
 /// (a healthy flat root in `quarantine/`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sweep_does_not_quarantine_a_root_republished_after_it_read_it() {
-    use common::faults::{FaultPlan, Faulty, Race};
-    use deltapack_store::{Backend, RootFormat};
+    use common::faults::{FaultPlan, Race};
+    use deltapack_store::RootFormat;
     use futures::TryStreamExt;
-    use std::sync::Arc;
 
     let mut failures = Vec::new();
     for name in ["memory", "local"] {
@@ -268,14 +267,7 @@ async fn sweep_does_not_quarantine_a_root_republished_after_it_read_it() {
             _ => "memory://".to_string(),
         };
         let raw = raw_backend(&url);
-        let faulty = Arc::new(Faulty::new(raw.store.clone(), FaultPlan::default()));
-        let s = wrapped(
-            Backend {
-                store: faulty.clone(),
-                kind: raw.kind.clone(),
-            },
-            config(),
-        );
+        let (faulty, s) = faulty_handle(&raw, config());
         let id = identity("sweep-republished");
         let (b, r) = (turn(64, 1024), turn(64, 2048));
         let (kb, kr) = (ctx(&id, 64, 1024), ctx(&id, 64, 2048));

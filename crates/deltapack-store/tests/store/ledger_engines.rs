@@ -351,7 +351,7 @@ async fn the_ledger_in_use_is_reported() {
 /// shared SQLite file (two handles) and with PostgreSQL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collector_and_a_publisher_racing_on_one_object_lose_nothing() {
-    use crate::common::faults::{FaultPlan, Faulty, Hook};
+    use crate::common::faults::{FaultPlan, Hook};
     use std::sync::atomic::AtomicBool;
     use std::sync::{Arc, Mutex};
     type Slot = Arc<
@@ -368,15 +368,8 @@ async fn a_collector_and_a_publisher_racing_on_one_object_lose_nothing() {
             return;
         };
         let raw = raw_backend(&bucket);
-        let faulty = Arc::new(Faulty::new(raw.store.clone(), FaultPlan::default()));
         let cfg = config().with_ledger(Some(ledger));
-        let a = wrapped(
-            deltapack_store::Backend {
-                store: faulty.clone(),
-                kind: raw.kind.clone(),
-            },
-            cfg.clone().with_grace(Duration::ZERO),
-        );
+        let (faulty, a) = faulty_handle(&raw, cfg.clone().with_grace(Duration::ZERO));
         let b = Store::open(&bucket, cfg.clone()).expect("node B");
         let id = identity("gc-race");
         let (c, snap) = (ctx(&id, 95, 4096), turn(95, 4096));

@@ -30,12 +30,7 @@ type Slot = Arc<Mutex<Option<tokio::task::JoinHandle<deltapack_store::Result<Pub
 async fn eviction_racing_a_republication_keeps_the_new_roots_objects() {
     for url in std::iter::once("memory://".to_string()).chain(s3_url()) {
         let raw = raw_backend(&url);
-        let faulty = Arc::new(Faulty::new(raw.store.clone(), FaultPlan::default()));
-        let backend = Backend {
-            store: faulty.clone(),
-            kind: raw.kind.clone(),
-        };
-        let s = wrapped(backend, config().with_grace(Duration::ZERO));
+        let (faulty, s) = faulty_handle(&raw, config().with_grace(Duration::ZERO));
         let id = identity("evict-vs-republish");
         let (c, snap) = (ctx(&id, 61, 2048), turn(61, 2048));
         publish_base(&s, &id, c, snap.clone(), RootFormat::V2).await;
@@ -284,14 +279,7 @@ async fn rebuild_during_a_publication_keeps_the_new_root() {
             .with_grace(Duration::ZERO)
             .with_ledger(Some(ledger));
         let raw = raw_backend(&url);
-        let faulty = Arc::new(Faulty::new(raw.store.clone(), FaultPlan::default()));
-        let a = wrapped(
-            Backend {
-                store: faulty.clone(),
-                kind: raw.kind.clone(),
-            },
-            cfg.clone(),
-        );
+        let (faulty, a) = faulty_handle(&raw, cfg.clone());
         let b = wrapped(raw.clone(), cfg.clone());
         let id = identity("rebuild-vs-publish");
         let (c1, snap1) = (ctx(&id, 71, 2048), turn(71, 2048));
@@ -531,14 +519,7 @@ async fn eviction_racing_a_delta_publication_keeps_its_base() {
             .with_grace(Duration::ZERO)
             .with_ledger(Some(ledger));
         let raw = raw_backend(&url);
-        let faulty = Arc::new(Faulty::new(raw.store.clone(), FaultPlan::default()));
-        let a = wrapped(
-            Backend {
-                store: faulty.clone(),
-                kind: raw.kind.clone(),
-            },
-            cfg.clone(),
-        );
+        let (faulty, a) = faulty_handle(&raw, cfg.clone());
         let b = wrapped(raw.clone(), cfg.clone());
         let id = identity("evict-vs-delta");
         let (c1, snap1) = (ctx(&id, 81, 2048), turn(81, 2048));

@@ -175,10 +175,9 @@ async fn keyed_roots_migrate_only_with_the_key() {
 /// The old code overwrote unconditionally and brought an evicted root back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_root_removed_or_replaced_during_migration_is_not_brought_back() {
-    use common::faults::{FaultPlan, Faulty, Race};
-    use deltapack_store::{keys, Backend};
+    use common::faults::{FaultPlan, Race};
+    use deltapack_store::keys;
     use object_store::ObjectStoreExt;
-    use std::sync::Arc;
 
     let mut kinds = vec!["memory"];
     if s3_endpoint().is_some() {
@@ -191,14 +190,7 @@ async fn a_root_removed_or_replaced_during_migration_is_not_brought_back() {
                 _ => "memory://".to_string(),
             };
             let raw = raw_backend(&url);
-            let faulty = Arc::new(Faulty::new(raw.store.clone(), FaultPlan::default()));
-            let s = wrapped(
-                Backend {
-                    store: faulty.clone(),
-                    kind: raw.kind.clone(),
-                },
-                config().with_grace(Duration::ZERO),
-            );
+            let (faulty, s) = faulty_handle(&raw, config().with_grace(Duration::ZERO));
             let id = identity("migrate-race");
             let (c, snap) = (ctx(&id, 83, 2048), turn(83, 2048));
             publish_base(&s, &id, c, snap, RootFormat::V1).await;
@@ -239,20 +231,12 @@ async fn a_root_removed_or_replaced_during_migration_is_not_brought_back() {
 /// unconditional overwrite could undo a concurrent eviction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migration_refuses_a_backend_without_conditional_overwrite() {
-    use common::faults::{FaultPlan, Faulty};
-    use deltapack_store::{keys, Backend, StoreError};
+    use common::faults::FaultPlan;
+    use deltapack_store::{keys, StoreError};
     use object_store::ObjectStoreExt;
-    use std::sync::Arc;
 
     let raw = raw_backend("memory://");
-    let faulty = Arc::new(Faulty::new(raw.store.clone(), FaultPlan::default()));
-    let s = wrapped(
-        Backend {
-            store: faulty.clone(),
-            kind: raw.kind.clone(),
-        },
-        config(),
-    );
+    let (faulty, s) = faulty_handle(&raw, config());
     let id = identity("migrate-no-if-match");
     let (c, snap) = (ctx(&id, 84, 2048), turn(84, 2048));
     publish_base(&s, &id, c, snap.clone(), RootFormat::V1).await;

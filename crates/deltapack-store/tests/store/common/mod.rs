@@ -186,6 +186,23 @@ pub(crate) fn wrapped(backend: Backend, config: StoreConfig) -> Store {
     Store::from_backend(backend, config).expect("store")
 }
 
+/// A handle on `raw` through a fault wrapper (no faults planned yet), and
+/// the wrapper, whose plan the test sets when the moment comes.
+pub(crate) fn faulty_handle(raw: &Backend, config: StoreConfig) -> (Arc<faults::Faulty>, Store) {
+    let faulty = Arc::new(faults::Faulty::new(
+        raw.store.clone(),
+        faults::FaultPlan::default(),
+    ));
+    let s = wrapped(
+        Backend {
+            store: faulty.clone(),
+            kind: raw.kind.clone(),
+        },
+        config,
+    );
+    (faulty, s)
+}
+
 /// Opens the raw backend behind a URL.
 pub(crate) fn raw_backend(url: &str) -> Backend {
     open_backend(url).expect("backend")

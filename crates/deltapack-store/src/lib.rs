@@ -95,6 +95,7 @@
 mod backend;
 mod base_graph;
 mod capacity;
+mod config_file;
 mod error;
 mod fault;
 pub mod keys;
@@ -107,10 +108,12 @@ mod restore;
 mod stats;
 mod store;
 mod sweep;
+pub mod units;
 mod write_behind;
 
 pub use backend::{is_storage_full, open as open_backend, Backend, BackendKind};
 pub use capacity::{free_space, Pin, PruneFilter, RemovalKind, RemovalPlan, RemovalReport};
+pub use config_file::{ConfigFile, ConfigFileError, FileChainPolicy, FileColdStart};
 pub use error::{MissReason, OpenError, Result, StoreError};
 pub use keys::RootKey;
 pub use ledger::{ColdStart, LedgerError, LedgerImage, LedgerLocation, MergeReport, Totals};

@@ -162,11 +162,11 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode> {
         .context("conversation too long")?;
     let n_tokens = usize::try_from(final_tokens).context("conversation too long")?;
 
-    let config = args.extents.apply(args.store.config()?);
-    let store = args.store.open_with(config)?;
+    let resolved = crate::settings::resolve(&args.store, Some(&args.extents), None)?;
+    let store = args.store.open_with(resolved.config)?;
     let store_name = match store.backend_kind() {
         BackendKind::Local { root } => root.display().to_string(),
-        _ => args.store.store.clone(),
+        _ => args.store.url()?,
     };
 
     // One token sequence; context digests at every turn boundary in one
@@ -277,7 +277,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode> {
                 .with_context(|| format!("publishing turn {turn} as {}", lane.report.format))?;
             let after = store.stats();
             if receipt.outcome == PublishOutcome::Conflict {
-                bail!(
+                return Err(crate::Conflict(format!(
                     "conflict: the store already holds a different snapshot ({}) for turn {turn} of the {} demo conversation (context {}); use another --store",
                     receipt
                         .existing_snapshot_digest
@@ -285,7 +285,8 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode> {
                         .unwrap_or_else(|| format!("schema {}", receipt.schema)),
                     lane.report.format,
                     receipt.context
-                );
+                ))
+                .into());
             }
             let r = &mut lane.report;
             r.turns += 1;

@@ -19,8 +19,12 @@ pub(crate) struct InspectArgs {
     #[arg(long, value_name = "FILE")]
     identity: Option<PathBuf>,
     /// Show this context's root in detail, with its extents or chunks.
-    #[arg(long, value_name = "HEX")]
+    #[arg(long, value_name = "HEX", conflicts_with = "tokens")]
     context: Option<String>,
+    /// Show the root of these token ids' context (u32 LE; needs
+    /// --identity) in detail, instead of --context.
+    #[arg(long, value_name = "FILE", requires = "identity")]
+    tokens: Option<PathBuf>,
     /// Machine-readable output (a JSON array of roots, or one object).
     #[arg(long)]
     json: bool,
@@ -30,17 +34,18 @@ pub(crate) struct InspectArgs {
 ///
 /// Note that reading a damaged root quarantines it (as every reader does).
 pub(crate) async fn run(args: InspectArgs) -> Result<ExitCode> {
-    let ns = match &args.identity {
-        Some(p) => Some(common::read_identity(p)?.namespace()),
-        None => None,
-    };
+    let identity = args
+        .identity
+        .as_deref()
+        .map(common::read_identity)
+        .transpose()?;
+    let ns = identity.as_ref().map(|id| id.namespace());
+    let context =
+        common::context_of(identity.as_ref(), args.context.as_deref(), args.tokens.as_deref())?;
     let store = args.store.open()?;
-    match &args.context {
+    match context {
         None => list(&store, ns.as_ref(), args.json).await,
-        Some(hex) => {
-            let ctx = common::parse_context(hex)?;
-            detail(&store, ns, ctx, args.json).await
-        }
+        Some(ctx) => detail(&store, ns, ctx, args.json).await,
     }
 }
 

@@ -2,12 +2,19 @@
 //!
 //! Commands: `identity`, `synth`, `publish`, `restore`, `inspect`, `sweep`,
 //! `evict`, `hold`, `release`, `prune`, `clear`, `invalidate`, `ledger`,
-//! `stats`, `migrate`, `demo` (see `deltapack --help`). The benchmarks are
+//! `stats`, `migrate`, `config`, `completions`, `demo` (see
+//! `deltapack --help`). The benchmarks are
 //! a separate, unpublished binary: `deltapack-bench` (crates/deltapack-bench).
 //!
 //! Exit codes: 0 success (or a restore hit), 1 error (including a publication
 //! conflict), 2 usage error (clap's default), 3 miss (no usable state: the
-//! reason is printed, as a JSON object with `--json`).
+//! reason is printed, as a JSON object with `--json`), 4 damage found by
+//! `sweep`. Errors go to stderr, each cause once; with `--json` as one JSON
+//! object `{"error": {"kind", "message", "causes", "hint"}}` whose `kind`
+//! is stable (see `errors.rs`).
+//!
+//! Store options come from flags, `DELTAPACK_*` environment variables and a
+//! TOML file (`--config`), in that order of precedence (`settings.rs`).
 //!
 //! Logs go to stderr through `tracing` (filter with `RUST_LOG`, default
 //! `warn`); results go to stdout. Progress bars are drawn on stderr only when
@@ -15,11 +22,13 @@
 
 mod common;
 mod demo;
+mod errors;
 mod inspect;
 mod lookup;
 mod ops;
 mod publish;
 mod restore;
+mod settings;
 mod sweep;
 mod synth;
 
@@ -27,7 +36,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{ArgGroup, Parser, Subcommand};
+use clap::{ArgGroup, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Exit code of a miss (no usable state for the context).
 pub(crate) const EXIT_MISS: u8 = 3;
@@ -35,12 +44,22 @@ pub(crate) const EXIT_MISS: u8 = 3;
 pub(crate) const EXIT_ERROR: u8 = 1;
 /// Exit code of a usage error (as clap's).
 pub(crate) const EXIT_USAGE: u8 = 2;
+/// Exit code of a sweep that found damage (corrupt or missing objects).
+pub(crate) const EXIT_DAMAGE: u8 = 4;
+
+/// A publication that lost to an existing, different root (exit 1, error
+/// kind `conflict`).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct Conflict(pub(crate) String);
 
 /// Authenticated macro-object delta store for paged prefix state.
 #[derive(Debug, Parser)]
 #[command(name = "deltapack", version, long_about = None)]
 #[command(
-    after_help = "Exit codes: 0 success/hit, 1 error or conflict, 2 usage, 3 miss.\n\
+    after_help = "Exit codes: 0 success/hit, 1 error or conflict, 2 usage, 3 miss, 4 sweep found damage.\n\
+Store options: flag > DELTAPACK_* environment > --config FILE (TOML) > default\n\
+(`deltapack config show` prints each with its source).\n\
 Logs go to stderr (RUST_LOG filters them; default warn)."
 )]
 struct Cli {
@@ -66,7 +85,7 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// Verify every object roots reference, quarantine corrupt ones,
     /// invalidate roots that need them, reclaim orphans past the grace period.
-    /// Exits 3 if damage was found.
+    /// Exits 4 if damage was found.
     #[command(alias = "verify")]
     Sweep(sweep::SweepArgs),
     /// Evict least recently used roots until the store fits a byte target
@@ -90,6 +109,14 @@ enum Command {
     /// Migrate legacy v1 roots to v2 (each replaced atomically after its
     /// snapshot digest is proven unchanged).
     Migrate(ops::MigrateArgs),
+    /// Show the store settings in effect (`config show`): each option's
+    /// value and whether it came from a flag, the environment, the
+    /// configuration file or the default.
+    Config(settings::ConfigArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish,
+    /// powershell) on stdout, e.g. `deltapack completions bash >
+    /// /etc/bash_completion.d/deltapack`.
+    Completions(CompletionsArgs),
     /// Run the main job end to end: a multi-turn conversation published as
     /// v2 deltas and as legacy v1 roots, restored and verified.
     Demo(demo::DemoArgs),
@@ -107,6 +134,19 @@ struct IdentityArgs {
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    shell: clap_complete::Shell,
+}
+
+fn completions(a: CompletionsArgs) -> anyhow::Result<ExitCode> {
+    let mut cmd = Cli::command();
+    clap_complete::generate(a.shell, &mut cmd, "deltapack", &mut std::io::stdout());
+    Ok(ExitCode::SUCCESS)
 }
 
 fn identity(args: IdentityArgs) -> anyhow::Result<ExitCode> {
@@ -151,6 +191,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Identity(a) => identity(a),
         Command::Synth(a) => synth::run(a),
+        Command::Config(a) => settings::run(a),
+        Command::Completions(a) => completions(a),
         command => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -173,7 +215,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     Command::Ledger(a) => ops::ledger(a).await,
                     Command::Stats(a) => ops::stats(a).await,
                     Command::Migrate(a) => ops::migrate(a).await,
-                    Command::Identity(_) | Command::Synth(_) => {
+                    Command::Identity(_)
+                    | Command::Synth(_)
+                    | Command::Config(_)
+                    | Command::Completions(_) => {
                         unreachable!("handled without a runtime")
                     }
                 }
@@ -199,12 +244,17 @@ fn default_sigpipe() {}
 fn main() -> ExitCode {
     default_sigpipe();
     // Usage errors exit with clap's code 2 (and --help/--version with 0).
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    settings::set_matches(&matches);
     init_tracing();
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            errors::report(&e, settings::json_requested());
             ExitCode::from(EXIT_ERROR)
         }
     }

@@ -31,9 +31,9 @@ impl OpArgs {
 pub(crate) struct EvictArgs {
     #[command(flatten)]
     s: OpArgs,
-    /// Evict least recently used roots until the store fits this many bytes
-    /// (default: the `--budget`).
-    #[arg(long = "to", value_name = "BYTES")]
+    /// Evict least recently used roots until the store fits this size, e.g.
+    /// 40GiB (default: the `--budget`).
+    #[arg(long = "to", value_name = "SIZE", value_parser = crate::common::parse_size)]
     target: Option<u64>,
     /// Print the plan without changing anything.
     #[arg(long)]
@@ -55,8 +55,12 @@ pub(crate) struct HoldArgs {
     #[arg(long, value_name = "FILE")]
     identity: Option<std::path::PathBuf>,
     /// Context hex.
-    #[arg(long, value_name = "HEX")]
-    context: String,
+    #[arg(long, value_name = "HEX", required_unless_present = "tokens", conflicts_with = "tokens")]
+    context: Option<String>,
+    /// Token ids (u32 LE) whose context to name, instead of --context
+    /// (needs --identity).
+    #[arg(long, value_name = "FILE", requires = "identity")]
+    tokens: Option<std::path::PathBuf>,
 }
 
 /// `deltapack prune`.
@@ -101,11 +105,18 @@ pub(crate) struct InvalidateArgs {
     #[command(flatten)]
     s: OpArgs,
     /// Namespace hex (e.g. of an identity whose model changed).
-    #[arg(long, value_name = "HEX")]
-    namespace: String,
+    #[arg(long, value_name = "HEX", required_unless_present = "identity", conflicts_with = "identity")]
+    namespace: Option<String>,
+    /// Identity file giving the namespace, instead of --namespace.
+    #[arg(long, value_name = "FILE")]
+    identity: Option<std::path::PathBuf>,
     /// Only this context (hex) and the deltas above it.
-    #[arg(long, value_name = "HEX")]
+    #[arg(long, value_name = "HEX", conflicts_with = "tokens")]
     context: Option<String>,
+    /// Only the context of these token ids (u32 LE; needs --identity) and
+    /// the deltas above it.
+    #[arg(long, value_name = "FILE", requires = "identity")]
+    tokens: Option<std::path::PathBuf>,
     /// Print the plan without changing anything.
     #[arg(long)]
     dry_run: bool,
@@ -178,8 +189,8 @@ async fn carry_out(
 }
 
 pub(crate) async fn evict(a: EvictArgs) -> Result<ExitCode> {
-    let Some(target) = a.target.or(a.s.store.capacity.budget) else {
-        anyhow::bail!("give --budget BYTES (or --to BYTES)");
+    let Some(target) = a.target.or(a.s.store.config()?.budget_bytes) else {
+        anyhow::bail!("give --budget SIZE (or --to SIZE)");
     };
     let store = a.s.open()?;
     let plan = store.evict_plan(target).await?;
@@ -187,13 +198,18 @@ pub(crate) async fn evict(a: EvictArgs) -> Result<ExitCode> {
 }
 
 pub(crate) async fn hold(a: HoldArgs, release: bool) -> Result<ExitCode> {
-    let store = a.s.open()?;
-    let namespace = match (&a.namespace, &a.identity) {
+    let identity = a.identity.as_deref().map(common::read_identity).transpose()?;
+    let namespace = match (&a.namespace, &identity) {
         (Some(h), _) => ns(h)?,
-        (None, Some(f)) => common::read_identity(f)?.namespace(),
+        (None, Some(id)) => id.namespace(),
         (None, None) => anyhow::bail!("give --namespace or --identity"),
     };
-    let context = common::parse_context(&a.context)?;
+    let Some(context) =
+        common::context_of(identity.as_ref(), a.context.as_deref(), a.tokens.as_deref())?
+    else {
+        anyhow::bail!("give --context or --tokens");
+    };
+    let store = a.s.open()?;
     if release {
         let existed = store.release(&a.name, namespace, context).await?;
         if a.s.json {
@@ -243,13 +259,16 @@ pub(crate) async fn clear(a: ClearArgs) -> Result<ExitCode> {
 }
 
 pub(crate) async fn invalidate(a: InvalidateArgs) -> Result<ExitCode> {
+    let identity = a.identity.as_deref().map(common::read_identity).transpose()?;
+    let namespace = match (&a.namespace, &identity) {
+        (Some(h), _) => ns(h)?,
+        (None, Some(id)) => id.namespace(),
+        (None, None) => anyhow::bail!("give --namespace or --identity"),
+    };
+    let context =
+        common::context_of(identity.as_ref(), a.context.as_deref(), a.tokens.as_deref())?;
     let store = a.s.open()?;
-    let context = a
-        .context
-        .as_deref()
-        .map(common::parse_context)
-        .transpose()?;
-    let plan = store.invalidate_plan(ns(&a.namespace)?, context).await?;
+    let plan = store.invalidate_plan(namespace, context).await?;
     carry_out(&store, plan, a.dry_run, "invalidate", a.s.json).await
 }
 

@@ -8,14 +8,10 @@ use anyhow::{bail, Result};
 use clap::ArgGroup;
 use deltapack_format::{ContextDigest, ContextHasher};
 use deltapack_store::{
-    BaseInput, ChainPolicy, PublishOutcome, PublishReceipt, PublishRequest, RootFormat,
+    BaseInput, PublishOutcome, PublishReceipt, PublishRequest, RootFormat,
 };
 
 use crate::common;
-
-fn default_chain() -> ChainPolicy {
-    ChainPolicy::default()
-}
 
 /// Root schema to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -70,15 +66,8 @@ pub(crate) struct PublishArgs {
     format: FormatArg,
     #[command(flatten)]
     extents: common::ExtentArgs,
-    /// Chain policy: publish flat instead of a delta that would sit more
-    /// than N deltas above its flat root (0 = no limit).
-    #[arg(long, value_name = "N", default_value_t = default_chain().max_depth.unwrap_or(0))]
-    max_chain_depth: u32,
-    /// Chain policy: publish flat instead of a delta whose chain would hold
-    /// more payload than (1 + F) × the result (a composed restore's read
-    /// overhead; negative = no limit).
-    #[arg(long, value_name = "F", default_value_t = default_chain().max_read_overhead.unwrap_or(-1.0))]
-    max_read_overhead: f64,
+    #[command(flatten)]
+    chain: crate::settings::ChainArgs,
     /// Print the receipt as JSON.
     #[arg(long)]
     json: bool,
@@ -145,11 +134,8 @@ pub(crate) async fn run(args: PublishArgs) -> Result<ExitCode> {
         }
     };
 
-    let config = args.extents.apply(args.store.config()?).with_chain(
-        ChainPolicy::default()
-            .with_max_depth(Some(args.max_chain_depth).filter(|k| *k > 0))
-            .with_max_read_overhead(Some(args.max_read_overhead).filter(|x| *x >= 0.0)),
-    );
+    let config =
+        crate::settings::resolve(&args.store, Some(&args.extents), Some(&args.chain))?.config;
     let store = args.store.open_with(config)?;
     let req = PublishRequest {
         identity,
@@ -173,8 +159,8 @@ pub(crate) async fn run(args: PublishArgs) -> Result<ExitCode> {
         print!("{}", receipt_text(&receipt));
     }
     if receipt.outcome == PublishOutcome::Conflict {
-        eprintln!(
-            "error: conflict: context {} already holds {} (schema {}), this request's snapshot is {}; the existing root wins and nothing was written",
+        return Err(crate::Conflict(format!(
+            "conflict: context {} already holds {} (schema {}), this request's snapshot is {}; the existing root wins and nothing was written",
             receipt.context,
             receipt
                 .existing_snapshot_digest
@@ -182,8 +168,8 @@ pub(crate) async fn run(args: PublishArgs) -> Result<ExitCode> {
                 .unwrap_or_else(|| "an unreadable root".into()),
             receipt.schema,
             receipt.snapshot_digest,
-        );
-        return Ok(ExitCode::from(crate::EXIT_ERROR));
+        ))
+        .into());
     }
     Ok(ExitCode::SUCCESS)
 }

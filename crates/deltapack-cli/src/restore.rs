@@ -1,10 +1,11 @@
 //! `deltapack restore`: restore and verify one context into a file.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::ArgGroup;
 use deltapack_format::ContextHasher;
 use deltapack_store::{MissReason, RestoreOptions, RestoreOutcome};
@@ -25,12 +26,22 @@ pub(crate) struct RestoreArgs {
     /// Token ids (u32 LE) whose context to restore, instead of --context.
     #[arg(long, value_name = "FILE")]
     tokens: Option<PathBuf>,
-    /// Where to write the verified snapshot encoding (via FILE.tmp + rename;
-    /// nothing is written on a miss).
+    /// Where to write the verified snapshot encoding: FILE is written as
+    /// FILE.tmp and renamed, so it is never seen half written (nothing is
+    /// written on a miss); `-` streams it to stdout, and the report goes to
+    /// stderr.
     #[arg(long, value_name = "FILE")]
     out: PathBuf,
-    /// Give up (a deadline-exceeded miss) after this many milliseconds.
-    #[arg(long, value_name = "N")]
+    /// Also fsync the output file and its directory before reporting, so it
+    /// survives a power cut (off by default: the page cache writes it back).
+    #[arg(long)]
+    durable: bool,
+    /// Give up (a deadline-exceeded miss) after this long, e.g. 500ms, 2s.
+    #[arg(long, value_name = "DURATION", env = "DELTAPACK_DEADLINE",
+          value_parser = common::parse_duration, conflicts_with = "deadline_ms")]
+    deadline: Option<Duration>,
+    /// Deprecated: --deadline in milliseconds (kept for one release).
+    #[arg(long, value_name = "N", hide = true)]
     deadline_ms: Option<u64>,
     /// Machine-readable output.
     #[arg(long)]
@@ -50,10 +61,12 @@ pub(crate) async fn run(args: RestoreArgs) -> Result<ExitCode> {
         (None, None) => bail!("give --context or --tokens"),
     };
     let store = args.store.open()?;
-    let opts = RestoreOptions::default().with_deadline(
-        args.deadline_ms
-            .map(|n| tokio::time::Instant::now() + Duration::from_millis(n)),
-    );
+    let deadline = args
+        .deadline
+        .or(args.deadline_ms.map(Duration::from_millis));
+    let opts =
+        RestoreOptions::default().with_deadline(deadline.map(|d| tokio::time::Instant::now() + d));
+    let to_stdout = args.out.as_os_str() == "-";
     let pb = common::spinner(format!("restoring {}", common::short(&context.hex())));
     let start = Instant::now();
     let outcome = store.restore((ns, context), opts).await;
@@ -64,10 +77,26 @@ pub(crate) async fn run(args: RestoreArgs) -> Result<ExitCode> {
         RestoreOutcome::Hit(r) => {
             let bytes = r.snapshot.encoded();
             let t_write = Instant::now();
-            common::write_atomic(&args.out, bytes)?;
+            if to_stdout {
+                let mut out = std::io::stdout().lock();
+                out.write_all(bytes)
+                    .and_then(|()| out.flush())
+                    .context("cannot write the snapshot to stdout")?;
+            } else {
+                common::write_atomic_with(&args.out, bytes, args.durable)?;
+            }
             let write_time = t_write.elapsed();
+            // With `--out -` stdout carries the snapshot: the report goes to
+            // stderr.
+            let say = |line: String| {
+                if to_stdout {
+                    eprintln!("{line}");
+                } else {
+                    println!("{line}");
+                }
+            };
             if args.json {
-                common::print_json(&serde_json::json!({
+                let report = serde_json::json!({
                     "outcome": "hit",
                     "namespace": ns.hex(),
                     "context": context.hex(),
@@ -78,28 +107,38 @@ pub(crate) async fn run(args: RestoreArgs) -> Result<ExitCode> {
                     "restore_ms": common::ms(elapsed),
                     "write_ms": common::ms(write_time),
                     "out": args.out,
-                }))?;
+                    "durable": args.durable,
+                });
+                say(serde_json::to_string_pretty(&report)?);
             } else {
-                println!("hit       {}", context.hex());
-                println!("digest    {}", r.digest);
-                println!(
+                say(format!("hit       {}", context.hex()));
+                say(format!("digest    {}", r.digest));
+                say(format!(
                     "bytes     {} ({}), {} tokens",
                     bytes.len(),
                     common::human_bytes(bytes.len() as u64),
                     r.snapshot.boundary()
-                );
-                println!("schema    {}", r.schema);
-                println!(
-                    "time      {:.1} ms restore+verify, {:.1} ms write",
+                ));
+                say(format!("schema    {}", r.schema));
+                say(format!(
+                    "time      {:.1} ms restore+verify, {:.1} ms write{}",
                     common::ms(elapsed),
-                    common::ms(write_time)
-                );
-                println!("out       {}", args.out.display());
+                    common::ms(write_time),
+                    if args.durable { " (durable)" } else { "" }
+                ));
+                say(format!("out       {}", args.out.display()));
             }
             Ok(ExitCode::SUCCESS)
         }
         RestoreOutcome::Miss(reason) => {
-            print_miss(&reason, &ns.hex(), &context.hex(), args.json, Some(elapsed))?;
+            print_miss_to(
+                &reason,
+                &ns.hex(),
+                &context.hex(),
+                args.json,
+                Some(elapsed),
+                to_stdout,
+            )?;
             Ok(ExitCode::from(crate::EXIT_MISS))
         }
     }
@@ -114,6 +153,25 @@ pub(crate) fn print_miss(
     json: bool,
     elapsed: Option<Duration>,
 ) -> Result<()> {
+    print_miss_to(reason, namespace, context, json, elapsed, false)
+}
+
+/// [`print_miss`], on stderr when `to_stderr` (stdout carries data).
+fn print_miss_to(
+    reason: &MissReason,
+    namespace: &str,
+    context: &str,
+    json: bool,
+    elapsed: Option<Duration>,
+    to_stderr: bool,
+) -> Result<()> {
+    let say = |line: String| {
+        if to_stderr {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    };
     if json {
         let mut v = serde_json::to_value(reason)?;
         if let Some(obj) = v.as_object_mut() {
@@ -124,12 +182,12 @@ pub(crate) fn print_miss(
                 obj.insert("restore_ms".into(), common::ms(d).into());
             }
         }
-        common::print_json(&v)?;
+        say(serde_json::to_string_pretty(&v)?);
     } else {
-        println!("miss      {context}");
-        println!("reason    {reason}");
+        say(format!("miss      {context}"));
+        say(format!("reason    {reason}"));
         if let Some(d) = elapsed {
-            println!("time      {:.1} ms", common::ms(d));
+            say(format!("time      {:.1} ms", common::ms(d)));
         }
     }
     Ok(())

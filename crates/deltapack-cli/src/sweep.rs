@@ -16,8 +16,8 @@ pub(crate) struct SweepArgs {
     /// m runs with n = 0..m-1 cover everything.
     #[arg(long, value_name = "N/M", value_parser = parse_subset)]
     subset: Option<(u8, u8)>,
-    /// Pace verification to at most this many bytes per second.
-    #[arg(long, value_name = "BYTES")]
+    /// Pace verification to at most this size per second (e.g. 200MiB).
+    #[arg(long, value_name = "SIZE", value_parser = crate::common::parse_size)]
     rate: Option<u64>,
     /// Report what would be done without changing anything.
     #[arg(long)]
@@ -41,7 +41,7 @@ pub(crate) async fn run(a: SweepArgs) -> Result<ExitCode> {
     let store = a.store.open()?;
     let bar = spinner("sweeping");
     let opts = SweepOptions::default()
-        .with_grace(a.store.capacity.grace)
+        .with_grace(a.store.config()?.grace)
         .with_subset(a.subset)
         .with_bytes_per_second(a.rate)
         .with_dry_run(a.dry_run);
@@ -49,7 +49,7 @@ pub(crate) async fn run(a: SweepArgs) -> Result<ExitCode> {
     bar.finish_and_clear();
     let report = match report {
         Ok(r) => r,
-        Err(e) => bail!("sweep of {} failed: {e}", a.store.store),
+        Err(e) => bail!("sweep of {} failed: {e}", a.store.url()?),
     };
     if a.json {
         print_json(&report)?;
@@ -59,7 +59,7 @@ pub(crate) async fn run(a: SweepArgs) -> Result<ExitCode> {
         } else {
             ""
         };
-        println!("sweep of {}{mode}", a.store.store);
+        println!("sweep of {}{mode}", a.store.url()?);
         println!("  roots             {:>10}", report.roots);
         println!("  unusable roots    {:>10}", report.unusable_roots.len());
         println!(
@@ -89,7 +89,7 @@ pub(crate) async fn run(a: SweepArgs) -> Result<ExitCode> {
     }
     let damaged = !report.corrupt.is_empty() || !report.missing.is_empty();
     Ok(if damaged {
-        ExitCode::from(crate::EXIT_MISS)
+        ExitCode::from(crate::EXIT_DAMAGE)
     } else {
         ExitCode::SUCCESS
     })

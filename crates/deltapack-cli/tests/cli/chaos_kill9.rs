@@ -324,7 +324,7 @@ fn restorer(sh: &Shared, me: usize, seed: u64) {
             "--json",
         ]);
         if deadline {
-            args.extend(strings(&["--deadline-ms", "15"]));
+            args.extend(strings(&["--deadline", "15ms"]));
         }
         let ran = launch(sh, "restore", &args, &mut rng, &format!("r{me}-{n}"));
         let Ran::Exited(code, stdout, stderr) = ran else {
@@ -380,7 +380,8 @@ fn sweeper(sh: &Shared, me: usize, seed: u64) {
             continue;
         };
         match code {
-            Some(0) | Some(3) => {
+            // 4: the sweep found damage (which the counters record).
+            Some(0) | Some(4) => {
                 let r: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_default();
                 let len = |k: &str| r[k].as_array().map(Vec::len).unwrap_or(0) as u64;
                 if let Ok(mut l) = sh.log.lock() {

@@ -269,12 +269,12 @@ fn publish_restore_inspect_corrupt_and_demo() {
     assert_eq!(absent["reason"], "absent");
 
     // The restore quarantined the damaged object; the sweep finds the delta
-    // root now needs a missing object, invalidates it (exit 3), and a second
+    // root now needs a missing object, invalidates it (exit 4), and a second
     // sweep (`verify` alias) is clean.
     let sweep = json(&expect_code(
         dir,
         &["sweep", "--store", s, "--grace", "0s", "--json"],
-        3,
+        4,
     ));
     assert_eq!(
         sweep["missing"].as_array().map(Vec::len),

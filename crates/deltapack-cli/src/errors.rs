@@ -1,0 +1,196 @@
+//! How a failed command reports its error: one line per distinct cause, a
+//! hint where the fix is known, and with `--json` one JSON object on stderr
+//! whose `error.kind` is stable (scripts branch on it; the message is for
+//! people and may change).
+//!
+//! Kinds: `usage` (clap's, exit 2), `config` (a bad configuration file),
+//! `bad-url`, `credentials` (no or refused S3 credentials), `backend` (the
+//! object store failed), `io`, `ledger`, `format` (an input that does not
+//! decode: identity, snapshot, token file), `invalid-input`,
+//! `base-mismatch`, `capacity`, `unsupported`, `conflict` (a publication
+//! lost to another writer), `internal`, `other`.
+
+use deltapack_store::{ConfigFileError, OpenError, StoreError};
+
+/// The stable kind of an error (see the module docs).
+pub(crate) fn kind(e: &anyhow::Error) -> &'static str {
+    if credentials_problem(e) {
+        return "credentials";
+    }
+    for cause in e.chain() {
+        if let Some(s) = cause.downcast_ref::<StoreError>() {
+            return match s {
+                StoreError::Open(o) => open_kind(o),
+                StoreError::Io { .. } => "io",
+                StoreError::Invalid(_) => "invalid-input",
+                StoreError::Format(_) => "format",
+                StoreError::BaseMismatch { .. } => "base-mismatch",
+                StoreError::Capacity(_) => "capacity",
+                StoreError::Ledger(_) => "ledger",
+                StoreError::Unsupported(_) => "unsupported",
+                _ => "internal",
+            };
+        }
+        if let Some(o) = cause.downcast_ref::<OpenError>() {
+            return open_kind(o);
+        }
+        if cause.downcast_ref::<ConfigFileError>().is_some() {
+            return "config";
+        }
+        if cause.downcast_ref::<crate::Conflict>().is_some() {
+            return "conflict";
+        }
+        if cause.downcast_ref::<deltapack_format::Error>().is_some() {
+            return "format";
+        }
+        if cause.downcast_ref::<object_store::Error>().is_some() {
+            return "backend";
+        }
+        if cause.downcast_ref::<std::io::Error>().is_some() {
+            return "io";
+        }
+    }
+    "other"
+}
+
+fn open_kind(o: &OpenError) -> &'static str {
+    match o {
+        OpenError::Url { .. } => "bad-url",
+        OpenError::Local { .. } => "io",
+        _ => "backend",
+    }
+}
+
+/// The error's messages, outermost first, each cause once: libraries often
+/// include their source's text in their own message, so a cause whose text
+/// the previous message already contains is dropped, and so is a repeat.
+pub(crate) fn causes(e: &anyhow::Error) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        let text = text.trim();
+        if text.is_empty() {
+            continue;
+        }
+        if out.iter().any(|prev| prev.contains(text)) {
+            continue;
+        }
+        // A message that repeats its cause's text at its end (as
+        // "cannot open store s3://b: Generic S3 error: …" does) keeps only
+        // its own part when the cause follows as a line of its own.
+        out.push(text.to_string());
+    }
+    // Trim each message's copy of the next one: "a: b" followed by "b".
+    let mut trimmed = Vec::with_capacity(out.len());
+    for (i, m) in out.iter().enumerate() {
+        let mut m = m.as_str();
+        if let Some(next) = out.get(i + 1) {
+            if let Some(head) = m.strip_suffix(next.as_str()) {
+                let head = head.trim_end().trim_end_matches(':').trim_end();
+                if !head.is_empty() {
+                    m = head;
+                }
+            }
+        }
+        trimmed.push(m.to_string());
+    }
+    trimmed
+}
+
+/// Whether the error says S3 credentials are missing or refused.
+fn credentials_problem(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        let t = c.to_string().to_ascii_lowercase();
+        t.contains("credential")
+            || t.contains("invalidaccesskeyid")
+            || t.contains("signaturedoesnotmatch")
+            || t.contains("access key")
+            // No credentials in the environment: the SDK chain fell back to
+            // the instance metadata service, which is not there.
+            || t.contains("169.254.169.254")
+    })
+}
+
+/// A hint for errors with a known fix.
+pub(crate) fn hint(e: &anyhow::Error) -> Option<String> {
+    if credentials_problem(e) {
+        return Some(
+            "S3 credentials were not found or were refused: set AWS_ACCESS_KEY_ID and \
+             AWS_SECRET_ACCESS_KEY (and AWS_REGION; for an S3-compatible server also \
+             AWS_ENDPOINT_URL or ?endpoint=… in the store URL), or run where an instance \
+             profile or web identity provides them"
+                .into(),
+        );
+    }
+    None
+}
+
+/// Prints the error on stderr: text, or one JSON object with `--json`.
+pub(crate) fn report(e: &anyhow::Error, json: bool) {
+    let causes = causes(e);
+    let hint = hint(e);
+    if json {
+        let v = serde_json::json!({
+            "error": {
+                "kind": kind(e),
+                "message": causes.first().cloned().unwrap_or_default(),
+                "causes": causes.get(1..).unwrap_or_default(),
+                "hint": hint,
+            }
+        });
+        eprintln!("{v}");
+        return;
+    }
+    let mut lines = causes.iter();
+    match lines.next() {
+        Some(first) => eprintln!("error: {first}"),
+        None => eprintln!("error: {e}"),
+    }
+    for c in lines {
+        eprintln!("  caused by: {c}");
+    }
+    if let Some(h) = hint {
+        eprintln!("  hint: {h}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("Generic S3 error: {0}")]
+    struct Wrapper(#[source] Inner);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("Error performing token request: {0}")]
+    struct Inner(#[source] Leaf);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("Missing credentials")]
+    struct Leaf;
+
+    #[test]
+    fn each_cause_is_printed_once() {
+        let e = anyhow::Error::new(Wrapper(Inner(Leaf))).context("cannot open store s3://b/p");
+        let c = causes(&e);
+        assert_eq!(
+            c,
+            vec![
+                "cannot open store s3://b/p".to_string(),
+                "Generic S3 error: Error performing token request: Missing credentials".into(),
+            ],
+            "{c:?}"
+        );
+        assert_eq!(kind(&e), "credentials");
+        assert!(hint(&e).is_some_and(|h| h.contains("AWS_ACCESS_KEY_ID")));
+    }
+
+    #[test]
+    fn distinct_causes_are_kept() {
+        let e = anyhow::anyhow!("disk full").context("cannot write out.bin");
+        assert_eq!(causes(&e), vec!["cannot write out.bin", "disk full"]);
+        assert_eq!(kind(&e), "other");
+        assert!(hint(&e).is_none());
+    }
+}

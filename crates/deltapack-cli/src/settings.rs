@@ -1,0 +1,597 @@
+//! Store settings from flags, `DELTAPACK_*` environment variables and a
+//! TOML configuration file, layered in that order over the defaults.
+//!
+//! Every store option is a flag whose environment variable is
+//! `DELTAPACK_` + the flag's name in capitals (`--budget` and
+//! `DELTAPACK_BUDGET`, `--min-free` and `DELTAPACK_MIN_FREE`) and a key of
+//! the same name in the file given by `--config FILE` or `DELTAPACK_CONFIG`
+//! (`budget = "50GiB"`; the chain policy in a `[chain]` table). A value
+//! given on the command line wins over the environment, which wins over the
+//! file, which wins over the built-in default. `deltapack config show`
+//! prints every option with its value and where it came from.
+//!
+//! The sources are told apart with clap's `ArgMatches::value_source`: the
+//! parsed arguments keep `None` for an option not given, and [`set_matches`]
+//! keeps the command's matches so that [`source_of`] can tell a flag from an
+//! environment variable.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::parser::ValueSource;
+use deltapack_store::units;
+use deltapack_store::{ChainPolicy, ConfigFile, Store, StoreConfig};
+use serde::Serialize;
+
+/// Environment variable holding the root MAC secret itself.
+pub(crate) const ROOT_KEY_ENV: &str = "DELTAPACK_ROOT_KEY";
+
+/// The matches of the command being run (the innermost subcommand).
+static MATCHES: OnceLock<clap::ArgMatches> = OnceLock::new();
+
+/// Keeps the innermost subcommand's matches for [`source_of`].
+pub(crate) fn set_matches(top: &clap::ArgMatches) {
+    let mut m = top;
+    while let Some((_, sub)) = m.subcommand() {
+        m = sub;
+    }
+    let _ = MATCHES.set(m.clone());
+}
+
+/// Whether the running command was given `--json` (for error output).
+pub(crate) fn json_requested() -> bool {
+    MATCHES
+        .get()
+        .and_then(|m| m.try_get_one::<bool>("json").ok().flatten().copied())
+        .unwrap_or(false)
+}
+
+/// Where a setting's value came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Source {
+    /// A command-line flag.
+    Flag,
+    /// A `DELTAPACK_*` environment variable.
+    Env,
+    /// The configuration file.
+    File,
+    /// The built-in default.
+    Default,
+}
+
+impl Source {
+    fn label(self) -> &'static str {
+        match self {
+            Source::Flag => "flag",
+            Source::Env => "env",
+            Source::File => "file",
+            Source::Default => "default",
+        }
+    }
+}
+
+/// How clap filled the argument `id` (None when not given or unknown).
+fn source_of(id: &str) -> Option<ValueSource> {
+    MATCHES
+        .get()
+        .and_then(|m| m.try_contains_id(id).ok().filter(|c| *c).map(|_| m))
+        .and_then(|m| m.value_source(id))
+}
+
+/// Chooses flag/env over file over default for one option.
+fn pick<T: Clone>(id: &str, cli: &Option<T>, file: &Option<T>) -> Option<(T, Source)> {
+    match (cli, source_of(id)) {
+        (Some(v), Some(ValueSource::EnvVariable)) => Some((v.clone(), Source::Env)),
+        (Some(v), Some(ValueSource::DefaultValue)) => match file {
+            Some(f) => Some((f.clone(), Source::File)),
+            None => Some((v.clone(), Source::Default)),
+        },
+        // A value not from the environment nor a default is the flag's
+        // (also when no matches were kept, as in unit tests).
+        (Some(v), _) => Some((v.clone(), Source::Flag)),
+        (None, _) => file.clone().map(|f| (f, Source::File)),
+    }
+}
+
+/// One resolved option, as `config show` prints it.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Setting {
+    /// The flag's (and file key's) name.
+    pub(crate) name: &'static str,
+    /// The environment variable.
+    pub(crate) env: String,
+    /// The value as text (human units; `none` when unset).
+    pub(crate) value: String,
+    /// Where it came from.
+    pub(crate) source: Source,
+}
+
+fn env_name(name: &str) -> String {
+    format!("DELTAPACK_{}", name.replace('-', "_").to_uppercase())
+}
+
+/// Collects resolved settings for `config show`.
+#[derive(Default)]
+struct Shown(Vec<Setting>);
+
+impl Shown {
+    fn push(&mut self, name: &'static str, value: String, source: Source) {
+        self.0.push(Setting {
+            name,
+            env: env_name(name),
+            value,
+            source,
+        });
+    }
+}
+
+/// Parses a size with units (`50GiB`, `1.5TB`, `64M`, `1000`) for clap.
+pub(crate) fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    units::parse_size(s)
+}
+
+/// Parses a duration with units (`500ms`, `90s`, `1h30m`, `90`) for clap.
+pub(crate) fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    units::parse_duration(s)
+}
+
+/// The ledger cold-start policies a command may choose: the library's
+/// `ColdStart::Clear` deletes every root and object, so no command offers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum ColdStartArg {
+    /// Trust the persisted ledger after a consistency check.
+    Load,
+    /// Rebuild the ledger from the store.
+    Rebuild,
+}
+
+impl ColdStartArg {
+    /// The library policy.
+    pub(crate) fn policy(self) -> deltapack_store::ColdStart {
+        match self {
+            ColdStartArg::Load => deltapack_store::ColdStart::Load,
+            ColdStartArg::Rebuild => deltapack_store::ColdStart::Rebuild,
+        }
+    }
+
+    fn from_file(c: deltapack_store::FileColdStart) -> Self {
+        match c {
+            deltapack_store::FileColdStart::Rebuild => ColdStartArg::Rebuild,
+            _ => ColdStartArg::Load,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            ColdStartArg::Load => "load",
+            ColdStartArg::Rebuild => "rebuild",
+        }
+    }
+}
+
+/// Which store to open and how: the options every store-opening command
+/// shares (flattened into each command's arguments). Each is also a
+/// `DELTAPACK_*` environment variable and a key of the `--config` file.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct StoreArgs {
+    /// Store URL: file:///dir (or a plain path), s3://bucket/prefix,
+    /// memory://.
+    #[arg(long, value_name = "URL", env = "DELTAPACK_STORE")]
+    pub(crate) store: Option<String>,
+    /// TOML file with store settings (keys named as these flags, e.g.
+    /// budget = "50GiB"); flags and DELTAPACK_* variables override it.
+    #[arg(long, value_name = "FILE", env = "DELTAPACK_CONFIG")]
+    pub(crate) config: Option<PathBuf>,
+    /// File holding the secret that authenticates roots (keyed stores). One
+    /// trailing newline is ignored. Overrides the DELTAPACK_ROOT_KEY
+    /// environment variable (the secret itself). The secret is never
+    /// printed or logged.
+    #[arg(long, value_name = "FILE", env = "DELTAPACK_ROOT_KEY_FILE")]
+    pub(crate) root_key_file: Option<PathBuf>,
+    /// Hard size budget of the store (objects + roots), e.g. 50GiB or 1.5TB;
+    /// publications evict least recently used roots to stay within it.
+    #[arg(long, value_name = "SIZE", env = "DELTAPACK_BUDGET", value_parser = parse_size)]
+    pub(crate) budget: Option<u64>,
+    /// Minimum free space to keep on the store's filesystem (local disk),
+    /// e.g. 10GiB.
+    #[arg(long, value_name = "SIZE", env = "DELTAPACK_MIN_FREE", value_parser = parse_size)]
+    pub(crate) min_free: Option<u64>,
+    /// Grace period before condemned or unreferenced objects are deleted
+    /// (e.g. 0s, 15m, 1h30m; default 1h). Zero is only safe for a store
+    /// used by one process.
+    #[arg(long, value_name = "DURATION", env = "DELTAPACK_GRACE", value_parser = parse_duration)]
+    pub(crate) grace: Option<Duration>,
+    /// What to do with the persisted ledger at open: load (check it against
+    /// a listing, rebuild if it disagrees; the default) or rebuild. Emptying
+    /// a store is `deltapack clear --yes`, never a side effect of another
+    /// command.
+    #[arg(long, value_name = "POLICY", value_enum, env = "DELTAPACK_COLD_START")]
+    pub(crate) cold_start: Option<ColdStartArg>,
+    /// Prefill rate in tokens/s, to count hits that beat recomputation.
+    #[arg(long, value_name = "TOKENS_PER_S", env = "DELTAPACK_PREFILL_RATE")]
+    pub(crate) prefill_rate: Option<f64>,
+    /// The capacity ledger's database: sqlite:///path/ledger.sqlite3, or
+    /// postgres://user@host/db for a ledger every node of a fleet shares.
+    /// Default: the store's own file for file:// stores; for s3:// stores a
+    /// SQLite file under the state directory ($DELTAPACK_STATE_DIR, else
+    /// $XDG_STATE_HOME/deltapack, else ~/.local/state/deltapack).
+    #[arg(long, value_name = "URL", env = "DELTAPACK_LEDGER")]
+    pub(crate) ledger: Option<String>,
+    /// Memory for decoded base snapshots kept for later deltas (default
+    /// 4GiB).
+    #[arg(long, value_name = "SIZE", env = "DELTAPACK_BASE_CACHE_BYTES", value_parser = parse_size)]
+    pub(crate) base_cache_bytes: Option<u64>,
+    /// Longest chain of bases a restore follows before it is a miss
+    /// (default 1024).
+    #[arg(long, value_name = "N", env = "DELTAPACK_MAX_BASE_DEPTH")]
+    pub(crate) max_base_depth: Option<usize>,
+    /// Root GETs in flight while a delta chain is fetched (default 32).
+    #[arg(long, value_name = "N", env = "DELTAPACK_CHAIN_GETS_IN_FLIGHT")]
+    pub(crate) chain_gets_in_flight: Option<usize>,
+    /// Largest snapshot a restore accepts (default 256GiB); a root claiming
+    /// more is refused before anything is allocated.
+    #[arg(long, value_name = "SIZE", env = "DELTAPACK_MAX_RESTORE_BYTES", value_parser = parse_size)]
+    pub(crate) max_restore_bytes: Option<u64>,
+}
+
+/// How a publishing command lays out v2 payloads: extent size and codec
+/// (flattened into `publish`, `demo` and `config show`).
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ExtentArgs {
+    /// Extent size for v2 roots (a power of two from 1KiB to 1GiB; 64MiB
+    /// by default — smaller values are for tests).
+    #[arg(long, value_name = "SIZE", env = "DELTAPACK_MAX_EXTENT_BYTES", value_parser = parse_size)]
+    pub(crate) max_extent_bytes: Option<u64>,
+    /// zstd-compress v2 extents at this level (1–22); raw by default.
+    #[arg(long, value_name = "LEVEL", env = "DELTAPACK_COMPRESS",
+          value_parser = clap::value_parser!(i32).range(1..=22))]
+    pub(crate) compress: Option<i32>,
+}
+
+/// The delta chain policy of a publication (flattened into `publish` and
+/// `config show`; in the file, the `[chain]` table's `max-depth` and
+/// `max-read-overhead`).
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ChainArgs {
+    /// Chain policy: publish flat instead of a delta that would sit more
+    /// than N deltas above its flat root (0 = no limit).
+    #[arg(long, value_name = "N", env = "DELTAPACK_MAX_CHAIN_DEPTH")]
+    pub(crate) max_chain_depth: Option<u32>,
+    /// Chain policy: publish flat instead of a delta whose chain would hold
+    /// more payload than (1 + F) × the result (a composed restore's read
+    /// overhead; negative = no limit).
+    #[arg(long, value_name = "F", env = "DELTAPACK_MAX_READ_OVERHEAD", allow_negative_numbers = true)]
+    pub(crate) max_read_overhead: Option<f64>,
+}
+
+/// A store URL, configuration and the provenance of every option.
+pub(crate) struct Resolved {
+    /// The store URL (None when no source names one).
+    pub(crate) url: Option<String>,
+    /// The configuration to open it with.
+    pub(crate) config: StoreConfig,
+    /// Every option with its value and source, for `config show`.
+    pub(crate) shown: Vec<Setting>,
+}
+
+fn shown_size(v: Option<u64>) -> String {
+    v.map(units::format_size_exact)
+        .unwrap_or_else(|| "none".into())
+}
+
+/// Resolves store options (and, when given, the extent and chain options)
+/// over the configuration file and the defaults.
+pub(crate) fn resolve(
+    s: &StoreArgs,
+    extents: Option<&ExtentArgs>,
+    chain: Option<&ChainArgs>,
+) -> Result<Resolved> {
+    let file = match &s.config {
+        Some(p) => ConfigFile::load(p)?,
+        None => ConfigFile::default(),
+    };
+    let mut shown = Shown::default();
+    let d = StoreConfig::default();
+    let mut c = StoreConfig::default();
+
+    let config_src = match (&s.config, source_of("config")) {
+        (None, _) => Source::Default,
+        (Some(_), Some(ValueSource::EnvVariable)) => Source::Env,
+        (Some(_), _) => Source::Flag,
+    };
+    shown.push(
+        "config",
+        s.config
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "none".into()),
+        config_src,
+    );
+
+    let url = pick("store", &s.store, &file.store);
+    shown.push(
+        "store",
+        url.as_ref()
+            .map(|(u, _)| u.clone())
+            .unwrap_or_else(|| "none".into()),
+        url.as_ref().map_or(Source::Default, |(_, s)| *s),
+    );
+
+    // The root key: --root-key-file / DELTAPACK_ROOT_KEY_FILE, else the
+    // secret in DELTAPACK_ROOT_KEY, else the file's root-key-file.
+    let key_file = pick("root_key_file", &s.root_key_file, &None);
+    let secret_env = std::env::var_os(ROOT_KEY_ENV);
+    let (secret, key_shown, key_src) = match (key_file, secret_env, &file.root_key_file) {
+        (Some((p, src)), _, _) => (Some(read_secret_file(&p)?), p.display().to_string(), src),
+        (None, Some(v), _) => (
+            Some(v.into_encoded_bytes()),
+            format!("(secret from {ROOT_KEY_ENV})"),
+            Source::Env,
+        ),
+        (None, None, Some(p)) => (Some(read_secret_file(p)?), p.display().to_string(), Source::File),
+        (None, None, None) => (None, "none".into(), Source::Default),
+    };
+    c.mac_secret = match secret {
+        Some(s) => Some(trim_secret(s)?),
+        None => None,
+    };
+    shown.push("root-key-file", key_shown, key_src);
+
+    let budget = pick("budget", &s.budget, &file.budget);
+    c.budget_bytes = budget.as_ref().map(|(v, _)| *v);
+    shown.push(
+        "budget",
+        shown_size(c.budget_bytes),
+        budget.map_or(Source::Default, |(_, s)| s),
+    );
+
+    let min_free = pick("min_free", &s.min_free, &file.min_free);
+    c.min_free_bytes = min_free.as_ref().map(|(v, _)| *v);
+    shown.push(
+        "min-free",
+        shown_size(c.min_free_bytes),
+        min_free.map_or(Source::Default, |(_, s)| s),
+    );
+
+    let (grace, src) = pick("grace", &s.grace, &file.grace).unwrap_or((d.grace, Source::Default));
+    c.grace = grace;
+    shown.push("grace", units::format_duration(grace), src);
+
+    let (cold, src) = pick(
+        "cold_start",
+        &s.cold_start,
+        &file.cold_start.map(ColdStartArg::from_file),
+    )
+    .unwrap_or((ColdStartArg::Load, Source::Default));
+    c.cold_start = cold.policy();
+    shown.push("cold-start", cold.name().into(), src);
+
+    let rate = pick("prefill_rate", &s.prefill_rate, &file.prefill_rate);
+    if let Some((r, _)) = rate {
+        if !(r.is_finite() && r > 0.0) {
+            bail!("--prefill-rate {r}: a positive number of tokens/s");
+        }
+    }
+    c.prefill_tokens_per_s = rate.map(|(v, _)| v);
+    shown.push(
+        "prefill-rate",
+        c.prefill_tokens_per_s
+            .map(|r| r.to_string())
+            .unwrap_or_else(|| "none".into()),
+        rate.map_or(Source::Default, |(_, s)| s),
+    );
+
+    let ledger = pick("ledger", &s.ledger, &file.ledger);
+    c.ledger = ledger.as_ref().map(|(v, _)| v.clone());
+    shown.push(
+        "ledger",
+        c.ledger
+            .clone()
+            .unwrap_or_else(|| "default (next to the store)".into()),
+        ledger.map_or(Source::Default, |(_, s)| s),
+    );
+
+    let (v, src) = pick("base_cache_bytes", &s.base_cache_bytes, &file.base_cache_bytes)
+        .unwrap_or((d.base_cache_bytes, Source::Default));
+    c.base_cache_bytes = v;
+    shown.push("base-cache-bytes", units::format_size_exact(v), src);
+
+    let (v, src) = pick("max_base_depth", &s.max_base_depth, &file.max_base_depth)
+        .unwrap_or((d.max_base_depth, Source::Default));
+    c.max_base_depth = v;
+    shown.push("max-base-depth", v.to_string(), src);
+
+    let (v, src) = pick(
+        "chain_gets_in_flight",
+        &s.chain_gets_in_flight,
+        &file.chain_gets_in_flight,
+    )
+    .unwrap_or((d.chain_gets_in_flight, Source::Default));
+    if v == 0 {
+        bail!("chain-gets-in-flight must be at least 1");
+    }
+    c.chain_gets_in_flight = v;
+    shown.push("chain-gets-in-flight", v.to_string(), src);
+
+    let (v, src) = pick(
+        "max_restore_bytes",
+        &s.max_restore_bytes,
+        &file.max_restore_bytes,
+    )
+    .unwrap_or((d.max_restore_bytes, Source::Default));
+    c.max_restore_bytes = v;
+    shown.push("max-restore-bytes", units::format_size_exact(v), src);
+
+    let none_e = ExtentArgs {
+        max_extent_bytes: None,
+        compress: None,
+    };
+    let e = extents.unwrap_or(&none_e);
+    let (v, src) = pick("max_extent_bytes", &e.max_extent_bytes, &file.max_extent_bytes)
+        .unwrap_or((d.max_extent_bytes, Source::Default));
+    if !v.is_power_of_two() || !(1 << 10..=1 << 30).contains(&v) {
+        bail!(
+            "max-extent-bytes {}: a power of two from 1 KiB to 1 GiB",
+            units::format_size_exact(v)
+        );
+    }
+    c.max_extent_bytes = v;
+    shown.push("max-extent-bytes", units::format_size_exact(v), src);
+    let comp = pick("compress", &e.compress, &file.compress);
+    c.compression = comp.map(|(v, _)| v);
+    shown.push(
+        "compress",
+        c.compression
+            .map(|l| format!("zstd level {l}"))
+            .unwrap_or_else(|| "none (raw)".into()),
+        comp.map_or(Source::Default, |(_, s)| s),
+    );
+
+    let none_c = ChainArgs {
+        max_chain_depth: None,
+        max_read_overhead: None,
+    };
+    let ch = chain.unwrap_or(&none_c);
+    let dc = ChainPolicy::default();
+    let (depth, src) = pick("max_chain_depth", &ch.max_chain_depth, &file.chain.max_depth)
+        .unwrap_or((dc.max_depth.unwrap_or(0), Source::Default));
+    c.chain.max_depth = (depth > 0).then_some(depth);
+    shown.push(
+        "max-chain-depth",
+        if depth == 0 {
+            "0 (no limit)".into()
+        } else {
+            depth.to_string()
+        },
+        src,
+    );
+    let (over, src) = pick(
+        "max_read_overhead",
+        &ch.max_read_overhead,
+        &file.chain.max_read_overhead,
+    )
+    .unwrap_or((dc.max_read_overhead.unwrap_or(-1.0), Source::Default));
+    if over.is_nan() {
+        bail!("max-read-overhead is not a number");
+    }
+    c.chain.max_read_overhead = (over >= 0.0).then_some(over);
+    shown.push(
+        "max-read-overhead",
+        if over < 0.0 {
+            "no limit".into()
+        } else {
+            over.to_string()
+        },
+        src,
+    );
+
+    Ok(Resolved {
+        url: url.map(|(u, _)| u),
+        config: c,
+        shown: shown.0,
+    })
+}
+
+fn read_secret_file(p: &std::path::Path) -> Result<Vec<u8>> {
+    std::fs::read(p).with_context(|| format!("cannot read the root key file {}", p.display()))
+}
+
+/// Drops one trailing newline (and a CR before it); refuses an empty secret.
+fn trim_secret(mut secret: Vec<u8>) -> Result<Vec<u8>> {
+    if secret.last() == Some(&b'\n') {
+        secret.pop();
+        if secret.last() == Some(&b'\r') {
+            secret.pop();
+        }
+    }
+    if secret.is_empty() {
+        bail!("the root key (from --root-key-file or {ROOT_KEY_ENV}) is empty");
+    }
+    Ok(secret)
+}
+
+impl StoreArgs {
+    /// The configuration these options describe (over the file and the
+    /// defaults).
+    pub(crate) fn config(&self) -> Result<StoreConfig> {
+        Ok(resolve(self, None, None)?.config)
+    }
+
+    /// The store URL, from `--store`, `DELTAPACK_STORE` or the file.
+    pub(crate) fn url(&self) -> Result<String> {
+        match resolve(self, None, None)?.url {
+            Some(u) => Ok(u),
+            None => bail!(
+                "no store given: pass --store URL, set DELTAPACK_STORE, or put store = \"URL\" in the --config file"
+            ),
+        }
+    }
+
+    /// Opens the store with [`StoreArgs::config`].
+    pub(crate) fn open(&self) -> Result<Store> {
+        self.open_with(self.config()?)
+    }
+
+    /// Opens the store with a configuration the command refined from
+    /// [`StoreArgs::config`]; errors name the URL.
+    pub(crate) fn open_with(&self, config: StoreConfig) -> Result<Store> {
+        crate::common::open_store(&self.url()?, config)
+    }
+}
+
+/// `deltapack config show`: every store option's value and source.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ConfigArgs {
+    /// What to do: `show` prints every option with its value and source
+    /// (flag, env, file, default).
+    #[arg(value_parser = ["show"])]
+    action: String,
+    #[command(flatten)]
+    store: StoreArgs,
+    #[command(flatten)]
+    extents: ExtentArgs,
+    #[command(flatten)]
+    chain: ChainArgs,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `deltapack config show`.
+pub(crate) fn run(a: ConfigArgs) -> Result<std::process::ExitCode> {
+    let r = resolve(&a.store, Some(&a.extents), Some(&a.chain))?;
+    if a.json {
+        let map: serde_json::Map<String, serde_json::Value> = r
+            .shown
+            .iter()
+            .map(|s| {
+                (
+                    s.name.to_string(),
+                    serde_json::json!({"value": s.value, "source": s.source, "env": s.env}),
+                )
+            })
+            .collect();
+        crate::common::print_json(&map)?;
+    } else {
+        let rows: Vec<Vec<String>> = r
+            .shown
+            .iter()
+            .map(|s| {
+                vec![
+                    s.name.to_string(),
+                    s.value.clone(),
+                    s.source.label().to_string(),
+                    s.env.clone(),
+                ]
+            })
+            .collect();
+        print!(
+            "{}",
+            crate::common::table(&["option", "value", "source", "environment"], &rows, &[])
+        );
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}

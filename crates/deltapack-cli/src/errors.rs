@@ -37,6 +37,9 @@ pub(crate) fn kind(e: &anyhow::Error) -> &'static str {
         if cause.downcast_ref::<ConfigFileError>().is_some() {
             return "config";
         }
+        if cause.downcast_ref::<crate::Usage>().is_some() {
+            return "usage";
+        }
         if cause.downcast_ref::<crate::Conflict>().is_some() {
             return "conflict";
         }

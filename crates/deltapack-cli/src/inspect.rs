@@ -40,8 +40,11 @@ pub(crate) async fn run(args: InspectArgs) -> Result<ExitCode> {
         .map(common::read_identity)
         .transpose()?;
     let ns = identity.as_ref().map(|id| id.namespace());
-    let context =
-        common::context_of(identity.as_ref(), args.context.as_deref(), args.tokens.as_deref())?;
+    let context = common::context_of(
+        identity.as_ref(),
+        args.context.as_deref(),
+        args.tokens.as_deref(),
+    )?;
     let store = args.store.open()?;
     match context {
         None => list(&store, ns.as_ref(), args.json).await,

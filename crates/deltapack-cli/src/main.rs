@@ -53,6 +53,12 @@ pub(crate) const EXIT_DAMAGE: u8 = 4;
 #[error("{0}")]
 pub(crate) struct Conflict(pub(crate) String);
 
+/// A usage error found after parsing (e.g. no store named by any source):
+/// exit 2 as clap's, error kind `usage`.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct Usage(pub(crate) String);
+
 /// Authenticated macro-object delta store for paged prefix state.
 #[derive(Debug, Parser)]
 #[command(name = "deltapack", version, long_about = None)]
@@ -255,7 +261,11 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             errors::report(&e, settings::json_requested());
-            ExitCode::from(EXIT_ERROR)
+            if e.downcast_ref::<Usage>().is_some() {
+                ExitCode::from(EXIT_USAGE)
+            } else {
+                ExitCode::from(EXIT_ERROR)
+            }
         }
     }
 }

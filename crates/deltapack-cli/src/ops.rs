@@ -55,7 +55,12 @@ pub(crate) struct HoldArgs {
     #[arg(long, value_name = "FILE")]
     identity: Option<std::path::PathBuf>,
     /// Context hex.
-    #[arg(long, value_name = "HEX", required_unless_present = "tokens", conflicts_with = "tokens")]
+    #[arg(
+        long,
+        value_name = "HEX",
+        required_unless_present = "tokens",
+        conflicts_with = "tokens"
+    )]
     context: Option<String>,
     /// Token ids (u32 LE) whose context to name, instead of --context
     /// (needs --identity).
@@ -105,7 +110,12 @@ pub(crate) struct InvalidateArgs {
     #[command(flatten)]
     s: OpArgs,
     /// Namespace hex (e.g. of an identity whose model changed).
-    #[arg(long, value_name = "HEX", required_unless_present = "identity", conflicts_with = "identity")]
+    #[arg(
+        long,
+        value_name = "HEX",
+        required_unless_present = "identity",
+        conflicts_with = "identity"
+    )]
     namespace: Option<String>,
     /// Identity file giving the namespace, instead of --namespace.
     #[arg(long, value_name = "FILE")]
@@ -198,7 +208,11 @@ pub(crate) async fn evict(a: EvictArgs) -> Result<ExitCode> {
 }
 
 pub(crate) async fn hold(a: HoldArgs, release: bool) -> Result<ExitCode> {
-    let identity = a.identity.as_deref().map(common::read_identity).transpose()?;
+    let identity = a
+        .identity
+        .as_deref()
+        .map(common::read_identity)
+        .transpose()?;
     let namespace = match (&a.namespace, &identity) {
         (Some(h), _) => ns(h)?,
         (None, Some(id)) => id.namespace(),
@@ -259,14 +273,17 @@ pub(crate) async fn clear(a: ClearArgs) -> Result<ExitCode> {
 }
 
 pub(crate) async fn invalidate(a: InvalidateArgs) -> Result<ExitCode> {
-    let identity = a.identity.as_deref().map(common::read_identity).transpose()?;
+    let identity = a
+        .identity
+        .as_deref()
+        .map(common::read_identity)
+        .transpose()?;
     let namespace = match (&a.namespace, &identity) {
         (Some(h), _) => ns(h)?,
         (None, Some(id)) => id.namespace(),
         (None, None) => anyhow::bail!("give --namespace or --identity"),
     };
-    let context =
-        common::context_of(identity.as_ref(), a.context.as_deref(), a.tokens.as_deref())?;
+    let context = common::context_of(identity.as_ref(), a.context.as_deref(), a.tokens.as_deref())?;
     let store = a.s.open()?;
     let plan = store.invalidate_plan(namespace, context).await?;
     carry_out(&store, plan, a.dry_run, "invalidate", a.s.json).await

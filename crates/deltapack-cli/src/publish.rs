@@ -7,9 +7,7 @@ use std::sync::Arc;
 use anyhow::{bail, Result};
 use clap::ArgGroup;
 use deltapack_format::{ContextDigest, ContextHasher};
-use deltapack_store::{
-    BaseInput, PublishOutcome, PublishReceipt, PublishRequest, RootFormat,
-};
+use deltapack_store::{BaseInput, PublishOutcome, PublishReceipt, PublishRequest, RootFormat};
 
 use crate::common;
 

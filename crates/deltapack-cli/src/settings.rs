@@ -263,7 +263,12 @@ pub(crate) struct ChainArgs {
     /// Chain policy: publish flat instead of a delta whose chain would hold
     /// more payload than (1 + F) × the result (a composed restore's read
     /// overhead; negative = no limit).
-    #[arg(long, value_name = "F", env = "DELTAPACK_MAX_READ_OVERHEAD", allow_negative_numbers = true)]
+    #[arg(
+        long,
+        value_name = "F",
+        env = "DELTAPACK_MAX_READ_OVERHEAD",
+        allow_negative_numbers = true
+    )]
     pub(crate) max_read_overhead: Option<f64>,
 }
 
@@ -331,7 +336,11 @@ pub(crate) fn resolve(
             format!("(secret from {ROOT_KEY_ENV})"),
             Source::Env,
         ),
-        (None, None, Some(p)) => (Some(read_secret_file(p)?), p.display().to_string(), Source::File),
+        (None, None, Some(p)) => (
+            Some(read_secret_file(p)?),
+            p.display().to_string(),
+            Source::File,
+        ),
         (None, None, None) => (None, "none".into(), Source::Default),
     };
     c.mac_secret = match secret {
@@ -394,8 +403,12 @@ pub(crate) fn resolve(
         ledger.map_or(Source::Default, |(_, s)| s),
     );
 
-    let (v, src) = pick("base_cache_bytes", &s.base_cache_bytes, &file.base_cache_bytes)
-        .unwrap_or((d.base_cache_bytes, Source::Default));
+    let (v, src) = pick(
+        "base_cache_bytes",
+        &s.base_cache_bytes,
+        &file.base_cache_bytes,
+    )
+    .unwrap_or((d.base_cache_bytes, Source::Default));
     c.base_cache_bytes = v;
     shown.push("base-cache-bytes", units::format_size_exact(v), src);
 
@@ -430,8 +443,12 @@ pub(crate) fn resolve(
         compress: None,
     };
     let e = extents.unwrap_or(&none_e);
-    let (v, src) = pick("max_extent_bytes", &e.max_extent_bytes, &file.max_extent_bytes)
-        .unwrap_or((d.max_extent_bytes, Source::Default));
+    let (v, src) = pick(
+        "max_extent_bytes",
+        &e.max_extent_bytes,
+        &file.max_extent_bytes,
+    )
+    .unwrap_or((d.max_extent_bytes, Source::Default));
     if !v.is_power_of_two() || !(1 << 10..=1 << 30).contains(&v) {
         bail!(
             "max-extent-bytes {}: a power of two from 1 KiB to 1 GiB",
@@ -456,8 +473,12 @@ pub(crate) fn resolve(
     };
     let ch = chain.unwrap_or(&none_c);
     let dc = ChainPolicy::default();
-    let (depth, src) = pick("max_chain_depth", &ch.max_chain_depth, &file.chain.max_depth)
-        .unwrap_or((dc.max_depth.unwrap_or(0), Source::Default));
+    let (depth, src) = pick(
+        "max_chain_depth",
+        &ch.max_chain_depth,
+        &file.chain.max_depth,
+    )
+    .unwrap_or((dc.max_depth.unwrap_or(0), Source::Default));
     c.chain.max_depth = (depth > 0).then_some(depth);
     shown.push(
         "max-chain-depth",
@@ -524,9 +545,11 @@ impl StoreArgs {
     pub(crate) fn url(&self) -> Result<String> {
         match resolve(self, None, None)?.url {
             Some(u) => Ok(u),
-            None => bail!(
+            None => Err(crate::Usage(
                 "no store given: pass --store URL, set DELTAPACK_STORE, or put store = \"URL\" in the --config file"
-            ),
+                    .into(),
+            )
+            .into()),
         }
     }
 

@@ -7,7 +7,9 @@ mod common;
 
 mod chaos_kill9;
 mod cli_end_to_end;
+mod configuration;
 mod crash_kill9;
 mod destructive_commands;
 mod fleet_kill9;
 mod multi_process_ledger;
+mod output_contract;

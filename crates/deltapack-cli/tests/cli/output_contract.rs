@@ -319,6 +319,28 @@ fn errors_are_json_with_a_kind_and_each_cause_once() {
         .is_some_and(|m| m.contains("missing.json")));
 
     // A conflicting publication: the receipt on stdout, the error on stderr.
+    let ctx = json(
+        expect_code(
+            dir,
+            &[
+                "publish",
+                "--store",
+                &store,
+                "--identity",
+                "id.json",
+                "--tokens",
+                "a.tok",
+                "--snapshot",
+                "a.snap",
+                "--json",
+            ],
+            0,
+        )
+        .as_bytes(),
+    )["context"]
+        .as_str()
+        .expect("context")
+        .to_string();
     let out = deltapack(
         dir,
         &[
@@ -328,28 +350,7 @@ fn errors_are_json_with_a_kind_and_each_cause_once() {
             "--identity",
             "id.json",
             "--context",
-            &json(
-                expect_code(
-                    dir,
-                    &[
-                        "publish",
-                        "--store",
-                        &store,
-                        "--identity",
-                        "id.json",
-                        "--tokens",
-                        "a.tok",
-                        "--snapshot",
-                        "a.snap",
-                        "--json",
-                    ],
-                    0,
-                )
-                .as_bytes(),
-            )["context"]
-                .as_str()
-                .expect("context")
-                .to_string(),
+            &ctx,
             "--snapshot",
             "b.snap",
             "--json",

@@ -2,7 +2,9 @@
 //!
 //! Commands: `identity`, `synth`, `publish`, `restore`, `inspect`, `sweep`,
 //! `evict`, `hold`, `release`, `prune`, `clear`, `invalidate`, `ledger`,
-//! `stats`, `migrate`, `demo` (see `deltapack --help`). The benchmarks are
+//! `stats`, `migrate` (`--check` proves it without writing), `compat`
+//! (`check`, `record`, `fixtures`, `freeze`: compatibility checks for a
+//! downstream CI), `demo` (see `deltapack --help`). The benchmarks are
 //! a separate, unpublished binary: `deltapack-bench` (crates/deltapack-bench).
 //!
 //! Exit codes: 0 success (or a restore hit), 1 error (including a publication
@@ -14,6 +16,7 @@
 //! it is a terminal.
 
 mod common;
+mod compat;
 mod demo;
 mod inspect;
 mod lookup;
@@ -88,8 +91,14 @@ enum Command {
     /// Ledger gauges and counters (`--prometheus` for the text exposition).
     Stats(ops::StatsArgs),
     /// Migrate legacy v1 roots to v2 (each replaced atomically after its
-    /// snapshot digest is proven unchanged).
+    /// snapshot digest is proven unchanged); `--check` proves it for every
+    /// v1 root without writing anything (exits 3 if one would not migrate).
     Migrate(ops::MigrateArgs),
+    /// Compatibility checks for CI: every root decodes, verifies, restores
+    /// bit-exactly and re-encodes identically (`check`, `record`), over a
+    /// store or a frozen fixture directory (`fixtures`, `freeze`). Never
+    /// writes to the store checked. Exits 3 on any failure.
+    Compat(compat::CompatArgs),
     /// Run the main job end to end: a multi-turn conversation published as
     /// v2 deltas and as legacy v1 roots, restored and verified.
     Demo(demo::DemoArgs),
@@ -173,6 +182,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     Command::Ledger(a) => ops::ledger(a).await,
                     Command::Stats(a) => ops::stats(a).await,
                     Command::Migrate(a) => ops::migrate(a).await,
+                    Command::Compat(a) => compat::run(a).await,
                     Command::Identity(_) | Command::Synth(_) => {
                         unreachable!("handled without a runtime")
                     }

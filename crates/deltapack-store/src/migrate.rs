@@ -324,10 +324,16 @@ impl Store {
             ));
         }
         let want = m.result_snapshot_digest;
-        match self.restore((m.namespace, m.context), Default::default()).await? {
+        match self
+            .restore((m.namespace, m.context), Default::default())
+            .await?
+        {
             RestoreOutcome::Hit(h) if h.digest == want => {}
             RestoreOutcome::Hit(h) => {
-                return Ok(Err(format!("restores to {} but the root names {want}", h.digest)))
+                return Ok(Err(format!(
+                    "restores to {} but the root names {want}",
+                    h.digest
+                )))
             }
             RestoreOutcome::Miss(reason) => return Ok(Err(format!("does not restore ({reason})"))),
         }
@@ -374,7 +380,10 @@ impl Store {
             Ok(_) => return Ok(Err("the v2 root built decodes as another schema".into())),
             Err(e) => return Ok(Err(format!("the v2 root built does not decode: {e}"))),
         };
-        if v2.payload_digest != m.payload_digest || v2.result_snapshot_digest != want || v2.base != m.base {
+        if v2.payload_digest != m.payload_digest
+            || v2.result_snapshot_digest != want
+            || v2.base != m.base
+        {
             return Ok(Err(format!(
                 "the v2 root would change a digest: payload {} (v1 {}), result {} (v1 {want})",
                 v2.payload_digest, m.payload_digest, v2.result_snapshot_digest
@@ -384,55 +393,67 @@ impl Store {
         // checked against its name, and the result snapshot from it.
         let base = match m.base {
             None => None,
-            Some(b) => match self.restore((b.namespace, b.context), Default::default()).await? {
+            Some(b) => match self
+                .restore((b.namespace, b.context), Default::default())
+                .await?
+            {
                 RestoreOutcome::Hit(h) if h.digest == b.snapshot_digest => Some(h.snapshot),
                 RestoreOutcome::Hit(h) => {
-                    return Ok(Err(format!("the base restores to {}, not {}", h.digest, b.snapshot_digest)))
+                    return Ok(Err(format!(
+                        "the base restores to {}, not {}",
+                        h.digest, b.snapshot_digest
+                    )))
                 }
-                RestoreOutcome::Miss(r) => return Ok(Err(format!("the base does not restore ({r})"))),
+                RestoreOutcome::Miss(r) => {
+                    return Ok(Err(format!("the base does not restore ({r})")))
+                }
             },
         };
         let extents = v2.extents.len() as u64;
         let root_len = new_root.len() as u64;
-        let rebuilt = tokio::task::spawn_blocking(move || -> std::result::Result<Digest, String> {
-            let plan = deltapack_format::ExtentPlan::new(v2.payload_len, v2.max_extent_bytes)
-                .map_err(|e| e.to_string())?;
-            let mut out = Vec::with_capacity(payload.len());
-            for (i, (e, stored)) in v2.extents.iter().zip(&built.compressed).enumerate() {
-                let raw = match stored {
-                    Some(c) => {
-                        if Some(Digest::blake3(c)) != e.stored_digest {
-                            return Err(format!("extent {i}: stored digest mismatch"));
+        let rebuilt =
+            tokio::task::spawn_blocking(move || -> std::result::Result<Digest, String> {
+                let plan = deltapack_format::ExtentPlan::new(v2.payload_len, v2.max_extent_bytes)
+                    .map_err(|e| e.to_string())?;
+                let mut out = Vec::with_capacity(payload.len());
+                for (i, (e, stored)) in v2.extents.iter().zip(&built.compressed).enumerate() {
+                    let raw = match stored {
+                        Some(c) => {
+                            if Some(Digest::blake3(c)) != e.stored_digest {
+                                return Err(format!("extent {i}: stored digest mismatch"));
+                            }
+                            deltapack_format::extent::decompress(c, e.raw_len)
+                                .map_err(|x| format!("extent {i}: {x}"))?
                         }
-                        deltapack_format::extent::decompress(c, e.raw_len)
-                            .map_err(|x| format!("extent {i}: {x}"))?
+                        None => payload
+                            .get(e.offset as usize..(e.offset + e.raw_len) as usize)
+                            .ok_or_else(|| format!("extent {i} lies outside the payload"))?
+                            .to_vec(),
+                    };
+                    let name = plan
+                        .name(i as u64, &raw, false)
+                        .map_err(|x| format!("extent {i}: {x}"))?;
+                    if name != e.raw_digest {
+                        return Err(format!("extent {i} name {name} != {}", e.raw_digest));
                     }
-                    None => payload
-                        .get(e.offset as usize..(e.offset + e.raw_len) as usize)
-                        .ok_or_else(|| format!("extent {i} lies outside the payload"))?
-                        .to_vec(),
-                };
-                let name = plan
-                    .name(i as u64, &raw, false)
-                    .map_err(|x| format!("extent {i}: {x}"))?;
-                if name != e.raw_digest {
-                    return Err(format!("extent {i} name {name} != {}", e.raw_digest));
+                    out.extend_from_slice(&raw);
                 }
-                out.extend_from_slice(&raw);
-            }
-            let found = deltapack_format::snapshot::digest_of_encoding(&out);
-            if found != v2.payload_digest {
-                return Err(format!("rebuilt payload digest {found} != {}", v2.payload_digest));
-            }
-            let result = match &base {
-                None => deltapack_format::Snapshot::from_encoded(out),
-                Some(b) => deltapack_format::PageDelta::apply(b, &out),
-            }
-            .map_err(|x| format!("the result does not rebuild from the v2 payload: {x}"))?;
-            Ok(result.digest())
-        })
-        .await
-        .map_err(|e| StoreError::task("migration proof", e))?;
+                let found = deltapack_format::snapshot::digest_of_encoding(&out);
+                if found != v2.payload_digest {
+                    return Err(format!(
+                        "rebuilt payload digest {found} != {}",
+                        v2.payload_digest
+                    ));
+                }
+                let result = match &base {
+                    None => deltapack_format::Snapshot::from_encoded(out),
+                    Some(b) => deltapack_format::PageDelta::apply(b, &out),
+                }
+                .map_err(|x| format!("the result does not rebuild from the v2 payload: {x}"))?;
+                Ok(result.digest())
+            })
+            .await
+            .map_err(|e| StoreError::task("migration proof", e))?;
         Ok(match rebuilt {
             Ok(d) if d == want => Ok((extents, root_len)),
             Ok(d) => Err(format!("the v2 root rebuilds {d}, not {want}")),

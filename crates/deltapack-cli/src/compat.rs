@@ -544,7 +544,9 @@ async fn check_root(
             hit.snapshot
         }
         RestoreOutcome::Miss(m) => {
-            r.fail("restore", m.to_string());
+            let detail = m.to_string();
+            r.object = object_named_in(&detail);
+            r.fail("restore", detail);
             return Ok((r, None));
         }
     };
@@ -641,6 +643,17 @@ async fn check_objects(store: &Store, decoded: &DecodedRoot) -> Result<Option<(S
         DecodedRoot::Incompatible { .. } => {}
     }
     Ok(None)
+}
+
+/// The object key a restore's miss names (e.g. a base's damaged extent),
+/// if it names one.
+fn object_named_in(detail: &str) -> Option<String> {
+    let start = detail.find("objects/")?;
+    let key: String = detail[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '/')
+        .collect();
+    keys::parse_object_key(&ObjPath::from(key.as_str())).map(|_| key)
 }
 
 /// Every root of the store, sorted.

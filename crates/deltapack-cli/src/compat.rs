@@ -841,7 +841,10 @@ async fn check_store(
         }
         print_result(&r, json)?;
         if !r.failed() {
-            if let Some(c) = checked {
+            if let Some(mut c) = checked {
+                // Only the summary is kept: a store's snapshots need not
+                // fit in memory together.
+                c.snapshot = None;
                 passed.push(c);
             }
         }
@@ -1104,8 +1107,37 @@ async fn freeze(a: FreezeArgs) -> Result<ExitCode> {
         eprintln!("compat freeze: nothing written (a failing root cannot be frozen)");
         return Ok(code);
     }
-    // 2. The roots that passed, the objects they reference, their snapshots.
-    let (source, _) = open_read_only(&a.store, StoreConfig::default())?;
+    // 2. The roots that passed, the objects they reference, their
+    //    snapshots; a failure removes what was written (DIR was empty).
+    let set = match write_set(&a, &passed, &identities).await {
+        Ok(set) => set,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&a.dir);
+            return Err(e.context(format!(
+                "compat freeze failed; {} was removed",
+                a.dir.display()
+            )));
+        }
+    };
+    // 3. The frozen set checks as `compat fixtures` will check it.
+    if !a.json {
+        println!(
+            "frozen {} roots into {}; checking it:",
+            set.roots.len(),
+            a.dir.display()
+        );
+    }
+    let (results, refused) = check_fixture_dir(&a.dir, &a.key, a.json).await?;
+    Ok(finish("compat fixtures", &results, refused, a.json))
+}
+
+/// Writes the fixture set of the roots that passed into `a.dir`.
+async fn write_set(
+    a: &FreezeArgs,
+    passed: &[Checked],
+    identities: &BTreeMap<Namespace, deltapack_format::CacheIdentity>,
+) -> Result<FixtureSet> {
+    let source = Handles::open(&a.store, a.key.mac_secret()?)?;
     std::fs::create_dir_all(a.dir.join("inputs"))
         .with_context(|| format!("cannot create {}", a.dir.display()))?;
     let store_dir = a.dir.join("store");
@@ -1113,14 +1145,14 @@ async fn freeze(a: FreezeArgs) -> Result<ExitCode> {
     let mut roots = Vec::new();
     let mut snapshots = BTreeSet::new();
     let mut id_files = BTreeMap::new();
-    for (ns, id) in &identities {
+    for (ns, id) in identities {
         let rel = format!("inputs/identity-{}.json", common::short(&ns.hex()));
         std::fs::write(a.dir.join(&rel), id.to_json_pretty())
             .with_context(|| format!("cannot write {rel}"))?;
         id_files.insert(*ns, rel);
     }
     let mut max_extent = None;
-    for c in &passed {
+    for c in passed {
         let s = &c.summary;
         let rkey = keys::root_key(&s.namespace, &s.context);
         write_file(&store_dir, &rkey, &c.raw)?;
@@ -1128,6 +1160,7 @@ async fn freeze(a: FreezeArgs) -> Result<ExitCode> {
             let okey = keys::object_key(d);
             if written_objects.insert(okey.to_string()) {
                 let bytes = source
+                    .plain
                     .object_store()
                     .get(&okey)
                     .await
@@ -1140,8 +1173,18 @@ async fn freeze(a: FreezeArgs) -> Result<ExitCode> {
         }
         let snapshot_file = format!("inputs/{}.snapshot", s.result_snapshot_digest.hex());
         if snapshots.insert(snapshot_file.clone()) {
-            let Some(snap) = &c.snapshot else {
-                bail!("internal: {rkey} passed without a snapshot");
+            // Restored (and verified) once more, one at a time.
+            let store = match (c.keyed, &source.keyed) {
+                (true, Some(k)) => k,
+                _ => &source.plain,
+            };
+            let snap = match store
+                .restore((s.namespace, s.context), Default::default())
+                .await?
+            {
+                RestoreOutcome::Hit(h) if h.digest == s.result_snapshot_digest => h.snapshot,
+                RestoreOutcome::Hit(h) => bail!("{rkey} now restores to {}", h.digest),
+                RestoreOutcome::Miss(m) => bail!("{rkey} no longer restores ({m})"),
             };
             std::fs::write(a.dir.join(&snapshot_file), snap.encoded())
                 .with_context(|| format!("cannot write {snapshot_file}"))?;
@@ -1177,16 +1220,7 @@ async fn freeze(a: FreezeArgs) -> Result<ExitCode> {
     let mut text = serde_json::to_string_pretty(&set).context("serializing expected.json")?;
     text.push('\n');
     std::fs::write(a.dir.join("expected.json"), text).context("cannot write expected.json")?;
-    // 3. The frozen set checks as `compat fixtures` will check it.
-    if !a.json {
-        println!(
-            "frozen {} roots into {}; checking it:",
-            set.roots.len(),
-            a.dir.display()
-        );
-    }
-    let (results, refused) = check_fixture_dir(&a.dir, &a.key, a.json).await?;
-    Ok(finish("compat fixtures", &results, refused, a.json))
+    Ok(set)
 }
 
 /// Writes an object-store key's bytes under `dir` (keys are built from

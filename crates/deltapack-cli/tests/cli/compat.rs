@@ -260,6 +260,22 @@ fn a_flipped_object_byte_names_the_root_and_the_object() {
                 .any(|r| r["root"] == root && r["object"] == object.as_str()),
             "{out}"
         );
+        // A baseline is never recorded over a failing root.
+        let out_file = w.dir().join(format!("{set}-expect.json"));
+        w.run(
+            &[
+                "compat",
+                "record",
+                "--store",
+                &w.store(set),
+                "--out",
+                out_file.to_str().expect("utf-8"),
+                "--root-key-file",
+                &key,
+            ],
+            3,
+        );
+        assert!(!out_file.exists(), "record wrote a failing baseline");
         // Nothing was quarantined or otherwise written.
         assert!(
             listing(&w.set(set)) == before,

@@ -2,7 +2,9 @@
 //!
 //! Commands: `identity`, `synth`, `publish`, `restore`, `inspect`, `sweep`,
 //! `evict`, `hold`, `release`, `prune`, `clear`, `invalidate`, `ledger`,
-//! `stats`, `migrate`, `config`, `completions`, `demo` (see
+//! `stats`, `migrate` (`--check` proves it without writing), `compat`
+//! (`check`, `record`, `fixtures`, `freeze`: compatibility checks for a
+//! downstream CI), `config`, `completions`, `demo` (see
 //! `deltapack --help`). The benchmarks are
 //! a separate, unpublished binary: `deltapack-bench` (crates/deltapack-bench).
 //!
@@ -21,6 +23,7 @@
 //! it is a terminal.
 
 mod common;
+mod compat;
 mod demo;
 mod errors;
 mod inspect;
@@ -113,8 +116,14 @@ enum Command {
     /// Ledger gauges and counters (`--prometheus` for the text exposition).
     Stats(ops::StatsArgs),
     /// Migrate legacy v1 roots to v2 (each replaced atomically after its
-    /// snapshot digest is proven unchanged).
+    /// snapshot digest is proven unchanged); `--check` proves it for every
+    /// v1 root without writing anything (exits 3 if one would not migrate).
     Migrate(ops::MigrateArgs),
+    /// Compatibility checks for CI: every root decodes, verifies, restores
+    /// bit-exactly and re-encodes identically (`check`, `record`), over a
+    /// store or a frozen fixture directory (`fixtures`, `freeze`). Never
+    /// writes to the store checked. Exits 3 on any failure.
+    Compat(compat::CompatArgs),
     /// Show the store settings in effect (`config show`): each option's
     /// value and whether it came from a flag, the environment, the
     /// configuration file or the default.
@@ -221,6 +230,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     Command::Ledger(a) => ops::ledger(a).await,
                     Command::Stats(a) => ops::stats(a).await,
                     Command::Migrate(a) => ops::migrate(a).await,
+                    Command::Compat(a) => compat::run(a).await,
                     Command::Identity(_)
                     | Command::Synth(_)
                     | Command::Config(_)

@@ -390,9 +390,19 @@ pub(crate) struct MigrateArgs {
     /// Print the plan without changing anything.
     #[arg(long)]
     dry_run: bool,
+    /// Prove, writing nothing (through a read-only handle), that each v1
+    /// root would migrate to a v2 root with the same snapshot digest: the
+    /// v2 root is built in memory and its result rebuilt and hashed. One
+    /// line per root; exits 3 if any would not migrate identically.
+    #[arg(long, conflicts_with = "dry_run")]
+    check: bool,
 }
 
 pub(crate) async fn migrate(a: MigrateArgs) -> Result<ExitCode> {
+    if a.check {
+        let namespace = a.namespace.as_deref().map(ns).transpose()?;
+        return crate::compat::migrate_check(&a.s.store, namespace, a.s.json).await;
+    }
     let store = a.s.open()?;
     let r = store
         .migrate(a.namespace.as_deref().map(ns).transpose()?, a.dry_run)

@@ -272,6 +272,33 @@ pub(crate) struct ChainArgs {
     pub(crate) max_read_overhead: Option<f64>,
 }
 
+/// The root key alone, for commands that take no other store option
+/// (`compat`): `--root-key-file FILE` (or `DELTAPACK_ROOT_KEY_FILE`), else
+/// the secret in `DELTAPACK_ROOT_KEY`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct KeyArgs {
+    /// File holding the secret that authenticates roots (keyed stores). One
+    /// trailing newline is ignored. Overrides the DELTAPACK_ROOT_KEY
+    /// environment variable (the secret itself). The secret is never
+    /// printed or logged.
+    #[arg(long, value_name = "FILE", env = "DELTAPACK_ROOT_KEY_FILE")]
+    pub(crate) root_key_file: Option<PathBuf>,
+}
+
+impl KeyArgs {
+    /// The MAC secret, if any source gives one.
+    pub(crate) fn mac_secret(&self) -> Result<Option<Vec<u8>>> {
+        let secret = match &self.root_key_file {
+            Some(p) => read_secret_file(p)?,
+            None => match std::env::var_os(ROOT_KEY_ENV) {
+                Some(v) => v.into_encoded_bytes(),
+                None => return Ok(None),
+            },
+        };
+        Ok(Some(trim_secret(secret)?))
+    }
+}
+
 /// A store URL, configuration and the provenance of every option.
 pub(crate) struct Resolved {
     /// The store URL (None when no source names one).

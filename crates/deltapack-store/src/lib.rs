@@ -136,7 +136,7 @@ pub fn state_dir() -> std::path::PathBuf {
     }
     std::env::temp_dir().join("deltapack-state")
 }
-pub use migrate::MigrationReport;
+pub use migrate::{MigrationProof, MigrationReport};
 pub use publish::{
     BaseInput, PublishOutcome, PublishReceipt, PublishRequest, RootFormat, PUBLISH_BATCH,
 };

@@ -221,3 +221,243 @@ impl Store {
         Ok(report)
     }
 }
+
+/// What `Store::migrate_check` proved about one v1 root.
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct MigrationProof {
+    /// The root's key (`roots/<namespace>/<context>`).
+    pub root: String,
+    /// Namespace hex.
+    pub namespace: String,
+    /// Context hex.
+    pub context: String,
+    /// The snapshot digest the v1 root records.
+    pub snapshot_digest: String,
+    /// Whether the v2 root built in memory restores to that same digest.
+    pub proven: bool,
+    /// Extents of the v2 root built in memory (0 when not proven).
+    pub extents: u64,
+    /// Bytes of the v2 root envelope built in memory (0 when not proven).
+    pub v2_root_bytes: u64,
+    /// Why it would not migrate identically (when not proven).
+    pub reason: Option<String>,
+}
+
+impl Store {
+    /// Proves, writing nothing, that every v1 root (optionally of one
+    /// namespace) would migrate to a v2 root with the same snapshot digest:
+    /// each root is restored (full verification), its verified payload is
+    /// cut into v2 extents in memory exactly as [`Store::migrate`] would
+    /// write them, the v2 root is encoded (with this store's key) and
+    /// decoded again, the payload is rebuilt from those in-memory extents
+    /// (each checked against its name) and the result snapshot is
+    /// reconstructed from it — on its own, or over the restored base for a
+    /// delta — and hashed. A root is `proven` only if that digest is the
+    /// one the v1 root records.
+    ///
+    /// A v1 root that does not decode, a keyed root without the key and a
+    /// root that does not restore are reported as not proven. This method
+    /// writes nothing itself; the restores it runs quarantine a damaged
+    /// object as every restore does, unless the handle's object store
+    /// refuses writes (`deltapack migrate --check` opens it so).
+    pub async fn migrate_check(
+        &self,
+        namespace: Option<deltapack_format::Namespace>,
+    ) -> Result<Vec<MigrationProof>> {
+        let mut out = Vec::new();
+        for (ns, ctx) in self.list_roots(namespace.as_ref()).await? {
+            let key = keys::root_key(&ns, &ctx);
+            let mut proof = MigrationProof {
+                root: key.to_string(),
+                namespace: ns.hex(),
+                context: ctx.hex(),
+                snapshot_digest: String::new(),
+                proven: false,
+                extents: 0,
+                v2_root_bytes: 0,
+                reason: None,
+            };
+            let raw = match self.object_store().get(&key).await {
+                Ok(g) => g.bytes().await.map_err(|e| StoreError::io(&key, e))?,
+                Err(object_store::Error::NotFound { .. }) => continue,
+                Err(e) => return Err(StoreError::io(&key, e)),
+            };
+            // Undecodable roots are checked whatever their schema: the
+            // migration would leave them behind.
+            let m = match self.peek_root(&ns, &ctx).await? {
+                RootStatus::Found(d) => match *d {
+                    DecodedRoot::V1(m) => m,
+                    _ => continue,
+                },
+                RootStatus::Absent => continue,
+                RootStatus::Unusable(r) => {
+                    proof.reason = Some(format!("the root does not decode ({r})"));
+                    out.push(proof);
+                    continue;
+                }
+            };
+            proof.snapshot_digest = m.result_snapshot_digest.to_string();
+            match self.prove_migration(&m, &raw).await? {
+                Ok((extents, bytes)) => {
+                    proof.proven = true;
+                    proof.extents = extents;
+                    proof.v2_root_bytes = bytes;
+                }
+                Err(reason) => proof.reason = Some(reason),
+            }
+            out.push(proof);
+        }
+        Ok(out)
+    }
+
+    /// The proof of one v1 root (see [`Store::migrate_check`]): `Ok` with
+    /// the v2 root's extent count and size, or why it would not migrate.
+    async fn prove_migration(
+        &self,
+        m: &deltapack_format::ManifestV1,
+        raw: &[u8],
+    ) -> Result<std::result::Result<(u64, u64), String>> {
+        if self.inner.mac_key.is_none() && root::has_mac(raw) {
+            return Ok(Err(
+                "a keyed root; check with the store's root key".to_string()
+            ));
+        }
+        let want = m.result_snapshot_digest;
+        match self
+            .restore((m.namespace, m.context), Default::default())
+            .await?
+        {
+            RestoreOutcome::Hit(h) if h.digest == want => {}
+            RestoreOutcome::Hit(h) => {
+                return Ok(Err(format!(
+                    "restores to {} but the root names {want}",
+                    h.digest
+                )))
+            }
+            RestoreOutcome::Miss(reason) => return Ok(Err(format!("does not restore ({reason})"))),
+        }
+        let payload = match self.fetch_v1(m).await? {
+            Ok(p) => p,
+            Err(reason) => return Ok(Err(format!("payload does not verify ({reason})"))),
+        };
+        let meta = RootMeta {
+            namespace: m.namespace,
+            context: m.context,
+            chunk_tokens: m.logical_chunk_tokens,
+            result_header: SnapshotHeader {
+                layout: m.layout.clone(),
+                boundary: m.boundary,
+                block_counts: m.block_counts.clone(),
+            },
+            result_snapshot_digest: want,
+            result_snapshot_len: m.result_snapshot_len,
+            base: m.base,
+        };
+        // The extents `migrate` would write, built in memory.
+        let (max_extent, level) = (self.config().max_extent_bytes, self.config().compression);
+        let payload = std::sync::Arc::new(payload);
+        let p = payload.clone();
+        let built = tokio::task::spawn_blocking(move || root::v2_extents(&p, max_extent, level))
+            .await
+            .map_err(|e| StoreError::task("v2 extents", e))?;
+        let built = match built {
+            Ok(b) => b,
+            Err(e) => return Ok(Err(format!("cannot cut the payload into v2 extents: {e}"))),
+        };
+        let new_root = match self.encode_v2(
+            &meta,
+            payload.len() as u64,
+            built.payload_digest,
+            built.entries.clone(),
+            None,
+        ) {
+            Ok(r) => r,
+            Err(e) => return Ok(Err(format!("cannot encode the v2 root: {e}"))),
+        };
+        let v2 = match root::decode(&new_root, self.inner.mac_key.as_ref()) {
+            Ok(DecodedRoot::V2(v2)) => v2,
+            Ok(_) => return Ok(Err("the v2 root built decodes as another schema".into())),
+            Err(e) => return Ok(Err(format!("the v2 root built does not decode: {e}"))),
+        };
+        if v2.payload_digest != m.payload_digest
+            || v2.result_snapshot_digest != want
+            || v2.base != m.base
+        {
+            return Ok(Err(format!(
+                "the v2 root would change a digest: payload {} (v1 {}), result {} (v1 {want})",
+                v2.payload_digest, m.payload_digest, v2.result_snapshot_digest
+            )));
+        }
+        // Rebuild the payload from the in-memory extents alone, each one
+        // checked against its name, and the result snapshot from it.
+        let base = match m.base {
+            None => None,
+            Some(b) => match self
+                .restore((b.namespace, b.context), Default::default())
+                .await?
+            {
+                RestoreOutcome::Hit(h) if h.digest == b.snapshot_digest => Some(h.snapshot),
+                RestoreOutcome::Hit(h) => {
+                    return Ok(Err(format!(
+                        "the base restores to {}, not {}",
+                        h.digest, b.snapshot_digest
+                    )))
+                }
+                RestoreOutcome::Miss(r) => {
+                    return Ok(Err(format!("the base does not restore ({r})")))
+                }
+            },
+        };
+        let extents = v2.extents.len() as u64;
+        let root_len = new_root.len() as u64;
+        let rebuilt =
+            tokio::task::spawn_blocking(move || -> std::result::Result<Digest, String> {
+                let plan = deltapack_format::ExtentPlan::new(v2.payload_len, v2.max_extent_bytes)
+                    .map_err(|e| e.to_string())?;
+                let mut out = Vec::with_capacity(payload.len());
+                for (i, (e, stored)) in v2.extents.iter().zip(&built.compressed).enumerate() {
+                    let raw = match stored {
+                        Some(c) => {
+                            if Some(Digest::blake3(c)) != e.stored_digest {
+                                return Err(format!("extent {i}: stored digest mismatch"));
+                            }
+                            deltapack_format::extent::decompress(c, e.raw_len)
+                                .map_err(|x| format!("extent {i}: {x}"))?
+                        }
+                        None => payload
+                            .get(e.offset as usize..(e.offset + e.raw_len) as usize)
+                            .ok_or_else(|| format!("extent {i} lies outside the payload"))?
+                            .to_vec(),
+                    };
+                    let name = plan
+                        .name(i as u64, &raw, false)
+                        .map_err(|x| format!("extent {i}: {x}"))?;
+                    if name != e.raw_digest {
+                        return Err(format!("extent {i} name {name} != {}", e.raw_digest));
+                    }
+                    out.extend_from_slice(&raw);
+                }
+                let found = deltapack_format::snapshot::digest_of_encoding(&out);
+                if found != v2.payload_digest {
+                    return Err(format!(
+                        "rebuilt payload digest {found} != {}",
+                        v2.payload_digest
+                    ));
+                }
+                let result = match &base {
+                    None => deltapack_format::Snapshot::from_encoded(out),
+                    Some(b) => deltapack_format::PageDelta::apply(b, &out),
+                }
+                .map_err(|x| format!("the result does not rebuild from the v2 payload: {x}"))?;
+                Ok(result.digest())
+            })
+            .await
+            .map_err(|e| StoreError::task("migration proof", e))?;
+        Ok(match rebuilt {
+            Ok(d) if d == want => Ok((extents, root_len)),
+            Ok(d) => Err(format!("the v2 root rebuilds {d}, not {want}")),
+            Err(reason) => Err(reason),
+        })
+    }
+}

@@ -7,6 +7,7 @@ mod common;
 
 mod chaos_kill9;
 mod cli_end_to_end;
+mod compat;
 mod configuration;
 mod crash_kill9;
 mod destructive_commands;

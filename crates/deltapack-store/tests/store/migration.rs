@@ -2,7 +2,9 @@
 //! digest as before, each root is replaced only after that was proven (a
 //! dry run changes nothing), deltas built on a migrated base keep working,
 //! the old v1 chunk objects become garbage reclaimed after the grace
-//! period, and the ledger agrees with a rebuild afterwards.
+//! period, and the ledger agrees with a rebuild afterwards. The proof
+//! `migrate_check` gives beforehand writes nothing and predicts, byte for
+//! byte, the size of the v2 root `migrate` then writes.
 
 use crate::common;
 
@@ -134,6 +136,61 @@ async fn migrate_fixture_v1_roots_and_a_mixed_chain() {
 /// A keyed v1 root is never rewritten without its MAC: a migration without
 /// the key skips it (and says why), a migration with the key migrates it
 /// and the new root carries a MAC that verifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_check_writes_nothing_and_predicts_the_migrated_root() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    copy_dir(
+        &crate::common::repo_root().join("fixtures/2026-11-v1v2/store"),
+        tmp.path(),
+    );
+    let url = format!("file://{}", tmp.path().display());
+    let s = Store::open(&url, config().with_grace(Duration::ZERO)).expect("open");
+    let roots_dir = tmp.path().join("roots");
+    let root_files = |dir: &Path| {
+        let mut out = Vec::new();
+        for ns in std::fs::read_dir(dir).expect("roots") {
+            for r in std::fs::read_dir(ns.expect("ns").path()).expect("ns") {
+                let p = r.expect("root").path();
+                let bytes = std::fs::read(&p).expect("read");
+                out.push((p, bytes));
+            }
+        }
+        out.sort();
+        out
+    };
+    let before = root_files(&roots_dir);
+    let proofs = s.migrate_check(None).await.expect("check");
+    assert_eq!(proofs.len(), 2, "the fixture's two v1 roots: {proofs:?}");
+    assert!(proofs.iter().all(|p| p.proven), "{proofs:?}");
+    assert_eq!(root_files(&roots_dir), before, "the check wrote a root");
+    let report = s.migrate(None, false).await.expect("migrate");
+    assert_eq!(report.migrated.len(), 2, "{report:?}");
+    for p in &proofs {
+        let path = roots_dir.join(&p.namespace).join(&p.context);
+        let bytes = std::fs::read(&path).expect("migrated root");
+        assert_eq!(bytes.len() as u64, p.v2_root_bytes, "{}", p.root);
+        let RootStatus::Found(root) = s
+            .peek_root(
+                &p.namespace.parse().expect("ns"),
+                &p.context.parse().expect("ctx"),
+            )
+            .await
+            .expect("read")
+        else {
+            panic!("{} unreadable after migration", p.root)
+        };
+        let DecodedRoot::V2(m) = *root else {
+            panic!("{} is not v2", p.root)
+        };
+        assert_eq!(m.extents.len() as u64, p.extents, "{}", p.root);
+        assert_eq!(m.result_snapshot_digest.to_string(), p.snapshot_digest);
+    }
+    assert!(
+        s.migrate_check(None).await.expect("again").is_empty(),
+        "no v1 root is left"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyed_roots_migrate_only_with_the_key() {
     let tmp = tempfile::tempdir().expect("tmp");

@@ -100,6 +100,7 @@ mod fault;
 pub mod keys;
 mod ledger;
 mod local;
+mod metrics;
 mod migrate;
 mod options;
 mod publish;
@@ -140,7 +141,10 @@ pub use publish::{
 pub use restore::{
     RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored, RESTORE_IN_FLIGHT,
 };
-pub use stats::{prometheus, StatsReport, StatsSnapshot};
+pub use stats::{StatsReport, StatsSnapshot};
+/// The `prometheus-client` crate this one registers its metrics with (see
+/// [`Store::register_metrics`]), re-exported so callers use the same version.
+pub use prometheus_client;
 pub use store::{ChainPolicy, RootInfo, RootStatus, Store, StoreConfig};
 pub use sweep::{SweepOptions, SweepReport};
 pub use write_behind::{WriteBehind, WriteBehindReport};

@@ -639,7 +639,9 @@ impl Store {
                 (n, b)
             }
         };
-        tracing::Span::current().record("objects", n).record("bytes", b);
+        tracing::Span::current()
+            .record("objects", n)
+            .record("bytes", b);
         if n > 0 {
             tracing::info!(objects = n, bytes = b, "garbage collected");
         }

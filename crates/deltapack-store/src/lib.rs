@@ -135,6 +135,9 @@ pub fn state_dir() -> std::path::PathBuf {
     std::env::temp_dir().join("deltapack-state")
 }
 pub use migrate::MigrationReport;
+/// The `prometheus-client` crate this one registers its metrics with (see
+/// [`Store::register_metrics`]), re-exported so callers use the same version.
+pub use prometheus_client;
 pub use publish::{
     BaseInput, PublishOutcome, PublishReceipt, PublishRequest, RootFormat, PUBLISH_BATCH,
 };
@@ -142,9 +145,6 @@ pub use restore::{
     RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored, RESTORE_IN_FLIGHT,
 };
 pub use stats::{StatsReport, StatsSnapshot};
-/// The `prometheus-client` crate this one registers its metrics with (see
-/// [`Store::register_metrics`]), re-exported so callers use the same version.
-pub use prometheus_client;
 pub use store::{ChainPolicy, RootInfo, RootStatus, Store, StoreConfig};
 pub use sweep::{SweepOptions, SweepReport};
 pub use write_behind::{WriteBehind, WriteBehindReport};

@@ -296,7 +296,11 @@ impl Metrics {
             Unit::Bytes,
             stats.bytes_written.clone(),
         );
-        r.register("roots_written", "Roots created", stats.roots_written.clone());
+        r.register(
+            "roots_written",
+            "Roots created",
+            stats.roots_written.clone(),
+        );
         r.register(
             "quarantined",
             "Objects and roots moved to quarantine",

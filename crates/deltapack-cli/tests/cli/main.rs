@@ -11,3 +11,4 @@ mod crash_kill9;
 mod destructive_commands;
 mod fleet_kill9;
 mod multi_process_ledger;
+mod stats_prometheus;

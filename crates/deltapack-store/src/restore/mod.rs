@@ -196,16 +196,16 @@ impl Store {
                 span.record("outcome", "miss");
                 span.record("reason", crate::metrics::reason_label(m));
                 Stats::add(
-                match m {
-                    MissReason::Absent => &st.miss_absent,
-                    MissReason::Corrupt { .. } => &st.miss_corrupt,
-                    MissReason::Incompatible { .. } => &st.miss_incompatible,
-                    MissReason::BaseMissing { .. } => &st.miss_base_missing,
-                    MissReason::DeadlineExceeded => &st.miss_deadline,
-                    MissReason::Unauthenticated { .. } => &st.miss_unauthenticated,
-                },
-                1,
-            )
+                    match m {
+                        MissReason::Absent => &st.miss_absent,
+                        MissReason::Corrupt { .. } => &st.miss_corrupt,
+                        MissReason::Incompatible { .. } => &st.miss_incompatible,
+                        MissReason::BaseMissing { .. } => &st.miss_base_missing,
+                        MissReason::DeadlineExceeded => &st.miss_deadline,
+                        MissReason::Unauthenticated { .. } => &st.miss_unauthenticated,
+                    },
+                    1,
+                )
             }
         }
     }
@@ -370,19 +370,22 @@ impl Store {
         // The work is one task whatever the number of callers; its spans
         // belong to the first caller's.
         let span = tracing::debug_span!("restore_flight");
-        let handle = tokio::spawn(tracing::Instrument::instrument(async move {
-            let mut schema = None;
-            let r = this
-                .restore_uncached(ns, ctx, visited, &mut schema)
-                .await
-                .map(|out| (out, schema))
-                .map_err(Arc::new);
-            match this.inner.inflight.lock() {
-                Ok(mut m) => m.remove(&key),
-                Err(p) => p.into_inner().remove(&key),
-            };
-            r
-        }, span));
+        let handle = tokio::spawn(tracing::Instrument::instrument(
+            async move {
+                let mut schema = None;
+                let r = this
+                    .restore_uncached(ns, ctx, visited, &mut schema)
+                    .await
+                    .map(|out| (out, schema))
+                    .map_err(Arc::new);
+                match this.inner.inflight.lock() {
+                    Ok(mut m) => m.remove(&key),
+                    Err(p) => p.into_inner().remove(&key),
+                };
+                r
+            },
+            span,
+        ));
         let shared = async move {
             handle.await.unwrap_or_else(|e| {
                 Err(Arc::new(StoreError::Internal(format!(

@@ -147,7 +147,8 @@ pub(crate) struct LedgerArgs {
 pub(crate) struct StatsArgs {
     #[command(flatten)]
     s: OpArgs,
-    /// Prometheus text exposition format.
+    /// The metrics registry in the Prometheus/OpenMetrics text format
+    /// (ledger gauges as of now; counters of this process only).
     #[arg(long, conflicts_with = "json")]
     prometheus: bool,
 }
@@ -344,10 +345,21 @@ pub(crate) async fn ledger(a: LedgerArgs) -> Result<ExitCode> {
 pub(crate) async fn stats(a: StatsArgs) -> Result<ExitCode> {
     let store = a.s.open()?;
     store.reconcile_ledger().await?;
-    let report = store.stats_report().await?;
     if a.prometheus {
-        print!("{}", deltapack_store::prometheus(&report));
-    } else if a.s.json {
+        // The registry a process that called `register_metrics` serves:
+        // this process's counters (zero but for the reconciliation's
+        // reads) and the ledger gauges, which `stats_report` refreshes.
+        use deltapack_store::prometheus_client::{encoding::text, registry::Registry};
+        let mut registry = Registry::default();
+        store.register_metrics(&mut registry);
+        store.stats_report().await?;
+        let mut out = String::new();
+        text::encode(&mut out, &registry)?;
+        print!("{out}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let report = store.stats_report().await?;
+    if a.s.json {
         print_json(&report)?;
     } else {
         println!(

@@ -595,6 +595,10 @@ impl Store {
     /// inside the ledger transaction that re-checks the object, so a
     /// concurrent publisher (which protects objects before relying on them)
     /// either sees the object gone and rewrites it, or protects it first.
+    #[tracing::instrument(level = "debug", name = "collect_garbage", skip_all, fields(
+        objects = tracing::field::Empty,
+        bytes = tracing::field::Empty,
+    ))]
     pub async fn collect_garbage(&self) -> Result<(u64, u64)> {
         let ledger = self.ledger().await?;
         // An object the ledger thinks unreferenced may be used by a root
@@ -635,6 +639,9 @@ impl Store {
                 (n, b)
             }
         };
+        tracing::Span::current()
+            .record("objects", n)
+            .record("bytes", b);
         if n > 0 {
             tracing::info!(objects = n, bytes = b, "garbage collected");
         }
@@ -722,6 +729,12 @@ impl Store {
     /// a planned root since the plan was made goes with it; for eviction and
     /// pruning, a root that became pinned or held meanwhile is kept, with
     /// every root it depends on.
+    #[tracing::instrument(level = "info", name = "execute", skip_all, fields(
+        kind = ?plan.kind,
+        planned = plan.targets.len(),
+        removed = tracing::field::Empty,
+        deleted_bytes = tracing::field::Empty,
+    ))]
     pub async fn execute(&self, plan: RemovalPlan) -> Result<RemovalReport> {
         let ledger = self.ledger().await?;
         let rows = self.lru_rows(ledger).await?;
@@ -763,6 +776,9 @@ impl Store {
         let (n, b) = self.collect_garbage().await?;
         report.deleted_objects = n;
         report.deleted_bytes = b;
+        tracing::Span::current()
+            .record("removed", report.roots.len())
+            .record("deleted_bytes", b);
         Ok(report)
     }
 
@@ -770,6 +786,11 @@ impl Store {
     /// its hold markers. With `claim` (eviction, pruning) it first claims the
     /// root in the ledger ([`crate::ledger::Ledger::claim_root_removal`]) and
     /// returns `false`, removing nothing, if the claim is refused.
+    #[tracing::instrument(level = "debug", name = "remove_root", skip_all, fields(
+        namespace = %crate::metrics::short_hex(&k.0.hex()),
+        context = %crate::metrics::short_hex(&k.1.hex()),
+        claim,
+    ))]
     async fn remove_one(
         &self,
         ledger: &Ledger,
@@ -827,6 +848,10 @@ impl Store {
     /// never together exceed a hard budget. It lasts until the publication
     /// ends ([`crate::publish::ProtectGuard::finish`]), by which time its
     /// root and objects are recorded and counted instead.
+    #[tracing::instrument(level = "debug", name = "make_room", skip_all, fields(
+        need,
+        evicted = tracing::field::Empty,
+    ))]
     pub(crate) async fn make_room(
         &self,
         need: u64,
@@ -846,9 +871,12 @@ impl Store {
         // Roots whose removal claim was refused (a delta is being built on
         // them): skipped, with everything they belong to, from then on.
         let mut kept = BTreeSet::new();
+        let mut evicted = 0u64;
         loop {
             self.collect_garbage().await?;
             let t = ledger.run(|l| l.usage()).await?;
+            self.metrics().ledger_totals(&t, false);
+            tracing::Span::current().record("evicted", evicted);
             // Eviction makes room among recorded roots only; other
             // publications' reservations are waited for, not evicted for
             // (a reservation is an upper bound, and most concurrent
@@ -922,6 +950,7 @@ impl Store {
                     break;
                 }
                 Stats::add(&self.stats_ref().evictions, 1);
+                evicted += 1;
                 tracing::info!(root = %keys::root_key(&k.0, &k.1), "evicted");
             }
         }
@@ -930,12 +959,17 @@ impl Store {
     /// Plans the eviction of least recently used roots (each with its
     /// dependents; pinned and held ones skipped) until the ledger's live
     /// bytes fit `budget`. Carry it out with [`Store::execute`].
+    #[tracing::instrument(level = "info", name = "evict_plan", skip_all, fields(
+        budget,
+        targets = tracing::field::Empty,
+    ))]
     pub async fn evict_plan(&self, budget: u64) -> Result<RemovalPlan> {
         let ledger = self.ledger().await?;
         self.reconcile_ledger().await?;
         let rows = self.lru_rows(ledger).await?;
         let graph = Self::ledger_graph(&rows);
         let t = ledger.run(|l| l.usage()).await?;
+        self.metrics().ledger_totals(&t, false);
         let mut live = t.object_bytes + t.root_bytes;
         let mut targets = Vec::new();
         let mut gone = BTreeSet::new();
@@ -977,6 +1011,7 @@ impl Store {
                 }
             }
         }
+        tracing::Span::current().record("targets", targets.len());
         Ok(RemovalPlan {
             kind: RemovalKind::Evict,
             targets,
@@ -985,6 +1020,9 @@ impl Store {
 
     /// Plans the removal of roots matching `filter` (pinned and held ones
     /// skipped), each with its dependents.
+    #[tracing::instrument(level = "info", name = "prune_plan", skip_all, fields(
+        targets = tracing::field::Empty,
+    ))]
     pub async fn prune_plan(&self, filter: &PruneFilter) -> Result<RemovalPlan> {
         let ledger = self.ledger().await?;
         self.reconcile_ledger().await?;
@@ -1020,6 +1058,7 @@ impl Store {
                 }
             }
         }
+        tracing::Span::current().record("targets", targets.len());
         Ok(RemovalPlan {
             kind: RemovalKind::Prune,
             targets,
@@ -1080,7 +1119,8 @@ impl Store {
         Ok(())
     }
 
-    /// Gauges, persisted counters and this process's counters.
+    /// Gauges, persisted counters and this process's counters. Also
+    /// refreshes the ledger gauges of [`Store::register_metrics`].
     pub async fn stats_report(&self) -> Result<crate::stats::StatsReport> {
         self.flush_counters().await?;
         let ledger = self.ledger().await?;
@@ -1088,12 +1128,16 @@ impl Store {
             BackendKind::Local { root } => free_space(root),
             _ => None,
         };
-        Ok(crate::stats::StatsReport {
+        let report = crate::stats::StatsReport {
             ledger: ledger.run(|l| l.totals()).await?,
             free_bytes,
             budget_bytes: self.config().budget_bytes,
             counters: ledger.run(|l| l.counters()).await?,
             process: self.stats(),
-        })
+        };
+        self.metrics().ledger_totals(&report.ledger, true);
+        self.metrics()
+            .report(&report.counters, report.budget_bytes, report.free_bytes);
+        Ok(report)
     }
 }

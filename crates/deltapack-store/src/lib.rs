@@ -101,6 +101,7 @@ mod fault;
 pub mod keys;
 mod ledger;
 mod local;
+mod metrics;
 mod migrate;
 mod options;
 mod publish;
@@ -137,13 +138,16 @@ pub fn state_dir() -> std::path::PathBuf {
     std::env::temp_dir().join("deltapack-state")
 }
 pub use migrate::{MigrationProof, MigrationReport};
+/// The `prometheus-client` crate this one registers its metrics with (see
+/// [`Store::register_metrics`]), re-exported so callers use the same version.
+pub use prometheus_client;
 pub use publish::{
     BaseInput, PublishOutcome, PublishReceipt, PublishRequest, RootFormat, PUBLISH_BATCH,
 };
 pub use restore::{
     RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored, RESTORE_IN_FLIGHT,
 };
-pub use stats::{prometheus, StatsReport, StatsSnapshot};
+pub use stats::{StatsReport, StatsSnapshot};
 pub use store::{ChainPolicy, RootInfo, RootStatus, Store, StoreConfig};
 pub use sweep::{SweepOptions, SweepReport};
 pub use write_behind::{WriteBehind, WriteBehindReport};

@@ -188,7 +188,55 @@ impl Store {
 
     /// [`Store::publish`] reporting `(bytes done, bytes total)` as objects
     /// become durable.
+    #[tracing::instrument(level = "info", name = "publish", skip_all, fields(
+        namespace = %crate::metrics::short_hex(&req.identity.namespace().hex()),
+        context = %crate::metrics::short_hex(&req.context.hex()),
+        delta = req.base.is_some(),
+        schema = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        bytes = tracing::field::Empty,
+    ))]
     pub async fn publish_with_progress(
+        &self,
+        req: PublishRequest,
+        progress: &(dyn Fn(u64, u64) + Send + Sync),
+    ) -> Result<PublishReceipt> {
+        let start = Instant::now();
+        let asked = req.format.schema();
+        let out = self.publish_uncounted(req, progress).await;
+        let span = tracing::Span::current();
+        let seconds = start.elapsed().as_secs_f64();
+        match &out {
+            Ok(r) => {
+                let outcome = match r.outcome {
+                    PublishOutcome::Created => "created",
+                    PublishOutcome::AlreadyPresent => "already_present",
+                    PublishOutcome::Conflict => "conflict",
+                };
+                let bytes = (r.outcome == PublishOutcome::Created).then_some(r.payload_len);
+                // Only the schemas this crate writes are labels (a conflict
+                // with an unusable root describes it in free text).
+                let schema = [root::SCHEMA_V2, root::SCHEMA_V2_1, root::SCHEMA_V1]
+                    .into_iter()
+                    .find(|s| *s == r.schema)
+                    .unwrap_or(crate::metrics::UNKNOWN_SCHEMA);
+                span.record("schema", schema);
+                span.record("outcome", outcome);
+                span.record("bytes", r.payload_len);
+                self.metrics().publish(seconds, outcome, schema, bytes);
+            }
+            Err(e) => {
+                span.record("schema", asked);
+                span.record("outcome", "error");
+                tracing::debug!(error = %e, "publication failed");
+                self.metrics().publish(seconds, "error", asked, None);
+            }
+        }
+        out
+    }
+
+    /// The publication itself (`publish_with_progress` counts it).
+    async fn publish_uncounted(
         &self,
         req: PublishRequest,
         progress: &(dyn Fn(u64, u64) + Send + Sync),
@@ -688,6 +736,7 @@ impl Store {
     /// buffered writes two streams had been slower than one.) Extents that
     /// overlap a late header (a delta's, which waits for the result digest)
     /// go last, so hashing the result overlaps the other writes.
+    #[tracing::instrument(level = "debug", name = "write_v2", skip_all)]
     pub(crate) async fn write_v2(
         &self,
         payload: Payload,
@@ -811,6 +860,7 @@ impl Store {
 
     /// Writes a contiguous payload as v1 chunk objects (legacy layout);
     /// returns the chunk entries and the payload digest.
+    #[tracing::instrument(level = "debug", name = "write_v1", skip_all)]
     async fn write_v1(
         &self,
         req: &PublishRequest,

@@ -1,37 +1,38 @@
-//! Counters kept by a store handle (process-local; exported by `stats`).
+//! Counters kept by a store handle (process-local; exported by `stats`,
+//! persisted into the ledger, and — some of them — registered as metrics by
+//! the `metrics` module).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
-
+use prometheus_client::metrics::counter::Counter;
 use serde::Serialize;
 
-/// Live counters of one store handle.
+/// Live counters of one store handle. Each is a `prometheus-client`
+/// counter, so the ones exported as metrics are registered as they are.
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
-    pub(crate) hits: AtomicU64,
-    pub(crate) miss_absent: AtomicU64,
-    pub(crate) miss_corrupt: AtomicU64,
-    pub(crate) miss_incompatible: AtomicU64,
-    pub(crate) miss_base_missing: AtomicU64,
-    pub(crate) miss_deadline: AtomicU64,
-    pub(crate) miss_unauthenticated: AtomicU64,
-    pub(crate) objects_read: AtomicU64,
-    pub(crate) bytes_read: AtomicU64,
-    pub(crate) objects_written: AtomicU64,
-    pub(crate) objects_reused: AtomicU64,
-    pub(crate) bytes_written: AtomicU64,
-    pub(crate) roots_written: AtomicU64,
-    pub(crate) conflicts: AtomicU64,
-    pub(crate) quarantined: AtomicU64,
-    pub(crate) restores_shared: AtomicU64,
-    pub(crate) base_cache_hits: AtomicU64,
-    pub(crate) evictions: AtomicU64,
-    pub(crate) hits_cheaper_than_prefill: AtomicU64,
-    pub(crate) hits_dearer_than_prefill: AtomicU64,
-    pub(crate) restore_latencies_us: Mutex<Vec<u64>>,
+    pub(crate) hits: Counter,
+    pub(crate) miss_absent: Counter,
+    pub(crate) miss_corrupt: Counter,
+    pub(crate) miss_incompatible: Counter,
+    pub(crate) miss_base_missing: Counter,
+    pub(crate) miss_deadline: Counter,
+    pub(crate) miss_unauthenticated: Counter,
+    pub(crate) objects_read: Counter,
+    pub(crate) bytes_read: Counter,
+    pub(crate) objects_written: Counter,
+    pub(crate) objects_reused: Counter,
+    pub(crate) bytes_written: Counter,
+    pub(crate) roots_written: Counter,
+    pub(crate) conflicts: Counter,
+    pub(crate) quarantined: Counter,
+    pub(crate) restores_shared: Counter,
+    pub(crate) base_cache_hits: Counter,
+    pub(crate) evictions: Counter,
+    pub(crate) hits_cheaper_than_prefill: Counter,
+    pub(crate) hits_dearer_than_prefill: Counter,
 }
 
-/// A point-in-time copy of the store's counters and latency figures.
+/// A point-in-time copy of the store's counters (latency is in the
+/// histograms of [`crate::Store::register_metrics`]).
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StatsSnapshot {
@@ -76,40 +77,16 @@ pub struct StatsSnapshot {
     pub hits_cheaper_than_prefill: u64,
     /// Hits that took longer than recomputing would have.
     pub hits_dearer_than_prefill: u64,
-    /// Restore latency percentiles in microseconds: p50, p90, p99, max.
-    pub restore_latency_us: [u64; 4],
 }
 
 impl Stats {
-    pub(crate) fn add(c: &AtomicU64, n: u64) {
-        c.fetch_add(n, Ordering::Relaxed);
-    }
-
-    pub(crate) fn record_latency(&self, us: u64) {
-        if let Ok(mut v) = self.restore_latencies_us.lock() {
-            if v.len() >= 100_000 {
-                v.drain(..50_000);
-            }
-            v.push(us);
-        }
+    pub(crate) fn add(c: &Counter, n: u64) {
+        c.inc_by(n);
     }
 
     /// Copies the counters.
     pub(crate) fn snapshot(&self) -> StatsSnapshot {
-        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let mut lat = self
-            .restore_latencies_us
-            .lock()
-            .map(|v| v.clone())
-            .unwrap_or_default();
-        lat.sort_unstable();
-        let pct = |p: f64| -> u64 {
-            if lat.is_empty() {
-                0
-            } else {
-                lat[((lat.len() - 1) as f64 * p).round() as usize]
-            }
-        };
+        let g = |c: &Counter| c.get();
         StatsSnapshot {
             hits: g(&self.hits),
             miss_absent: g(&self.miss_absent),
@@ -131,12 +108,6 @@ impl Stats {
             evictions: g(&self.evictions),
             hits_cheaper_than_prefill: g(&self.hits_cheaper_than_prefill),
             hits_dearer_than_prefill: g(&self.hits_dearer_than_prefill),
-            restore_latency_us: [
-                pct(0.5),
-                pct(0.9),
-                pct(0.99),
-                lat.last().copied().unwrap_or(0),
-            ],
         }
     }
 }
@@ -154,7 +125,7 @@ pub struct StatsReport {
     /// Counters accumulated by every process that used this store (local
     /// disk; for other backends, this process only).
     pub counters: Vec<(String, u64)>,
-    /// This process's live counters and latency figures.
+    /// This process's live counters.
     pub process: StatsSnapshot,
 }
 
@@ -191,61 +162,4 @@ fn counter_pairs(s: &StatsSnapshot) -> Vec<(&'static str, u64)> {
         ("hits_cheaper_than_prefill", s.hits_cheaper_than_prefill),
         ("hits_dearer_than_prefill", s.hits_dearer_than_prefill),
     ]
-}
-
-/// Prometheus text exposition of a stats report.
-pub fn prometheus(r: &StatsReport) -> String {
-    let mut out = String::new();
-    let mut gauge = |name: &str, help: &str, v: u64| {
-        out.push_str(&format!(
-            "# HELP deltapack_{name} {help}\n# TYPE deltapack_{name} gauge\ndeltapack_{name} {v}\n"
-        ));
-    };
-    gauge(
-        "ledger_used_bytes",
-        "Bytes counted against the budget (live + condemned + roots).",
-        r.ledger.used_bytes,
-    );
-    gauge(
-        "ledger_object_bytes",
-        "Bytes of live objects, each counted once.",
-        r.ledger.object_bytes,
-    );
-    gauge(
-        "ledger_condemned_bytes",
-        "Bytes of condemned objects awaiting deletion.",
-        r.ledger.condemned_bytes,
-    );
-    gauge("ledger_roots", "Roots in the ledger.", r.ledger.roots);
-    gauge(
-        "ledger_objects",
-        "Live objects in the ledger.",
-        r.ledger.objects,
-    );
-    if let Some(f) = r.free_bytes {
-        gauge("free_bytes", "Free bytes on the store's filesystem.", f);
-    }
-    if let Some(b) = r.budget_bytes {
-        gauge("budget_bytes", "Configured byte budget.", b);
-    }
-    out.push_str("# HELP deltapack_namespace_bytes Physical bytes per namespace.\n# TYPE deltapack_namespace_bytes gauge\n");
-    for (ns, b) in &r.ledger.per_namespace {
-        out.push_str(&format!(
-            "deltapack_namespace_bytes{{namespace=\"{ns}\"}} {b}\n"
-        ));
-    }
-    for (name, v) in &r.counters {
-        out.push_str(&format!(
-            "# HELP deltapack_{name}_total Accumulated {name} (all processes).\n# TYPE deltapack_{name}_total counter\ndeltapack_{name}_total {v}\n"
-        ));
-    }
-    let lat = r.process.restore_latency_us;
-    out.push_str("# HELP deltapack_restore_latency_seconds Restore latency quantiles of this process.\n# TYPE deltapack_restore_latency_seconds summary\n");
-    for (q, v) in [("0.5", lat[0]), ("0.9", lat[1]), ("0.99", lat[2])] {
-        out.push_str(&format!(
-            "deltapack_restore_latency_seconds{{quantile=\"{q}\"}} {}\n",
-            v as f64 / 1e6
-        ));
-    }
-    out
 }

@@ -175,6 +175,8 @@ pub(crate) struct Inner {
     pub(crate) config: StoreConfig,
     pub(crate) mac_key: Option<[u8; 32]>,
     pub(crate) stats: Stats,
+    /// Labelled metrics, histograms and ledger gauges.
+    pub(crate) metrics: crate::metrics::Metrics,
     pub(crate) inflight: Mutex<HashMap<(Namespace, ContextDigest), SharedRestore>>,
     pub(crate) base_cache: Mutex<BaseCache>,
     pub(crate) ledger: tokio::sync::OnceCell<crate::ledger::Ledger>,
@@ -314,6 +316,7 @@ impl Store {
                 config,
                 mac_key,
                 stats: Stats::default(),
+                metrics: Default::default(),
                 inflight: Mutex::new(HashMap::new()),
                 base_cache: Mutex::new(BaseCache::default()),
                 ledger: tokio::sync::OnceCell::new(),
@@ -350,6 +353,61 @@ impl Store {
 
     pub(crate) fn stats_ref(&self) -> &Stats {
         &self.inner.stats
+    }
+
+    pub(crate) fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.inner.metrics
+    }
+
+    /// Registers this handle's metrics (shared by its clones) in
+    /// `registry`, prefixed `deltapack_`; encode the registry with
+    /// `prometheus_client::encoding::text::encode` to serve them:
+    ///
+    /// * `deltapack_restore_total{outcome, reason, schema}` — restores:
+    ///   `outcome` `hit` or `miss`; `reason` `none`, `absent`, `corrupt`,
+    ///   `incompatible`, `base_missing`, `deadline` or `unauthenticated`;
+    ///   `schema` the root's schema, `unknown` if it was not read;
+    /// * `deltapack_publish_total{outcome, schema}` — `created`,
+    ///   `already_present`, `conflict` or `error`;
+    /// * `deltapack_objects_read_total`, `deltapack_read_bytes_total`,
+    ///   `deltapack_objects_written_total`, `deltapack_objects_reused_total`,
+    ///   `deltapack_written_bytes_total`, `deltapack_roots_written_total`,
+    ///   `deltapack_quarantined_total`, `deltapack_evictions_total`;
+    /// * histograms `deltapack_restore_duration_seconds`,
+    ///   `deltapack_publish_duration_seconds`, `deltapack_restore_size_bytes`,
+    ///   `deltapack_publish_size_bytes`;
+    /// * ledger gauges `deltapack_ledger_used_bytes`,
+    ///   `deltapack_ledger_object_bytes`, `deltapack_ledger_roots`,
+    ///   `deltapack_ledger_objects`, `deltapack_ledger_condemned_objects`,
+    ///   `deltapack_ledger_condemned_bytes`,
+    ///   `deltapack_ledger_namespace_bytes{namespace}`,
+    ///   `deltapack_ledger_accumulated{counter}` (counters accumulated by
+    ///   every process), and `deltapack_budget_bytes` (if a budget is set)
+    ///   and `deltapack_free_bytes` (local disk).
+    ///
+    /// Counters and histograms are live. The ledger gauges are **as of
+    /// their last update** — a publication's budget check, an eviction
+    /// plan, or [`Store::stats_report`] (the ledger is not queried at
+    /// scrape time); call `stats_report` before encoding for fresh ones.
+    ///
+    /// ```
+    /// use deltapack_store::prometheus_client::{encoding::text::encode, registry::Registry};
+    /// # use deltapack_store::{Store, StoreConfig};
+    /// let store = Store::open("memory://", StoreConfig::default())?;
+    /// let mut registry = Registry::default();
+    /// store.register_metrics(&mut registry);
+    /// let mut text = String::new();
+    /// encode(&mut text, &registry)?;
+    /// assert!(text.contains("# TYPE deltapack_restore_duration_seconds histogram"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        self.inner.metrics.register(
+            &self.inner.stats,
+            self.config().budget_bytes,
+            matches!(self.backend_kind(), BackendKind::Local { .. }),
+            registry,
+        );
     }
 
     /// Fetches an object whose stored size must be exactly `expected_len`
@@ -757,6 +815,11 @@ impl Store {
     /// ledger knows none of them (a ledger per node, while other nodes
     /// publish to the bucket) does it fall back to a HEAD per candidate,
     /// 16 at a time.
+    #[tracing::instrument(level = "info", name = "lookup", skip_all, fields(
+        namespace = %crate::metrics::short_hex(&identity.namespace().hex()),
+        candidates = candidates.len(),
+        found = tracing::field::Empty,
+    ))]
     pub async fn lookup(
         &self,
         identity: &CacheIdentity,
@@ -774,7 +837,10 @@ impl Store {
         for (b, c) in sorted.iter().filter(|c| known.contains(&c.1)) {
             let key = keys::root_key(&ns, c);
             match self.object_store().head(&key).await {
-                Ok(_) => return Ok(Some((*b, *c))),
+                Ok(_) => {
+                    tracing::Span::current().record("found", b);
+                    return Ok(Some((*b, *c)));
+                }
                 Err(object_store::Error::NotFound { .. }) => continue,
                 Err(e) => return Err(StoreError::io(&key, e)),
             }
@@ -795,6 +861,10 @@ impl Store {
             .buffered(16)
             .try_collect()
             .await?;
-        Ok(found.into_iter().flatten().max_by_key(|(b, _)| *b))
+        let found = found.into_iter().flatten().max_by_key(|(b, _)| *b);
+        if let Some((b, _)) = found {
+            tracing::Span::current().record("found", b);
+        }
+        Ok(found)
     }
 }

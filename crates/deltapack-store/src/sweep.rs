@@ -144,6 +144,14 @@ struct LedgerUse<'a> {
 
 impl Store {
     /// Runs an integrity sweep (see the module docs), in its named steps.
+    #[tracing::instrument(level = "info", name = "sweep", skip_all, fields(
+        dry_run = opts.dry_run,
+        roots = tracing::field::Empty,
+        checked = tracing::field::Empty,
+        corrupt = tracing::field::Empty,
+        missing = tracing::field::Empty,
+        orphans_deleted = tracing::field::Empty,
+    ))]
     pub async fn sweep(&self, opts: &SweepOptions) -> Result<SweepReport> {
         let mut report = SweepReport {
             dry_run: opts.dry_run,
@@ -173,6 +181,12 @@ impl Store {
             );
         }
         report.quarantined = self.stats().quarantined - quarantined_before;
+        tracing::Span::current()
+            .record("roots", report.roots)
+            .record("checked", report.checked)
+            .record("corrupt", report.corrupt.len())
+            .record("missing", report.missing.len())
+            .record("orphans_deleted", report.orphans_deleted);
         tracing::info!(
             roots = report.roots,
             checked = report.checked,

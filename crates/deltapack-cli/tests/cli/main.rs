@@ -14,3 +14,4 @@ mod destructive_commands;
 mod fleet_kill9;
 mod multi_process_ledger;
 mod output_contract;
+mod stats_prometheus;

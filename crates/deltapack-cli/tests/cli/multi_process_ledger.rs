@@ -60,9 +60,16 @@ fn concurrent_processes_share_one_ledger() {
     assert!(on_disk <= 60_000, "budget held: {on_disk}");
     let (c, stats) = run(dir, &["stats", "--store", &store, "--prometheus"]);
     assert_eq!(c, 0);
-    assert!(stats.contains("deltapack_ledger_used_bytes"), "{stats}");
     assert!(
-        stats.contains("deltapack_hits_total"),
+        stats.contains(&format!("deltapack_ledger_used_bytes {used}\n")),
+        "{stats}"
+    );
+    let hits = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("deltapack_ledger_accumulated{counter=\"hits\"} "))
+        .and_then(|v| v.parse::<u64>().ok());
+    assert!(
+        hits.is_some_and(|h| h > 0),
         "counters from every process persisted: {stats}"
     );
 }

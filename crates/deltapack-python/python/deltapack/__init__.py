@@ -753,8 +753,8 @@ class Store:
 
     def stats(self) -> Dict[str, Any]:
         """Ledger gauges (bytes, roots, objects), counters accumulated by every
-        process (local stores), this process's counters and latency
-        percentiles, free space and budget."""
+        process (local stores), this process's counters, free space and
+        budget."""
         return self._native.stats()
 
     def sweep(self, grace: Union[float, str] = 3600.0, dry_run: bool = False) -> Dict[str, Any]:

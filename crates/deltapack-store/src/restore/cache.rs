@@ -7,12 +7,11 @@ use std::sync::{Arc, Weak};
 use deltapack_format::{ContextDigest, Digest, Namespace, Snapshot};
 use futures::future::{BoxFuture, Shared};
 
-use super::outcome::RestoreOutcome;
 use crate::error::StoreError;
 
 /// A restore in flight, awaited by every caller of the same root.
 pub(crate) type SharedRestore =
-    Shared<BoxFuture<'static, std::result::Result<RestoreOutcome, Arc<StoreError>>>>;
+    Shared<BoxFuture<'static, std::result::Result<super::Flight, Arc<StoreError>>>>;
 
 /// Verified snapshots a delta restore may start from.
 ///

@@ -61,7 +61,19 @@ pub const RESTORE_IN_FLIGHT: usize = 4;
 /// Roots of a delta chain read at once when its root lists them.
 const CHAIN_PREFETCH: usize = 32;
 
-type Inner = std::result::Result<RestoreOutcome, Arc<StoreError>>;
+/// A restore's outcome and the schema of its root, if the root was read
+/// (the `schema` label of its metrics).
+pub(crate) type Flight = (RestoreOutcome, Option<&'static str>);
+
+type Inner = std::result::Result<Flight, Arc<StoreError>>;
+
+/// Fields every restore span carries; namespace and context are set when
+/// the key is known, the rest once the outcome is.
+fn record_key(ns: &Namespace, ctx: &ContextDigest) {
+    let span = tracing::Span::current();
+    span.record("namespace", crate::metrics::short_hex(&ns.hex()));
+    span.record("context", crate::metrics::short_hex(&ctx.hex()));
+}
 
 /// A readable root and everything its payload restore needs: the chain
 /// below it resolved from roots alone.
@@ -99,6 +111,14 @@ impl Store {
     /// snapshot, a miss its reason (absent, corrupt, incompatible,
     /// base-missing, deadline-exceeded, unauthenticated). Errors are
     /// failures of the backend or of the process, never of the data.
+    #[tracing::instrument(level = "info", name = "restore", skip_all, fields(
+        namespace = tracing::field::Empty,
+        context = tracing::field::Empty,
+        schema = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        reason = tracing::field::Empty,
+        bytes = tracing::field::Empty,
+    ))]
     pub async fn restore(
         &self,
         key: impl Into<RootKey>,
@@ -108,40 +128,60 @@ impl Store {
             namespace: ns,
             context,
         } = key.into();
+        record_key(&ns, &context);
         let start = Instant::now();
         if opts
             .deadline
             .is_some_and(|d| d <= tokio::time::Instant::now())
         {
-            Stats::add(&self.stats_ref().miss_deadline, 1);
-            return Ok(RestoreOutcome::Miss(MissReason::DeadlineExceeded));
+            let reason = MissReason::DeadlineExceeded;
+            self.record_restore(start, None, Err(&reason));
+            return Ok(RestoreOutcome::Miss(reason));
         }
         let fut = self.restore_root(ns, context, Vec::new());
         let out = match opts.deadline {
             None => fut.await,
             Some(d) => match tokio::time::timeout_at(d, fut).await {
                 Ok(r) => r,
-                Err(_) => Ok(RestoreOutcome::Miss(MissReason::DeadlineExceeded)),
+                Err(_) => Ok((RestoreOutcome::Miss(MissReason::DeadlineExceeded), None)),
             },
         };
-        let out = out.map_err(|e| match Arc::try_unwrap(e) {
+        let (out, schema) = out.map_err(|e| match Arc::try_unwrap(e) {
             Ok(e) => e,
             Err(shared) => StoreError::Internal(format!("shared restore failed: {shared}")),
         })?;
         match &out {
-            RestoreOutcome::Hit(r) => self.record_restore(start, Ok(r.snapshot.boundary())),
-            RestoreOutcome::Miss(m) => self.record_restore(start, Err(m)),
+            RestoreOutcome::Hit(r) => self.record_restore(
+                start,
+                Some(r.schema),
+                Ok((r.snapshot.boundary(), r.snapshot.encoded().len() as u64)),
+            ),
+            RestoreOutcome::Miss(m) => self.record_restore(start, schema, Err(m)),
         }
         Ok(out)
     }
 
-    /// Counts one restore's outcome: latency, hit (with its boundary, for
-    /// the comparison with prefill) or miss by reason.
-    fn record_restore(&self, start: Instant, outcome: std::result::Result<u64, &MissReason>) {
+    /// Counts one restore's outcome — latency, hit (with its boundary, for
+    /// the comparison with prefill, and its bytes) or miss by reason — in
+    /// the counters, the metrics and the current span.
+    fn record_restore(
+        &self,
+        start: Instant,
+        schema: Option<&'static str>,
+        outcome: std::result::Result<(u64, u64), &MissReason>,
+    ) {
         let st = self.stats_ref();
-        st.record_latency(start.elapsed().as_micros() as u64);
+        let span = tracing::Span::current();
+        span.record("schema", schema.unwrap_or(crate::metrics::UNKNOWN_SCHEMA));
+        self.metrics().restore(
+            start.elapsed().as_secs_f64(),
+            schema,
+            outcome.map(|(_, bytes)| bytes),
+        );
         match outcome {
-            Ok(boundary) => {
+            Ok((boundary, bytes)) => {
+                span.record("outcome", "hit");
+                span.record("bytes", bytes);
                 Stats::add(&st.hits, 1);
                 if let Some(rate) = self.config().prefill_tokens_per_s.filter(|r| *r > 0.0) {
                     let recompute = boundary as f64 / rate;
@@ -152,17 +192,21 @@ impl Store {
                     }
                 }
             }
-            Err(m) => Stats::add(
-                match m {
-                    MissReason::Absent => &st.miss_absent,
-                    MissReason::Corrupt { .. } => &st.miss_corrupt,
-                    MissReason::Incompatible { .. } => &st.miss_incompatible,
-                    MissReason::BaseMissing { .. } => &st.miss_base_missing,
-                    MissReason::DeadlineExceeded => &st.miss_deadline,
-                    MissReason::Unauthenticated { .. } => &st.miss_unauthenticated,
-                },
-                1,
-            ),
+            Err(m) => {
+                span.record("outcome", "miss");
+                span.record("reason", crate::metrics::reason_label(m));
+                Stats::add(
+                    match m {
+                        MissReason::Absent => &st.miss_absent,
+                        MissReason::Corrupt { .. } => &st.miss_corrupt,
+                        MissReason::Incompatible { .. } => &st.miss_incompatible,
+                        MissReason::BaseMissing { .. } => &st.miss_base_missing,
+                        MissReason::DeadlineExceeded => &st.miss_deadline,
+                        MissReason::Unauthenticated { .. } => &st.miss_unauthenticated,
+                    },
+                    1,
+                )
+            }
         }
     }
 
@@ -187,6 +231,14 @@ impl Store {
     ///
     /// v1 roots, and non-local backends on a current-thread runtime, restore
     /// through [`Store::restore`] and copy into `buf`.
+    #[tracing::instrument(level = "info", name = "restore_into", skip_all, fields(
+        namespace = tracing::field::Empty,
+        context = tracing::field::Empty,
+        schema = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        reason = tracing::field::Empty,
+        bytes = tracing::field::Empty,
+    ))]
     pub async fn restore_into(
         &self,
         key: impl Into<RootKey>,
@@ -197,16 +249,17 @@ impl Store {
             namespace: ns,
             context,
         } = key.into();
+        record_key(&ns, &context);
         let start = Instant::now();
-        let miss = |reason: MissReason| {
-            self.record_restore(start, Err(&reason));
+        let miss = |reason: MissReason, schema: Option<&'static str>| {
+            self.record_restore(start, schema, Err(&reason));
             Ok(RestoreIntoOutcome::Miss { reason })
         };
         if opts
             .deadline
             .is_some_and(|d| d <= tokio::time::Instant::now())
         {
-            return miss(MissReason::DeadlineExceeded);
+            return miss(MissReason::DeadlineExceeded, None);
         }
         let multi_thread = tokio::runtime::Handle::current().runtime_flavor()
             == tokio::runtime::RuntimeFlavor::MultiThread;
@@ -215,16 +268,17 @@ impl Store {
             return self.restore_copy(ns, context, buf, opts).await;
         }
         let _pin = self.pin(ns, context);
-        let fut = self.resolve(ns, context, Vec::new());
+        let mut schema = None;
+        let fut = self.resolve(ns, context, Vec::new(), &mut schema);
         let resolved = match opts.deadline {
             None => fut.await?,
             Some(d) => match tokio::time::timeout_at(d, fut).await {
                 Ok(r) => r?,
-                Err(_) => return miss(MissReason::DeadlineExceeded),
+                Err(_) => return miss(MissReason::DeadlineExceeded, schema),
             },
         };
         let r = match resolved {
-            Err(reason) => return miss(reason),
+            Err(reason) => return miss(reason, schema),
             Ok(r) => r,
         };
         if let Plan::V1 { .. } = r.what {
@@ -250,7 +304,7 @@ impl Store {
             Ok(_) => {
                 self.count_reads(&r.what);
                 self.ledger_touch(&ns, &context).await;
-                self.record_restore(start, Ok(r.boundary));
+                self.record_restore(start, Some(r.schema), Ok((r.boundary, r.result_len)));
                 Ok(RestoreIntoOutcome::Hit {
                     len: r.result_len,
                     digest: r.want.to_string(),
@@ -261,7 +315,7 @@ impl Store {
                 // this ends as a miss or as an error.
                 buf.fill(0);
                 let reason = self.damage_outcome(failed).await?;
-                miss(reason)
+                miss(reason, Some(r.schema))
             }
         }
     }
@@ -313,17 +367,25 @@ impl Store {
             return s.clone().boxed();
         }
         let this = self.clone();
-        let handle = tokio::spawn(async move {
-            let r = this
-                .restore_uncached(ns, ctx, visited)
-                .await
-                .map_err(Arc::new);
-            match this.inner.inflight.lock() {
-                Ok(mut m) => m.remove(&key),
-                Err(p) => p.into_inner().remove(&key),
-            };
-            r
-        });
+        // The work is one task whatever the number of callers; its spans
+        // belong to the first caller's.
+        let span = tracing::debug_span!("restore_flight");
+        let handle = tokio::spawn(tracing::Instrument::instrument(
+            async move {
+                let mut schema = None;
+                let r = this
+                    .restore_uncached(ns, ctx, visited, &mut schema)
+                    .await
+                    .map(|out| (out, schema))
+                    .map_err(Arc::new);
+                match this.inner.inflight.lock() {
+                    Ok(mut m) => m.remove(&key),
+                    Err(p) => p.into_inner().remove(&key),
+                };
+                r
+            },
+            span,
+        ));
         let shared = async move {
             handle.await.unwrap_or_else(|e| {
                 Err(Arc::new(StoreError::Internal(format!(
@@ -349,11 +411,18 @@ impl Store {
     /// Reads and checks the root of `(ns, ctx)` and resolves what its
     /// payload restore needs — for a v2 delta the whole chain below it, from
     /// roots alone — or the miss that ends it.
+    /// `schema` is set as soon as the root is read (a miss below it still
+    /// has one).
+    #[tracing::instrument(level = "debug", name = "resolve", skip_all, fields(
+        namespace = %crate::metrics::short_hex(&ns.hex()),
+        context = %crate::metrics::short_hex(&ctx.hex()),
+    ))]
     async fn resolve(
         &self,
         ns: Namespace,
         ctx: ContextDigest,
         mut visited: Visited,
+        schema: &mut Option<&'static str>,
     ) -> Result<std::result::Result<Resolved, MissReason>> {
         let root = match self.read_root(&ns, &ctx).await? {
             RootStatus::Absent => return Ok(Err(MissReason::Absent)),
@@ -361,7 +430,10 @@ impl Store {
             RootStatus::Found(d) => *d,
         };
         let summary = match root.summary() {
-            Some(s) => s,
+            Some(s) => {
+                *schema = Some(s.schema);
+                s
+            }
             None => {
                 return Ok(Err(MissReason::Incompatible {
                     detail: match &root {
@@ -483,13 +555,13 @@ impl Store {
             if let Some(running) = self.inflight(b.namespace, b.context) {
                 Stats::add(&self.stats_ref().restores_shared, 1);
                 match running.await {
-                    Ok(RestoreOutcome::Hit(r)) if r.digest == b.snapshot_digest => {
+                    Ok((RestoreOutcome::Hit(r), _)) if r.digest == b.snapshot_digest => {
                         break compose::Bottom::Memory(r.snapshot, b.snapshot_digest)
                     }
-                    Ok(RestoreOutcome::Hit(r)) => {
+                    Ok((RestoreOutcome::Hit(r), _)) => {
                         return gone(&b, format!("restores to {}", r.digest))
                     }
-                    Ok(RestoreOutcome::Miss(miss)) => return gone(&b, miss.to_string()),
+                    Ok((RestoreOutcome::Miss(miss), _)) => return gone(&b, miss.to_string()),
                     Err(e) => {
                         return Err(StoreError::Internal(format!(
                             "shared base restore failed: {e}"
@@ -545,9 +617,10 @@ impl Store {
         ns: Namespace,
         ctx: ContextDigest,
         visited: Visited,
+        schema: &mut Option<&'static str>,
     ) -> Result<RestoreOutcome> {
         let _pin = self.pin(ns, ctx);
-        let r = match self.resolve(ns, ctx, visited).await? {
+        let r = match self.resolve(ns, ctx, visited, schema).await? {
             Ok(r) => r,
             Err(miss) => return Ok(RestoreOutcome::Miss(miss)),
         };
@@ -808,7 +881,7 @@ impl Store {
             RootStatus::Absent => return gone("absent".into()),
             RootStatus::Unusable(r) => return gone(r.to_string()),
         }
-        let out = self
+        let (out, _) = self
             .restore_root(b.namespace, b.context, visited)
             .await
             .map_err(|e| match Arc::try_unwrap(e) {

@@ -1,0 +1,191 @@
+//! The spans an operator's subscriber sees: publish, restore (hit and
+//! miss), lookup and sweep each open an `info` span named after the
+//! operation whose fields say what it was about and how it ended —
+//! namespace and context as 12 hex digits, the root's schema, the outcome,
+//! the miss reason, the bytes — recorded once known; inner steps (resolving
+//! a root) are `debug` spans. Captured by a real `tracing-subscriber`
+//! registry with a small collecting layer, installed for this test's
+//! thread only, on a current-thread runtime so every span the store opens
+//! (including in the task a restore spawns) is opened on that thread.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use crate::common::*;
+use deltapack_format::root;
+use deltapack_store::{MissReason, RootFormat, SweepOptions};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Level, Subscriber};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::Layer;
+
+/// A closed span: its name, level and fields as recorded.
+#[derive(Debug, Clone)]
+struct Closed {
+    name: &'static str,
+    level: Level,
+    fields: BTreeMap<String, String>,
+}
+
+/// Fields of a span still open (kept in its extensions).
+struct Fields(BTreeMap<String, String>);
+
+struct Visitor<'a>(&'a mut BTreeMap<String, String>);
+
+impl Visit for Visitor<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().into(), format!("{value:?}"));
+    }
+}
+
+/// Collects every span into `closed` when it closes.
+#[derive(Clone, Default)]
+struct Collect {
+    closed: Arc<Mutex<Vec<Closed>>>,
+}
+
+impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Collect {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let mut fields = BTreeMap::new();
+        attrs.record(&mut Visitor(&mut fields));
+        if let Some(span) = ctx.span(id) {
+            span.extensions_mut().insert(Fields(fields));
+        }
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        if let Some(span) = ctx.span(id) {
+            if let Some(f) = span.extensions_mut().get_mut::<Fields>() {
+                values.record(&mut Visitor(&mut f.0));
+            }
+        }
+    }
+
+    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+        if let Some(span) = ctx.span(&id) {
+            let fields = span
+                .extensions_mut()
+                .remove::<Fields>()
+                .map(|f| f.0)
+                .unwrap_or_default();
+            self.closed.lock().expect("lock").push(Closed {
+                name: span.name(),
+                level: *span.metadata().level(),
+                fields,
+            });
+        }
+    }
+}
+
+impl Collect {
+    /// The closed spans named `name`, oldest first; clears the record.
+    fn take(&self, name: &str) -> Vec<Closed> {
+        let mut all = self.closed.lock().expect("lock");
+        let (these, rest): (Vec<_>, Vec<_>) = all.drain(..).partition(|c| c.name == name);
+        *all = rest;
+        these
+    }
+}
+
+fn one(mut spans: Vec<Closed>, what: &str) -> Closed {
+    assert_eq!(spans.len(), 1, "{what}: {spans:#?}");
+    spans.remove(0)
+}
+
+fn field<'a>(c: &'a Closed, name: &str) -> &'a str {
+    c.fields
+        .get(name)
+        .map(String::as_str)
+        .unwrap_or_else(|| panic!("span {} has no field {name}: {c:#?}", c.name))
+}
+
+#[test]
+fn operations_open_spans_with_their_outcome() {
+    let collect = Collect::default();
+    let subscriber = tracing_subscriber::registry().with(collect.clone());
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let t = local(config());
+        let s = &t.store;
+        let id = identity("spans");
+        let snap = turn(41, 2048);
+        let c = ctx(&id, 41, 2048);
+        let short = |hex: String| hex[..12].to_string();
+        let ns = short(id.namespace().hex());
+
+        let receipt = publish_base(s, &id, c, snap.clone(), RootFormat::V2).await;
+        let p = one(collect.take("publish"), "publish");
+        assert_eq!(p.level, Level::INFO);
+        assert_eq!(field(&p, "namespace"), ns);
+        assert_eq!(field(&p, "context"), short(c.hex()));
+        assert_eq!(field(&p, "schema"), root::SCHEMA_V2);
+        assert_eq!(field(&p, "outcome"), "created");
+        assert_eq!(field(&p, "bytes"), receipt.payload_len.to_string());
+        assert_eq!(field(&p, "delta"), "false");
+        assert!(!collect.take("write_v2").is_empty(), "inner write span");
+
+        assert_eq!(restore_bytes(s, &id, c).await, snap.encoded());
+        let r = one(collect.take("restore"), "restore hit");
+        assert_eq!(r.level, Level::INFO);
+        assert_eq!(field(&r, "namespace"), ns);
+        assert_eq!(field(&r, "context"), short(c.hex()));
+        assert_eq!(field(&r, "schema"), root::SCHEMA_V2);
+        assert_eq!(field(&r, "outcome"), "hit");
+        assert_eq!(field(&r, "bytes"), snap.encoded().len().to_string());
+        assert!(!r.fields.contains_key("reason"), "{r:#?}");
+        let resolve = collect.take("resolve");
+        assert!(
+            resolve.iter().all(|c| c.level == Level::DEBUG) && !resolve.is_empty(),
+            "{resolve:#?}"
+        );
+
+        let unknown = ctx(&id, 42, 2048);
+        let miss = s
+            .restore((&id, unknown), Default::default())
+            .await
+            .expect("restore");
+        assert_eq!(miss.miss(), Some(&MissReason::Absent));
+        let r = one(collect.take("restore"), "restore miss");
+        assert_eq!(field(&r, "context"), short(unknown.hex()));
+        assert_eq!(field(&r, "outcome"), "miss");
+        assert_eq!(field(&r, "reason"), "absent");
+        assert_eq!(field(&r, "schema"), "unknown");
+        assert!(!r.fields.contains_key("bytes"), "{r:#?}");
+
+        let mut pool = vec![0u8; snap.encoded().len()];
+        s.restore_into((&id, c), &mut pool, Default::default())
+            .await
+            .expect("restore_into");
+        let r = one(collect.take("restore_into"), "restore_into");
+        assert_eq!(field(&r, "outcome"), "hit");
+        assert_eq!(field(&r, "bytes"), pool.len().to_string());
+
+        let found = s
+            .lookup(&id, &[(2048, c), (4096, ctx(&id, 41, 4096))])
+            .await
+            .expect("lookup");
+        assert_eq!(found, Some((2048, c)));
+        let l = one(collect.take("lookup"), "lookup");
+        assert_eq!(l.level, Level::INFO);
+        assert_eq!(field(&l, "namespace"), ns);
+        assert_eq!(field(&l, "candidates"), "2");
+        assert_eq!(field(&l, "found"), "2048");
+
+        let report = s.sweep(&SweepOptions::default()).await.expect("sweep");
+        let w = one(collect.take("sweep"), "sweep");
+        assert_eq!(w.level, Level::INFO);
+        assert_eq!(field(&w, "roots"), "1");
+        assert_eq!(field(&w, "checked"), report.checked.to_string());
+        assert_eq!(field(&w, "corrupt"), "0");
+        assert_eq!(field(&w, "dry_run"), "false");
+    });
+}

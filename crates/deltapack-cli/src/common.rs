@@ -17,6 +17,17 @@ pub(crate) use crate::settings::{parse_duration, parse_size, ExtentArgs, KeyArgs
 /// accident is the kind of surprise a storage tool must not have).
 pub(crate) const DEMO_STORE: &str = "./deltapack-data";
 
+/// Persists a handle's counters in the ledger (hits, misses, bytes: the
+/// `deltapack_ledger_accumulated` totals every process adds to), so that a
+/// short-lived command's work is counted even when its process exits
+/// before the handle's drop or a background task could write them. A
+/// failure is logged, never the command's error.
+pub(crate) async fn persist_counters(store: &Store) {
+    if let Err(e) = store.flush_counters().await {
+        tracing::warn!(error = %e, "could not persist this command's counters");
+    }
+}
+
 /// Opens a store, naming the URL in errors.
 pub(crate) fn open_store(url: &str, config: StoreConfig) -> Result<Store> {
     Store::open(url, config).with_context(|| format!("cannot open store {url}"))

@@ -39,8 +39,10 @@ pub(crate) async fn run(args: LookupArgs) -> Result<ExitCode> {
     let candidates = ContextHasher::new(ns, identity.chunk_tokens)?.boundaries(&tokens);
     let store = args.store.open()?;
     let start = Instant::now();
-    let found = store.lookup(&identity, &candidates).await?;
+    let found = store.lookup(&identity, &candidates).await;
     let elapsed = start.elapsed();
+    common::persist_counters(&store).await;
+    let found = found?;
     let base = serde_json::json!({
         "namespace": ns.hex(),
         "tokens": tokens.len(),

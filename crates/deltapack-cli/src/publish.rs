@@ -148,6 +148,7 @@ pub(crate) async fn run(args: PublishArgs) -> Result<ExitCode> {
         pb.set_position(done);
     };
     let receipt = store.publish_with_progress(req, &progress).await;
+    common::persist_counters(&store).await;
     pb.finish_and_clear();
     let receipt = receipt?;
 

@@ -72,6 +72,7 @@ pub(crate) async fn run(args: RestoreArgs) -> Result<ExitCode> {
     let outcome = store.restore((ns, context), opts).await;
     let elapsed = start.elapsed();
     pb.finish_and_clear();
+    common::persist_counters(&store).await;
 
     match outcome? {
         RestoreOutcome::Hit(r) => {

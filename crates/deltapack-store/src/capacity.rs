@@ -1100,7 +1100,8 @@ impl Store {
     }
 
     /// Writes this handle's counters into the ledger (accumulating across
-    /// processes for a local store). Called by the CLI after each command.
+    /// processes for a local store). The CLI calls it after each restore,
+    /// publication and lookup; a handle's drop writes what is left.
     pub async fn flush_counters(&self) -> Result<()> {
         let now = self.stats();
         let mut last = match self.inner.flushed.lock() {

@@ -8,7 +8,8 @@
 //! ledger `stats --json` reports, whose accumulated counters carry the
 //! other processes' work (persisted in the ledger), and whose per-process
 //! counters and histograms are present with this process's own values
-//! (it restored nothing).
+//! (it restored nothing). Each CLI restore persists its own counters before
+//! exiting, so the hit and the miss are both counted exactly once.
 
 use crate::common::expect_code;
 
@@ -133,6 +134,10 @@ fn stats_prometheus_prints_the_registry_after_cli_work() {
         .collect();
     assert_eq!(persisted.get("roots_written"), Some(&1), "{report}");
     assert_eq!(persisted.get("objects_written"), Some(&1), "{report}");
+    // Every CLI restore persists its counters before it exits (a hit and an
+    // absent miss, which never needed the ledger otherwise, each count).
+    assert_eq!(persisted.get("hits"), Some(&1), "{report}");
+    assert_eq!(persisted.get("miss_absent"), Some(&1), "{report}");
     for counter in ["roots_written", "objects_written", "bytes_written", "hits"] {
         assert_eq!(
             value(

@@ -137,7 +137,7 @@ fn stats_prometheus_prints_the_registry_after_cli_work() {
     // Every CLI restore persists its counters before it exits (a hit and an
     // absent miss, which never needed the ledger otherwise, each count).
     assert_eq!(persisted.get("hits"), Some(&1), "{report}");
-    assert_eq!(persisted.get("miss_absent"), Some(&1), "{report}");
+    assert_eq!(persisted.get("misses_absent"), Some(&1), "{report}");
     for counter in ["roots_written", "objects_written", "bytes_written", "hits"] {
         assert_eq!(
             value(

@@ -27,5 +27,4 @@ mod migration;
 mod quarantine_needs_proof;
 mod restore_into_contract;
 mod s3_faults;
-mod tracing_spans;
 mod write_behind;

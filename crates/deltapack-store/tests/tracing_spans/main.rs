@@ -7,6 +7,18 @@
 //! registry with a small collecting layer, installed for this test's
 //! thread only, on a current-thread runtime so every span the store opens
 //! (including in the task a restore spawns) is opened on that thread.
+//!
+//! This test is a binary of its own, unlike the crate's other store tests
+//! (`tests/store/`): `tracing` caches per call site whether any subscriber
+//! is interested, and a call site first reached by another test's thread
+//! (no subscriber) while this test installs its thread-local one can stay
+//! cached as "never" — the restore span then went missing in one run of
+//! the whole suite. Alone in its process, no other thread reaches the
+//! store's call sites.
+
+#[allow(dead_code, unused_imports)]
+#[path = "../store/common/mod.rs"]
+mod common;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -1247,8 +1247,9 @@ pub(crate) async fn migrate_check(
     namespace: Option<Namespace>,
     json: bool,
 ) -> Result<ExitCode> {
-    let config = StoreConfig::default().with_mac_secret(s.config()?.mac_secret);
-    let (store, refused) = open_read_only(&s.url()?, config)?;
+    let resolved = s.resolve()?;
+    let config = StoreConfig::default().with_mac_secret(resolved.config.mac_secret.clone());
+    let (store, refused) = open_read_only(&resolved.url()?, config)?;
     let proofs = store.migrate_check(namespace).await?;
     let mut failed = 0;
     for p in &proofs {

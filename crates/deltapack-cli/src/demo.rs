@@ -163,10 +163,10 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode> {
     let n_tokens = usize::try_from(final_tokens).context("conversation too long")?;
 
     let resolved = crate::settings::resolve(&args.store, Some(&args.extents), None)?;
-    let store = args.store.open_with(resolved.config)?;
+    let store = resolved.open()?;
     let store_name = match store.backend_kind() {
         BackendKind::Local { root } => root.display().to_string(),
-        _ => args.store.url()?,
+        _ => resolved.url()?,
     };
 
     // One token sequence; context digests at every turn boundary in one

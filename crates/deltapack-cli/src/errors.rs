@@ -78,26 +78,9 @@ pub(crate) fn causes(e: &anyhow::Error) -> Vec<String> {
         if out.iter().any(|prev| prev.contains(text)) {
             continue;
         }
-        // A message that repeats its cause's text at its end (as
-        // "cannot open store s3://b: Generic S3 error: …" does) keeps only
-        // its own part when the cause follows as a line of its own.
         out.push(text.to_string());
     }
-    // Trim each message's copy of the next one: "a: b" followed by "b".
-    let mut trimmed = Vec::with_capacity(out.len());
-    for (i, m) in out.iter().enumerate() {
-        let mut m = m.as_str();
-        if let Some(next) = out.get(i + 1) {
-            if let Some(head) = m.strip_suffix(next.as_str()) {
-                let head = head.trim_end().trim_end_matches(':').trim_end();
-                if !head.is_empty() {
-                    m = head;
-                }
-            }
-        }
-        trimmed.push(m.to_string());
-    }
-    trimmed
+    out
 }
 
 /// Whether the error says S3 credentials are missing or refused.

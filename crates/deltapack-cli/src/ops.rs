@@ -200,10 +200,11 @@ async fn carry_out(
 }
 
 pub(crate) async fn evict(a: EvictArgs) -> Result<ExitCode> {
-    let Some(target) = a.target.or(a.s.store.config()?.budget_bytes) else {
+    let resolved = a.s.store.resolve()?;
+    let Some(target) = a.target.or(resolved.config.budget_bytes) else {
         anyhow::bail!("give --budget SIZE (or --to SIZE)");
     };
-    let store = a.s.open()?;
+    let store = resolved.open()?;
     let plan = store.evict_plan(target).await?;
     carry_out(&store, plan, a.dry_run, "evict", a.s.json).await
 }

@@ -132,9 +132,8 @@ pub(crate) async fn run(args: PublishArgs) -> Result<ExitCode> {
         }
     };
 
-    let config =
-        crate::settings::resolve(&args.store, Some(&args.extents), Some(&args.chain))?.config;
-    let store = args.store.open_with(config)?;
+    let store =
+        crate::settings::resolve(&args.store, Some(&args.extents), Some(&args.chain))?.open()?;
     let req = PublishRequest {
         identity,
         context,

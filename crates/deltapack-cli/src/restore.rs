@@ -89,13 +89,7 @@ pub(crate) async fn run(args: RestoreArgs) -> Result<ExitCode> {
             let write_time = t_write.elapsed();
             // With `--out -` stdout carries the snapshot: the report goes to
             // stderr.
-            let say = |line: String| {
-                if to_stdout {
-                    eprintln!("{line}");
-                } else {
-                    println!("{line}");
-                }
-            };
+            let say = |line: String| say(line, to_stdout);
             if args.json {
                 let report = serde_json::json!({
                     "outcome": "hit",
@@ -166,13 +160,7 @@ fn print_miss_to(
     elapsed: Option<Duration>,
     to_stderr: bool,
 ) -> Result<()> {
-    let say = |line: String| {
-        if to_stderr {
-            eprintln!("{line}");
-        } else {
-            println!("{line}");
-        }
-    };
+    let say = |line: String| say(line, to_stderr);
     if json {
         let mut v = serde_json::to_value(reason)?;
         if let Some(obj) = v.as_object_mut() {
@@ -192,4 +180,13 @@ fn print_miss_to(
         }
     }
     Ok(())
+}
+
+/// Prints a report line on stdout, or on stderr when stdout carries data.
+fn say(line: String, to_stderr: bool) {
+    if to_stderr {
+        eprintln!("{line}");
+    } else {
+        println!("{line}");
+    }
 }

@@ -476,12 +476,6 @@ pub(crate) fn resolve(
         &file.max_extent_bytes,
     )
     .unwrap_or((d.max_extent_bytes, Source::Default));
-    if !v.is_power_of_two() || !(1 << 10..=1 << 30).contains(&v) {
-        bail!(
-            "max-extent-bytes {}: a power of two from 1 KiB to 1 GiB",
-            units::format_size_exact(v)
-        );
-    }
     c.max_extent_bytes = v;
     shown.push("max-extent-bytes", units::format_size_exact(v), src);
     let comp = pick("compress", &e.compress, &file.compress);
@@ -561,17 +555,11 @@ fn trim_secret(mut secret: Vec<u8>) -> Result<Vec<u8>> {
     Ok(secret)
 }
 
-impl StoreArgs {
-    /// The configuration these options describe (over the file and the
-    /// defaults).
-    pub(crate) fn config(&self) -> Result<StoreConfig> {
-        Ok(resolve(self, None, None)?.config)
-    }
-
-    /// The store URL, from `--store`, `DELTAPACK_STORE` or the file.
+impl Resolved {
+    /// The store URL, or the usage error that no source names one.
     pub(crate) fn url(&self) -> Result<String> {
-        match resolve(self, None, None)?.url {
-            Some(u) => Ok(u),
+        match &self.url {
+            Some(u) => Ok(u.clone()),
             None => Err(crate::Usage(
                 "no store given: pass --store URL, set DELTAPACK_STORE, or put store = \"URL\" in the --config file"
                     .into(),
@@ -580,15 +568,23 @@ impl StoreArgs {
         }
     }
 
-    /// Opens the store with [`StoreArgs::config`].
+    /// Opens the store with the resolved configuration; errors name the URL.
     pub(crate) fn open(&self) -> Result<Store> {
-        self.open_with(self.config()?)
+        crate::common::open_store(&self.url()?, self.config.clone())
+    }
+}
+
+impl StoreArgs {
+    /// Resolves these options over the file and the defaults (reads the
+    /// configuration and root key files once; a command that needs the URL
+    /// or configuration besides the opened store keeps the result).
+    pub(crate) fn resolve(&self) -> Result<Resolved> {
+        resolve(self, None, None)
     }
 
-    /// Opens the store with a configuration the command refined from
-    /// [`StoreArgs::config`]; errors name the URL.
-    pub(crate) fn open_with(&self, config: StoreConfig) -> Result<Store> {
-        crate::common::open_store(&self.url()?, config)
+    /// Opens the store these options describe.
+    pub(crate) fn open(&self) -> Result<Store> {
+        self.resolve()?.open()
     }
 }
 

@@ -38,10 +38,12 @@ fn parse_subset(s: &str) -> std::result::Result<(u8, u8), String> {
 }
 
 pub(crate) async fn run(a: SweepArgs) -> Result<ExitCode> {
-    let store = a.store.open()?;
+    let resolved = a.store.resolve()?;
+    let url = resolved.url()?;
+    let store = resolved.open()?;
     let bar = spinner("sweeping");
     let opts = SweepOptions::default()
-        .with_grace(a.store.config()?.grace)
+        .with_grace(resolved.config.grace)
         .with_subset(a.subset)
         .with_bytes_per_second(a.rate)
         .with_dry_run(a.dry_run);
@@ -49,7 +51,7 @@ pub(crate) async fn run(a: SweepArgs) -> Result<ExitCode> {
     bar.finish_and_clear();
     let report = match report {
         Ok(r) => r,
-        Err(e) => bail!("sweep of {} failed: {e}", a.store.url()?),
+        Err(e) => bail!("sweep of {} failed: {e}", url),
     };
     if a.json {
         print_json(&report)?;
@@ -59,7 +61,7 @@ pub(crate) async fn run(a: SweepArgs) -> Result<ExitCode> {
         } else {
             ""
         };
-        println!("sweep of {}{mode}", a.store.url()?);
+        println!("sweep of {}{mode}", url);
         println!("  roots             {:>10}", report.roots);
         println!("  unusable roots    {:>10}", report.unusable_roots.len());
         println!(

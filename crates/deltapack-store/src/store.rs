@@ -48,6 +48,25 @@ pub struct StoreConfig {
     /// memory stays bounded by this × 256 KiB. Local disk uses one worker
     /// per core.
     pub chain_gets_in_flight: usize,
+    /// Ranged GETs in flight at once across all extents of one restore from
+    /// a remote backend (`None`: 32). Object stores cap the bandwidth of
+    /// one connection (roughly 50–100 MB/s on S3), so an extent is read as
+    /// aligned ranges of [`StoreConfig::range_bytes`], fetched
+    /// concurrently and each hashed as its own BLAKE3 subtree; bytes go
+    /// straight into the result, so memory is bounded by the body chunks in
+    /// flight, not by extents. Local disk ignores it (one worker per core).
+    pub ranges_in_flight: Option<usize>,
+    /// Size of one ranged GET inside an extent (a power of two, at least
+    /// 1 KiB; 8 MiB by default, the size AWS recommends for parallel
+    /// ranged GETs). An extent no larger than this is one GET.
+    pub range_bytes: u64,
+    /// Parts uploaded at once across all extents of one publication to a
+    /// remote backend (multipart uploads).
+    pub parts_in_flight: usize,
+    /// Size of one part of a multipart extent upload (S3 needs at least
+    /// 5 MiB for every part but the last; 8 MiB by default). An extent no
+    /// larger than this is one PUT.
+    pub part_bytes: u64,
     /// Largest payload or result a restore will allocate.
     pub max_restore_bytes: u64,
     /// Hard budget in bytes (live + condemned objects + roots); `None` =
@@ -139,6 +158,10 @@ impl std::fmt::Debug for StoreConfig {
             .field("max_base_depth", &self.max_base_depth)
             .field("chain", &self.chain)
             .field("chain_gets_in_flight", &self.chain_gets_in_flight)
+            .field("ranges_in_flight", &self.ranges_in_flight)
+            .field("range_bytes", &self.range_bytes)
+            .field("parts_in_flight", &self.parts_in_flight)
+            .field("part_bytes", &self.part_bytes)
             .field("max_restore_bytes", &self.max_restore_bytes)
             .field("budget_bytes", &self.budget_bytes)
             .field("min_free_bytes", &self.min_free_bytes)
@@ -159,6 +182,10 @@ impl Default for StoreConfig {
             max_base_depth: 1024,
             chain: ChainPolicy::default(),
             chain_gets_in_flight: 32,
+            ranges_in_flight: None,
+            range_bytes: 8 << 20,
+            parts_in_flight: 16,
+            part_bytes: 8 << 20,
             max_restore_bytes: 1 << 38,
             budget_bytes: None,
             min_free_bytes: None,
@@ -308,6 +335,23 @@ impl Store {
                 "max_extent_bytes {} must be a power of two between 1 KiB and 1 GiB",
                 config.max_extent_bytes
             )));
+        }
+        if deltapack_format::ExtentPlan::new(0, config.range_bytes).is_err() {
+            return Err(StoreError::Invalid(format!(
+                "range_bytes {} must be a power of two between 1 KiB and 1 GiB",
+                config.range_bytes
+            )));
+        }
+        if config.part_bytes < 5 << 20 || config.part_bytes > 5 << 30 {
+            return Err(StoreError::Invalid(format!(
+                "part_bytes {} must be between 5 MiB and 5 GiB (the S3 multipart limits)",
+                config.part_bytes
+            )));
+        }
+        if config.ranges_in_flight == Some(0) || config.parts_in_flight == 0 {
+            return Err(StoreError::Invalid(
+                "ranges_in_flight and parts_in_flight must be at least 1".into(),
+            ));
         }
         let mac_key = config.mac_secret.as_deref().map(root::mac_key);
         Ok(Store {

@@ -231,6 +231,14 @@ pub(crate) struct StoreArgs {
     /// Root GETs in flight while a delta chain is fetched (default 32).
     #[arg(long, value_name = "N", env = "DELTAPACK_CHAIN_GETS_IN_FLIGHT")]
     pub(crate) chain_gets_in_flight: Option<usize>,
+    /// Ranged GETs in flight across a restore from a remote store (default
+    /// 32); each extent is read as concurrent ranges of --range-bytes.
+    #[arg(long, value_name = "N", env = "DELTAPACK_RANGES_IN_FLIGHT")]
+    pub(crate) ranges_in_flight: Option<usize>,
+    /// Size of one ranged GET inside an extent (a power of two from 1KiB to
+    /// 1GiB; default 8MiB).
+    #[arg(long, value_name = "SIZE", env = "DELTAPACK_RANGE_BYTES", value_parser = parse_size)]
+    pub(crate) range_bytes: Option<u64>,
     /// Largest snapshot a restore accepts (default 256GiB); a root claiming
     /// more is refused before anything is allocated.
     #[arg(long, value_name = "SIZE", env = "DELTAPACK_MAX_RESTORE_BYTES", value_parser = parse_size)]
@@ -455,6 +463,26 @@ pub(crate) fn resolve(
     }
     c.chain_gets_in_flight = v;
     shown.push("chain-gets-in-flight", v.to_string(), src);
+
+    let (v, src) = pick(
+        "ranges_in_flight",
+        &s.ranges_in_flight,
+        &file.ranges_in_flight,
+    )
+    .unwrap_or((d.ranges_in_flight, Source::Default));
+    if v == 0 {
+        bail!("ranges-in-flight must be at least 1");
+    }
+    c.ranges_in_flight = v;
+    shown.push("ranges-in-flight", v.to_string(), src);
+
+    let (v, src) = pick("range_bytes", &s.range_bytes, &file.range_bytes)
+        .unwrap_or((d.range_bytes, Source::Default));
+    if !v.is_power_of_two() || !(1 << 10..=1 << 30).contains(&v) {
+        bail!("range-bytes {v} must be a power of two from 1KiB to 1GiB");
+    }
+    c.range_bytes = v;
+    shown.push("range-bytes", units::format_size_exact(v), src);
 
     let (v, src) = pick(
         "max_restore_bytes",

@@ -199,6 +199,89 @@ impl ExtentPlan {
         (left, right)
     }
 
+    /// The ranges (payload offsets) in which extent `index` is read when
+    /// each ranged read is at most `range_bytes` (a power of two, at least
+    /// the BLAKE3 chunk size): aligned pieces of `range_bytes`, the last one
+    /// possibly shorter. An extent no larger than `range_bytes` is one range.
+    ///
+    /// Every such range is a complete subtree of the payload's BLAKE3 tree
+    /// (its offset is a multiple of its power-of-two size, and a short last
+    /// range ends the payload), so it can be hashed on its own
+    /// ([`ExtentPlan::range_hasher`]) and the range names merged into the
+    /// extent's name ([`ExtentPlan::merge_ranges`]).
+    pub fn ranges(&self, index: u64, range_bytes: u64) -> Result<Vec<Range<u64>>> {
+        check_range_bytes(range_bytes)?;
+        let r = self.range(index);
+        if r.end - r.start <= range_bytes {
+            return Ok(vec![r]);
+        }
+        let mut out = Vec::with_capacity((r.end - r.start).div_ceil(range_bytes) as usize);
+        let mut at = r.start;
+        while at < r.end {
+            let end = (at + range_bytes).min(r.end);
+            out.push(at..end);
+            at = end;
+        }
+        Ok(out)
+    }
+
+    /// A hasher for range `k` of extent `index` (see [`ExtentPlan::ranges`]):
+    /// the extent's own hasher when the extent is one range, else the
+    /// range's subtree chaining value at its offset.
+    pub fn range_hasher(&self, index: u64, range_bytes: u64, k: u64) -> Result<ExtentHasher> {
+        let ranges = self.ranges(index, range_bytes)?;
+        if ranges.len() == 1 && k == 0 {
+            return Ok(self.hasher(index));
+        }
+        let r = ranges
+            .get(k as usize)
+            .ok_or_else(|| Error::Extent(format!("extent {index} has no range {k}")))?;
+        let mut h = blake3::Hasher::new();
+        h.set_input_offset(r.start);
+        Ok(ExtentHasher {
+            hasher: h,
+            single: false,
+            expected_len: r.end - r.start,
+            seen: 0,
+        })
+    }
+
+    /// Merges the names of every range of extent `index` (in order; see
+    /// [`ExtentPlan::range_hasher`]) into the extent's name.
+    pub fn merge_ranges(&self, index: u64, range_bytes: u64, names: &[Digest]) -> Result<Digest> {
+        let ranges = self.ranges(index, range_bytes)?;
+        if names.len() != ranges.len() {
+            return Err(Error::Extent(format!(
+                "{} range names for the {} ranges of extent {index}",
+                names.len(),
+                ranges.len()
+            )));
+        }
+        if names.len() == 1 {
+            return Ok(names[0]);
+        }
+        let r = self.range(index);
+        // The extent's subtree, cut like a payload of its length in
+        // "extents" of `range_bytes`: the tree's splits fall on range
+        // boundaries because every left subtree is a power-of-two multiple
+        // of `range_bytes`.
+        let inner = ExtentPlan {
+            payload_len: r.end - r.start,
+            max_extent_bytes: range_bytes,
+        };
+        let cvs: Vec<ChainingValue> = names.iter().map(|d| *d.as_bytes()).collect();
+        let (left, right) = inner.split(0, r.end - r.start, &cvs);
+        if self.is_single() {
+            // The extent is the whole payload: its name is the root hash.
+            Ok(merge_subtrees_root(&left, &right, Mode::Hash).into())
+        } else {
+            Ok(Digest::new(
+                crate::Algorithm::Blake3,
+                merge_subtrees_non_root(&left, &right, Mode::Hash),
+            ))
+        }
+    }
+
     fn subtree(&self, start: u64, len: u64, cvs: &[ChainingValue]) -> ChainingValue {
         if cvs.len() == 1 {
             return cvs[0];
@@ -206,6 +289,16 @@ impl ExtentPlan {
         let (l, r) = self.split(start, len, cvs);
         merge_subtrees_non_root(&l, &r, Mode::Hash)
     }
+}
+
+/// Checks a ranged-read size: a power of two of at least one BLAKE3 chunk.
+fn check_range_bytes(range_bytes: u64) -> Result<()> {
+    if !range_bytes.is_power_of_two() || range_bytes < MIN_EXTENT_BYTES {
+        return Err(Error::Extent(format!(
+            "range size {range_bytes} must be a power of two of at least {MIN_EXTENT_BYTES}"
+        )));
+    }
+    Ok(())
 }
 
 /// Incremental hasher for one extent (see [`ExtentPlan::hasher`]).
@@ -425,5 +518,78 @@ mod tests {
         assert!(decompress(&c, 100_001).is_err(), "short output");
         assert!(decompress(b"not zstd", 10).is_err());
         assert!(decompress(&c, u64::MAX).is_err());
+    }
+
+    /// Names every range of every extent from `payload` and merges them.
+    fn merged_from_ranges(plan: &ExtentPlan, payload: &[u8], range_bytes: u64) -> Vec<Digest> {
+        (0..plan.count())
+            .map(|i| {
+                let ranges = plan.ranges(i, range_bytes).expect("ranges");
+                let names: Vec<Digest> = ranges
+                    .iter()
+                    .enumerate()
+                    .map(|(k, r)| {
+                        let mut h = plan.range_hasher(i, range_bytes, k as u64).expect("hasher");
+                        h.update(&payload[r.start as usize..r.end as usize]);
+                        h.finish().expect("finish")
+                    })
+                    .collect();
+                plan.merge_ranges(i, range_bytes, &names).expect("merge")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn ranges_tile_each_extent_and_reject_bad_sizes() {
+        let plan = ExtentPlan::new(10 * 4096 + 100, 4096).expect("plan");
+        assert!(plan.ranges(0, 1000).is_err());
+        assert!(plan.ranges(0, 512).is_err());
+        assert_eq!(plan.ranges(0, 4096).expect("r"), vec![0..4096]);
+        assert_eq!(plan.ranges(0, 1 << 20).expect("r"), vec![0..4096]);
+        assert_eq!(
+            plan.ranges(1, 1024).expect("r"),
+            vec![4096..5120, 5120..6144, 6144..7168, 7168..8192]
+        );
+        assert_eq!(plan.ranges(10, 1024).expect("r"), vec![40960..41060]);
+        assert!(plan.range_hasher(1, 1024, 4).is_err());
+        assert!(plan.merge_ranges(1, 1024, &[Digest::blake3(b"")]).is_err());
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(96))]
+
+        /// Range names merged per extent equal the extent names, for any
+        /// extent size, range size and payload length (short last extent,
+        /// single-extent payloads, ranges as large as the extent); and a
+        /// flipped byte in any range changes exactly its extent's merge.
+        #[test]
+        fn merged_range_names_equal_extent_names(
+            m_shift in 10u32..15,
+            r_shift in 10u32..16,
+            len in 0u64..(40 << 10),
+            flip in proptest::prelude::any::<u64>(),
+        ) {
+            let (m, r) = (1u64 << m_shift, 1u64 << r_shift);
+            let payload = data(len as usize);
+            let plan = ExtentPlan::new(len, m).expect("plan");
+            let want: Vec<Digest> = plan
+                .name_all(&payload)
+                .expect("names")
+                .iter()
+                .map(|s| s.raw_digest)
+                .collect();
+            let got = merged_from_ranges(&plan, &payload, r);
+            proptest::prop_assert_eq!(&got, &want);
+            if len > 0 {
+                let mut bad = payload.clone();
+                let at = (flip % len) as usize;
+                bad[at] ^= 1 << (flip % 8);
+                let got = merged_from_ranges(&plan, &bad, r);
+                let hit = at as u64 / m;
+                for i in 0..plan.count() {
+                    proptest::prop_assert_eq!(got[i as usize] != want[i as usize], i == hit);
+                }
+            }
+        }
     }
 }

@@ -101,6 +101,11 @@ pub struct ConfigFile {
     pub max_base_depth: Option<usize>,
     /// [`StoreConfig::chain_gets_in_flight`].
     pub chain_gets_in_flight: Option<usize>,
+    /// [`StoreConfig::ranges_in_flight`].
+    pub ranges_in_flight: Option<usize>,
+    /// [`StoreConfig::range_bytes`].
+    #[serde(default, deserialize_with = "de_size")]
+    pub range_bytes: Option<u64>,
     /// [`StoreConfig::max_restore_bytes`].
     #[serde(default, deserialize_with = "de_size")]
     pub max_restore_bytes: Option<u64>,
@@ -191,6 +196,16 @@ impl ConfigFile {
                 ));
             }
         }
+        if let Some(m) = self.range_bytes {
+            if !m.is_power_of_two() || !(1 << 10..=1 << 30).contains(&m) {
+                return Err(format!(
+                    "range-bytes = {m}: a power of two from 1 KiB to 1 GiB"
+                ));
+            }
+        }
+        if self.ranges_in_flight == Some(0) {
+            return Err("ranges-in-flight = 0: at least one request".into());
+        }
         if let Some(r) = self.prefill_rate {
             if !(r.is_finite() && r > 0.0) {
                 return Err(format!("prefill-rate = {r}: a positive number of tokens/s"));
@@ -239,6 +254,12 @@ impl ConfigFile {
         }
         if let Some(v) = self.chain_gets_in_flight {
             c.chain_gets_in_flight = v;
+        }
+        if let Some(v) = self.ranges_in_flight {
+            c.ranges_in_flight = v;
+        }
+        if let Some(v) = self.range_bytes {
+            c.range_bytes = v;
         }
         if let Some(v) = self.max_restore_bytes {
             c.max_restore_bytes = v;
@@ -312,6 +333,8 @@ compress = 3
 base-cache-bytes = "1G"
 max-base-depth = 64
 chain-gets-in-flight = 8
+ranges-in-flight = 12
+range-bytes = "4MiB"
 max-restore-bytes = "2TiB"
 [chain]
 max-depth = 0
@@ -330,6 +353,8 @@ max-read-overhead = 0.5
         assert_eq!(c.base_cache_bytes, 1_000_000_000);
         assert_eq!(c.max_base_depth, 64);
         assert_eq!(c.chain_gets_in_flight, 8);
+        assert_eq!(c.ranges_in_flight, 12);
+        assert_eq!(c.range_bytes, 4 << 20);
         assert_eq!(c.max_restore_bytes, 2 << 40);
         assert_eq!(c.chain.max_depth, None);
         assert_eq!(c.chain.max_read_overhead, Some(0.5));
@@ -354,6 +379,8 @@ max-read-overhead = 0.5
             ("cold-start = \"clear\"", "clear"),
             ("compress = 40", "compress"),
             ("max-extent-bytes = 3000", "max-extent-bytes"),
+            ("range-bytes = \"3KB\"", "range-bytes"),
+            ("ranges-in-flight = 0", "ranges-in-flight"),
             ("budget = -5", "budget"),
             ("[chain]\nmax-depthh = 1", "max-depthh"),
             ("store = ", "store"),

@@ -36,6 +36,10 @@ pub(crate) struct ObjectFault {
     /// The damage lies in a base of the root being restored (a lower link
     /// of its chain): the miss is `base-missing`, not `corrupt`.
     pub(crate) in_base: bool,
+    /// For a wrong name: what the bytes read hash to. Two reads that saw
+    /// *different* wrong bytes were damaged in transit at least once, so
+    /// they prove nothing about the bytes at rest (see [`Proof`]).
+    pub(crate) found: Option<deltapack_format::Digest>,
 }
 
 impl ObjectFault {
@@ -48,6 +52,7 @@ impl ObjectFault {
             kind: FaultKind::Corrupt,
             what: what.into(),
             in_base: false,
+            found: None,
         }
     }
 
@@ -58,6 +63,7 @@ impl ObjectFault {
             kind,
             what: format!("{key}: {what}"),
             in_base: false,
+            found: None,
         }
     }
 
@@ -82,6 +88,7 @@ impl ObjectFault {
             kind: FaultKind::Deadline,
             what: "deadline exceeded".into(),
             in_base: false,
+            found: None,
         }
     }
 
@@ -111,16 +118,21 @@ pub(crate) const MAX_READS: u32 = 3;
 
 /// The quarantine rule applied to a run of reads of one object (or passes
 /// of one restore): corruption is *proven* only when the same object fails
-/// its check on two consecutive reads (passes). Anything in between — an
-/// error, or a pass that failed elsewhere (which may have read the object
-/// cleanly) — starts the count again. A transient error, or a single bad
-/// read among others, proves nothing, and its fault comes back without a
-/// key to quarantine.
+/// its check on two consecutive reads (passes) — and, where both reads
+/// say what their bytes hashed to, with the same wrong bytes. Anything in
+/// between — an error, or a pass that failed elsewhere (which may have
+/// read the object cleanly) — starts the count again, and so do two reads
+/// that saw different wrong bytes (an extent read as many ranges can meet
+/// damage in transit on one range of one read and another range of the
+/// next: bytes at rest read the same every time). A transient error, or a
+/// single bad read among others, proves nothing, and its fault comes back
+/// without a key to quarantine.
 #[derive(Debug, Default)]
 pub(crate) struct Proof {
     reads: u32,
-    /// The object seen corrupt, and how many times.
-    corrupt: Option<(Path, u32)>,
+    /// The object seen corrupt, how many times in a row, and what its bytes
+    /// hashed to the last time.
+    corrupt: Option<(Path, u32, Option<deltapack_format::Digest>)>,
     /// The last backend failure seen (reported if nothing is proven).
     io: Option<ObjectFault>,
 }
@@ -136,13 +148,18 @@ impl Proof {
             }
             (FaultKind::Corrupt, Some(k)) => {
                 let n = match &self.corrupt {
-                    Some((seen, n)) if seen == k => n + 1,
+                    Some((seen, n, found))
+                        if seen == k
+                            && (found.is_none() || f.found.is_none() || *found == f.found) =>
+                    {
+                        n + 1
+                    }
                     _ => 1,
                 };
                 if n >= 2 {
                     return Some(f);
                 }
-                self.corrupt = Some((k.clone(), n));
+                self.corrupt = Some((k.clone(), n, f.found));
                 if self.reads >= MAX_READS {
                     return Some(self.unproven(f));
                 }
@@ -224,6 +241,24 @@ mod tests {
         assert!(p.record(corrupt("b")).is_none());
         let f = p.record(corrupt("c")).expect("gave up");
         assert!(!is_quarantinable(&f));
+
+        // The same object wrong twice, but with different wrong bytes: at
+        // least one read was damaged in transit, so nothing is proven.
+        let wrong = |k: &str, found: &[u8]| {
+            let mut f = corrupt(k);
+            f.found = Some(deltapack_format::Digest::blake3(found));
+            f
+        };
+        let mut p = Proof::default();
+        assert!(p.record(wrong("a", b"x")).is_none());
+        assert!(p.record(wrong("a", b"y")).is_none());
+        let f = p.record(io("a")).expect("gave up");
+        assert!(!is_quarantinable(&f), "different wrong bytes prove nothing");
+        let mut p = Proof::default();
+        assert!(p.record(wrong("a", b"x")).is_none());
+        assert!(p.record(wrong("a", b"y")).is_none());
+        let f = p.record(wrong("a", b"y")).expect("proven");
+        assert!(is_quarantinable(&f), "the same wrong bytes twice in a row");
 
         // Missing and deadline stop at once.
         let mut p = Proof::default();

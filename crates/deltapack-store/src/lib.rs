@@ -19,9 +19,12 @@
 //!   byte it places is checked by the reconstructed snapshot digest (the
 //!   extents' own names are checked only if that fails), so the result is
 //!   hashed once whatever the chain's depth (docs/design.md §6.2).
-//! * **Bounded memory** — at most [`RESTORE_IN_FLIGHT`] object
-//!   payloads in flight on restore, [`PUBLISH_BATCH`] per
-//!   publication batch; every length from storage is bounded before use.
+//! * **Bounded memory** — a restore streams verified bytes straight into
+//!   the result: beyond it, one 256 KiB piece per worker, or on a remote
+//!   backend the body chunks of at most
+//!   [`StoreConfig::ranges_in_flight`] ranged GETs; [`PUBLISH_BATCH`]
+//!   objects per publication batch; every length from storage is bounded
+//!   before use.
 //! * **Misses are not errors** — [`RestoreOutcome::Miss`] carries a
 //!   [`MissReason`]; corrupt objects are quarantined and counted.
 //!

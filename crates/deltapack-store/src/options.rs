@@ -42,7 +42,7 @@ setters!(crate::StoreConfig {
     with_max_base_depth => max_base_depth: usize,
     with_chain => chain: crate::ChainPolicy,
     with_chain_gets_in_flight => chain_gets_in_flight: usize,
-    with_ranges_in_flight => ranges_in_flight: Option<usize>,
+    with_ranges_in_flight => ranges_in_flight: usize,
     with_range_bytes => range_bytes: u64,
     with_parts_in_flight => parts_in_flight: usize,
     with_part_bytes => part_bytes: u64,

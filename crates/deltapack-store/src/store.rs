@@ -49,13 +49,13 @@ pub struct StoreConfig {
     /// per core.
     pub chain_gets_in_flight: usize,
     /// Ranged GETs in flight at once across all extents of one restore from
-    /// a remote backend (`None`: 32). Object stores cap the bandwidth of
+    /// a remote backend (32 by default). Object stores cap the bandwidth of
     /// one connection (roughly 50–100 MB/s on S3), so an extent is read as
     /// aligned ranges of [`StoreConfig::range_bytes`], fetched
     /// concurrently and each hashed as its own BLAKE3 subtree; bytes go
     /// straight into the result, so memory is bounded by the body chunks in
     /// flight, not by extents. Local disk ignores it (one worker per core).
-    pub ranges_in_flight: Option<usize>,
+    pub ranges_in_flight: usize,
     /// Size of one ranged GET inside an extent (a power of two, at least
     /// 1 KiB; 8 MiB by default, the size AWS recommends for parallel
     /// ranged GETs). An extent no larger than this is one GET.
@@ -182,7 +182,7 @@ impl Default for StoreConfig {
             max_base_depth: 1024,
             chain: ChainPolicy::default(),
             chain_gets_in_flight: 32,
-            ranges_in_flight: None,
+            ranges_in_flight: 32,
             range_bytes: 8 << 20,
             parts_in_flight: 16,
             part_bytes: 8 << 20,
@@ -348,7 +348,7 @@ impl Store {
                 config.part_bytes
             )));
         }
-        if config.ranges_in_flight == Some(0) || config.parts_in_flight == 0 {
+        if config.ranges_in_flight == 0 || config.parts_in_flight == 0 {
             return Err(StoreError::Invalid(
                 "ranges_in_flight and parts_in_flight must be at least 1".into(),
             ));

@@ -262,8 +262,6 @@ impl Sink for ItemSink<'_> {
             self.hash.wrote(self.dest, t.dst, n, self.done);
         }
     }
-
-    fn placed_upto(&mut self, _payload_end: u64) {}
 }
 
 /// Runs `f(i)` for `i in 0..n` on up to `threads` scoped threads.
@@ -648,7 +646,7 @@ impl Pass<'_, '_> {
                 sink.done,
                 self.deadline,
             )?,
-            Source::Remote { store, handle } => {
+            Source::Remote(remote) => {
                 // One ranged GET from the header (if this extent holds part
                 // of it) to the last needed byte.
                 let (start, end) = match (&needed, stored_header) {
@@ -663,7 +661,7 @@ impl Pass<'_, '_> {
                     at: e.offset,
                     differs: false,
                 };
-                read_range_unverified(store, handle, e, start..end, &mut check, self.deadline)?;
+                read_range_unverified(remote, e, start..end, &mut check, self.deadline)?;
                 check.differs
             }
         };
@@ -695,10 +693,6 @@ impl Sink for HeaderCheck<'_, '_> {
             self.differs |= mine != theirs;
         }
         self.inner.place(src, bytes);
-    }
-
-    fn placed_upto(&mut self, payload_end: u64) {
-        self.inner.placed_upto(payload_end);
     }
 }
 

@@ -55,7 +55,10 @@ use crate::fault::{FaultKind, ObjectFault};
 use cache::SharedRestore;
 pub use outcome::{RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored};
 
-/// Most object payloads a restore holds in flight.
+/// Most workers of a local-disk restore (one per core, up to this) and
+/// legacy v1 chunks fetched at once. A remote flat restore reads as many
+/// extents at once as their ranges fill
+/// [`crate::StoreConfig::ranges_in_flight`].
 pub const RESTORE_IN_FLIGHT: usize = 4;
 
 /// Roots of a delta chain read at once when its root lists them.
@@ -709,7 +712,14 @@ impl Store {
         deadline: Option<std::time::Instant>,
     ) -> std::result::Result<reassembly::Output, reassembly::ObjectFault> {
         let source = self.reassembly_source();
-        let threads = source.threads(RESTORE_IN_FLIGHT);
+        let threads = match (&source, what) {
+            // A remote flat root: enough extents at once that their ranges
+            // fill the budget of ranges in flight.
+            (reassembly::Source::Remote(r), Plan::Flat(m)) => {
+                r.extent_workers(m.max_extent_bytes.min(m.payload_len.max(1)))
+            }
+            _ => source.threads(RESTORE_IN_FLIGHT),
+        };
         let chain_threads = source.threads(self.config().chain_gets_in_flight.max(1));
         let pass = |into: Option<&mut [u8]>, deferred: bool| match what {
             Plan::Flat(m) => reassembly::restore_flat(&source, m, into, threads, deadline),
@@ -757,10 +767,14 @@ impl Store {
     fn reassembly_source(&self) -> reassembly::Source {
         match self.backend_kind() {
             BackendKind::Local { root } => reassembly::Source::Local(root.clone()),
-            _ => reassembly::Source::Remote {
+            _ => reassembly::Source::Remote(reassembly::Remote {
                 store: self.object_store().clone(),
                 handle: tokio::runtime::Handle::current(),
-            },
+                range_bytes: self.config().range_bytes,
+                permits: Arc::new(tokio::sync::Semaphore::new(
+                    self.config().ranges_in_flight.max(1),
+                )),
+            }),
         }
     }
 

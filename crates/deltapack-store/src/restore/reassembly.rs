@@ -34,12 +34,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use deltapack_format::delta;
 use deltapack_format::root::ExtentEntry;
 use deltapack_format::scatter::{self, Region, Span};
 use deltapack_format::{Digest, ExtentCodec, ExtentPlan, ManifestV2, Snapshot};
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 
@@ -63,14 +63,23 @@ pub(crate) enum Source {
     /// Files under a local store's root directory.
     Local(PathBuf),
     /// Any `object_store` backend, driven from worker threads through the
-    /// runtime `handle` (which must be a multi-thread runtime, or one driven
+    /// runtime's handle (which must be a multi-thread runtime, or one driven
     /// by another thread).
-    Remote {
-        /// The backend.
-        store: Arc<dyn ObjectStore>,
-        /// The runtime the requests run on.
-        handle: tokio::runtime::Handle,
-    },
+    Remote(Remote),
+}
+
+/// A remote backend as a restore reads it: every raw extent as aligned
+/// ranged GETs, fetched concurrently and each verified as its own BLAKE3
+/// subtree, so that one connection's bandwidth does not bound an extent.
+pub(crate) struct Remote {
+    /// The backend.
+    pub(crate) store: Arc<dyn ObjectStore>,
+    /// The runtime the requests run on.
+    pub(crate) handle: tokio::runtime::Handle,
+    /// Size of one ranged GET (a power of two, at least 1 KiB).
+    pub(crate) range_bytes: u64,
+    /// Ranged GETs in flight across every extent of one restore.
+    pub(crate) permits: Arc<tokio::sync::Semaphore>,
 }
 
 impl Source {
@@ -83,8 +92,19 @@ impl Source {
                 .unwrap_or(1)
                 .min(in_flight),
             // Remote reads wait on the network: keep `in_flight` requests open.
-            Source::Remote { .. } => in_flight,
+            Source::Remote(_) => in_flight,
         }
+    }
+}
+
+impl Remote {
+    /// Extents to read at once so that their ranges (of an extent of
+    /// `extent_len` bytes) fill the budget of ranges in flight: at least
+    /// one, at most the budget.
+    pub(crate) fn extent_workers(&self, extent_len: u64) -> usize {
+        let per_extent = extent_len.div_ceil(self.range_bytes.max(1)).max(1);
+        let budget = self.permits.available_permits().max(1) as u64;
+        budget.div_ceil(per_extent).clamp(1, budget) as usize
     }
 }
 
@@ -151,20 +171,15 @@ pub(crate) fn zeroed_buffer(len: usize) -> Result<Vec<u8>, String> {
 /// Where the bytes of one extent go as they are read: a [`Region`] of the
 /// result for a flat root, `compose::ItemSink` for a delta chain.
 pub(crate) trait Sink {
-    /// Places `bytes` found at payload offset `src` of the extent.
+    /// Places `bytes` found at payload offset `src` of the extent. Ranges
+    /// of one extent may arrive in any order, each in order.
     fn place(&mut self, src: u64, bytes: &[u8]);
-    /// Every byte of the extent below payload offset `payload_end` has been
-    /// placed (a moment to hash finished result blocks while they are in
-    /// cache).
-    fn placed_upto(&mut self, payload_end: u64);
 }
 
 impl Sink for Region<'_, '_> {
     fn place(&mut self, src: u64, bytes: &[u8]) {
         Region::place(self, src, bytes);
     }
-
-    fn placed_upto(&mut self, _payload_end: u64) {}
 }
 
 /// Why absorbing an extent stopped.
@@ -173,6 +188,8 @@ enum AbsorbError {
     Read(std::io::Error),
     /// The bytes were wrong (short, wrong name).
     Bad(String),
+    /// The bytes hash to this, not to the extent's name.
+    Wrong(Digest, String),
     /// The bytes verified, but the delta header the plan was made from
     /// differs from them: the plan, not the object, is at fault.
     Plan(String),
@@ -226,10 +243,16 @@ fn absorb(
         }
         region.place(off, buf);
         off += want as u64;
-        region.placed_upto(off);
     }
-    h.verify(&format!("extent {index}"), &e.raw_digest)
-        .map_err(|x| AbsorbError::Bad(x.to_string()))?;
+    let found = h.finish().map_err(|x| AbsorbError::Bad(x.to_string()))?;
+    if found != e.raw_digest {
+        let what = deltapack_format::Error::DigestMismatch {
+            what: format!("extent {index}"),
+            expected: e.raw_digest.to_string(),
+            found: found.to_string(),
+        };
+        return Err(AbsorbError::Wrong(found, what.to_string()));
+    }
     if header_differs {
         // The extent is what its name says, so the header the plan was
         // made from (read earlier, or taken from the root) is what is wrong.
@@ -409,43 +432,198 @@ pub(crate) fn read_extent(
                 scratch,
             )
         }
-        (Source::Remote { store, handle }, ExtentCodec::Raw) => {
-            let got = handle.block_on(store.get(&key));
-            let got = remote_result(&key, e, got)?;
-            let mut body = got.into_stream();
-            let mut chunk = Bytes::new();
-            absorb(
-                plan,
-                index,
-                e,
-                region,
-                header,
-                deadline,
-                |buf| handle.block_on(fill(&mut body, &mut chunk, buf)),
-                scratch,
-            )
+        (Source::Remote(remote), ExtentCodec::Raw) => {
+            return read_ranges_verified(remote, plan, index, e, region, header, deadline)
         }
     };
-    absorbed.map_err(|x| match x {
+    absorbed.map_err(|x| absorb_fault(&key, x))
+}
+
+/// The fault an absorb error of the object at `key` is.
+fn absorb_fault(key: &Path, x: AbsorbError) -> ObjectFault {
+    match x {
         AbsorbError::Deadline => ObjectFault::deadline(),
-        AbsorbError::Bad(w) => ObjectFault::of(&key, FaultKind::Corrupt, w),
+        AbsorbError::Bad(w) => ObjectFault::of(key, FaultKind::Corrupt, w),
+        AbsorbError::Wrong(found, w) => {
+            let mut f = ObjectFault::of(key, FaultKind::Corrupt, w);
+            f.found = Some(found);
+            f
+        }
         AbsorbError::Plan(w) => ObjectFault::plain(format!("{key}: {w}")),
         // A read error (EIO, EACCES, a dropped connection) proves nothing
         // about the bytes at rest: an error, never a quarantine.
-        AbsorbError::Read(err) => ObjectFault::io(&key, "read", err),
-    })
+        AbsorbError::Read(err) => ObjectFault::io(key, "read", err),
+    }
+}
+
+/// Reads one raw remote extent as concurrent ranged GETs (its
+/// [`ExtentPlan::ranges`]), each taking a permit of the restore's shared
+/// budget of ranges in flight. Each range is hashed as its own BLAKE3
+/// subtree at its offset while its body's chunks are placed as they arrive
+/// (no staging copy); the range names merge into the extent's name, which
+/// must be the one the root records before the extent counts as verified.
+/// A range name is recorded nowhere, so a wrong extent is re-read whole by
+/// the caller (the quarantine rule), not range by range.
+pub(crate) fn read_ranges_verified(
+    remote: &Remote,
+    plan: &ExtentPlan,
+    index: u64,
+    e: &ExtentEntry,
+    region: &mut dyn Sink,
+    header: Option<&[u8]>,
+    deadline: Option<Instant>,
+) -> Result<(), ObjectFault> {
+    let key = keys::object_key(&e.object_digest());
+    let bad = |w: String| ObjectFault::of(&key, FaultKind::Corrupt, w);
+    if plan.range(index) != (e.offset..e.offset + e.raw_len) {
+        return Err(bad(format!("extent {index} is not where the plan puts it")));
+    }
+    let ranges = plan
+        .ranges(index, remote.range_bytes)
+        .map_err(|x| ObjectFault::plain(x.to_string()))?;
+    let sink = std::cell::RefCell::new(region);
+    let header_differs = std::cell::Cell::new(false);
+    let one = |k: usize, r: std::ops::Range<u64>| {
+        let (sink, header_differs, key) = (&sink, &header_differs, &key);
+        async move {
+            let mut h = plan
+                .range_hasher(index, remote.range_bytes, k as u64)
+                .map_err(|x| ObjectFault::plain(x.to_string()))?;
+            fetch_range(remote, key, e, r, deadline, |off, bytes| {
+                h.update(bytes);
+                if let Some(hdr) = header {
+                    let (lo, hi) = (off as usize, off as usize + bytes.len());
+                    if lo < hdr.len() {
+                        let n = hdr.len().min(hi) - lo;
+                        if bytes[..n] != hdr[lo..lo + n] {
+                            header_differs.set(true);
+                        }
+                    }
+                }
+                // The borrow ends before the next await: the ranges of one
+                // extent run on this thread, one callback at a time.
+                sink.borrow_mut().place(off, bytes);
+            })
+            .await?;
+            let name = h
+                .finish()
+                .map_err(|x| ObjectFault::of(key, FaultKind::Corrupt, format!("range {k}: {x}")))?;
+            Ok::<_, ObjectFault>((k, name))
+        }
+    };
+    let all = futures::stream::iter(ranges.iter().cloned().enumerate())
+        .map(|(k, r)| one(k, r))
+        .buffer_unordered(ranges.len().max(1))
+        .try_collect::<Vec<_>>();
+    let mut names = remote.handle.block_on(with_deadline(deadline, all))?;
+    names.sort_unstable_by_key(|(k, _)| *k);
+    let names: Vec<Digest> = names.into_iter().map(|(_, d)| d).collect();
+    let name = plan
+        .merge_ranges(index, remote.range_bytes, &names)
+        .map_err(|x| ObjectFault::plain(x.to_string()))?;
+    if name != e.raw_digest {
+        let mut f = bad(format!("extent {index} name {name} != {}", e.raw_digest));
+        f.found = Some(name);
+        return Err(f);
+    }
+    if header_differs.get() {
+        // The extent is what its name says, so the header the plan was
+        // made from is what is wrong.
+        return Err(ObjectFault::plain(format!(
+            "{key}: the delta header the plan was made from is not the one stored"
+        )));
+    }
+    Ok(())
+}
+
+/// Runs `f`, failing with a deadline fault once `deadline` passes (also
+/// while it waits for a permit or a first byte).
+async fn with_deadline<T>(
+    deadline: Option<Instant>,
+    f: impl std::future::Future<Output = Result<T, ObjectFault>>,
+) -> Result<T, ObjectFault> {
+    match deadline {
+        None => f.await,
+        Some(d) => tokio::time::timeout_at(tokio::time::Instant::from_std(d), f)
+            .await
+            .unwrap_or_else(|_| Err(ObjectFault::deadline())),
+    }
+}
+
+/// One ranged GET of the raw bytes `r` (payload offsets) of a remote
+/// extent, under one permit of the restore's budget: `each(offset, bytes)`
+/// sees the body's chunks in order. The object's size (from the response
+/// metadata, before any body byte) and the range the backend answered
+/// must be the ones asked for, and the body exactly that long: a backend
+/// that returns too few or too many bytes, or other bytes than asked, is
+/// caught here, not by a name that happens to mismatch. Such an answer is
+/// the backend's failure (a read error, retried, never a quarantine): it
+/// says nothing about the bytes at rest, whose size the metadata vouched
+/// for.
+async fn fetch_range(
+    remote: &Remote,
+    key: &Path,
+    e: &ExtentEntry,
+    r: std::ops::Range<u64>,
+    deadline: Option<Instant>,
+    mut each: impl FnMut(u64, &[u8]),
+) -> Result<(), ObjectFault> {
+    if r.start < e.offset || r.end > e.offset + e.raw_len || r.start >= r.end {
+        return Err(ObjectFault::plain(format!(
+            "{key}: bytes {r:?} are not inside the extent"
+        )));
+    }
+    let _permit = remote
+        .permits
+        .acquire()
+        .await
+        .map_err(|_| ObjectFault::plain("the restore's request budget is closed"))?;
+    let rel = r.start - e.offset..r.end - e.offset;
+    // A range that is the whole object is a plain GET.
+    let whole = rel.start == 0 && rel.end == e.stored_len;
+    let opts = object_store::GetOptions::default().with_range((!whole).then(|| rel.clone()));
+    let got = remote_result(key, e, remote.store.get_opts(key, opts).await)?;
+    let protocol = |what: String| ObjectFault::io(key, "read", std::io::Error::other(what));
+    if got.range != rel {
+        return Err(protocol(format!(
+            "asked for bytes {rel:?}, the backend answered {:?}",
+            got.range
+        )));
+    }
+    let mut body = got.into_stream();
+    let mut off = r.start;
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|x| ObjectFault::backend(key, x))?;
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(ObjectFault::deadline());
+        }
+        if chunk.len() as u64 > r.end - off {
+            return Err(protocol(format!(
+                "the read of bytes {rel:?} returned more bytes than asked"
+            )));
+        }
+        each(off, &chunk);
+        off += chunk.len() as u64;
+    }
+    if off < r.end {
+        return Err(protocol(format!(
+            "the read of bytes {rel:?} ended {} bytes short",
+            r.end - off
+        )));
+    }
+    Ok(())
 }
 
 /// Reads the raw bytes `range` (payload offsets) of one remote raw extent
 /// and places them, **without** checking the extent's name: for a delta
 /// chain whose plan came from authenticated roots alone, every placed byte
 /// is checked by the result digest instead (`compose`'s deferred mode),
-/// and the extent by its name only if that check fails. One ranged GET,
-/// its body's chunks placed as they arrive (no staging copy), so memory
-/// stays one body chunk per worker.
+/// and the extent by its name only if that check fails. The range is cut
+/// at the extent's [`Remote::range_bytes`] boundaries and the pieces are
+/// fetched concurrently (under the restore's shared permits), their
+/// bodies' chunks placed as they arrive (no staging copy).
 pub(crate) fn read_range_unverified(
-    store: &Arc<dyn ObjectStore>,
-    handle: &tokio::runtime::Handle,
+    remote: &Remote,
     e: &ExtentEntry,
     range: std::ops::Range<u64>,
     region: &mut dyn Sink,
@@ -457,59 +635,30 @@ pub(crate) fn read_range_unverified(
             "{key}: bytes {range:?} are not inside the extent"
         )));
     }
-    let opts = object_store::GetOptions::default()
-        .with_range(Some(range.start - e.offset..range.end - e.offset));
-    let got = handle.block_on(store.get_opts(&key, opts));
-    let mut body = remote_result(&key, e, got)?.into_stream();
-    // Nothing is hashed here, so the body's chunks are placed as they come,
-    // with no staging copy.
-    let mut off = range.start;
-    while off < range.end {
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(ObjectFault::deadline());
-        }
-        let chunk = match handle.block_on(body.next()) {
-            Some(Ok(c)) => c,
-            Some(Err(x)) => return Err(ObjectFault::backend(&key, x)),
-            None => {
-                return Err(ObjectFault::of(
-                    &key,
-                    FaultKind::Corrupt,
-                    format!("ranged read ended {} bytes short", range.end - off),
-                ))
-            }
-        };
-        let n = (chunk.len() as u64).min(range.end - off) as usize;
-        region.place(off, &chunk[..n]);
-        off += n as u64;
-        region.placed_upto(off);
+    let step = remote.range_bytes.max(1);
+    let mut pieces = Vec::new();
+    let mut at = range.start;
+    while at < range.end {
+        // The next range boundary of the extent after `at`.
+        let next = e.offset + ((at - e.offset) / step + 1) * step;
+        let end = next.min(range.end);
+        pieces.push(at..end);
+        at = end;
     }
+    let sink = std::cell::RefCell::new(region);
+    let all = futures::stream::iter(pieces.iter().cloned())
+        .map(|r| {
+            let sink = &sink;
+            fetch_range(remote, &key, e, r, deadline, move |off, bytes| {
+                // The borrow ends before the next await (see
+                // `read_ranges_verified`).
+                sink.borrow_mut().place(off, bytes);
+            })
+        })
+        .buffer_unordered(pieces.len().max(1))
+        .try_collect::<Vec<()>>();
+    remote.handle.block_on(with_deadline(deadline, all))?;
     Ok(())
-}
-
-/// Fills `buf` from a GET body, keeping the unread rest of the current
-/// chunk in `chunk`; returns 0 only at the end of the body.
-async fn fill(
-    body: &mut futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
-    chunk: &mut Bytes,
-    buf: &mut [u8],
-) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        if chunk.is_empty() {
-            match body.next().await {
-                Some(Ok(b)) => *chunk = b,
-                Some(Err(e)) => return Err(std::io::Error::other(e)),
-                None => break,
-            }
-            continue;
-        }
-        let k = chunk.len().min(buf.len() - n);
-        buf[n..n + k].copy_from_slice(&chunk[..k]);
-        chunk.advance(k);
-        n += k;
-    }
-    Ok(n)
 }
 
 /// Opens a local extent file and checks its size.
@@ -569,7 +718,7 @@ fn read_all(source: &Source, e: &ExtentEntry) -> Result<Bytes, ObjectFault> {
                     .map_err(|x| ObjectFault::io(&key, "read", x))?,
             )
         }
-        Source::Remote { store, handle } => {
+        Source::Remote(Remote { store, handle, .. }) => {
             let got = remote_result(&key, e, handle.block_on(store.get(&key)))?;
             handle
                 .block_on(got.bytes())
@@ -613,7 +762,7 @@ fn read_prefix(source: &Source, e: &ExtentEntry, len: usize) -> Result<Vec<u8>, 
             buf.truncate(got);
             Ok(buf)
         }
-        (Source::Remote { store, handle }, ExtentCodec::Raw) => {
+        (Source::Remote(Remote { store, handle, .. }), ExtentCodec::Raw) => {
             let r = handle.block_on(store.get_range(&key, 0..len as u64));
             r.map(|b| b.to_vec())
                 .map_err(|x| ObjectFault::backend(&key, x))

@@ -37,6 +37,8 @@
 //! row — damage seen on the re-read as well is, by the quarantine rule,
 //! damage at rest), then the faults are turned off and everything is
 //! checked. Every operation runs under a timeout (a hang fails the test).
+//! Reads through the injector fetch each extent as several ranged GETs, so
+//! transit damage lands on one range of one read.
 //!
 //! `DELTAPACK_CHAOS_SEEDS` sets the number of seeds (default 32),
 //! `DELTAPACK_CHAOS_SEED` the first one; on S3 one seed in
@@ -178,7 +180,9 @@ impl World {
                 store: faulty.clone(),
                 kind,
             },
-            config(),
+            // Every 4 KiB extent as four 1 KiB ranged GETs: a flip in
+            // transit hits one range of a read.
+            config().with_range_bytes(1024),
         )
         .expect("faulty store")
     }

@@ -1,7 +1,8 @@
 //! Concurrency and bounded memory: concurrent writers of one context can
 //! never make it alias two snapshots; concurrent restores of one root share
-//! one fetch+verify (single flight); a restore never holds more than
-//! RESTORE_IN_FLIGHT object payloads and a publication never writes more than
+//! one fetch+verify (single flight); a restore never holds more object
+//! payloads (ranged GETs) than its configured ranges in flight, and a
+//! publication never writes more than
 //! PUBLISH_BATCH objects at once; deadlines turn slow restores into misses.
 
 use crate::common;
@@ -145,14 +146,16 @@ async fn restore_and_publish_hold_bounded_payloads() {
         Duration::from_millis(5),
     );
     // (This wrapper holds every GET's body whole, so GETs in flight are
-    // payloads held; the delta restore's bound is its configured in-flight
-    // count, set here to the flat restore's.)
+    // payloads held; the restore's bound is its budget of ranged GETs in
+    // flight, and its chain workers, both set here to RESTORE_IN_FLIGHT.)
     let s = deltapack_store::Store::from_backend(
         deltapack_store::Backend {
             store: s.object_store().clone(),
             kind: s.backend_kind().clone(),
         },
-        config().with_chain_gets_in_flight(RESTORE_IN_FLIGHT),
+        config()
+            .with_chain_gets_in_flight(RESTORE_IN_FLIGHT)
+            .with_ranges_in_flight(RESTORE_IN_FLIGHT),
     )
     .expect("store");
     let id = identity("bounded");

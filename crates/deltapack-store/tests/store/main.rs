@@ -25,6 +25,7 @@ mod ledger_races;
 mod metrics;
 mod migration;
 mod quarantine_needs_proof;
+mod ranged_reads;
 mod restore_into_contract;
 mod s3_faults;
 mod write_behind;

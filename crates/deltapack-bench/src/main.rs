@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --release -p deltapack-bench -- all --scale 1 --wait-idle 30
 //! cargo run --release -p deltapack-bench -- chain --scale 1
+//! cargo run --release -p deltapack-bench -- shaped --scale 1
 //! ```
 //!
 //! The reference workload (`--scale 1`): a conversation of the `default`
@@ -22,6 +23,8 @@
 //! * [`workload`] — the synthetic conversation and its snapshots, chain
 //!   conversations, store set-up (local stores, their files);
 //!   [`s3like`] — the S3-like emulation (per-GET latency, streamed bodies);
+//!   [`shaped`] — the bandwidth-shaped S3 emulation (latency per request,
+//!   a cap per connection and an aggregate cap);
 //! * [`floors`] — the read, spec and durable write floors every ratio is
 //!   measured against;
 //! * [`scenarios`] — the measured restores and publications (flat, v1,
@@ -40,6 +43,7 @@ mod report;
 mod runner;
 mod s3like;
 mod scenarios;
+mod shaped;
 mod workload;
 
 use std::io::IsTerminal;
@@ -70,7 +74,11 @@ enum Command {
     /// of 1, 4, 16, 64 and 256 deltas ending in the same snapshot) and the
     /// publication of each conversation's last turn.
     Chain(BenchArgs),
-    /// Restore and publish, the zstd study and chain.
+    /// v2 and v1 restore and v2 publication through the bandwidth-shaped
+    /// S3 emulation (latency per request, a cap per connection, an
+    /// aggregate cap), against the aggregate-bandwidth floor.
+    Shaped(BenchArgs),
+    /// Restore and publish, the shaped scenarios, the zstd study and chain.
     All(BenchArgs),
     /// One benchmark job in a child process (used by the suites).
     #[command(hide = true)]
@@ -86,6 +94,8 @@ pub(crate) enum Suite {
     Publish,
     /// `chain`.
     Chain,
+    /// `shaped`.
+    Shaped,
     /// `all`.
     All,
 }
@@ -116,6 +126,18 @@ pub(crate) struct BenchArgs {
     /// Simulated per-GET latency of the S3-like scenario, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 20)]
     pub(crate) latency_ms: u64,
+    /// Shaped S3 emulation: latency before the first byte of every
+    /// request (GET, HEAD, PUT, multipart part), in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 20)]
+    pub(crate) shaped_latency_ms: u64,
+    /// Shaped S3 emulation: bandwidth cap C of one connection (a GET body,
+    /// a PUT, a part), MB/s (10⁶ bytes).
+    #[arg(long, value_name = "MB_S", default_value_t = 25.0)]
+    pub(crate) shaped_conn_mb_s: f64,
+    /// Shaped S3 emulation: aggregate bandwidth cap A shared by all
+    /// connections, MB/s (10⁶ bytes).
+    #[arg(long, value_name = "MB_S", default_value_t = 400.0)]
+    pub(crate) shaped_aggregate_mb_s: f64,
     /// Scale of the real-S3 scenario (default: min(--scale, 1/16)).
     #[arg(long, value_name = "F")]
     pub(crate) s3_scale: Option<f64>,
@@ -135,6 +157,23 @@ pub(crate) struct BenchArgs {
     /// that a shared machine's load disturbs the figures less.
     #[arg(long, value_name = "SECS", default_value_t = 0)]
     pub(crate) wait_idle: u64,
+}
+
+impl BenchArgs {
+    /// The shaped S3 emulation's parameters (`--shaped-*`), checked.
+    pub(crate) fn shaping(&self) -> anyhow::Result<shaped::Shaping> {
+        let rate = |flag: &str, mb_s: f64| -> anyhow::Result<u64> {
+            if !(0.001..=1e6).contains(&mb_s) {
+                anyhow::bail!("{flag} must be between 0.001 and 1,000,000 MB/s, got {mb_s}");
+            }
+            Ok((mb_s * 1e6).round() as u64)
+        };
+        Ok(shaped::Shaping {
+            latency_ms: self.shaped_latency_ms,
+            conn_bytes_per_s: rate("--shaped-conn-mb-s", self.shaped_conn_mb_s)?,
+            aggregate_bytes_per_s: rate("--shaped-aggregate-mb-s", self.shaped_aggregate_mb_s)?,
+        })
+    }
 }
 
 /// The hidden child command.
@@ -181,6 +220,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Command::Restore(a) => scenarios::run(Suite::Restore, a).await,
             Command::Publish(a) => scenarios::run(Suite::Publish, a).await,
             Command::Chain(a) => scenarios::run(Suite::Chain, a).await,
+            Command::Shaped(a) => scenarios::run(Suite::Shaped, a).await,
             Command::All(a) => scenarios::run(Suite::All, a).await,
             Command::BenchOne(a) => runner::run_one(a).await,
         }

@@ -17,6 +17,7 @@ use crate::floors::{self, ReadFloor};
 use crate::measure::{machine_busy_jiffies, median, proc_status};
 use crate::report::{mib, secs};
 use crate::scenarios::{chain, publish, restore, zstd, Source};
+use crate::shaped::Shaping;
 use crate::workload::{Fmt, Workload};
 use crate::BenchOneArgs;
 
@@ -71,6 +72,16 @@ pub(crate) enum Job {
         url_v2: String,
         /// The v1 store's URL.
         url_v1: String,
+    },
+    /// v2 publication through the bandwidth-shaped S3 emulation (and the
+    /// same in-memory sink unshaped), `rounds` rounds.
+    ShapedPublish {
+        /// The workload.
+        w: Workload,
+        /// The emulation's parameters.
+        shaping: Shaping,
+        /// Rounds.
+        rounds: u32,
     },
     /// Deletes every object under the given S3 URLs.
     S3Cleanup {
@@ -157,6 +168,9 @@ pub(crate) async fn run_one(args: BenchOneArgs) -> Result<ExitCode> {
             publish::job_s3_publish(w, &url_v2, &url_v1).await?
         }
         Job::S3Cleanup { urls } => publish::job_s3_cleanup(&urls).await?,
+        Job::ShapedPublish { w, shaping, rounds } => {
+            publish::job_shaped_publish(w, shaping, rounds).await?
+        }
         Job::Zstd {
             w,
             store_v2,

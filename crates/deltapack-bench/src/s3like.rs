@@ -19,7 +19,7 @@ use object_store::{
 };
 
 /// Body chunk size of the S3-like emulation.
-const BODY_CHUNK: u64 = 256 * 1024;
+pub(crate) const BODY_CHUNK: u64 = 256 * 1024;
 
 /// An `ObjectStore` that turns local-file GETs into a streamed body of
 /// [`BODY_CHUNK`] pieces, as an HTTP GET delivers it (`ThrottledStore` only
@@ -29,8 +29,9 @@ const BODY_CHUNK: u64 = 256 * 1024;
 /// charged every 64 MiB GET a fresh 64 MiB allocation (page faults) that
 /// no real S3 client makes, so S3-like restores paid for the emulation.
 #[derive(Debug)]
-struct StreamedObjects {
-    inner: Arc<dyn ObjectStore>,
+pub(crate) struct StreamedObjects {
+    /// The store whose GETs are streamed.
+    pub(crate) inner: Arc<dyn ObjectStore>,
 }
 
 impl std::fmt::Display for StreamedObjects {

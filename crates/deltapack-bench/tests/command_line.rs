@@ -22,7 +22,7 @@ fn help_lists_the_suites_and_hides_the_child_command() {
     let o = bench(&["--help"]);
     assert!(o.status.success());
     let text = String::from_utf8_lossy(&o.stdout);
-    for suite in ["restore", "publish", "chain", "all"] {
+    for suite in ["restore", "publish", "chain", "shaped", "all"] {
         assert!(
             text.lines()
                 .any(|l| l.trim_start().starts_with(&format!("{suite} "))),
@@ -40,6 +40,9 @@ fn help_lists_the_suites_and_hides_the_child_command() {
         "--out",
         "--wait-idle",
         "--latency-ms",
+        "--shaped-latency-ms",
+        "--shaped-conn-mb-s",
+        "--shaped-aggregate-mb-s",
         "--s3-scale",
         "--store",
         "--keep",
@@ -66,6 +69,10 @@ fn bad_arguments_fail_before_any_work() {
     let o = bench(&["publish", "--store", "memory://"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("cannot be shared"), "{}", stderr(&o));
+
+    let o = bench(&["shaped", "--shaped-conn-mb-s", "0"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("--shaped-conn-mb-s"), "{}", stderr(&o));
 
     let o = bench(&["all", "--repeats", "0"]);
     assert_eq!(o.status.code(), Some(2), "a usage error");

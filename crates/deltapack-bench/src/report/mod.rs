@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use self::chain::ChainSummary;
 use crate::measure::threads;
 use crate::runner::Acc;
+use crate::shaped::Shaping;
 use crate::workload::{MIB, REFERENCE_RESULT_TOKENS};
 
 /// Objects a restore keeps in flight (`deltapack_store::restore`).
@@ -224,6 +225,9 @@ pub(crate) struct Report {
     pub(crate) repeats: u32,
     /// `--latency-ms`.
     pub(crate) latency_ms: u64,
+    /// The shaped S3 emulation's parameters, if its scenarios ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) shaped: Option<Shaping>,
     /// The real S3 server's figures, if one was used.
     pub(crate) s3: Option<serde_json::Value>,
     /// The machine.
@@ -302,7 +306,23 @@ pub(crate) fn machine(work: &Path) -> Machine {
 }
 
 /// Static description of every scenario id.
-fn describe(id: &str, latency_ms: u64) -> Option<(&'static str, String, Option<&'static str>)> {
+fn describe(
+    id: &str,
+    latency_ms: u64,
+    shaped: Option<&Shaping>,
+) -> Option<(&'static str, String, Option<&'static str>)> {
+    let sh = || {
+        shaped
+            .map(|s| {
+                format!(
+                    "{} ms, C {} MB/s, A {} MB/s",
+                    s.latency_ms,
+                    s.conn_bytes_per_s as f64 / 1e6,
+                    s.aggregate_bytes_per_s as f64 / 1e6
+                )
+            })
+            .unwrap_or_default()
+    };
     Some(match id {
         "floor-raw-warm" => (
             "floor",
@@ -376,6 +396,26 @@ fn describe(id: &str, latency_ms: u64) -> Option<(&'static str, String, Option<&
             "restore v1, real S3 server (scaled)".into(),
             None,
         ),
+        "restore-v2-shaped" => (
+            "restore",
+            format!("restore v2, shaped S3 ({})", sh()),
+            None,
+        ),
+        "restore-v1-shaped" => (
+            "restore",
+            format!("restore v1, shaped S3 ({})", sh()),
+            None,
+        ),
+        "publish-v2-inmem" => (
+            "publish",
+            "publish v2, in-memory object store, unshaped (CPU headroom)".into(),
+            None,
+        ),
+        "publish-v2-shaped" => (
+            "publish",
+            format!("publish v2, shaped S3 ({})", sh()),
+            None,
+        ),
         "publish-v2" => (
             "publish",
             "publish v2, durable, local".into(),
@@ -391,7 +431,7 @@ fn describe(id: &str, latency_ms: u64) -> Option<(&'static str, String, Option<&
 }
 
 /// Report order of the scenario ids.
-const ORDER: [&str; 18] = [
+const ORDER: [&str; 22] = [
     "floor-raw-warm",
     "floor-spec-warm",
     "floor-spec-touched-warm",
@@ -407,9 +447,13 @@ const ORDER: [&str; 18] = [
     "restore-v1-s3like",
     "restore-v2-s3",
     "restore-v1-s3",
+    "restore-v2-shaped",
+    "restore-v1-shaped",
     "floor-write",
     "publish-v2",
     "publish-v1",
+    "publish-v2-inmem",
+    "publish-v2-shaped",
 ];
 
 /// The scenario rows of the restore and publish suites, in report order.
@@ -424,18 +468,30 @@ pub(crate) fn scenarios(
     let mut out = Vec::new();
     for id in ORDER {
         let Some(a) = accs.get(id) else { continue };
-        if (id.starts_with("publish") || id == "floor-write") && !do_publish {
+        if matches!(id, "publish-v2" | "publish-v1" | "floor-write") && !do_publish {
             continue;
         }
-        let Some((group, label, floor_id)) = describe(id, latency_ms) else {
+        let Some((group, label, floor_id)) = describe(id, latency_ms, r.shaped.as_ref()) else {
             continue;
         };
         let objects = a.info.get("objects").and_then(|v| v.as_u64());
-        let bytes = a
+        let payload = a
             .info
             .get("payload_bytes")
             .and_then(|v| v.as_u64())
             .unwrap_or(r.payload_bytes);
+        // Through the shaped emulation: the bytes it actually moved (body
+        // bytes down for a restore, payload bytes up for a publication).
+        let shaped = id.ends_with("-shaped");
+        let moved = if group == "restore" {
+            "shaped_bytes_down"
+        } else {
+            "shaped_bytes_up"
+        };
+        let bytes = match a.info_median(moved) {
+            Some(b) if shaped && b > 0.0 => b as u64,
+            _ => payload,
+        };
         let mut note = String::new();
         // S3-like floors add the latency of ⌈objects / in-flight⌉ request rounds.
         let floor_ms = floor_id.and_then(|f| medians.get(f).copied()).map(|f| {
@@ -449,8 +505,23 @@ pub(crate) fn scenarios(
                 f
             }
         });
+        // The aggregate-bandwidth floor of the shaped rows: computed.
+        let shaped_floor = match (shaped, r.shaped) {
+            (true, Some(s)) => {
+                note = format!(
+                    "floor = {bytes} bytes moved / A ({} MB/s) + one latency ({} ms) = {}: computed, not measured",
+                    s.aggregate_bytes_per_s as f64 / 1e6,
+                    s.latency_ms,
+                    secs(s.floor_ms(bytes))
+                );
+                Some(s.floor_ms(bytes))
+            }
+            _ => None,
+        };
         let bound = match group {
             "restore" if !id.ends_with("-s3") => Some(restore_bound),
+            // The in-memory sink holds every object it is given.
+            "publish" if id.ends_with("-inmem") || shaped => None,
             // Beyond the snapshots the caller holds: the payload and at most
             // two object payloads of a durability batch.
             "publish" => Some(r.payload_bytes + 2 * r.extent_bytes),
@@ -462,11 +533,18 @@ pub(crate) fn scenarios(
             label,
             bytes,
             objects,
-            floor: floor_id.map(|f| FloorRef {
-                id: f.to_string(),
-                ms: floor_ms,
-                runs: accs.get(f),
-            }),
+            floor: match shaped_floor {
+                Some(ms) => Some(FloorRef {
+                    id: "aggregate-bandwidth-floor".into(),
+                    ms: Some(ms),
+                    runs: None,
+                }),
+                None => floor_id.map(|f| FloorRef {
+                    id: f.to_string(),
+                    ms: floor_ms,
+                    runs: accs.get(f),
+                }),
+            },
             // The write floor shares the publication child: no own peak.
             own_peak: id != "floor-write",
             bound_bytes: bound,
@@ -478,7 +556,7 @@ pub(crate) fn scenarios(
 }
 
 /// The breakdown figures of the restore and publish rows.
-const INFO: [&str; 20] = [
+const INFO: [&str; 25] = [
     "encode_ms",
     "write_ms",
     "cpu_ms",
@@ -499,6 +577,11 @@ const INFO: [&str; 20] = [
     "cost_delta_encode_ms",
     "cost_extent_names_1_thread_ms",
     "cost_copy_into_fresh_buffer_ms",
+    "shaped_requests",
+    "shaped_bytes_down",
+    "shaped_bytes_up",
+    "shaped_connections",
+    "shaped_max_connections_open",
 ];
 
 /// "v1 / v2" speed-up, wall and CPU time.
@@ -623,6 +706,9 @@ pub(crate) fn targets(r: &Report) -> Vec<Target> {
             });
         }
     }
+    if let Some(sh) = &r.shaped {
+        t.extend(shaped_targets(r, sh));
+    }
     for id in [
         "restore-v2-warm",
         "restore-v2-warm-into",
@@ -644,6 +730,78 @@ pub(crate) fn targets(r: &Report) -> Vec<Target> {
                     met: Some(above <= b),
                 });
             }
+        }
+    }
+    t
+}
+
+/// The shaped emulation's targets: throughput as a fraction of A
+/// (aggregate floor / time), and the CPU's headroom over A.
+fn shaped_targets(r: &Report, sh: &Shaping) -> Vec<Target> {
+    let s = |id: &str| r.scenarios.iter().find(|s| s.id == id);
+    let a = sh.aggregate_bytes_per_s as f64 / 1e6;
+    let eff = |sc: &Scenario| {
+        let f = sc.floor_ms.unwrap_or(0.0);
+        let e = f / sc.median_ms;
+        (
+            e,
+            format!(
+                "{e:.2} × A ({} vs floor {}; {:.0} MB/s; {} connections, at most {} open)",
+                secs(sc.median_ms),
+                secs(f),
+                sc.bytes as f64 / 1e3 / sc.median_ms,
+                sc.info
+                    .get("shaped_connections")
+                    .and_then(|v| v.as_f64())
+                    .unwrap_or(0.0),
+                sc.info
+                    .get("shaped_max_connections_open")
+                    .and_then(|v| v.as_f64())
+                    .unwrap_or(0.0),
+            ),
+        )
+    };
+    let mut t = Vec::new();
+    for (id, what, min) in [
+        ("restore-v2-shaped", "v2 restore", Some(0.8)),
+        ("restore-v1-shaped", "(info) v1 restore", None),
+        ("publish-v2-shaped", "v2 publication", Some(0.7)),
+    ] {
+        if let Some(sc) = s(id) {
+            let (e, measured) = eff(sc);
+            t.push(Target {
+                target: match min {
+                    Some(m) => format!(
+                        "{what}, shaped S3 ≥ {m} × A (aggregate-bandwidth floor / time; A = {a} MB/s)"
+                    ),
+                    None => format!("{what}, shaped S3, as a fraction of A = {a} MB/s"),
+                },
+                measured,
+                met: min.map(|m| e >= m),
+            });
+        }
+    }
+    for id in ["restore-v2-s3like", "publish-v2-inmem"] {
+        if let Some(sc) = s(id) {
+            // What the restore read (the base too, if it was not cached).
+            let bytes = sc
+                .info
+                .get("bytes_read_counter")
+                .and_then(|v| v.as_f64())
+                .unwrap_or(sc.bytes as f64);
+            let mb_s = bytes / 1e3 / sc.median_ms;
+            t.push(Target {
+                target: format!(
+                    "(info) CPU headroom: {} runs far above A = {a} MB/s",
+                    sc.label
+                ),
+                measured: format!(
+                    "{mb_s:.0} MB/s = {:.1} × A ({})",
+                    mb_s / a,
+                    secs(sc.median_ms)
+                ),
+                met: None,
+            });
         }
     }
     t
@@ -677,6 +835,13 @@ pub(crate) fn markdown(r: &Report) -> String {
         r.v1_chunks,
         r.repeats
     );
+    }
+    if let Some(sh) = &r.shaped {
+        let _ = writeln!(
+            s,
+            "Shaped S3 emulation: {}. The floor of a shaped row is the aggregate-bandwidth floor, bytes moved / A + one latency: computed, not measured. A shaped restore is the restore of the other restore scenarios: one untimed restore of the result first, with shaping off (base and delta), then the timed one in the same process, from page-cache-warm local files; `shaped_bytes_down` is what the timed one moved through the shaper (for the reference delta, a composed base + delta restore, that includes the base pages the delta copies). Shaped publications go into an in-memory object store.\n",
+            sh.describe()
+        );
     }
     let _ = writeln!(
         s,

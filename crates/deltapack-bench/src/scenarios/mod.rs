@@ -3,7 +3,9 @@
 //! A suite first publishes the workload (the publication suite, timed when
 //! `publish` is asked for, otherwise once to create the stores), then runs
 //! the restores and read floors in blocks, round-robin (warm; cold; S3-like),
-//! then the real S3 server (scaled), the zstd study and the chain scenario.
+//! then the bandwidth-shaped S3 emulation (restores round-robin, then the
+//! shaped publication), the real S3 server (scaled), the zstd study and the
+//! chain scenario.
 //! Each job runs in a child process ([`crate::runner`]); each job's code is
 //! in the submodule of its kind.
 
@@ -23,6 +25,7 @@ pub(crate) use self::restore::Source;
 use crate::floors::{fastest_write_floor, ReadFloor};
 use crate::report::{self, machine, mib, Machine, Report};
 use crate::runner::{child, pin_exe, round_robin, set_wait_idle, Acc, Job, JobOutput};
+use crate::shaped::Shaping;
 use crate::workload::{s3_child_url, unique, Fmt, Workload};
 use crate::{BenchArgs, Suite};
 
@@ -35,6 +38,7 @@ pub(crate) async fn run(suite: Suite, args: BenchArgs) -> Result<ExitCode> {
         .extent_bytes
         .unwrap_or(deltapack_format::DEFAULT_MAX_EXTENT_BYTES);
     let w = Workload::from_scale(args.scale, extent_bytes)?;
+    args.shaping()?;
     let (s3_url, parent_dir) = match args.store.as_deref() {
         Some(u) if u.starts_with("s3://") => (Some(u.to_string()), std::env::temp_dir()),
         Some(u) if u.starts_with("memory:") => {
@@ -157,6 +161,49 @@ fn restore_blocks(w: Workload, work: &Path, latency_ms: u64) -> Vec<Vec<(String,
         .collect()
 }
 
+/// The shaped restores, round-robin: v2 and v1 through the shaped
+/// emulation, and (`with_reference`) the unshaped S3-like v2 restore of the
+/// same files, the CPU's headroom over A.
+fn shaped_blocks(
+    w: Workload,
+    work: &Path,
+    shaping: Shaping,
+    latency_ms: u64,
+    with_reference: bool,
+) -> Vec<Vec<(String, Job)>> {
+    let restore = |format, dir: PathBuf| Job::Restore {
+        w,
+        format,
+        source: Source::Shaped { dir, shaping },
+        into: false,
+    };
+    let mut block = vec![
+        (
+            "restore-v2-shaped".to_string(),
+            restore(Fmt::V2, work.join("store-v2")),
+        ),
+        (
+            "restore-v1-shaped".to_string(),
+            restore(Fmt::V1, work.join("store-v1")),
+        ),
+    ];
+    if with_reference {
+        block.push((
+            "restore-v2-s3like".to_string(),
+            Job::Restore {
+                w,
+                format: Fmt::V2,
+                source: Source::Throttled {
+                    dir: work.join("store-v2"),
+                    latency_ms,
+                },
+                into: false,
+            },
+        ));
+    }
+    vec![block]
+}
+
 /// Publication and restores on a real S3-compatible server at `--s3-scale`;
 /// the objects are deleted afterwards. Returns the report's `s3` figures.
 async fn real_s3(
@@ -231,6 +278,8 @@ async fn run_suite(
     let do_publish = matches!(suite, Suite::Publish | Suite::All);
     let do_restore = matches!(suite, Suite::Restore | Suite::All);
     let do_chain = matches!(suite, Suite::Chain | Suite::All);
+    let do_shaped = matches!(suite, Suite::Shaped | Suite::All);
+    let shaping = args.shaping()?;
     let repeats = args.repeats;
     eprintln!(
         "bench: {:?} at scale {} — base {} tokens, result {} tokens, extents {}, {repeats} repetition(s); work dir {}",
@@ -246,7 +295,7 @@ async fn run_suite(
     // Publication and the durable write floor, interleaved per round in one
     // child (timed when publishing; a single round to create the stores
     // otherwise).
-    let o = if do_publish || do_restore {
+    let o = if do_publish || do_restore || do_shaped {
         child(
             &Job::PublishSuite {
                 w,
@@ -299,6 +348,27 @@ async fn run_suite(
         .await?;
     }
 
+    // The bandwidth-shaped S3 emulation.
+    if do_shaped {
+        eprintln!("bench: shaped S3 emulation: {}", shaping.describe());
+        round_robin(
+            &shaped_blocks(w, work, shaping, args.latency_ms, !do_restore),
+            repeats,
+            &mut accs,
+        )
+        .await?;
+        let o = child(
+            &Job::ShapedPublish {
+                w,
+                shaping,
+                rounds: repeats,
+            },
+            "publish v2: in-memory unshaped + shaped",
+        )
+        .await?;
+        Acc::add_sub(&mut accs, o.sub);
+    }
+
     // The real S3-compatible server, scaled.
     let mut s3_info = None;
     if let (true, Some(url)) = (do_restore || do_publish, s3_url) {
@@ -347,6 +417,7 @@ async fn run_suite(
         v1_chunks,
         repeats,
         latency_ms: args.latency_ms,
+        shaped: do_shaped.then_some(shaping),
         s3: s3_info,
         machine: mach.clone(),
         scenarios: Vec::new(),

@@ -1,7 +1,7 @@
 //! Publication scenarios: durable v2 and v1 publication of the workload's
 //! delta into fresh local stores, interleaved round by round with the
-//! durable write floor of the same bytes, and publication on a real S3
-//! server. The timed publication itself ([`timed_publish`]) is shared with
+//! durable write floor of the same bytes, publication through the
+//! bandwidth-shaped S3 emulation, and publication on a real S3 server. The timed publication itself ([`timed_publish`]) is shared with
 //! the chain scenario.
 
 use std::collections::BTreeMap;
@@ -18,6 +18,8 @@ use object_store::{ObjectMeta, ObjectStoreExt};
 use crate::floors::{payload_chunks, write_floors};
 use crate::measure::{ms, proc_status, reset_peak, CpuSample};
 use crate::runner::JobOutput;
+use crate::scenarios::restore::put_shaped_counters;
+use crate::shaped::{shaped_memory_store, Shaping};
 use crate::workload::{fan_out, fresh_buffer, open_local, open_store, Fmt, Workload};
 
 /// One timed publication in this process: the peak RSS is reset first, and
@@ -207,5 +209,50 @@ pub(crate) async fn job_s3_cleanup(urls: &[String]) -> Result<JobOutput> {
     }
     let mut out = JobOutput::default();
     out.put("deleted", deleted);
+    Ok(out)
+}
+
+/// Publication through the bandwidth-shaped S3 emulation (a child job):
+/// per round, the delta published as v2 into a fresh in-memory object
+/// store unshaped (`publish-v2-inmem`: the CPU's headroom over A) and into
+/// a fresh shaped one (`publish-v2-shaped`). In both, the base is published
+/// first, untimed (with shaping off).
+pub(crate) async fn job_shaped_publish(
+    w: Workload,
+    shaping: Shaping,
+    rounds: u32,
+) -> Result<JobOutput> {
+    let (base, result) = w.synth_pair().await?;
+    let mut out = JobOutput::default();
+    let mut sub: BTreeMap<String, Vec<JobOutput>> = BTreeMap::new();
+    for _ in 0..rounds {
+        for (id, shaping) in [
+            ("publish-v2-inmem", None),
+            ("publish-v2-shaped", Some(shaping)),
+        ] {
+            let (store, shaper) = shaped_memory_store(shaping, w.config())?;
+            if let Some(sh) = &shaper {
+                sh.set_enabled(false);
+            }
+            store.publish(w.request(Fmt::V2, &base, None)?).await?;
+            let before = shaper.as_ref().map(|sh| {
+                sh.set_enabled(true);
+                sh.reset_max_open();
+                sh.counters()
+            });
+            let (mut o, receipt) =
+                timed_publish(&store, || w.request(Fmt::V2, &base, Some(&result))).await?;
+            if receipt.outcome != PublishOutcome::Created {
+                bail!("publication was {:?}, not created", receipt.outcome);
+            }
+            if let (Some(sh), Some(b)) = (&shaper, before) {
+                put_shaped_counters(&mut o, sh, b);
+            }
+            sub.entry(id.to_string()).or_default().push(o);
+        }
+    }
+    out.sub = sub;
+    out.put("base_bytes", base.encoded().len());
+    out.put("result_bytes", result.encoded().len());
     Ok(out)
 }

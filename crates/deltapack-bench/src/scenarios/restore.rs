@@ -4,6 +4,7 @@
 //! ([`measure`]) is shared with the chain scenario.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Result};
@@ -17,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::measure::{ms, CpuSample};
 use crate::runner::JobOutput;
 use crate::s3like::throttled_store;
+use crate::shaped::{shaped_local_store, Shaper, Shaping};
 use crate::workload::{evict, open_local_with, open_store, touched_buffer, Fmt, Workload};
 
 /// Where a restore reads from.
@@ -40,6 +42,13 @@ pub(crate) enum Source {
         /// Latency per GET.
         latency_ms: u64,
     },
+    /// Local files through the bandwidth-shaped S3 emulation.
+    Shaped {
+        /// The store's directory.
+        dir: PathBuf,
+        /// Latency, per-connection and aggregate caps.
+        shaping: Shaping,
+    },
     /// A real S3-compatible store.
     S3 {
         /// Its URL.
@@ -50,11 +59,23 @@ pub(crate) enum Source {
 impl Source {
     /// Opens the store this source reads.
     pub(crate) fn open(&self, config: StoreConfig) -> Result<Store> {
-        match self {
-            Source::Warm { dir } | Source::Cold { dir } => open_local_with(dir, config),
-            Source::Throttled { dir, latency_ms } => throttled_store(dir, *latency_ms, config),
-            Source::S3 { url } => open_store(url, config),
-        }
+        Ok(self.open_probed(config)?.0)
+    }
+
+    /// Opens the store this source reads, with the shaper of a shaped one
+    /// (its counters; shaping can be switched off for untimed set-up).
+    pub(crate) fn open_probed(&self, config: StoreConfig) -> Result<(Store, Option<Arc<Shaper>>)> {
+        Ok(match self {
+            Source::Warm { dir } | Source::Cold { dir } => (open_local_with(dir, config)?, None),
+            Source::Throttled { dir, latency_ms } => {
+                (throttled_store(dir, *latency_ms, config)?, None)
+            }
+            Source::Shaped { dir, shaping } => {
+                let (store, shaper) = shaped_local_store(dir, *shaping, config)?;
+                (store, Some(shaper))
+            }
+            Source::S3 { url } => (open_store(url, config)?, None),
+        })
     }
 }
 
@@ -126,6 +147,17 @@ pub(crate) async fn measure(
     Ok(restored)
 }
 
+/// Records what a shaper counted since `before` (see [`Shaper::counters`]):
+/// requests, bytes down and up, connections, most open at once.
+pub(crate) fn put_shaped_counters(out: &mut JobOutput, sh: &Shaper, before: [u64; 5]) {
+    let now = sh.counters();
+    out.put("shaped_requests", now[0] - before[0]);
+    out.put("shaped_bytes_down", now[1] - before[1]);
+    out.put("shaped_bytes_up", now[2] - before[2]);
+    out.put("shaped_connections", now[3] - before[3]);
+    out.put("shaped_max_connections_open", now[4]);
+}
+
 /// Drops a restored snapshot, timed (`drop_ms`: freeing the result).
 pub(crate) fn timed_drop(r: Restored, out: &mut JobOutput) {
     let t = Instant::now();
@@ -136,23 +168,32 @@ pub(crate) fn timed_drop(r: Restored, out: &mut JobOutput) {
 /// One restore of the workload's delta (a child job). One untimed restore
 /// of the delta comes first: it restores the base, which lands in the
 /// verified-base cache, as a reader restoring turn N+1 has turn N's base
-/// (the timed work is the delta), and warms the runtime.
+/// (the timed work is the delta), and warms the runtime. Through the shaped
+/// emulation that first restore runs with shaping off (it is not timed),
+/// and the shaper's counters of the timed restore are recorded
+/// (`shaped_*`).
 pub(crate) async fn job_restore(
     w: Workload,
     format: Fmt,
     source: Source,
     into: bool,
 ) -> Result<JobOutput> {
-    let store = source.open(w.config())?;
+    let (store, shaper) = source.open_probed(w.config())?;
     let ns = Workload::identity().namespace();
     let (_, rctx) = w.contexts()?;
     let mut out = JobOutput::default();
+    if let Some(sh) = &shaper {
+        sh.set_enabled(false);
+    }
     let t = Instant::now();
     match store.restore((ns, rctx), RestoreOptions::default()).await? {
         RestoreOutcome::Hit(_) => {}
         RestoreOutcome::Miss(m) => bail!("first restore missed: {m}"),
     }
     out.put("first_restore_with_base_ms", ms(t.elapsed()));
+    if let Some(sh) = &shaper {
+        sh.set_enabled(true);
+    }
     let t = Instant::now();
     let root = store.read_root(&ns, &rctx).await?;
     out.put("root_read_ms", ms(t.elapsed()));
@@ -167,7 +208,15 @@ pub(crate) async fn job_restore(
         digest: summary.result_snapshot_digest,
         len: summary.result_snapshot_len,
     };
-    if let Some(r) = measure(&store, ns, rctx, into, &want, &mut out).await? {
+    let before = shaper.as_ref().map(|sh| {
+        sh.reset_max_open();
+        sh.counters()
+    });
+    let restored = measure(&store, ns, rctx, into, &want, &mut out).await?;
+    if let (Some(sh), Some(b)) = (&shaper, before) {
+        put_shaped_counters(&mut out, sh, b);
+    }
+    if let Some(r) = restored {
         // For the breakdown: one BLAKE3 pass over the (now resident) result.
         let t = Instant::now();
         let d = digest_of_encoding(r.snapshot.encoded());

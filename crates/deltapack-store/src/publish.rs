@@ -775,7 +775,12 @@ impl Store {
         // One budget of parts in flight for all of this publication's
         // multipart extents (memory stays within parts × part size, and the
         // parts are slices of the payload, not copies).
-        let parts_in_flight = tokio::sync::Semaphore::new(self.inner.config.parts_in_flight);
+        let parts_in_flight = tokio::sync::Semaphore::new(
+            self.inner
+                .config
+                .parts_in_flight
+                .min(tokio::sync::Semaphore::MAX_PERMITS),
+        );
         let parts_in_flight = &parts_in_flight;
         let mut producer = AbortOnDrop(tokio::spawn(async move {
             for i in order {

@@ -243,6 +243,15 @@ pub(crate) struct StoreArgs {
     /// more is refused before anything is allocated.
     #[arg(long, value_name = "SIZE", env = "DELTAPACK_MAX_RESTORE_BYTES", value_parser = parse_size)]
     pub(crate) max_restore_bytes: Option<u64>,
+    /// Parts uploaded at once across all extents of one publication to a
+    /// remote store (S3), whose extents larger than --part-bytes are
+    /// multipart uploads (default 16).
+    #[arg(long, value_name = "N", env = "DELTAPACK_PARTS_IN_FLIGHT")]
+    pub(crate) parts_in_flight: Option<usize>,
+    /// Part size of a multipart extent upload to a remote store, from 5MiB
+    /// to 5GiB (default 8MiB); a smaller extent is one PUT.
+    #[arg(long, value_name = "SIZE", env = "DELTAPACK_PART_BYTES", value_parser = parse_size)]
+    pub(crate) part_bytes: Option<u64>,
 }
 
 /// How a publishing command lays out v2 payloads: extent size and codec
@@ -492,6 +501,25 @@ pub(crate) fn resolve(
     .unwrap_or((d.max_restore_bytes, Source::Default));
     c.max_restore_bytes = v;
     shown.push("max-restore-bytes", units::format_size_exact(v), src);
+
+    let (v, src) = pick("parts_in_flight", &s.parts_in_flight, &file.parts_in_flight)
+        .unwrap_or((d.parts_in_flight, Source::Default));
+    if v == 0 {
+        bail!("parts-in-flight must be at least 1");
+    }
+    c.parts_in_flight = v;
+    shown.push("parts-in-flight", v.to_string(), src);
+
+    let (v, src) = pick("part_bytes", &s.part_bytes, &file.part_bytes)
+        .unwrap_or((d.part_bytes, Source::Default));
+    if !(5 << 20..=5 << 30).contains(&v) {
+        bail!(
+            "part-bytes {}: from 5MiB to 5GiB (the S3 multipart limits)",
+            units::format_size_exact(v)
+        );
+    }
+    c.part_bytes = v;
+    shown.push("part-bytes", units::format_size_exact(v), src);
 
     let none_e = ExtentArgs {
         max_extent_bytes: None,

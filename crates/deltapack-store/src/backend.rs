@@ -16,6 +16,21 @@
 //! object is durable — which is what lets a root be published strictly after
 //! its objects.
 //!
+//! **Multipart extents.** The one exception to "every write is a
+//! `put_create`": on a remote backend ([`BackendKind::is_remote`]) an extent
+//! object larger than [`crate::StoreConfig::part_bytes`] is written by
+//! [`put_multipart`], a multipart upload whose parts go up concurrently
+//! (one connection to S3 carries roughly 50–100 MB/s, so one PUT of a
+//! 64 MiB extent is slow). An upload's object becomes visible, whole and
+//! durable only when `complete` returns, exactly like a PUT; a failed part
+//! or `complete` aborts the upload, so nothing of it is ever visible.
+//! object_store offers no create-if-absent `complete`, so the caller
+//! (publication) HEADs the key first and uploads only if it is absent or of
+//! the wrong size: keys are content addresses, so two writers racing on one
+//! key upload the same bytes, and whichever `complete` lands last replaces
+//! an object with an identical one. Roots are never written this way; they
+//! stay single conditional PUTs.
+//!
 //! **Crash leftovers.** A crash mid-write on local disk can leave a staging
 //! file (`<key>#<n>`). Object keys never contain `#`, so [`open`] removes
 //! such files once they are older than [`STAGING_ABANDONED_AFTER`] (another
@@ -25,12 +40,15 @@
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
 
+use futures::TryStreamExt;
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::prefix::PrefixStore;
-use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
+use object_store::{
+    MultipartUpload, ObjectStore, PutMode, PutMultipartOptions, PutOptions, PutPayload,
+};
 
 use crate::error::{OpenError, Result, StoreError};
 
@@ -57,6 +75,15 @@ pub enum BackendKind {
     },
 }
 
+impl BackendKind {
+    /// Whether the backend is a remote object store (anything but local disk
+    /// and process memory): there, large extents are written as concurrent
+    /// multipart uploads (see the module docs).
+    pub fn is_remote(&self) -> bool {
+        !matches!(self, BackendKind::Memory | BackendKind::Local { .. })
+    }
+}
+
 /// An opened backend.
 #[derive(Debug, Clone)]
 pub struct Backend {
@@ -76,8 +103,9 @@ pub(crate) enum PutOutcome {
 }
 
 /// Writes `bytes` under `key` only if absent. When this returns, a created
-/// object is durable (see the module docs). The only write path for
-/// objects and roots.
+/// object is durable (see the module docs). The write path for roots and
+/// for every object but a large extent on a remote backend
+/// ([`put_multipart`]).
 pub(crate) async fn put_create(
     store: &dyn ObjectStore,
     key: &Path,
@@ -98,6 +126,165 @@ pub(crate) async fn put_create(
             "no space left on the device while writing {key}; nothing was published (free space and retry)"
         ))),
         Err(e) => Err(StoreError::io(key, e)),
+    }
+}
+
+/// Why a multipart upload failed (the source of the [`StoreError::Io`] it
+/// is reported as).
+#[derive(Debug, thiserror::Error)]
+#[error("multipart upload failed at {stage}; {aborted}: {source}")]
+struct MultipartFailed {
+    /// Which step failed (`part 3 of 8`, `complete`, …).
+    stage: String,
+    /// What became of the upload.
+    aborted: String,
+    /// The backend's error.
+    #[source]
+    source: object_store::Error,
+}
+
+/// A multipart upload that is aborted unless it completes: dropped while
+/// pending (its publication failed elsewhere, or was cancelled), it aborts
+/// in the background, so no pending upload (and its stored parts) is left
+/// behind on the server.
+struct PendingUpload {
+    upload: Option<Box<dyn MultipartUpload>>,
+    key: Path,
+}
+
+impl PendingUpload {
+    /// Aborts now (awaited); returns what became of the upload, for the
+    /// error message.
+    async fn abort(&mut self) -> String {
+        let Some(mut u) = self.upload.take() else {
+            return "the upload was already finished".into();
+        };
+        // On a task of its own: a caller dropped meanwhile (a cancelled
+        // publication) does not stop the abort half-way.
+        let aborted = tokio::spawn(async move { u.abort().await })
+            .await
+            .unwrap_or_else(|e| {
+                Err(object_store::Error::Generic {
+                    store: "multipart",
+                    source: Box::new(e),
+                })
+            });
+        match aborted {
+            Ok(()) => "the upload was aborted, nothing of it is visible".into(),
+            Err(e) => {
+                tracing::warn!(key = %self.key, error = %e, "could not abort a multipart upload");
+                format!(
+                    "aborting the upload failed too ({e}): no object is visible, but its parts stay on the server until a lifecycle rule removes them"
+                )
+            }
+        }
+    }
+}
+
+impl Drop for PendingUpload {
+    fn drop(&mut self) {
+        let Some(mut u) = self.upload.take() else {
+            return;
+        };
+        let key = self.key.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => drop(h.spawn(async move {
+                if let Err(e) = u.abort().await {
+                    tracing::warn!(%key, error = %e, "could not abort an abandoned multipart upload");
+                }
+            })),
+            Err(_) => {
+                tracing::warn!(%key, "multipart upload abandoned outside a runtime; not aborted")
+            }
+        }
+    }
+}
+
+/// Writes `parts` (in order) as one object under `key` by a multipart
+/// upload, the parts uploaded concurrently, each holding a permit of
+/// `in_flight` while it is sent (one semaphore per publication bounds the
+/// parts in flight across all of its extents). Overwrites: the caller
+/// checks first whether the object exists (see the module docs). When this
+/// returns `Ok`, the object is complete and durable; on any error the
+/// upload has been aborted and nothing is visible under `key`.
+pub(crate) async fn put_multipart(
+    store: &Arc<dyn ObjectStore>,
+    key: &Path,
+    parts: Vec<PutPayload>,
+    in_flight: &tokio::sync::Semaphore,
+) -> Result<()> {
+    let count = parts.len();
+    let failed = |stage: String, aborted: String, source| {
+        let source = object_store::Error::Generic {
+            store: "multipart",
+            source: Box::new(MultipartFailed {
+                stage,
+                aborted,
+                source,
+            }),
+        };
+        StoreError::io(key, source)
+    };
+    // The upload is created on a task of its own, which wraps it in a
+    // `PendingUpload` at once: if this call is dropped while the create is
+    // under way (another extent of the publication failed), the upload the
+    // server creates is still aborted, when the task's unclaimed result is
+    // dropped, instead of staying pending with an id nobody knows.
+    let (s, k) = (store.clone(), key.clone());
+    let mut upload = tokio::spawn(async move {
+        let started = s
+            .put_multipart_opts(&k, PutMultipartOptions::default())
+            .await?;
+        Ok::<_, object_store::Error>(PendingUpload {
+            upload: Some(started),
+            key: k,
+        })
+    })
+    .await
+    .map_err(|e| StoreError::task("multipart upload creation", e))?
+    .map_err(|e| failed("create".into(), "nothing was uploaded".into(), e))?;
+    // `put_part` numbers the parts in call order; the futures it returns
+    // do nothing until polled, and each is polled only once it holds a
+    // permit (the semaphore is fair: an earlier extent's parts go first).
+    // The first failure drops the others, cancelling their requests and
+    // returning their permits.
+    let sends: Vec<_> = match upload.upload.as_mut() {
+        Some(u) => parts.into_iter().map(|p| u.put_part(p)).collect(),
+        None => Vec::new(),
+    };
+    let sent = futures::stream::iter(sends.into_iter().enumerate().map(Ok))
+        .try_for_each_concurrent(None, |(i, send)| async move {
+            let _permit = in_flight.acquire().await.map_err(|e| {
+                let e = object_store::Error::Generic {
+                    store: "multipart",
+                    source: Box::new(e),
+                };
+                (i, e)
+            })?;
+            send.await.map_err(|e| (i, e))
+        })
+        .await;
+    if let Err((i, e)) = sent {
+        let aborted = upload.abort().await;
+        return Err(failed(format!("part {} of {count}", i + 1), aborted, e));
+    }
+    let done = match upload.upload.as_mut() {
+        Some(u) => u.complete().await,
+        None => return Err(StoreError::Internal("multipart upload vanished".into())),
+    };
+    match done {
+        Ok(_) => {
+            // Complete and durable: nothing to abort any more.
+            upload.upload = None;
+            Ok(())
+        }
+        Err(e) => {
+            // A `complete` that landed but whose response was lost leaves
+            // the (correct, content-addressed) object in place and the
+            // abort finds no upload; the publication fails all the same.
+            let aborted = upload.abort().await;
+            Err(failed("complete".into(), aborted, e))
+        }
     }
 }
 

@@ -94,6 +94,11 @@ pub struct ConfigFile {
     pub max_extent_bytes: Option<u64>,
     /// [`StoreConfig::compression`] (zstd level 1–22).
     pub compress: Option<i32>,
+    /// [`StoreConfig::parts_in_flight`].
+    pub parts_in_flight: Option<usize>,
+    /// [`StoreConfig::part_bytes`].
+    #[serde(default, deserialize_with = "de_size")]
+    pub part_bytes: Option<u64>,
     /// [`StoreConfig::base_cache_bytes`].
     #[serde(default, deserialize_with = "de_size")]
     pub base_cache_bytes: Option<u64>,
@@ -206,6 +211,16 @@ impl ConfigFile {
         if self.ranges_in_flight == Some(0) {
             return Err("ranges-in-flight = 0: at least one request".into());
         }
+        if self.parts_in_flight == Some(0) {
+            return Err("parts-in-flight = 0: at least 1".into());
+        }
+        if let Some(p) = self.part_bytes {
+            if !(5 << 20..=5 << 30).contains(&p) {
+                return Err(format!(
+                    "part-bytes = {p}: from 5 MiB to 5 GiB (the S3 multipart limits)"
+                ));
+            }
+        }
         if let Some(r) = self.prefill_rate {
             if !(r.is_finite() && r > 0.0) {
                 return Err(format!("prefill-rate = {r}: a positive number of tokens/s"));
@@ -245,6 +260,12 @@ impl ConfigFile {
         }
         if let Some(v) = self.compress {
             c.compression = Some(v);
+        }
+        if let Some(v) = self.parts_in_flight {
+            c.parts_in_flight = v;
+        }
+        if let Some(v) = self.part_bytes {
+            c.part_bytes = v;
         }
         if let Some(v) = self.base_cache_bytes {
             c.base_cache_bytes = v;
@@ -330,6 +351,8 @@ cold-start = "rebuild"
 prefill-rate = 5000.0
 max-extent-bytes = "16MiB"
 compress = 3
+parts-in-flight = 4
+part-bytes = "16MiB"
 base-cache-bytes = "1G"
 max-base-depth = 64
 chain-gets-in-flight = 8
@@ -350,6 +373,8 @@ max-read-overhead = 0.5
         assert_eq!(c.prefill_tokens_per_s, Some(5000.0));
         assert_eq!(c.max_extent_bytes, 16 << 20);
         assert_eq!(c.compression, Some(3));
+        assert_eq!(c.parts_in_flight, 4);
+        assert_eq!(c.part_bytes, 16 << 20);
         assert_eq!(c.base_cache_bytes, 1_000_000_000);
         assert_eq!(c.max_base_depth, 64);
         assert_eq!(c.chain_gets_in_flight, 8);
@@ -381,6 +406,10 @@ max-read-overhead = 0.5
             ("max-extent-bytes = 3000", "max-extent-bytes"),
             ("range-bytes = \"3KB\"", "range-bytes"),
             ("ranges-in-flight = 0", "ranges-in-flight"),
+            ("parts-in-flight = 0", "parts-in-flight"),
+            ("part-bytes = \"4MiB\"", "part-bytes"),
+            ("part-bytes = \"6GiB\"", "part-bytes"),
+            ("part-bytes = \"a lot\"", "a lot"),
             ("budget = -5", "budget"),
             ("[chain]\nmax-depthh = 1", "max-depthh"),
             ("store = ", "store"),

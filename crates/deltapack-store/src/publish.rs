@@ -10,7 +10,12 @@
 //! 4. Write its objects with create-if-absent in durability batches of at
 //!    most [`PUBLISH_BATCH`] objects. An existing object of the right size is
 //!    reused (content addressing); one of the wrong size is quarantined and
-//!    rewritten.
+//!    rewritten. On a remote backend an extent larger than
+//!    [`crate::StoreConfig::part_bytes`] is a multipart upload instead
+//!    (HEAD, then upload if absent; see [`crate::backend`]), its parts
+//!    zero-copy slices of the payload, at most
+//!    [`crate::StoreConfig::parts_in_flight`] parts of the publication in
+//!    flight at once.
 //! 5. Only when every object is durable, create the root (create-if-absent).
 //!    Losing that race to another writer is resolved as in step 2.
 
@@ -767,6 +772,16 @@ impl Store {
         // PostgreSQL) overlaps the writes already in flight instead of
         // holding up the write it guards.
         let protector = guard.protector();
+        // One budget of parts in flight for all of this publication's
+        // multipart extents (memory stays within parts × part size, and the
+        // parts are slices of the payload, not copies).
+        let parts_in_flight = tokio::sync::Semaphore::new(
+            self.inner
+                .config
+                .parts_in_flight
+                .min(tokio::sync::Semaphore::MAX_PERMITS),
+        );
+        let parts_in_flight = &parts_in_flight;
         let mut producer = AbortOnDrop(tokio::spawn(async move {
             for i in order {
                 let r = plan.range(i);
@@ -808,7 +823,9 @@ impl Store {
             .map(|p| async move {
                 // Protected by the producer.
                 let (i, entry, obj) = p?;
-                let outcome = self.write_object(&obj.key, obj.payload).await?;
+                let outcome = self
+                    .write_object(&obj.key, obj.payload, Some(parts_in_flight))
+                    .await?;
                 Ok::<_, StoreError>((i, entry, outcome, obj.len))
             })
             .buffered(writers);
@@ -930,7 +947,7 @@ impl Store {
     ) -> Result<()> {
         let results = futures::stream::iter(objs)
             .map(|o| async move {
-                let outcome = self.write_object(&o.key, o.payload).await?;
+                let outcome = self.write_object(&o.key, o.payload, None).await?;
                 Ok::<_, StoreError>((outcome, o.len))
             })
             .buffer_unordered(PUBLISH_BATCH)
@@ -945,13 +962,23 @@ impl Store {
 
     /// Create-if-absent for a content-addressed object. An existing object
     /// of the wrong size is damaged: quarantine it and write ours.
+    ///
+    /// With `parts` (a v2 extent), on a remote backend, an object larger
+    /// than [`crate::StoreConfig::part_bytes`] is a multipart upload whose
+    /// parts take permits of `parts` (see [`Store::write_multipart`]).
     async fn write_object(
         &self,
         key: &object_store::path::Path,
         payload: PutPayload,
+        parts: Option<&tokio::sync::Semaphore>,
     ) -> Result<PutOutcome> {
         let store = self.object_store().as_ref();
         let len = payload.content_length() as u64;
+        if let Some(parts) = parts {
+            if self.backend_kind().is_remote() && len > self.inner.config.part_bytes {
+                return self.write_multipart(key, payload, parts).await;
+            }
+        }
         // The memory backend keeps the very `Bytes` it is given, and these
         // are slices of the caller's snapshot, which may be memory deltapack
         // does not own (a Python buffer): a stored object must never alias
@@ -980,6 +1007,58 @@ impl Store {
             },
         }
     }
+}
+
+impl Store {
+    /// Writes a large extent as a multipart upload, create-if-absent by
+    /// HEAD-then-write: object_store's multipart `complete` has no
+    /// `PutMode::Create` (it overwrites), so the key is looked up first. An
+    /// object of the right size is reused, as [`Store::write_object`]
+    /// reuses one, and one of the wrong size is quarantined and replaced.
+    /// The key is the content's digest, so another writer completing an
+    /// upload of the same key between the HEAD and our `complete` wrote the
+    /// same bytes: the last `complete` replaces an object with an identical
+    /// one, and a reader sees one or the other, never a mixture. (A
+    /// collector cannot delete the key meanwhile: the producer protected it
+    /// before the write.) A completed upload is durable on S3 as a PUT is;
+    /// a failed part or `complete` aborts the upload, so nothing is visible
+    /// and the publication fails before its root is written.
+    async fn write_multipart(
+        &self,
+        key: &object_store::path::Path,
+        payload: PutPayload,
+        parts: &tokio::sync::Semaphore,
+    ) -> Result<PutOutcome> {
+        let store = self.object_store().as_ref();
+        let len = payload.content_length() as u64;
+        match store.head(key).await {
+            Ok(meta) if meta.size == len => return Ok(PutOutcome::Existed),
+            Ok(meta) => {
+                tracing::warn!(%key, size = meta.size, want = len, "existing object has the wrong size");
+                self.quarantine(key).await;
+            }
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(StoreError::io(key, e)),
+        }
+        let pieces = split_payload(&payload, self.inner.config.part_bytes);
+        tracing::debug!(%key, bytes = len, parts = pieces.len(), "multipart upload");
+        crate::backend::put_multipart(self.object_store(), key, pieces, parts).await?;
+        Ok(PutOutcome::Created)
+    }
+}
+
+/// `payload` cut into parts of `part_bytes` (the last one shorter), each a
+/// list of zero-copy slices of the payload's buffers.
+fn split_payload(payload: &PutPayload, part_bytes: u64) -> Vec<PutPayload> {
+    let buffers: Vec<Bytes> = payload.iter().cloned().collect();
+    let len = payload.content_length() as u64;
+    let part_bytes = part_bytes.max(1);
+    (0..len.div_ceil(part_bytes))
+        .map(|i| {
+            let r = i * part_bytes..((i + 1) * part_bytes).min(len);
+            slice_parts(&buffers, r).into_iter().collect()
+        })
+        .collect()
 }
 
 /// The result digest of a delta publication, computed while extents are
@@ -1287,6 +1366,36 @@ impl Drop for ProtectGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_payload_cuts_zero_copy_parts() {
+        let whole: Vec<u8> = (0..100u8).collect();
+        let buf = Bytes::from(whole.clone());
+        // Three buffers, boundaries not on part boundaries.
+        let payload: PutPayload = [buf.slice(0..7), buf.slice(7..50), buf.slice(50..100)]
+            .into_iter()
+            .collect();
+        for part in [1u64, 3, 10, 33, 99, 100, 1000] {
+            let parts = split_payload(&payload, part);
+            assert_eq!(parts.len() as u64, 100u64.div_ceil(part), "part {part}");
+            let mut got = Vec::new();
+            for (i, p) in parts.iter().enumerate() {
+                let want = if i + 1 < parts.len() {
+                    part
+                } else {
+                    100 - part * (parts.len() as u64 - 1)
+                };
+                assert_eq!(p.content_length() as u64, want, "part {part}, #{i}");
+                for b in p.iter() {
+                    // A slice of the original allocation, not a copy.
+                    let at = b.as_ptr() as usize - buf.as_ptr() as usize;
+                    assert!(at + b.len() <= buf.len(), "part {part}: a copy");
+                    got.extend_from_slice(b);
+                }
+            }
+            assert_eq!(got, whole, "part {part}");
+        }
+    }
 
     #[test]
     fn slice_parts_covers_exactly_the_range() {

@@ -60,7 +60,8 @@ fn flag_beats_env_beats_file_beats_default() {
         &cfg,
         format!(
             "store = \"{store}\"\nbudget = \"50GiB\"\ngrace = \"2h\"\nmin-free = \"1G\"\n\
-             max-extent-bytes = \"16MiB\"\n[chain]\nmax-depth = 8\n"
+             max-extent-bytes = \"16MiB\"\npart-bytes = \"16MiB\"\nparts-in-flight = 4\n\
+             [chain]\nmax-depth = 8\n"
         ),
     )
     .expect("write config");
@@ -81,6 +82,11 @@ fn flag_beats_env_beats_file_beats_default() {
         setting(&v, "max-base-depth"),
         ("1024".into(), "default".into())
     );
+    assert_eq!(
+        setting(&v, "part-bytes"),
+        ("16.0 MiB (16777216 bytes)".into(), "file".into())
+    );
+    assert_eq!(setting(&v, "parts-in-flight"), ("4".into(), "file".into()));
 
     // The file named by DELTAPACK_CONFIG; env beats file; flag beats env.
     let env = [
@@ -88,8 +94,27 @@ fn flag_beats_env_beats_file_beats_default() {
         ("DELTAPACK_GRACE", "30m"),
         ("DELTAPACK_BUDGET", "1TB"),
         ("DELTAPACK_MAX_BASE_DEPTH", "77"),
+        ("DELTAPACK_PARTS_IN_FLIGHT", "9"),
+        ("DELTAPACK_PART_BYTES", "32MiB"),
     ];
-    let v = ok_json(dir, &["config", "show", "--budget", "2GiB", "--json"], &env);
+    let v = ok_json(
+        dir,
+        &[
+            "config",
+            "show",
+            "--budget",
+            "2GiB",
+            "--part-bytes",
+            "6MiB",
+            "--json",
+        ],
+        &env,
+    );
+    assert_eq!(setting(&v, "parts-in-flight"), ("9".into(), "env".into()));
+    assert_eq!(
+        setting(&v, "part-bytes"),
+        ("6.0 MiB (6291456 bytes)".into(), "flag".into())
+    );
     assert_eq!(setting(&v, "config").1, "env");
     assert_eq!(setting(&v, "grace"), ("30m".into(), "env".into()));
     assert_eq!(
@@ -130,6 +155,8 @@ fn bad_files_and_units_are_refused_and_nothing_is_opened() {
         ("cold-start = \"clear\"\n", "clear"),
         ("grace = \"soon\"\n", "soon"),
         ("compress = 99\n", "compress"),
+        ("part-bytes = \"1MiB\"\n", "part-bytes"),
+        ("parts-in-flight = 0\n", "parts-in-flight"),
     ] {
         let cfg = dir.join("bad.toml");
         std::fs::write(&cfg, format!("store = \"{store}\"\n{text}")).expect("write");

@@ -24,6 +24,7 @@ mod ledger_engines;
 mod ledger_races;
 mod metrics;
 mod migration;
+mod multipart_publication;
 mod quarantine_needs_proof;
 mod ranged_reads;
 mod restore_into_contract;

@@ -78,9 +78,11 @@ impl Workload {
         Ok(synth::snapshot(Preset::Default, SEED, self.result_tokens)?)
     }
 
-    /// The stores' configuration (the workload's extent size).
+    /// The stores' configuration (the workload's extent size; ranged-GET
+    /// and multipart knobs from the CLI's environment variables, for A/B
+    /// runs).
     pub(crate) fn config(&self) -> StoreConfig {
-        StoreConfig::default().with_max_extent_bytes(self.extent_bytes)
+        with_env_knobs(StoreConfig::default().with_max_extent_bytes(self.extent_bytes))
     }
 
     /// Publication of the base (`result: None`) or of the result as a delta
@@ -193,9 +195,11 @@ impl Conversation {
 
     /// The store configuration: the workload's extents, rebasing off.
     pub(crate) fn config(&self) -> StoreConfig {
-        StoreConfig::default()
-            .with_chain(ChainPolicy::unbounded())
-            .with_max_extent_bytes(self.extent_bytes)
+        with_env_knobs(
+            StoreConfig::default()
+                .with_chain(ChainPolicy::unbounded())
+                .with_max_extent_bytes(self.extent_bytes),
+        )
     }
 
     /// The context hasher of the workload's identity.
@@ -415,6 +419,46 @@ pub(crate) fn s3_child_url(url: &str, leaf: &str) -> String {
         Some(q) => format!("{path}/{leaf}?{q}"),
         None => format!("{path}/{leaf}"),
     }
+}
+
+/// Applies `DELTAPACK_RANGES_IN_FLIGHT`, `DELTAPACK_RANGE_BYTES`,
+/// `DELTAPACK_PARTS_IN_FLIGHT` and `DELTAPACK_PART_BYTES` (the CLI's
+/// variables) when set, so a run can compare settings; a value that does
+/// not parse is ignored with a warning.
+pub(crate) fn with_env_knobs(mut c: StoreConfig) -> StoreConfig {
+    let size = |name: &str| {
+        let v = std::env::var(name).ok()?;
+        match deltapack_store::units::parse_size(&v) {
+            Ok(n) => Some(n),
+            Err(e) => {
+                eprintln!("bench: {name}={v} ignored: {e}");
+                None
+            }
+        }
+    };
+    let count = |name: &str| {
+        let v = std::env::var(name).ok()?;
+        match v.parse::<usize>() {
+            Ok(n) if n > 0 => Some(n),
+            _ => {
+                eprintln!("bench: {name}={v} ignored: not a positive integer");
+                None
+            }
+        }
+    };
+    if let Some(n) = count("DELTAPACK_RANGES_IN_FLIGHT") {
+        c.ranges_in_flight = n;
+    }
+    if let Some(n) = size("DELTAPACK_RANGE_BYTES") {
+        c.range_bytes = n;
+    }
+    if let Some(n) = count("DELTAPACK_PARTS_IN_FLIGHT") {
+        c.parts_in_flight = n;
+    }
+    if let Some(n) = size("DELTAPACK_PART_BYTES") {
+        c.part_bytes = n;
+    }
+    c
 }
 
 #[cfg(test)]

@@ -245,7 +245,7 @@ pub(crate) struct StoreArgs {
     pub(crate) max_restore_bytes: Option<u64>,
     /// Parts uploaded at once across all extents of one publication to a
     /// remote store (S3), whose extents larger than --part-bytes are
-    /// multipart uploads (default 16).
+    /// multipart uploads (default 32).
     #[arg(long, value_name = "N", env = "DELTAPACK_PARTS_IN_FLIGHT")]
     pub(crate) parts_in_flight: Option<usize>,
     /// Part size of a multipart extent upload to a remote store, from 5MiB

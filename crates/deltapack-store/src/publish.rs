@@ -732,11 +732,31 @@ impl Store {
         }
     }
 
+    /// Extents of `m` bytes written at once: [`PUBLISH_BATCH`] on local disk
+    /// and in memory; on a remote store as many as their multipart parts
+    /// fill [`StoreConfig::parts_in_flight`](crate::StoreConfig) (one
+    /// connection carries little, so the parts of two extents cannot fill a
+    /// node's bandwidth), at least [`PUBLISH_BATCH`], at most 16.
+    fn extent_writers(&self, m: u64) -> usize {
+        if !self.backend_kind().is_remote() {
+            return PUBLISH_BATCH;
+        }
+        let c = &self.inner.config;
+        let per_extent = if m > c.part_bytes {
+            m.div_ceil(c.part_bytes.max(1))
+        } else {
+            1
+        };
+        (c.parts_in_flight as u64)
+            .div_ceil(per_extent)
+            .clamp(PUBLISH_BATCH as u64, 16) as usize
+    }
+
     /// Names and writes `payload`'s extents; returns their entries (in
     /// order) and the payload digest.
     ///
     /// Pipelined: a producer task names (hashes) extents ahead of the
-    /// writes, and [`PUBLISH_BATCH`] writes are in flight. (On local disk
+    /// writes, and [`Store::extent_writers`] writes are in flight. (On local disk
     /// that is two direct-I/O streams, measured faster than one; with
     /// buffered writes two streams had been slower than one.) Extents that
     /// overlap a late header (a delta's, which waits for the result digest)
@@ -759,7 +779,7 @@ impl Store {
             .map_or(0, |_| payload.parts[0].len() as u64);
         let (early, waiting): (Vec<u64>, Vec<u64>) =
             (0..plan.count()).partition(|&i| plan.range(i).start >= late);
-        let writers = PUBLISH_BATCH;
+        let writers = self.extent_writers(m);
         let parts = Arc::new(payload.parts);
         let header = payload.header;
         // A producer task names (and maybe compresses) extents ahead of the

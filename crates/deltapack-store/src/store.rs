@@ -184,7 +184,7 @@ impl Default for StoreConfig {
             chain_gets_in_flight: 32,
             ranges_in_flight: 32,
             range_bytes: 8 << 20,
-            parts_in_flight: 16,
+            parts_in_flight: 32,
             part_bytes: 8 << 20,
             max_restore_bytes: 1 << 38,
             budget_bytes: None,

@@ -53,7 +53,7 @@ use deltapack_format::{Digest, ExtentCodec, ExtentPlan, ManifestV2, Snapshot, Sn
 
 use super::reassembly::{
     blame, open_local, read_at, read_extent, read_header_prefix, read_range_unverified, Dest,
-    FaultKind, ObjectFault, Output, Sink, Source, PIECE, RESULT_BLOCK,
+    FaultKind, HeaderCheck, ObjectFault, Output, Sink, Source, PIECE, RESULT_BLOCK,
 };
 
 /// Largest piece of a memory-to-result copy handed to one worker.
@@ -669,30 +669,6 @@ impl Pass<'_, '_> {
             self.suspect.store(true, Ordering::Relaxed);
         }
         Ok(())
-    }
-}
-
-/// Forwards placed bytes and compares the ones that fall on `header` (the
-/// delta header bytes a root recorded, from payload offset `at`).
-struct HeaderCheck<'a, 's> {
-    inner: &'a mut dyn Sink,
-    header: &'s [u8],
-    at: u64,
-    differs: bool,
-}
-
-impl Sink for HeaderCheck<'_, '_> {
-    fn place(&mut self, src: u64, bytes: &[u8]) {
-        let (lo, hi) = (
-            src.max(self.at),
-            (src + bytes.len() as u64).min(self.at + self.header.len() as u64),
-        );
-        if lo < hi {
-            let mine = &bytes[(lo - src) as usize..(hi - src) as usize];
-            let theirs = &self.header[(lo - self.at) as usize..(hi - self.at) as usize];
-            self.differs |= mine != theirs;
-        }
-        self.inner.place(src, bytes);
     }
 }
 

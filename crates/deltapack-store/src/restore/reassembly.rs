@@ -182,6 +182,30 @@ impl Sink for Region<'_, '_> {
     }
 }
 
+/// Forwards placed bytes and compares the ones that fall on `header` (the
+/// delta header bytes a root recorded, from payload offset `at`).
+pub(crate) struct HeaderCheck<'a, 's> {
+    pub(crate) inner: &'a mut dyn Sink,
+    pub(crate) header: &'s [u8],
+    pub(crate) at: u64,
+    pub(crate) differs: bool,
+}
+
+impl Sink for HeaderCheck<'_, '_> {
+    fn place(&mut self, src: u64, bytes: &[u8]) {
+        let (lo, hi) = (
+            src.max(self.at),
+            (src + bytes.len() as u64).min(self.at + self.header.len() as u64),
+        );
+        if lo < hi {
+            let mine = &bytes[(lo - src) as usize..(hi - src) as usize];
+            let theirs = &self.header[(lo - self.at) as usize..(hi - self.at) as usize];
+            self.differs |= mine != theirs;
+        }
+        self.inner.place(src, bytes);
+    }
+}
+
 /// Why absorbing an extent stopped.
 enum AbsorbError {
     /// The source failed to deliver bytes.
@@ -481,25 +505,22 @@ pub(crate) fn read_ranges_verified(
     let ranges = plan
         .ranges(index, remote.range_bytes)
         .map_err(|x| ObjectFault::plain(x.to_string()))?;
-    let sink = std::cell::RefCell::new(region);
-    let header_differs = std::cell::Cell::new(false);
+    // The delta header bytes (from payload offset 0) are compared as they
+    // are placed.
+    let sink = std::cell::RefCell::new(HeaderCheck {
+        inner: region,
+        header: header.unwrap_or(&[]),
+        at: 0,
+        differs: false,
+    });
     let one = |k: usize, r: std::ops::Range<u64>| {
-        let (sink, header_differs, key) = (&sink, &header_differs, &key);
+        let (sink, key) = (&sink, &key);
         async move {
             let mut h = plan
                 .range_hasher(index, remote.range_bytes, k as u64)
                 .map_err(|x| ObjectFault::plain(x.to_string()))?;
             fetch_range(remote, key, e, r, deadline, |off, bytes| {
                 h.update(bytes);
-                if let Some(hdr) = header {
-                    let (lo, hi) = (off as usize, off as usize + bytes.len());
-                    if lo < hdr.len() {
-                        let n = hdr.len().min(hi) - lo;
-                        if bytes[..n] != hdr[lo..lo + n] {
-                            header_differs.set(true);
-                        }
-                    }
-                }
                 // The borrow ends before the next await: the ranges of one
                 // extent run on this thread, one callback at a time.
                 sink.borrow_mut().place(off, bytes);
@@ -526,7 +547,7 @@ pub(crate) fn read_ranges_verified(
         f.found = Some(name);
         return Err(f);
     }
-    if header_differs.get() {
+    if sink.into_inner().differs {
         // The extent is what its name says, so the header the plan was
         // made from is what is wrong.
         return Err(ObjectFault::plain(format!(

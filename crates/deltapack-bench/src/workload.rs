@@ -422,8 +422,9 @@ pub(crate) fn s3_child_url(url: &str, leaf: &str) -> String {
 }
 
 /// Applies `DELTAPACK_RANGES_IN_FLIGHT`, `DELTAPACK_RANGE_BYTES`,
-/// `DELTAPACK_PARTS_IN_FLIGHT` and `DELTAPACK_PART_BYTES` (the CLI's
-/// variables) when set, so a run can compare settings; a value that does
+/// `DELTAPACK_PARTS_IN_FLIGHT`, `DELTAPACK_PART_BYTES`,
+/// `DELTAPACK_CHAIN_GETS_IN_FLIGHT` and `DELTAPACK_ROOTS_IN_FLIGHT` (the
+/// CLI's variables) when set, so a run can compare settings; a value that does
 /// not parse is ignored with a warning.
 pub(crate) fn with_env_knobs(mut c: StoreConfig) -> StoreConfig {
     let size = |name: &str| {
@@ -457,6 +458,12 @@ pub(crate) fn with_env_knobs(mut c: StoreConfig) -> StoreConfig {
     }
     if let Some(n) = size("DELTAPACK_PART_BYTES") {
         c.part_bytes = n;
+    }
+    if let Some(n) = count("DELTAPACK_CHAIN_GETS_IN_FLIGHT") {
+        c.chain_gets_in_flight = n;
+    }
+    if let Some(n) = count("DELTAPACK_ROOTS_IN_FLIGHT") {
+        c.roots_in_flight = n;
     }
     c
 }

@@ -228,9 +228,14 @@ pub(crate) struct StoreArgs {
     /// (default 1024).
     #[arg(long, value_name = "N", env = "DELTAPACK_MAX_BASE_DEPTH")]
     pub(crate) max_base_depth: Option<usize>,
-    /// Root GETs in flight while a delta chain is fetched (default 32).
+    /// Extents a delta-chain restore reads at once from a remote store
+    /// (default 32).
     #[arg(long, value_name = "N", env = "DELTAPACK_CHAIN_GETS_IN_FLIGHT")]
     pub(crate) chain_gets_in_flight: Option<usize>,
+    /// Roots of a delta chain read at once (default 256): a chain of up to
+    /// this many turns costs one round trip for its roots.
+    #[arg(long, value_name = "N", env = "DELTAPACK_ROOTS_IN_FLIGHT")]
+    pub(crate) roots_in_flight: Option<usize>,
     /// Ranged GETs in flight across a restore from a remote store (default
     /// 32); each extent is read as concurrent ranges of --range-bytes.
     #[arg(long, value_name = "N", env = "DELTAPACK_RANGES_IN_FLIGHT")]
@@ -472,6 +477,14 @@ pub(crate) fn resolve(
     }
     c.chain_gets_in_flight = v;
     shown.push("chain-gets-in-flight", v.to_string(), src);
+
+    let (v, src) = pick("roots_in_flight", &s.roots_in_flight, &file.roots_in_flight)
+        .unwrap_or((d.roots_in_flight, Source::Default));
+    if v == 0 {
+        bail!("roots-in-flight must be at least 1");
+    }
+    c.roots_in_flight = v;
+    shown.push("roots-in-flight", v.to_string(), src);
 
     let (v, src) = pick(
         "ranges_in_flight",

@@ -106,6 +106,8 @@ pub struct ConfigFile {
     pub max_base_depth: Option<usize>,
     /// [`StoreConfig::chain_gets_in_flight`].
     pub chain_gets_in_flight: Option<usize>,
+    /// [`StoreConfig::roots_in_flight`].
+    pub roots_in_flight: Option<usize>,
     /// [`StoreConfig::ranges_in_flight`].
     pub ranges_in_flight: Option<usize>,
     /// [`StoreConfig::range_bytes`].
@@ -211,6 +213,9 @@ impl ConfigFile {
         if self.ranges_in_flight == Some(0) {
             return Err("ranges-in-flight = 0: at least one request".into());
         }
+        if self.roots_in_flight == Some(0) {
+            return Err("roots-in-flight = 0: at least one request".into());
+        }
         if self.parts_in_flight == Some(0) {
             return Err("parts-in-flight = 0: at least 1".into());
         }
@@ -275,6 +280,9 @@ impl ConfigFile {
         }
         if let Some(v) = self.chain_gets_in_flight {
             c.chain_gets_in_flight = v;
+        }
+        if let Some(v) = self.roots_in_flight {
+            c.roots_in_flight = v;
         }
         if let Some(v) = self.ranges_in_flight {
             c.ranges_in_flight = v;
@@ -356,6 +364,7 @@ part-bytes = "16MiB"
 base-cache-bytes = "1G"
 max-base-depth = 64
 chain-gets-in-flight = 8
+roots-in-flight = 64
 ranges-in-flight = 12
 range-bytes = "4MiB"
 max-restore-bytes = "2TiB"
@@ -378,6 +387,7 @@ max-read-overhead = 0.5
         assert_eq!(c.base_cache_bytes, 1_000_000_000);
         assert_eq!(c.max_base_depth, 64);
         assert_eq!(c.chain_gets_in_flight, 8);
+        assert_eq!(c.roots_in_flight, 64);
         assert_eq!(c.ranges_in_flight, 12);
         assert_eq!(c.range_bytes, 4 << 20);
         assert_eq!(c.max_restore_bytes, 2 << 40);
@@ -406,6 +416,7 @@ max-read-overhead = 0.5
             ("max-extent-bytes = 3000", "max-extent-bytes"),
             ("range-bytes = \"3KB\"", "range-bytes"),
             ("ranges-in-flight = 0", "ranges-in-flight"),
+            ("roots-in-flight = 0", "roots-in-flight"),
             ("parts-in-flight = 0", "parts-in-flight"),
             ("part-bytes = \"4MiB\"", "part-bytes"),
             ("part-bytes = \"6GiB\"", "part-bytes"),

@@ -42,6 +42,7 @@ setters!(crate::StoreConfig {
     with_max_base_depth => max_base_depth: usize,
     with_chain => chain: crate::ChainPolicy,
     with_chain_gets_in_flight => chain_gets_in_flight: usize,
+    with_roots_in_flight => roots_in_flight: usize,
     with_ranges_in_flight => ranges_in_flight: usize,
     with_range_bytes => range_bytes: u64,
     with_parts_in_flight => parts_in_flight: usize,

@@ -48,6 +48,15 @@ pub struct StoreConfig {
     /// memory stays bounded by this × 256 KiB. Local disk uses one worker
     /// per core.
     pub chain_gets_in_flight: usize,
+    /// Roots of a delta chain read at once (256 by default). A root written
+    /// since manifest v2.1 names every root below it (its chain hints), so
+    /// a restore reads them all concurrently: a chain of up to this many
+    /// turns costs one round trip for its roots, not one per turn. Roots
+    /// are small (a few KiB plus ~70 bytes per hint), so memory is not the
+    /// bound; the backend's request rate is (S3 answers bursts above a few
+    /// thousand GETs per second per prefix with `SlowDown`, which the
+    /// client retries).
+    pub roots_in_flight: usize,
     /// Ranged GETs in flight at once across all extents of one restore from
     /// a remote backend (32 by default). Object stores cap the bandwidth of
     /// one connection (roughly 50–100 MB/s on S3), so an extent is read as
@@ -158,6 +167,7 @@ impl std::fmt::Debug for StoreConfig {
             .field("max_base_depth", &self.max_base_depth)
             .field("chain", &self.chain)
             .field("chain_gets_in_flight", &self.chain_gets_in_flight)
+            .field("roots_in_flight", &self.roots_in_flight)
             .field("ranges_in_flight", &self.ranges_in_flight)
             .field("range_bytes", &self.range_bytes)
             .field("parts_in_flight", &self.parts_in_flight)
@@ -182,6 +192,7 @@ impl Default for StoreConfig {
             max_base_depth: 1024,
             chain: ChainPolicy::default(),
             chain_gets_in_flight: 32,
+            roots_in_flight: 256,
             ranges_in_flight: 32,
             range_bytes: 8 << 20,
             parts_in_flight: 32,
@@ -348,9 +359,12 @@ impl Store {
                 config.part_bytes
             )));
         }
-        if config.ranges_in_flight == 0 || config.parts_in_flight == 0 {
+        if config.ranges_in_flight == 0
+            || config.parts_in_flight == 0
+            || config.roots_in_flight == 0
+        {
             return Err(StoreError::Invalid(
-                "ranges_in_flight and parts_in_flight must be at least 1".into(),
+                "ranges_in_flight, parts_in_flight and roots_in_flight must be at least 1".into(),
             ));
         }
         let mac_key = config.mac_secret.as_deref().map(root::mac_key);

@@ -61,9 +61,6 @@ pub use outcome::{RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored};
 /// [`crate::StoreConfig::ranges_in_flight`].
 pub const RESTORE_IN_FLIGHT: usize = 4;
 
-/// Roots of a delta chain read at once when its root lists them.
-const CHAIN_PREFETCH: usize = 32;
-
 /// A restore's outcome and the schema of its root, if the root was read
 /// (the `schema` label of its metrics).
 pub(crate) type Flight = (RestoreOutcome, Option<&'static str>);
@@ -610,7 +607,7 @@ impl Store {
                 let s = self.read_root(&b.namespace, &b.context).await?;
                 Ok(((b.namespace, b.context), s))
             })
-            .buffer_unordered(CHAIN_PREFETCH)
+            .buffer_unordered(self.config().roots_in_flight.max(1))
             .try_collect()
             .await
     }

@@ -593,6 +593,39 @@ async fn a_chain_is_fetched_in_one_round_of_root_reads() {
     );
 }
 
+/// A chain longer than the old fixed prefetch width (32) still has its
+/// roots read in one round, and `roots_in_flight` bounds that round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roots_in_flight_bounds_the_one_round_of_root_reads() {
+    let l = layout(1, 1, 128, 24);
+    let conv = Conversation::new("chain-wide", &l, &[1; 48], 5, &[]);
+    let (s, counters) = instrumented(Duration::from_millis(20), unbounded(1024));
+    conv.publish(&s, RootFormat::V2).await;
+    let top = conv.turns[47].0;
+    for (width, at_least, at_most) in [(256, 47, 47), (5, 5, 5)] {
+        let reader = fresh(&s, unbounded(1024).with_roots_in_flight(width));
+        reader.ledger_totals().await.expect("ledger");
+        counters
+            .max_root_gets_in_flight
+            .store(0, std::sync::atomic::Ordering::SeqCst);
+        let roots_before = counters.gets_of_roots();
+        let got = tokio::time::timeout(Duration::from_secs(60), restore(&reader, &conv.id, top))
+            .await
+            .expect("restore finishes");
+        assert_eq!(hit_bytes(got), conv.turns[47].1.encoded());
+        let max = counters.max_root_gets();
+        assert!(
+            (at_least..=at_most).contains(&max),
+            "roots_in_flight {width}: {max} root reads in flight"
+        );
+        assert_eq!(
+            counters.gets_of_roots() - roots_before,
+            48,
+            "each root read once"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_restores_of_one_conversation_share_work() {
     let l = layout(2, 0, 128, 40);

@@ -1,7 +1,9 @@
 //! Child processes: every timed job runs in a fresh process of this binary
 //! (`deltapack-bench bench-one --job JSON`, one JSON result line out), so
 //! that its peak memory is its own `VmHWM` and no state leaks between
-//! scenarios; repetitions are collected per scenario id.
+//! scenarios; repetitions are collected per scenario id. With
+//! `DELTAPACK_BENCH_SHOW_JOBS` set, every job's command line is printed, so
+//! that one job can be rerun alone (under `perf`, say; with `--keep`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -237,6 +239,11 @@ pub(crate) async fn child(job: &Job, what: &str) -> Result<JobOutput> {
         None => std::env::current_exe().context("locating the deltapack-bench binary")?,
     };
     let json = serde_json::to_string(job)?;
+    if std::env::var_os("DELTAPACK_BENCH_SHOW_JOBS").is_some() {
+        // To profile one job alone: `deltapack-bench bench-one --job '…'`
+        // (with `--keep`, so that its store still exists).
+        eprintln!("bench: {what}: bench-one --job '{json}'");
+    }
     let mut cmd = tokio::process::Command::new(exe);
     cmd.arg("bench-one")
         .arg("--job")

@@ -123,16 +123,40 @@ pub(crate) fn parse_hex32(s: &str) -> std::result::Result<[u8; 32], &'static str
     if s.len() != 64 {
         return Err("expected exactly 64 hex characters");
     }
-    if !s
-        .bytes()
-        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    {
+    // One pass, one table lookup per character: a chain's roots hold
+    // thousands of these (every ancestor's ids and digest), so this is on
+    // the restore path. An invalid character maps to 0xff, whose high bits
+    // survive the OR.
+    let b = s.as_bytes();
+    let mut out = [0u8; 32];
+    let mut bad = 0u8;
+    for (i, o) in out.iter_mut().enumerate() {
+        let hi = HEX_NIBBLE[usize::from(b[2 * i])];
+        let lo = HEX_NIBBLE[usize::from(b[2 * i + 1])];
+        bad |= hi | lo;
+        *o = (hi << 4) | (lo & 0x0f);
+    }
+    if bad & 0xf0 != 0 {
         return Err("expected lowercase hex digits only");
     }
-    let mut out = [0u8; 32];
-    hex::decode_to_slice(s, &mut out).map_err(|_| "invalid hex")?;
     Ok(out)
 }
+
+/// The value of every lowercase hex digit; 0xff for every other byte.
+static HEX_NIBBLE: [u8; 256] = {
+    let mut t = [0xffu8; 256];
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        t[b'a' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    t
+};
 
 impl FromStr for Digest {
     type Err = Error;
@@ -160,10 +184,37 @@ impl Serialize for Digest {
     }
 }
 
+/// Deserializes a text form through `FromStr` without allocating: a
+/// chain's roots carry many digests (every ancestor's), and serde's
+/// `Cow<str>` would copy each into a `String` first.
+struct TextVisitor<T>(std::marker::PhantomData<T>, &'static str);
+
+impl<T> serde::de::Visitor<'_> for TextVisitor<T>
+where
+    T: FromStr<Err = Error>,
+{
+    type Value = T;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.1)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<T, E> {
+        v.parse().map_err(E::custom)
+    }
+}
+
+fn deserialize_text<'de, D, T>(d: D, what: &'static str) -> std::result::Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr<Err = Error>,
+{
+    d.deserialize_str(TextVisitor(std::marker::PhantomData, what))
+}
+
 impl<'de> Deserialize<'de> for Digest {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
+        deserialize_text(d, "a digest \"<algorithm>:<64 hex digits>\"")
     }
 }
 
@@ -215,8 +266,7 @@ macro_rules! hex_id {
 
         impl<'de> Deserialize<'de> for $name {
             fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-                let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
-                s.parse().map_err(serde::de::Error::custom)
+                deserialize_text(d, concat!($what, " (64 hex digits)"))
             }
         }
     };
@@ -282,6 +332,50 @@ mod tests {
             assert!(bad.parse::<ContextDigest>().is_err(), "{bad:?}");
             assert!(bad.parse::<Namespace>().is_err(), "{bad:?}");
         }
+    }
+
+    /// The one-pass table decoder accepts exactly the lowercase hex digits
+    /// at every position and decodes like the `hex` crate.
+    #[test]
+    fn hex_decoding_accepts_exactly_lowercase_hex() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..64 {
+            let mut raw = [0u8; 32];
+            for b in raw.iter_mut() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *b = x as u8;
+            }
+            let text = hex::encode(raw);
+            assert_eq!(parse_hex32(&text), Ok(raw));
+        }
+        let base = "0123456789abcdef".repeat(4);
+        for pos in [0usize, 1, 31, 62, 63] {
+            for c in 0u8..128 {
+                let mut t = base.clone().into_bytes();
+                t[pos] = c;
+                let t = String::from_utf8(t).expect("ascii");
+                let ok = c.is_ascii_digit() || (b'a'..=b'f').contains(&c);
+                assert_eq!(parse_hex32(&t).is_ok(), ok, "{:?} at {pos}", c as char);
+                if ok {
+                    let mut want = [0u8; 32];
+                    hex::decode_to_slice(&t, &mut want).expect("hex");
+                    assert_eq!(parse_hex32(&t), Ok(want));
+                }
+            }
+        }
+        // 64 bytes of non-ASCII text.
+        assert!(parse_hex32(&"é".repeat(32)).is_err());
+    }
+
+    #[test]
+    fn non_text_is_refused_by_serde() {
+        let n = serde_cbor::to_vec(&7u32).expect("cbor");
+        assert!(serde_cbor::from_slice::<Digest>(&n).is_err());
+        assert!(serde_cbor::from_slice::<ContextDigest>(&n).is_err());
+        let b = serde_cbor::to_vec(&serde_bytes::Bytes::new(&[0u8; 32])).expect("cbor");
+        assert!(serde_cbor::from_slice::<Namespace>(&b).is_err());
     }
 
     #[test]

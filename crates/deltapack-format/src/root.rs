@@ -687,6 +687,17 @@ pub fn decode(bytes: &[u8], mac: Option<&[u8; 32]>) -> Result<DecodedRoot> {
     want.copy_from_slice(&bytes[20..52]);
     let want = Digest::new(Algorithm::Blake3, want);
     want.verify("root body", body)?;
+    // Nearly every root is v2: decode it as such first, so that its body
+    // (megabytes, for the roots of a long chain) is parsed once, not once
+    // for the schema and again for the manifest. Anything else takes the
+    // schema probe below, which tells v1 from unknown schemas and reports
+    // a damaged v2 body.
+    if let Ok(m) = serde_cbor::from_slice::<ManifestV2>(body) {
+        if m.schema == SCHEMA_V2 || m.schema == SCHEMA_V2_1 {
+            m.validate()?;
+            return Ok(DecodedRoot::V2(m));
+        }
+    }
     let probe: SchemaProbe = serde_cbor::from_slice(body)
         .map_err(|e| Error::Root(format!("body has no readable schema: {e}")))?;
     match probe.schema.as_str() {

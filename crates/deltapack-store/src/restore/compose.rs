@@ -304,6 +304,7 @@ pub(crate) fn restore_chain(
     let Some(top) = deltas.last() else {
         return Err(ObjectFault::plain("a chain needs at least one delta"));
     };
+    let started = Instant::now();
     // Extent geometry of every level read from storage: the deltas, then a
     // flat bottom.
     let mut levels: Vec<&ManifestV2> = deltas.iter().collect();
@@ -411,6 +412,14 @@ pub(crate) fn restore_chain(
         }
     }
 
+    tracing::debug!(
+        turns = deltas.len(),
+        pieces = composed.pieces.len(),
+        items = items.len(),
+        plan_ms = started.elapsed().as_secs_f64() * 1e3,
+        "composed the chain's plan"
+    );
+
     // 4. The pass. With every link's plan taken from authenticated roots
     //    (v2.1), the first pass is *deferred*: extents are read without
     //    checking their names, and only the result digest is computed, so
@@ -446,7 +455,15 @@ pub(crate) fn restore_chain(
         deadline,
         suspect: std::sync::atomic::AtomicBool::new(false),
     };
-    match ctx.run(deferred) {
+    let pass_started = Instant::now();
+    let first = ctx.run(deferred);
+    tracing::debug!(
+        deferred,
+        ok = first.is_ok(),
+        pass_ms = pass_started.elapsed().as_secs_f64() * 1e3,
+        "first pass over the chain"
+    );
+    match first {
         Ok(()) => {}
         Err(PassError::Fault(d)) => return Err(d),
         Err(PassError::Mismatch(what)) if !deferred => return Err(ObjectFault::plain(what)),

@@ -36,7 +36,7 @@ use deltapack_format::{
     BaseRef, ContextDigest, DecodedRoot, Digest, ManifestV1, ManifestV2, Namespace, PageDelta,
     Snapshot,
 };
-use futures::{FutureExt, StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt};
 use object_store::path::Path;
 use object_store::ObjectStoreExt;
 
@@ -496,7 +496,13 @@ impl Store {
         mut visited: Visited,
     ) -> Result<std::result::Result<(compose::Bottom, Vec<ManifestV2>), MissReason>> {
         let max_depth = self.config().max_base_depth;
+        let started = Instant::now();
         let mut prefetched = self.prefetch_chain(&top, &visited).await?;
+        tracing::debug!(
+            roots = prefetched.len(),
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "read the chain's roots"
+        );
         let mut deltas = vec![top];
         let corrupt = |what: String| Ok(Err(MissReason::Corrupt { what }));
         let gone = |b: &BaseRef, detail: String| {
@@ -602,14 +608,32 @@ impl Store {
         if refs.is_empty() {
             return Ok(HashMap::new());
         }
-        futures::stream::iter(refs)
-            .map(|b| async move {
-                let s = self.read_root(&b.namespace, &b.context).await?;
-                Ok(((b.namespace, b.context), s))
-            })
-            .buffer_unordered(self.config().roots_in_flight.max(1))
-            .try_collect()
-            .await
+        // Each read is its own task, so that decoding the roots (their
+        // hints make a long chain's roots add up to megabytes of CBOR) runs
+        // on every runtime thread, not only on the one polling the walk.
+        // The set aborts whatever is still running if the restore is
+        // dropped (a deadline, a caller gone).
+        let width = self.config().roots_in_flight.max(1);
+        let mut pending = refs.into_iter();
+        let mut set = tokio::task::JoinSet::new();
+        let mut out = HashMap::new();
+        loop {
+            while set.len() < width {
+                let Some(b) = pending.next() else { break };
+                let this = self.clone();
+                set.spawn(async move {
+                    let s = this.read_root(&b.namespace, &b.context).await;
+                    (b, s)
+                });
+            }
+            match set.join_next().await {
+                None => return Ok(out),
+                Some(Ok((b, s))) => {
+                    out.insert((b.namespace, b.context), s?);
+                }
+                Some(Err(e)) => return Err(StoreError::task("chain root read", e)),
+            }
+        }
     }
 
     async fn restore_uncached(

@@ -126,6 +126,24 @@ impl Shown {
             source,
         });
     }
+
+    /// Resolves a request count (flag or environment, then file, then
+    /// `default`), refuses 0, and records it under `name`.
+    fn count(
+        &mut self,
+        id: &str,
+        name: &'static str,
+        cli: &Option<usize>,
+        file: &Option<usize>,
+        default: usize,
+    ) -> Result<usize> {
+        let (v, src) = pick(id, cli, file).unwrap_or((default, Source::Default));
+        if v == 0 {
+            bail!("{name} must be at least 1");
+        }
+        self.push(name, v.to_string(), src);
+        Ok(v)
+    }
 }
 
 /// Parses a size with units (`50GiB`, `1.5TB`, `64M`, `1000`) for clap.
@@ -466,37 +484,29 @@ pub(crate) fn resolve(
     c.max_base_depth = v;
     shown.push("max-base-depth", v.to_string(), src);
 
-    let (v, src) = pick(
+    c.chain_gets_in_flight = shown.count(
         "chain_gets_in_flight",
+        "chain-gets-in-flight",
         &s.chain_gets_in_flight,
         &file.chain_gets_in_flight,
-    )
-    .unwrap_or((d.chain_gets_in_flight, Source::Default));
-    if v == 0 {
-        bail!("chain-gets-in-flight must be at least 1");
-    }
-    c.chain_gets_in_flight = v;
-    shown.push("chain-gets-in-flight", v.to_string(), src);
+        d.chain_gets_in_flight,
+    )?;
 
-    let (v, src) = pick("roots_in_flight", &s.roots_in_flight, &file.roots_in_flight)
-        .unwrap_or((d.roots_in_flight, Source::Default));
-    if v == 0 {
-        bail!("roots-in-flight must be at least 1");
-    }
-    c.roots_in_flight = v;
-    shown.push("roots-in-flight", v.to_string(), src);
+    c.roots_in_flight = shown.count(
+        "roots_in_flight",
+        "roots-in-flight",
+        &s.roots_in_flight,
+        &file.roots_in_flight,
+        d.roots_in_flight,
+    )?;
 
-    let (v, src) = pick(
+    c.ranges_in_flight = shown.count(
         "ranges_in_flight",
+        "ranges-in-flight",
         &s.ranges_in_flight,
         &file.ranges_in_flight,
-    )
-    .unwrap_or((d.ranges_in_flight, Source::Default));
-    if v == 0 {
-        bail!("ranges-in-flight must be at least 1");
-    }
-    c.ranges_in_flight = v;
-    shown.push("ranges-in-flight", v.to_string(), src);
+        d.ranges_in_flight,
+    )?;
 
     let (v, src) = pick("range_bytes", &s.range_bytes, &file.range_bytes)
         .unwrap_or((d.range_bytes, Source::Default));
@@ -515,13 +525,13 @@ pub(crate) fn resolve(
     c.max_restore_bytes = v;
     shown.push("max-restore-bytes", units::format_size_exact(v), src);
 
-    let (v, src) = pick("parts_in_flight", &s.parts_in_flight, &file.parts_in_flight)
-        .unwrap_or((d.parts_in_flight, Source::Default));
-    if v == 0 {
-        bail!("parts-in-flight must be at least 1");
-    }
-    c.parts_in_flight = v;
-    shown.push("parts-in-flight", v.to_string(), src);
+    c.parts_in_flight = shown.count(
+        "parts_in_flight",
+        "parts-in-flight",
+        &s.parts_in_flight,
+        &file.parts_in_flight,
+        d.parts_in_flight,
+    )?;
 
     let (v, src) = pick("part_bytes", &s.part_bytes, &file.part_bytes)
         .unwrap_or((d.part_bytes, Source::Default));

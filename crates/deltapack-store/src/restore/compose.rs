@@ -53,7 +53,7 @@ use deltapack_format::{Digest, ExtentCodec, ExtentPlan, ManifestV2, Snapshot, Sn
 
 use super::reassembly::{
     blame, open_local, read_at, read_extent, read_header_prefix, read_range_unverified, Dest,
-    FaultKind, HeaderCheck, ObjectFault, Output, Sink, Source, PIECE, RESULT_BLOCK,
+    FaultKind, HeaderCheck, ObjectFault, Output, ReadTally, Sink, Source, PIECE, RESULT_BLOCK,
 };
 
 /// Largest piece of a memory-to-result copy handed to one worker.
@@ -291,7 +291,9 @@ fn pool<T: Send>(threads: usize, n: usize, f: impl Fn(usize) -> T + Sync) -> Vec
 /// the delta over `bottom`) in one pass, into `into` (exactly the result's
 /// length) or a buffer allocated here. One pass reads each needed extent
 /// once and makes no second attempt: the caller decides whether a failure
-/// is worth a second pass (see `Store`'s restore).
+/// is worth a second pass (see `Store`'s restore). What it reads is added
+/// to `tally`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn restore_chain(
     source: &Source,
     bottom: &Bottom,
@@ -300,6 +302,7 @@ pub(crate) fn restore_chain(
     threads: usize,
     deadline: Option<Instant>,
     allow_deferred: bool,
+    tally: &ReadTally,
 ) -> Result<Output, ObjectFault> {
     let Some(top) = deltas.last() else {
         return Err(ObjectFault::plain("a chain needs at least one delta"));
@@ -322,7 +325,7 @@ pub(crate) fn restore_chain(
     //    A v2.1 root carries its header: no read at all.
     let headers: Vec<Vec<u8>> = pool(threads, deltas.len(), |i| match deltas[i].chain.as_ref() {
         Some(c) => Ok(c.delta_header.clone()),
-        None => read_header_prefix(source, &deltas[i]),
+        None => read_header_prefix(source, &deltas[i]).inspect(|h| tally.add(h.len() as u64)),
     })
     .into_iter()
     .collect::<Result<_, _>>()?;
@@ -454,6 +457,7 @@ pub(crate) fn restore_chain(
         threads,
         deadline,
         suspect: std::sync::atomic::AtomicBool::new(false),
+        tally,
     };
     let pass_started = Instant::now();
     let first = ctx.run(deferred);
@@ -510,6 +514,8 @@ struct Pass<'a, 'p> {
     /// Set by a deferred pass that found a stored delta header unlike the
     /// one its root recorded: the pass fails, and a verified one follows.
     suspect: std::sync::atomic::AtomicBool,
+    /// What the pass read from the source.
+    tally: &'a ReadTally,
 }
 
 impl Pass<'_, '_> {
@@ -625,6 +631,7 @@ impl Pass<'_, '_> {
         // roots, not from these bytes. zstd extents are decoded whole, so
         // they are checked by name either way.
         if !(deferred && e.codec == ExtentCodec::Raw) {
+            self.tally.add(e.stored_len);
             return read_extent(
                 self.source,
                 &self.plans[level],
@@ -653,16 +660,24 @@ impl Pass<'_, '_> {
             _ => None,
         };
         let header_differs = match self.source {
-            Source::Local(root) => place_local_unverified(
-                root,
-                e,
-                spans,
-                stored_header,
-                self.dest,
-                hash,
-                sink.done,
-                self.deadline,
-            )?,
+            Source::Local(root) => {
+                let mut n = stored_header.map_or(0, |h| h.len() as u64);
+                for s in spans {
+                    let (lo, hi) = (s.src.max(e.offset), s.src_end().min(e.offset + e.raw_len));
+                    n += hi.saturating_sub(lo);
+                }
+                self.tally.add(n);
+                place_local_unverified(
+                    root,
+                    e,
+                    spans,
+                    stored_header,
+                    self.dest,
+                    hash,
+                    sink.done,
+                    self.deadline,
+                )?
+            }
             Source::Remote(remote) => {
                 // One ranged GET from the header (if this extent holds part
                 // of it) to the last needed byte.
@@ -672,6 +687,7 @@ impl Pass<'_, '_> {
                     (None, Some(h)) => (e.offset, e.offset + h.len() as u64),
                     (None, None) => return Ok(()),
                 };
+                self.tally.add(end - start);
                 let mut check = HeaderCheck {
                     inner: &mut sink,
                     header: stored_header.unwrap_or(&[]),

@@ -293,16 +293,17 @@ impl Store {
             )));
         }
         let deadline = opts.deadline.map(|d| d.into_std());
+        let tally = reassembly::ReadTally::default();
         let out = if multi_thread {
-            tokio::task::block_in_place(|| self.rebuild(&r.what, Some(&mut *buf), deadline))
+            tokio::task::block_in_place(|| self.rebuild(&r.what, Some(&mut *buf), deadline, &tally))
         } else {
             // A current-thread runtime with a local store: the work needs no
             // runtime, so it runs here.
-            self.rebuild(&r.what, Some(&mut *buf), deadline)
+            self.rebuild(&r.what, Some(&mut *buf), deadline, &tally)
         };
         match out {
             Ok(_) => {
-                self.count_reads(&r.what);
+                self.count_reads(&r.what, &tally);
                 self.ledger_touch(&ns, &context).await;
                 self.record_restore(start, Some(r.schema), Ok((r.boundary, r.result_len)));
                 Ok(RestoreIntoOutcome::Hit {
@@ -683,22 +684,23 @@ impl Store {
             what => {
                 let this = self.clone();
                 let out = tokio::task::spawn_blocking(move || {
-                    let out = this.rebuild(&what, None, None);
-                    (what, out)
+                    let tally = reassembly::ReadTally::default();
+                    let out = this.rebuild(&what, None, None, &tally);
+                    (what, out, tally)
                 })
                 .await
                 .map_err(|e| StoreError::task("restore", e))?;
                 match out {
-                    (what, Ok(reassembly::Output::Snapshot(s))) => {
-                        self.count_reads(&what);
+                    (what, Ok(reassembly::Output::Snapshot(s)), tally) => {
+                        self.count_reads(&what, &tally);
                         Ok(s)
                     }
-                    (_, Ok(reassembly::Output::Written)) => {
+                    (_, Ok(reassembly::Output::Written), _) => {
                         return Err(StoreError::Internal(
                             "an owned restore reported a borrowed buffer".into(),
                         ))
                     }
-                    (_, Err(d)) => Err(self.damage_outcome(d).await?),
+                    (_, Err(d), _) => Err(self.damage_outcome(d).await?),
                 }
             }
         };
@@ -731,6 +733,7 @@ impl Store {
         what: &Plan,
         mut into: Option<&mut [u8]>,
         deadline: Option<std::time::Instant>,
+        tally: &reassembly::ReadTally,
     ) -> std::result::Result<reassembly::Output, reassembly::ObjectFault> {
         let source = self.reassembly_source();
         let threads = match (&source, what) {
@@ -752,6 +755,7 @@ impl Store {
                 chain_threads,
                 deadline,
                 deferred,
+                tally,
             ),
             Plan::V1 { .. } => Err(reassembly::ObjectFault::plain(
                 "internal: a v1 root reached the v2 rebuild",
@@ -823,26 +827,22 @@ impl Store {
         }
     }
 
-    /// Counts the objects and bytes a rebuild read.
-    fn count_reads(&self, what: &Plan) {
-        let levels: Vec<&ManifestV2> = match what {
-            Plan::Flat(m) => vec![m],
-            Plan::Chain { bottom, deltas } => {
-                let mut v: Vec<&ManifestV2> = deltas.iter().collect();
-                if let compose::Bottom::Flat(m) = bottom {
-                    v.push(m);
-                }
-                v
-            }
-            Plan::V1 { .. } => Vec::new(),
-        };
-        for m in levels {
-            Stats::add(&self.stats_ref().objects_read, m.extents.len() as u64);
-            Stats::add(
-                &self.stats_ref().bytes_read,
+    /// Counts the objects and bytes a rebuild read: every extent of a flat
+    /// root, whole; for a chain, what its passes actually read (`tally`),
+    /// which is the extents still holding result bytes, and of those only
+    /// the needed ranges when the pass was deferred — not every extent of
+    /// every turn.
+    fn count_reads(&self, what: &Plan, tally: &reassembly::ReadTally) {
+        let (objects, bytes) = match what {
+            Plan::Flat(m) => (
+                m.extents.len() as u64,
                 m.extents.iter().map(|e| e.stored_len).sum(),
-            );
-        }
+            ),
+            Plan::Chain { .. } => tally.get(),
+            Plan::V1 { .. } => (0, 0),
+        };
+        Stats::add(&self.stats_ref().objects_read, objects);
+        Stats::add(&self.stats_ref().bytes_read, bytes);
     }
 
     /// A verified base from the cache, if its root still exists (an

@@ -30,7 +30,7 @@
 
 use std::fs::File;
 use std::path::{Path as FsPath, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -105,6 +105,31 @@ impl Remote {
         let per_extent = extent_len.div_ceil(self.range_bytes.max(1)).max(1);
         let budget = self.permits.available_permits().max(1) as u64;
         budget.div_ceil(per_extent).clamp(1, budget) as usize
+    }
+}
+
+/// Objects and bytes one rebuild read from its source, added up by the
+/// workers of its passes (a chain reads only part of its extents, so the
+/// manifests' sizes would overstate it).
+#[derive(Debug, Default)]
+pub(crate) struct ReadTally {
+    objects: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl ReadTally {
+    /// Counts one object read, `bytes` of it.
+    pub(crate) fn add(&self, bytes: u64) {
+        self.objects.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Objects and bytes counted so far.
+    pub(crate) fn get(&self) -> (u64, u64) {
+        (
+            self.objects.load(Ordering::Relaxed),
+            self.bytes.load(Ordering::Relaxed),
+        )
     }
 }
 

@@ -31,6 +31,8 @@ pub(crate) struct Counters {
     pub(crate) root_gets_in_flight: AtomicUsize,
     pub(crate) max_root_gets_in_flight: AtomicUsize,
     pub(crate) gets: Mutex<HashMap<String, usize>>,
+    /// Body bytes of every object GET (roots not counted).
+    pub(crate) object_bytes: std::sync::atomic::AtomicU64,
 }
 
 impl Counters {
@@ -45,6 +47,9 @@ impl Counters {
     }
     pub(crate) fn max_root_gets(&self) -> usize {
         self.max_root_gets_in_flight.load(Ordering::SeqCst)
+    }
+    pub(crate) fn object_bytes(&self) -> u64 {
+        self.object_bytes.load(Ordering::SeqCst)
     }
     pub(crate) fn gets_of_roots(&self) -> usize {
         self.gets
@@ -175,6 +180,9 @@ impl ObjectStore for Instrumented {
         let attributes = r.attributes.clone();
         let extensions = r.extensions.clone();
         let bytes = r.bytes().await?;
+        self.counters
+            .object_bytes
+            .fetch_add(bytes.len() as u64, Ordering::SeqCst);
         let n = self.counters.held.fetch_add(1, Ordering::SeqCst) + 1;
         bump_max(n, &self.counters.max_held);
         let held = Bytes::from_owner(Held {

@@ -157,7 +157,9 @@ pub struct ChainHints {
     /// The roots below `base`, nearest first (the base's base, its base, …),
     /// down to and including the chain's flat root; empty when `base` is
     /// itself flat. Boundaries strictly decrease; all in the root's
-    /// namespace; at most [`MAX_CHAIN_HINTS`].
+    /// namespace; at most [`MAX_CHAIN_HINTS`]. Empty in a manifest from
+    /// [`decode_without_ancestors`], whatever the root recorded.
+    #[serde(deserialize_with = "ancestors_unless_skipped")]
     pub ancestors: Vec<BaseRef>,
     /// Payload bytes of this root and of every root below it, the flat root
     /// included: what a composed restore reads at most.
@@ -620,6 +622,51 @@ pub fn encode(root: &DecodedRoot, mac: Option<&[u8; 32]>) -> Result<Vec<u8>> {
 #[derive(Deserialize)]
 struct SchemaProbe {
     schema: String,
+}
+
+thread_local! {
+    /// Set on this thread while [`decode_without_ancestors`] runs.
+    static SKIP_ANCESTORS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Deserializes [`ChainHints::ancestors`], or skips over it (checking only
+/// that it is well-formed CBOR) while [`decode_without_ancestors`] runs.
+fn ancestors_unless_skipped<'de, D>(d: D) -> std::result::Result<Vec<BaseRef>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    if SKIP_ANCESTORS.with(|c| c.get()) {
+        serde::de::IgnoredAny::deserialize(d)?;
+        Ok(Vec::new())
+    } else {
+        Vec::deserialize(d)
+    }
+}
+
+/// [`decode`], except that a v2.1 root's list of ancestors
+/// ([`ChainHints::ancestors`]) is skipped, not decoded: the manifest comes
+/// back with an empty list. Everything else is decoded and checked as by
+/// [`decode`], and the body is verified against the envelope's digest (and
+/// MAC) whole, hints included.
+///
+/// For readers that need a root of a chain but not the list of roots below
+/// it, which is every root but the requested one of a chain restore: each
+/// root lists all the roots below it, so a chain of N turns holds N²/2
+/// references (8.9 MB of CBOR text for 256 turns), and decoding the lists
+/// of the roots below the requested one was most of a long chain's root
+/// decoding time. A manifest decoded this way must not be re-encoded or
+/// used to build another root's hints.
+pub fn decode_without_ancestors(bytes: &[u8], mac: Option<&[u8; 32]>) -> Result<DecodedRoot> {
+    /// Clears the flag however decoding ends.
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            SKIP_ANCESTORS.with(|c| c.set(false));
+        }
+    }
+    SKIP_ANCESTORS.with(|c| c.set(true));
+    let _reset = Reset;
+    decode(bytes, mac)
 }
 
 /// Decodes a root envelope and body.

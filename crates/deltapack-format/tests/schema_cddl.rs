@@ -1144,3 +1144,63 @@ fn envelope_constants_match_the_code() {
         blake3::derive_key(MAC_CONTEXT, SECRET)
     );
 }
+
+/// A chain restore decodes the roots below the requested one without their
+/// lists of ancestors (a chain of N turns holds N²/2 of them).
+/// `decode_without_ancestors` must give every root exactly what `decode`
+/// gives, the list of ancestors emptied, and refuse what `decode` refuses
+/// for any other reason: a body that fails its digest, a missing or wrong
+/// MAC, an invalid field outside the list.
+#[test]
+fn decoding_without_ancestors_changes_nothing_but_the_list() {
+    let key = root::mac_key(SECRET);
+    for case in cases() {
+        let mac = case.keyed.then_some(&key);
+        let mut want = root::decode(&case.bytes, mac).expect("full decode");
+        let lean = root::decode_without_ancestors(&case.bytes, mac).expect("lean decode");
+        if let DecodedRoot::V2(m) = &mut want {
+            if let Some(c) = m.chain.as_mut() {
+                assert!(!c.ancestors.is_empty(), "{}: the case has hints", case.name);
+                c.ancestors.clear();
+            }
+        }
+        assert_eq!(lean, want, "{}", case.name);
+        // The flag is this call's alone: a full decode afterwards on the
+        // same thread decodes the list again.
+        assert_eq!(
+            root::decode(&case.bytes, mac).expect("full decode"),
+            case.decoded,
+            "{}",
+            case.name
+        );
+        // A flipped body byte fails the envelope's digest either way.
+        let mut bad = case.bytes.clone();
+        bad[HEADER_LEN + 3] ^= 1;
+        assert!(
+            root::decode_without_ancestors(&bad, mac).is_err(),
+            "{}",
+            case.name
+        );
+        if case.keyed {
+            // A keyed store refuses a root without a valid MAC either way.
+            let other = root::mac_key(b"another secret");
+            assert!(matches!(
+                root::decode_without_ancestors(&case.bytes, Some(&other)),
+                Err(deltapack_format::Error::Unauthenticated(_))
+            ));
+        }
+    }
+    // A field outside the list that fails validation fails the lean decode
+    // too (the delta header the root records must match the root).
+    let layout = small_layout();
+    let (base, result) = (snapshot(layout.clone(), 128), snapshot(layout, 256));
+    let (mut m, _) = build_v2_1(&result, &base, 1024, None, false);
+    if let Some(c) = m.chain.as_mut() {
+        c.payload_bytes = 0;
+    }
+    let mut body = Vec::new();
+    serde_cbor::to_writer(&mut body, &m).expect("cbor");
+    let bytes = seal(&body);
+    assert!(root::decode(&bytes, None).is_err());
+    assert!(root::decode_without_ancestors(&bytes, None).is_err());
+}

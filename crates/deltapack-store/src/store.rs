@@ -525,6 +525,19 @@ impl Store {
         Ok(self.read_root_bytes(ns, ctx, quarantine).await?.0)
     }
 
+    /// [`Store::read_root`] for a root below the requested one of a chain
+    /// restore: the same reads, checks and quarantine, but a v2.1 root's
+    /// list of ancestors is not decoded (it comes back empty; see
+    /// `root::decode_without_ancestors`). The restore needs each root below
+    /// the requested one for its own fields alone.
+    pub(crate) async fn read_chain_root(
+        &self,
+        ns: &Namespace,
+        ctx: &ContextDigest,
+    ) -> Result<RootStatus> {
+        Ok(self.read_root_decoded(ns, ctx, true, false).await?.0)
+    }
+
     /// [`Store::read_root`] (or, without `quarantine`, [`Store::peek_root`])
     /// that also returns the bytes the status was decoded from, so a caller
     /// acting on the root later can check it still holds them.
@@ -534,14 +547,26 @@ impl Store {
         ctx: &ContextDigest,
         quarantine: bool,
     ) -> Result<(RootStatus, Option<Bytes>)> {
-        let (status, damaged, bytes) = self.read_root_once(ns, ctx).await?;
+        self.read_root_decoded(ns, ctx, quarantine, true).await
+    }
+
+    /// [`Store::read_root_bytes`]; `ancestors`: whether a v2.1 root's list
+    /// of ancestors is decoded (else it is skipped and left empty).
+    async fn read_root_decoded(
+        &self,
+        ns: &Namespace,
+        ctx: &ContextDigest,
+        quarantine: bool,
+        ancestors: bool,
+    ) -> Result<(RootStatus, Option<Bytes>)> {
+        let (status, damaged, bytes) = self.read_root_once(ns, ctx, ancestors).await?;
         if !(damaged && quarantine) {
             return Ok((status, bytes));
         }
         // Quarantine needs proof: a bad read may be damage in transit, so
         // the root is read once more and moved aside only if it is damaged
         // again — and still holds the damaged bytes when it is moved.
-        let (again, damaged, bytes) = self.read_root_once(ns, ctx).await?;
+        let (again, damaged, bytes) = self.read_root_once(ns, ctx, ancestors).await?;
         if let (true, Some(b)) = (damaged, &bytes) {
             self.quarantine_root_if_unchanged(&keys::root_key(ns, ctx), b)
                 .await?;
@@ -555,15 +580,7 @@ impl Store {
         &self,
         ns: &Namespace,
         ctx: &ContextDigest,
-    ) -> Result<(RootStatus, bool, Option<Bytes>)> {
-        let (status, damaged, bytes) = self.read_root_once_inner(ns, ctx).await?;
-        Ok((status, damaged, bytes))
-    }
-
-    async fn read_root_once_inner(
-        &self,
-        ns: &Namespace,
-        ctx: &ContextDigest,
+        ancestors: bool,
     ) -> Result<(RootStatus, bool, Option<Bytes>)> {
         let key = keys::root_key(ns, ctx);
         let store = self.object_store();
@@ -586,7 +603,12 @@ impl Store {
             ));
         }
         let bytes = got.bytes().await.map_err(|e| StoreError::io(&key, e))?;
-        let (status, damaged) = match root::decode(&bytes, self.inner.mac_key.as_ref()) {
+        let decoded = if ancestors {
+            root::decode(&bytes, self.inner.mac_key.as_ref())
+        } else {
+            root::decode_without_ancestors(&bytes, self.inner.mac_key.as_ref())
+        };
+        let (status, damaged) = match decoded {
             Ok(DecodedRoot::Incompatible { reason }) => (
                 RootStatus::Unusable(MissReason::Incompatible { detail: reason }),
                 false,

@@ -623,7 +623,9 @@ impl Store {
                 let Some(b) = pending.next() else { break };
                 let this = self.clone();
                 set.spawn(async move {
-                    let s = this.read_root(&b.namespace, &b.context).await;
+                    // The requested root's hints name every root below it:
+                    // their own lists of ancestors are not needed.
+                    let s = this.read_chain_root(&b.namespace, &b.context).await;
                     (b, s)
                 });
             }

@@ -1339,6 +1339,49 @@ impl Ledger {
         })
     }
 
+    /// The roots the ledger records below `(ns, ctx)` through base links:
+    /// its base, that root's base, and so on, at most `limit` of them, in
+    /// no particular order; `None` when the connection is busy right now
+    /// (this call never waits for it, nor for a busy database).
+    ///
+    /// A hint for a restore's prefetch of a chain's roots, read before the
+    /// requested root itself is: every root it names is read and checked
+    /// like any other, and the walk follows the roots' own base links, so
+    /// a stale ledger costs reads, never a wrong answer. The recursion
+    /// (`UNION`, not `UNION ALL`) ends on a forged cycle.
+    pub(crate) fn try_bases_below(
+        &self,
+        ns: &Namespace,
+        ctx: &ContextDigest,
+        limit: u64,
+    ) -> Result<Option<Vec<(Namespace, ContextDigest)>>, LedgerError> {
+        let (ns, ctx) = hexpair(ns, ctx);
+        let mut db = match self.db.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(None),
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        };
+        let rows = match db.query(
+            "WITH RECURSIVE chain(ns, ctx) AS (
+                 SELECT base_ns, base_ctx FROM roots
+                  WHERE ns = ?1 AND ctx = ?2 AND base_ns IS NOT NULL AND base_ctx IS NOT NULL
+                 UNION
+                 SELECT r.base_ns, r.base_ctx FROM roots r JOIN chain c ON r.ns = c.ns AND r.ctx = c.ctx
+                  WHERE r.base_ns IS NOT NULL AND r.base_ctx IS NOT NULL)
+             SELECT ns, ctx FROM chain LIMIT ?3",
+            &[V::from(&ns), V::from(&ctx), V::from(limit)],
+        ) {
+            Ok(rows) => rows,
+            Err(e) if Db::is_busy(&e) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            out.push(parse_pair(&r.text(0)?, &r.text(1)?)?);
+        }
+        Ok(Some(out))
+    }
+
     /// Which of `contexts` (of namespace `ns`) have a recorded root (one
     /// indexed query per 1,024 contexts: a 262,144-token request is one
     /// query, one round trip to PostgreSQL).
@@ -1712,6 +1755,69 @@ mod tests {
                 Ledger::open_postgres(&url).expect("open b"),
             );
         }
+    }
+
+    /// `try_bases_below` follows base links down a chain, ends on a forged
+    /// cycle, honours its limit, answers the same on both engines, and
+    /// never waits for a busy connection.
+    #[test]
+    fn bases_below_follow_links_and_end_on_cycles() {
+        bases_below(Ledger::open_memory().expect("memory"));
+        if let Some(url) = postgres_url() {
+            bases_below(Ledger::open_postgres(&url).expect("postgres"));
+        }
+    }
+
+    fn bases_below(l: Ledger) {
+        type Id = (Namespace, ContextDigest);
+        let id = |n: u8| -> Id { (Namespace([1; 32]), ContextDigest([n; 32])) };
+        let add = |r: Id, base: Option<Id>| {
+            let (ns, ctx) = hexpair(&r.0, &r.1);
+            let (bn, bc) = match base {
+                Some(b) => {
+                    let (a, c) = hexpair(&b.0, &b.1);
+                    (V::from(a), V::from(c))
+                }
+                None => (V::NullT, V::NullT),
+            };
+            l.write(|db| {
+                db.exec(
+                    "INSERT INTO roots(ns, ctx, schema, kind, boundary, base_ns, base_ctx, root_bytes, last_access)
+                     VALUES (?1, ?2, 's', 'v2', 0, ?3, ?4, 1, 0)",
+                    &[V::from(&ns), V::from(&ctx), bn.clone(), bc.clone()],
+                )
+            })
+            .expect("insert");
+        };
+        // 1 ← 2 ← 3 ← 4; a forged cycle 5 ↔ 6, and 7 on top of it.
+        add(id(1), None);
+        add(id(2), Some(id(1)));
+        add(id(3), Some(id(2)));
+        add(id(4), Some(id(3)));
+        add(id(5), Some(id(6)));
+        add(id(6), Some(id(5)));
+        add(id(7), Some(id(6)));
+        let below = |r: Id, limit: u64| {
+            let mut v = l
+                .try_bases_below(&r.0, &r.1, limit)
+                .expect("query")
+                .expect("connection free");
+            v.sort();
+            v
+        };
+        assert_eq!(below(id(4), 64), vec![id(1), id(2), id(3)]);
+        assert_eq!(below(id(2), 64), vec![id(1)]);
+        assert_eq!(below(id(1), 64), Vec::<Id>::new());
+        assert_eq!(below(id(7), 64), vec![id(5), id(6)]);
+        assert_eq!(below(id(4), 2).len(), 2);
+        assert_eq!(below(id(9), 64), Vec::<Id>::new());
+        // Another user of the connection: no answer, and no wait.
+        let held = l.db.lock().expect("lock");
+        assert_eq!(
+            l.try_bases_below(&id(4).0, &id(4).1, 64).expect("query"),
+            None
+        );
+        drop(held);
     }
 
     /// A fresh schema in the test PostgreSQL database, if configured (in CI

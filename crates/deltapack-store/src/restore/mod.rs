@@ -105,6 +105,29 @@ enum Plan {
 /// Roots already on the base chain being resolved (a repeat is a cycle).
 type Visited = Vec<(Namespace, ContextDigest)>;
 
+/// A root's identity: its namespace and context.
+type RootId = (Namespace, ContextDigest);
+
+/// Roots of a chain being fetched on the ledger's word while the requested
+/// root is still being read, so that a long chain costs one round trip for
+/// its roots, not two (the requested root, then the ancestors it names).
+///
+/// Only a hint: each root is read, hashed and authenticated like any other,
+/// and the walk follows the roots' own base links, so a stale or forged
+/// ledger costs reads, never a wrong result. Dropping it aborts the reads.
+struct EarlyChain {
+    /// The roots the ledger named, once it answered.
+    named: tokio::sync::oneshot::Receiver<Vec<RootId>>,
+    /// Their reads (roots that could not be read are left out).
+    task: tokio::task::JoinHandle<HashMap<RootId, RootStatus>>,
+}
+
+impl Drop for EarlyChain {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 impl Store {
     /// Restores the root `key` names — `(&identity, context)` or
     /// `(namespace, context)` — verified end to end: a hit carries the
@@ -425,6 +448,9 @@ impl Store {
         mut visited: Visited,
         schema: &mut Option<&'static str>,
     ) -> Result<std::result::Result<Resolved, MissReason>> {
+        // While the requested root is read, the roots the ledger records
+        // below it are already being fetched (a hint; see `EarlyChain`).
+        let early = self.early_chain(ns, ctx, &visited);
         let root = match self.read_root(&ns, &ctx).await? {
             RootStatus::Absent => return Ok(Err(MissReason::Absent)),
             RootStatus::Unusable(r) => return Ok(Err(r)),
@@ -458,7 +484,7 @@ impl Store {
         visited.push((ns, ctx));
         let what = match root {
             DecodedRoot::V2(m) if m.base.is_none() => Plan::Flat(m),
-            DecodedRoot::V2(m) => match self.walk_chain(m, visited).await? {
+            DecodedRoot::V2(m) => match self.walk_chain(m, visited, early).await? {
                 Ok((bottom, deltas)) => Plan::Chain { bottom, deltas },
                 Err(miss) => return Ok(Err(miss)),
             },
@@ -495,10 +521,11 @@ impl Store {
         &self,
         top: ManifestV2,
         mut visited: Visited,
+        early: Option<EarlyChain>,
     ) -> Result<std::result::Result<(compose::Bottom, Vec<ManifestV2>), MissReason>> {
         let max_depth = self.config().max_base_depth;
         let started = Instant::now();
-        let mut prefetched = self.prefetch_chain(&top, &visited).await?;
+        let mut prefetched = self.prefetch_chain(&top, &visited, early).await?;
         tracing::debug!(
             roots = prefetched.len(),
             ms = started.elapsed().as_secs_f64() * 1e3,
@@ -586,54 +613,149 @@ impl Store {
         Ok(Ok((bottom, deltas)))
     }
 
+    /// Starts fetching the roots the ledger records below `(ns, ctx)`, if
+    /// this process has its ledger open (a restore never opens it) and the
+    /// ledger's connection is free right now (a restore never waits for
+    /// it). See [`EarlyChain`].
+    fn early_chain(
+        &self,
+        ns: Namespace,
+        ctx: ContextDigest,
+        visited: &Visited,
+    ) -> Option<EarlyChain> {
+        let ledger = self.inner.ledger.get()?.clone();
+        let limit = self.config().max_base_depth as u64;
+        let (tx, named) = tokio::sync::oneshot::channel();
+        let this = self.clone();
+        let mut skip = visited.clone();
+        skip.push((ns, ctx));
+        let task = tokio::spawn(async move {
+            let answer =
+                tokio::task::spawn_blocking(move || ledger.try_bases_below(&ns, &ctx, limit)).await;
+            let found = match answer {
+                Ok(Ok(Some(found))) => found,
+                // Busy: the walk goes by the root's own hints.
+                Ok(Ok(None)) => return HashMap::new(),
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "ledger chain lookup failed; going by the root's hints");
+                    return HashMap::new();
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "ledger chain lookup task failed");
+                    return HashMap::new();
+                }
+            };
+            let found: Vec<RootId> = found.into_iter().filter(|r| !skip.contains(r)).collect();
+            if tx.send(found.clone()).is_err() {
+                return HashMap::new();
+            }
+            this.fetch_roots(found, true).await.unwrap_or_default()
+        });
+        Some(EarlyChain { named, task })
+    }
+
     /// Reads, concurrently, the base and the roots a v2.1 root's chain
     /// hints name (nothing for roots written without hints): one round trip
-    /// for the whole chain instead of one per turn. The walk checks every
-    /// root it uses.
+    /// for the whole chain instead of one per turn. The roots `early`
+    /// already fetches on the ledger's word are not read twice; it gives up
+    /// (and the hints alone count) if the ledger had not answered by the
+    /// time the requested root was read. The walk checks every root it
+    /// uses.
     async fn prefetch_chain(
         &self,
         top: &ManifestV2,
         visited: &Visited,
+        early: Option<EarlyChain>,
     ) -> Result<HashMap<(Namespace, ContextDigest), RootStatus>> {
-        if top.chain.is_none() {
-            return Ok(HashMap::new());
+        let hinted: Vec<RootId> = if top.chain.is_none() {
+            Vec::new()
+        } else {
+            top.base
+                .iter()
+                .chain(top.chain_hints())
+                .map(|b| (b.namespace, b.context))
+                .filter(|r| !visited.contains(r))
+                .take(self.config().max_base_depth)
+                .collect()
+        };
+        let mut running = None;
+        let mut covered = std::collections::HashSet::new();
+        if let Some(mut e) = early {
+            match e.named.try_recv() {
+                Ok(named) => {
+                    covered = named.into_iter().collect();
+                    running = Some(e);
+                }
+                // Not answered yet (or failed): dropping `e` aborts it.
+                Err(_) => tracing::debug!("the ledger had not named the chain's roots in time"),
+            }
         }
-        let refs: Vec<BaseRef> = top
-            .base
-            .iter()
-            .chain(top.chain_hints())
-            .filter(|b| !visited.contains(&(b.namespace, b.context)))
-            .take(self.config().max_base_depth)
-            .copied()
+        let missing: Vec<RootId> = hinted
+            .into_iter()
+            .filter(|r| !covered.contains(r))
             .collect();
-        if refs.is_empty() {
-            return Ok(HashMap::new());
+        tracing::debug!(
+            from_ledger = covered.len(),
+            from_hints = missing.len(),
+            "prefetching the chain's roots"
+        );
+        let Some(mut e) = running else {
+            return self.fetch_roots(missing, false).await;
+        };
+        let (out, early) = tokio::join!(self.fetch_roots(missing, false), &mut e.task);
+        let mut out = out?;
+        match early {
+            Ok(found) => {
+                for (k, v) in found {
+                    out.entry(k).or_insert(v);
+                }
+            }
+            Err(e) => return Err(StoreError::task("chain root read", e)),
         }
-        // Each read is its own task, so that decoding the roots (their
-        // hints make a long chain's roots add up to megabytes of CBOR) runs
-        // on every runtime thread, not only on the one polling the walk.
-        // The set aborts whatever is still running if the restore is
-        // dropped (a deadline, a caller gone).
+        Ok(out)
+    }
+
+    /// Reads the roots `refs` names, `roots_in_flight` at once, each as its
+    /// own task, so that decoding them (a long chain's roots add up to
+    /// megabytes of CBOR) runs on every runtime thread, not only on the
+    /// one polling the walk. The set aborts whatever is still running if
+    /// the restore is dropped (a deadline, a caller gone). `lenient`: a
+    /// root that cannot be read is left out (the walk reads it again if it
+    /// needs it) instead of failing the whole set.
+    async fn fetch_roots(
+        &self,
+        refs: Vec<RootId>,
+        lenient: bool,
+    ) -> Result<HashMap<(Namespace, ContextDigest), RootStatus>> {
+        let mut out = HashMap::new();
+        if refs.is_empty() {
+            return Ok(out);
+        }
         let width = self.config().roots_in_flight.max(1);
         let mut pending = refs.into_iter();
         let mut set = tokio::task::JoinSet::new();
-        let mut out = HashMap::new();
         loop {
             while set.len() < width {
-                let Some(b) = pending.next() else { break };
+                let Some((ns, ctx)) = pending.next() else {
+                    break;
+                };
                 let this = self.clone();
                 set.spawn(async move {
                     // The requested root's hints name every root below it:
                     // their own lists of ancestors are not needed.
-                    let s = this.read_chain_root(&b.namespace, &b.context).await;
-                    (b, s)
+                    let s = this.read_chain_root(&ns, &ctx).await;
+                    ((ns, ctx), s)
                 });
             }
             match set.join_next().await {
                 None => return Ok(out),
-                Some(Ok((b, s))) => {
-                    out.insert((b.namespace, b.context), s?);
+                Some(Ok((id, Ok(s)))) => {
+                    out.insert(id, s);
                 }
+                Some(Ok((id, Err(e)))) if lenient => {
+                    tracing::debug!(error = %e, root = %id.1, "prefetch of a root the ledger named failed");
+                }
+                Some(Ok((_, Err(e)))) => return Err(e),
                 Some(Err(e)) => return Err(StoreError::task("chain root read", e)),
             }
         }

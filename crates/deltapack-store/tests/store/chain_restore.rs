@@ -652,6 +652,111 @@ async fn a_chain_is_fetched_in_one_round_of_root_reads() {
     );
 }
 
+/// A process with its ledger open does not wait for the requested root to
+/// learn the chain below it: the ledger's base links name the roots, whose
+/// reads start while the requested root is still being read — one round
+/// trip for a chain's roots instead of two. The requested root's GET is
+/// held until the eleven other roots' GETs have started; a restore that
+/// waited for that root before reading the others would make the gate give
+/// up (after 10 s) instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ledger_names_a_chains_roots_while_its_root_is_read() {
+    let l = layout(1, 1, 128, 24);
+    let conv = Conversation::new("chain-ledger", &l, &[1; 12], 7, &[]);
+    let (s, counters) = instrumented(Duration::from_millis(5), unbounded(1024));
+    conv.publish(&s, RootFormat::V2).await;
+    let (top, want) = conv.turns[11].clone();
+    let reader = fresh(&s, unbounded(1024));
+    // The ledger is open (a serving process's is); building it reads every
+    // root, before the gate is set.
+    reader.ledger_totals().await.expect("ledger");
+    let started = counters
+        .root_gets_started
+        .load(std::sync::atomic::Ordering::SeqCst);
+    let key = keys::root_key(&conv.id.namespace(), &top).to_string();
+    *counters.gate.lock().expect("gate") = Some((key, started + 12));
+    let roots_before = counters.gets_of_roots();
+    assert_eq!(
+        hit_bytes(restore(&reader, &conv.id, top).await),
+        want.encoded()
+    );
+    assert!(
+        !counters
+            .gate_gave_up
+            .load(std::sync::atomic::Ordering::SeqCst),
+        "the chain's roots were not read until the requested root was"
+    );
+    assert_eq!(
+        counters.gets_of_roots() - roots_before,
+        12,
+        "each root read once"
+    );
+}
+
+/// The ledger is derived state and only a hint to a restore: links it
+/// records wrongly (a root "based" on another conversation's turn, a forged
+/// cycle, a forgotten middle root) cost reads, never a wrong byte or a
+/// hang: every root is checked, and the walk follows the roots' own links.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_or_forged_ledger_costs_reads_never_bytes() {
+    let l = layout(2, 1, 128, 40);
+    let edits = [vec![], vec![0], vec![1, 2]];
+    let a = Conversation::new("ledger-a", &l, &[2, 1, 2, 1, 2, 1], 31, &edits);
+    let b = Conversation::new("ledger-b", &l, &[1, 2, 1, 2], 37, &[]);
+    let t = local(unbounded(1024));
+    a.publish(&t.store, RootFormat::V2).await;
+    b.publish(&t.store, RootFormat::V2).await;
+    let reader = fresh(&t.store, unbounded(1024));
+    // Opens the ledger and waits for its reconciliation with the store, so
+    // that nothing rewrites the links forged below.
+    reader.collect_garbage().await.expect("gc");
+    let db = t
+        ._dir
+        .as_ref()
+        .expect("local dir")
+        .path()
+        .join("ledger")
+        .join("ledger.sqlite3");
+    let conn = rusqlite::Connection::open(&db).expect("open ledger");
+    let (an, bn) = (a.id.namespace().hex(), b.id.namespace().hex());
+    let hex = |c: &ContextDigest| c.hex();
+    let relink = "UPDATE roots SET base_ns = ?1, base_ctx = ?2 WHERE ns = ?3 AND ctx = ?4";
+    // A's turn 5 "based on" B's turn 3.
+    let n = conn
+        .execute(relink, [&bn, &hex(&b.turns[2].0), &an, &hex(&a.turns[4].0)])
+        .expect("relink");
+    assert_eq!(n, 1);
+    // B's flat turn 1 and its turn 2 based on each other.
+    let n = conn
+        .execute(relink, [&bn, &hex(&b.turns[1].0), &bn, &hex(&b.turns[0].0)])
+        .expect("cycle");
+    assert_eq!(n, 1);
+    // A's turn 3 forgotten.
+    let n = conn
+        .execute(
+            "DELETE FROM roots WHERE ns = ?1 AND ctx = ?2",
+            [&an, &hex(&a.turns[2].0)],
+        )
+        .expect("forget");
+    assert_eq!(n, 1);
+    drop(conn);
+    // One handle (a new one would reconcile its ledger in the background,
+    // repairing the links), each result dropped before the next restore, so
+    // no turn is restored from memory.
+    let r = &reader;
+    for conv in [&a, &b] {
+        for (c, want) in conv.turns.iter().rev() {
+            assert_eq!(hit_bytes(restore(r, &conv.id, *c).await), want.encoded());
+            let mut buf = vec![0u8; want.encoded().len()];
+            assert!(matches!(
+                restore_into(&r, &conv.id, *c, &mut buf).await,
+                RestoreIntoOutcome::Hit { .. }
+            ));
+            assert_eq!(&buf[..], want.encoded());
+        }
+    }
+}
+
 /// A chain longer than the old fixed prefetch width (32) still has its
 /// roots read in one round, and `roots_in_flight` bounds that round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -661,7 +766,9 @@ async fn roots_in_flight_bounds_the_one_round_of_root_reads() {
     let (s, counters) = instrumented(Duration::from_millis(20), unbounded(1024));
     conv.publish(&s, RootFormat::V2).await;
     let top = conv.turns[47].0;
-    for (width, at_least, at_most) in [(256, 47, 47), (5, 5, 5)] {
+    // The requested root's own read may still be in flight when the
+    // ledger-named roots' reads start: one more than the width.
+    for (width, at_least, at_most) in [(256, 47, 48), (5, 5, 6)] {
         let reader = fresh(&s, unbounded(1024).with_roots_in_flight(width));
         reader.ledger_totals().await.expect("ledger");
         counters

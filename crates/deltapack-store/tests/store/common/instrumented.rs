@@ -33,7 +33,17 @@ pub(crate) struct Counters {
     pub(crate) gets: Mutex<HashMap<String, usize>>,
     /// Body bytes of every object GET (roots not counted).
     pub(crate) object_bytes: std::sync::atomic::AtomicU64,
+    /// Root GETs started.
+    pub(crate) root_gets_started: AtomicUsize,
+    /// A gate: the GET of this key waits until this many root GETs have
+    /// started in all (or [`GATE_PATIENCE`] passed; see `gate_gave_up`).
+    pub(crate) gate: Mutex<Option<(String, usize)>>,
+    /// Whether a gated GET stopped waiting without its count reached.
+    pub(crate) gate_gave_up: std::sync::atomic::AtomicBool,
 }
+
+/// How long a gated GET waits for its count of root GETs at most.
+pub(crate) const GATE_PATIENCE: Duration = Duration::from_secs(10);
 
 impl Counters {
     pub(crate) fn max_held(&self) -> usize {
@@ -156,6 +166,21 @@ impl ObjectStore for Instrumented {
                 .fetch_add(1, Ordering::SeqCst)
                 + 1;
             bump_max(n, &self.counters.max_root_gets_in_flight);
+            self.counters
+                .root_gets_started
+                .fetch_add(1, Ordering::SeqCst);
+            let gate = self.counters.gate.lock().ok().and_then(|g| g.clone());
+            if let Some((key, want)) = gate.filter(|(k, _)| k == location.as_ref()) {
+                let start = std::time::Instant::now();
+                while self.counters.root_gets_started.load(Ordering::SeqCst) < want {
+                    if start.elapsed() > GATE_PATIENCE {
+                        eprintln!("gate on {key}: gave up waiting for {want} root reads");
+                        self.counters.gate_gave_up.store(true, Ordering::SeqCst);
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
         }
         if !self.get_delay.is_zero() {
             tokio::time::sleep(self.get_delay).await;

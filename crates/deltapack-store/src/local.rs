@@ -609,6 +609,32 @@ pub(crate) fn quarantine_if_unchanged(
     Ok(true)
 }
 
+/// Reads the small file at `key` (a root) whole: `None` if it is absent;
+/// an error if it cannot be read or holds more than `limit` bytes.
+pub(crate) fn read_small(
+    root: &FsPath,
+    key: &Path,
+    limit: u64,
+) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::Read;
+    let f = match std::fs::File::open(root.join(key.as_ref())) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let len = f.metadata()?.len();
+    let too_large = |n: u64| std::io::Error::other(format!("{key} is {n} bytes, limit {limit}"));
+    if len > limit {
+        return Err(too_large(len));
+    }
+    let mut v = Vec::with_capacity(len as usize);
+    f.take(limit + 1).read_to_end(&mut v)?;
+    if v.len() as u64 > limit {
+        return Err(too_large(v.len() as u64));
+    }
+    Ok(Some(v))
+}
+
 /// Deletes the object at `key` (absent is fine) and makes the deletion
 /// durable (`fsync` of its directory): a root whose removal a crash could
 /// undo would come back naming objects the collector has since deleted.

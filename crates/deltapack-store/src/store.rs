@@ -55,7 +55,9 @@ pub struct StoreConfig {
     /// are small (a few KiB plus ~70 bytes per hint), so memory is not the
     /// bound; the backend's request rate is (S3 answers bursts above a few
     /// thousand GETs per second per prefix with `SlowDown`, which the
-    /// client retries).
+    /// client retries). The roots the ledger names before the requested
+    /// root is read and those its hints add afterwards (only when the
+    /// ledger missed some) are two such rounds, which may overlap.
     pub roots_in_flight: usize,
     /// Ranged GETs in flight at once across all extents of one restore from
     /// a remote backend (32 by default). Object stores cap the bandwidth of
@@ -603,12 +605,28 @@ impl Store {
             ));
         }
         let bytes = got.bytes().await.map_err(|e| StoreError::io(&key, e))?;
+        let (status, damaged) = self.judge_root(&key, ns, ctx, &bytes, ancestors)?;
+        Ok((status, damaged, Some(bytes)))
+    }
+
+    /// Decodes and checks the bytes read for the root `(ns, ctx)` (under
+    /// `key`); `true` with an unusable status when they are damaged (not
+    /// when they are unknown or forged). `ancestors`: see
+    /// [`Store::read_root_bytes`].
+    fn judge_root(
+        &self,
+        key: &Path,
+        ns: &Namespace,
+        ctx: &ContextDigest,
+        bytes: &[u8],
+        ancestors: bool,
+    ) -> Result<(RootStatus, bool)> {
         let decoded = if ancestors {
-            root::decode(&bytes, self.inner.mac_key.as_ref())
+            root::decode(bytes, self.inner.mac_key.as_ref())
         } else {
-            root::decode_without_ancestors(&bytes, self.inner.mac_key.as_ref())
+            root::decode_without_ancestors(bytes, self.inner.mac_key.as_ref())
         };
-        let (status, damaged) = match decoded {
+        Ok(match decoded {
             Ok(DecodedRoot::Incompatible { reason }) => (
                 RootStatus::Unusable(MissReason::Incompatible { detail: reason }),
                 false,
@@ -638,8 +656,40 @@ impl Store {
                 tracing::warn!(%what, "corrupt root");
                 (RootStatus::Unusable(MissReason::Corrupt { what }), true)
             }
-        };
-        Ok((status, damaged, Some(bytes)))
+        })
+    }
+
+    /// Local disk: reads and checks the roots `ids` below a chain's
+    /// requested one (without their ancestor lists, as
+    /// [`Store::read_chain_root`]) in one blocking pass, `std::fs` straight
+    /// from the store's directory — not two blocking-pool hand-offs per
+    /// root through `object_store`, which for a 256-turn chain cost more
+    /// than the reading and decoding itself. Returns what it settled: a
+    /// sound root, or an absent one. A root that reads damaged or fails to
+    /// read is left out, for [`Store::read_chain_root`] to read again (a
+    /// damaged root is quarantined only on proof, as everywhere).
+    pub(crate) fn read_chain_roots_local(
+        &self,
+        dir: &std::path::Path,
+        ids: &[(Namespace, ContextDigest)],
+    ) -> Vec<((Namespace, ContextDigest), RootStatus)> {
+        let mut out = Vec::with_capacity(ids.len());
+        for (ns, ctx) in ids {
+            let key = keys::root_key(ns, ctx);
+            let bytes = match crate::local::read_small(dir, &key, MAX_ROOT_OBJECT) {
+                Ok(Some(b)) => b,
+                Ok(None) => {
+                    out.push(((*ns, *ctx), RootStatus::Absent));
+                    continue;
+                }
+                Err(_) => continue,
+            };
+            match self.judge_root(&key, ns, ctx, &bytes, false) {
+                Ok((status, false)) => out.push(((*ns, *ctx), status)),
+                _ => continue,
+            }
+        }
+        out
     }
 
     /// Takes the store's root lock, held across the check and the act of

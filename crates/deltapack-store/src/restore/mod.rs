@@ -9,8 +9,10 @@
 //! 3. Resolve the plan from roots alone: a flat v2 root; a v2 delta chain,
 //!    walked link by link down to its flat bottom (each link's boundary and
 //!    digest checked, cycles refused, depth bounded; v2.1 roots list their
-//!    ancestors, so the chain's roots are fetched in one concurrent round);
-//!    or a legacy v1 root, whose base is restored the old way.
+//!    ancestors, so the chain's roots are fetched in one concurrent round,
+//!    which starts with the requested root's own read when the ledger is
+//!    open and names them first — see `EarlyChain`); or a legacy v1 root,
+//!    whose base is restored the old way.
 //! 4. Rebuild: a flat root's extents are read, checked against their BLAKE3
 //!    names and placed; a chain is composed into one plan (`compose`) and
 //!    each needed extent is read once, checked and placed straight into the
@@ -730,6 +732,26 @@ impl Store {
         let mut out = HashMap::new();
         if refs.is_empty() {
             return Ok(out);
+        }
+        // Local disk: one blocking pass per core reads and checks the
+        // roots straight from the directory; what it does not settle
+        // (damage, read errors) takes the general path below.
+        let mut refs = refs;
+        if let BackendKind::Local { root } = self.backend_kind() {
+            let lanes = std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+                .min(refs.len());
+            let mut set = tokio::task::JoinSet::new();
+            for part in refs.chunks(refs.len().div_ceil(lanes)) {
+                let (this, dir, part) = (self.clone(), root.clone(), part.to_vec());
+                set.spawn_blocking(move || this.read_chain_roots_local(&dir, &part));
+            }
+            while let Some(settled) = set.join_next().await {
+                let settled = settled.map_err(|e| StoreError::task("chain root read", e))?;
+                out.extend(settled);
+            }
+            refs.retain(|id| !out.contains_key(id));
         }
         let width = self.config().roots_in_flight.max(1);
         let mut pending = refs.into_iter();

@@ -749,7 +749,7 @@ async fn a_stale_or_forged_ledger_costs_reads_never_bytes() {
             assert_eq!(hit_bytes(restore(r, &conv.id, *c).await), want.encoded());
             let mut buf = vec![0u8; want.encoded().len()];
             assert!(matches!(
-                restore_into(&r, &conv.id, *c, &mut buf).await,
+                restore_into(r, &conv.id, *c, &mut buf).await,
                 RestoreIntoOutcome::Hit { .. }
             ));
             assert_eq!(&buf[..], want.encoded());

@@ -80,6 +80,9 @@ enum Command {
     Shaped(BenchArgs),
     /// Restore and publish, the shaped scenarios, the zstd study and chain.
     All(BenchArgs),
+    /// Lookup and restore with the capacity ledger up and down (S3-like
+    /// latency), in request rounds.
+    LedgerDown(scenarios::ledger_down::LedgerDownArgs),
     /// One benchmark job in a child process (used by the suites).
     #[command(hide = true)]
     BenchOne(BenchOneArgs),
@@ -222,6 +225,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Command::Chain(a) => scenarios::run(Suite::Chain, a).await,
             Command::Shaped(a) => scenarios::run(Suite::Shaped, a).await,
             Command::All(a) => scenarios::run(Suite::All, a).await,
+            Command::LedgerDown(a) => scenarios::ledger_down::run(a).await,
             Command::BenchOne(a) => runner::run_one(a).await,
         }
     })

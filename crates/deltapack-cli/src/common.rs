@@ -23,14 +23,51 @@ pub(crate) const DEMO_STORE: &str = "./deltapack-data";
 /// before the handle's drop or a background task could write them. A
 /// failure is logged, never the command's error.
 pub(crate) async fn persist_counters(store: &Store) {
-    if let Err(e) = store.flush_counters().await {
-        tracing::warn!(error = %e, "could not persist this command's counters");
+    // `close` skips a ledger this command already found down, and a
+    // ledger that hangs is given up on after CLOSE_PATIENCE: a read never
+    // waits long on a ledger that is down for the sake of its counters.
+    match tokio::time::timeout(CLOSE_PATIENCE, store.close()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "could not persist this command's counters"),
+        Err(_) => tracing::warn!("the ledger did not take this command's counters in time"),
     }
 }
 
+/// How long a command waits, at its end, for its ledger to take its
+/// counters and accesses.
+const CLOSE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Opens a store, naming the URL in errors.
 pub(crate) fn open_store(url: &str, config: StoreConfig) -> Result<Store> {
-    Store::open(url, config).with_context(|| format!("cannot open store {url}"))
+    let store = Store::open(url, config).with_context(|| format!("cannot open store {url}"))?;
+    if let Ok(mut opened) = OPENED.lock() {
+        opened.push(store.clone());
+    }
+    Ok(store)
+}
+
+/// Every store this process opened, closed by [`close_stores`] before the
+/// runtime shuts down.
+static OPENED: std::sync::Mutex<Vec<Store>> = std::sync::Mutex::new(Vec::new());
+
+/// Writes what the opened stores still owe their ledgers (accesses,
+/// counters) and waits for it ([`Store::close`]): a write still in flight
+/// when the runtime shuts down would be cancelled. Failures are warnings:
+/// the command's own outcome is already decided.
+pub(crate) async fn close_stores() {
+    let opened: Vec<Store> = match OPENED.lock() {
+        Ok(mut o) => o.drain(..).collect(),
+        Err(_) => Vec::new(),
+    };
+    for s in opened {
+        match tokio::time::timeout(CLOSE_PATIENCE, s.close()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "could not write the store's last accesses to its ledger")
+            }
+            Err(_) => tracing::warn!("the ledger did not take the store's last accesses in time"),
+        }
+    }
 }
 
 /// Reads and validates a cache identity JSON file.

@@ -8,7 +8,11 @@
 //! object store failed), `io`, `ledger`, `format` (an input that does not
 //! decode: identity, snapshot, token file), `invalid-input`,
 //! `base-mismatch`, `capacity`, `unsupported`, `conflict` (a publication
-//! lost to another writer), `internal`, `other`.
+//! lost to another writer), `ledger-unavailable` (the ledger cannot be
+//! reached: reads still work, publication and deletion wait for it),
+//! `ledger-mismatch` (this handle's ledger is not
+//! the one the store names: it may read, not publish or delete),
+//! `internal`, `other`.
 
 use deltapack_store::{ConfigFileError, OpenError, StoreError};
 
@@ -27,7 +31,10 @@ pub(crate) fn kind(e: &anyhow::Error) -> &'static str {
                 StoreError::BaseMismatch { .. } => "base-mismatch",
                 StoreError::Capacity(_) => "capacity",
                 StoreError::Ledger(_) => "ledger",
+                StoreError::LedgerUnavailable(_) => "ledger-unavailable",
                 StoreError::Unsupported(_) => "unsupported",
+                StoreError::LedgerMismatch { .. } => "ledger-mismatch",
+                StoreError::Concurrent(_) => "conflict",
                 _ => "internal",
             };
         }
@@ -105,6 +112,35 @@ pub(crate) fn hint(e: &anyhow::Error) -> Option<String> {
              AWS_SECRET_ACCESS_KEY (and AWS_REGION; for an S3-compatible server also \
              AWS_ENDPOINT_URL or ?endpoint=… in the store URL), or run where an instance \
              profile or web identity provides them"
+                .into(),
+        );
+    }
+    let mismatch = e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<StoreError>(),
+            Some(StoreError::LedgerMismatch { .. })
+        )
+    });
+    let unavailable = e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<StoreError>(),
+            Some(StoreError::LedgerUnavailable(_))
+        )
+    });
+    if unavailable {
+        return Some(
+            "the capacity ledger cannot be reached: restore and lookup still answer from the \
+             store, but publication and deletion need the ledger (they would break garbage \
+             collection without it) and work again once it is back; check the database server \
+             and the --ledger URL"
+                .into(),
+        );
+    }
+    if mismatch {
+        return Some(
+            "use the store's own ledger: --ledger URL, DELTAPACK_LEDGER or the `ledger` \
+             configuration key (`deltapack ledger show --store URL` names it); if that ledger \
+             is gone for good, `deltapack ledger adopt --store URL` makes this one the store's"
                 .into(),
         );
     }

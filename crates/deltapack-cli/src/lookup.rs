@@ -4,7 +4,9 @@
 //! which prefix of the prompt is already stored, and under which context.
 //! The store answers from its ledger's root index and confirms the chosen
 //! root with one HEAD; nothing is read or verified (use `restore` for
-//! that).
+//! that). With the ledger down or slower than `--ledger-deadline`, the
+//! answer comes from the store itself (the candidates' roots probed by
+//! name); `source` says which.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,17 +41,22 @@ pub(crate) async fn run(args: LookupArgs) -> Result<ExitCode> {
     let candidates = ContextHasher::new(ns, identity.chunk_tokens)?.boundaries(&tokens);
     let store = args.store.open()?;
     let start = Instant::now();
-    let found = store.lookup(&identity, &candidates).await;
+    let answer = store.lookup_detailed(&identity, &candidates).await;
     let elapsed = start.elapsed();
     common::persist_counters(&store).await;
-    let found = found?;
+    let answer = answer?;
+    let source = match answer.source {
+        deltapack_store::LookupSource::Ledger => "ledger",
+        _ => "store",
+    };
     let base = serde_json::json!({
         "namespace": ns.hex(),
         "tokens": tokens.len(),
         "candidates": candidates.len(),
         "lookup_ms": common::ms(elapsed),
+        "source": source,
     });
-    match found {
+    match answer.found {
         Some((boundary, context)) => {
             if args.json {
                 let mut v = base;
@@ -62,6 +69,7 @@ pub(crate) async fn run(args: LookupArgs) -> Result<ExitCode> {
             } else {
                 println!("hit       {}", context.hex());
                 println!("boundary  {boundary} of {} tokens", tokens.len());
+                println!("source    {source}");
                 println!("time      {:.1} ms", common::ms(elapsed));
             }
             Ok(ExitCode::SUCCESS)

@@ -214,7 +214,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .build()
                 .map_err(|e| anyhow::anyhow!("cannot start the tokio runtime: {e}"))?;
             rt.block_on(async move {
-                match command {
+                let out = match command {
                     Command::Publish(a) => publish::run(a).await,
                     Command::Restore(a) => restore::run(a).await,
                     Command::Inspect(a) => inspect::run(a).await,
@@ -237,7 +237,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     | Command::Completions(_) => {
                         unreachable!("handled without a runtime")
                     }
-                }
+                };
+                common::close_stores().await;
+                out
             })
         }
     }

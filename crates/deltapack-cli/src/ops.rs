@@ -1,12 +1,12 @@
 //! Operator commands over the capacity ledger: `evict`, `hold`, `release`,
-//! `prune`, `clear`, `invalidate`, `ledger rebuild|show`, `stats`.
+//! `prune`, `clear`, `invalidate`, `ledger rebuild|show|adopt`, `stats`.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Result;
 use deltapack_format::Namespace;
-use deltapack_store::{PruneFilter, RemovalReport, Store};
+use deltapack_store::{Ownership, PruneFilter, RemovalReport, Store};
 
 use crate::common::{self, human_bytes, print_json, StoreArgs};
 
@@ -137,9 +137,22 @@ pub(crate) struct InvalidateArgs {
 pub(crate) struct LedgerArgs {
     #[command(flatten)]
     s: OpArgs,
-    /// `rebuild` recomputes the ledger from the store; `show` prints totals.
-    #[arg(value_parser = ["rebuild", "show"])]
+    /// `show` prints the ledger's totals and which ledger the store names
+    /// (its binding); `rebuild` recomputes this ledger from the store;
+    /// `adopt` makes this handle's ledger the one that accounts for the
+    /// store (e.g. after losing a node's state directory, or moving a store
+    /// from SQLite to PostgreSQL), then rebuilds it.
+    #[arg(value_parser = ["rebuild", "show", "adopt"])]
     action: String,
+    /// `adopt`: how long to wait, after taking the store over, for
+    /// deletions the previous ledger's processes started just before (they
+    /// re-check the binding before each batch and stop).
+    #[arg(long, value_name = "DURATION", value_parser = crate::common::parse_duration)]
+    fence: Option<Duration>,
+    /// `adopt`: the previous ledger's processes are known to be stopped
+    /// (its node is gone, its state directory lost): do not wait.
+    #[arg(long, conflicts_with = "fence")]
+    old_owner_gone: bool,
 }
 
 /// `deltapack stats`.
@@ -292,7 +305,50 @@ pub(crate) async fn invalidate(a: InvalidateArgs) -> Result<ExitCode> {
 }
 
 pub(crate) async fn ledger(a: LedgerArgs) -> Result<ExitCode> {
+    if a.action != "adopt" && (a.fence.is_some() || a.old_owner_gone) {
+        return Err(
+            crate::Usage("--fence and --old-owner-gone go with `ledger adopt`".into()).into(),
+        );
+    }
     let store = a.s.open()?;
+    if a.action == "adopt" {
+        let fence = if a.old_owner_gone {
+            Duration::ZERO
+        } else {
+            a.fence.unwrap_or(deltapack_store::DEFAULT_FENCE)
+        };
+        if !fence.is_zero() && !a.s.json {
+            eprintln!(
+                "adopting: if another ledger owns the store, waiting {}s for deletions its \
+                 processes started before the adoption (--old-owner-gone skips this)",
+                fence.as_secs()
+            );
+        }
+        let report = store.adopt(fence).await?;
+        if a.s.json {
+            print_json(&report)?;
+        } else {
+            match (&report.previous, report.changed) {
+                (_, false) => println!("this ledger already accounts for the store"),
+                (None, true) => println!("bound the store to this ledger"),
+                (Some(p), true) => println!(
+                    "adopted the store from {} ({}, id {}, generation {}); that ledger is refused from now on",
+                    p.description, p.engine, p.ledger_id, p.generation
+                ),
+            }
+            let b = &report.binding;
+            println!(
+                "store ledger      {} ({}, id {}, generation {})",
+                b.description, b.engine, b.ledger_id, b.generation
+            );
+            let m = &report.merge;
+            println!(
+                "rebuilt           {} roots added, {} replaced, {} kept, {} removed",
+                m.added, m.replaced, m.kept, m.removed
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let totals = if a.action == "rebuild" {
         store.rebuild_ledger().await?
     } else {
@@ -303,12 +359,14 @@ pub(crate) async fn ledger(a: LedgerArgs) -> Result<ExitCode> {
         store.ledger_totals().await?
     };
     let location = store.ledger_location().await?;
+    let binding = store.binding_status().await?;
     if a.s.json {
         #[derive(serde::Serialize)]
         struct Shown<'a> {
             engine: &'a str,
             location: &'a str,
             persisted: bool,
+            binding: &'a deltapack_store::BindingStatus,
             #[serde(flatten)]
             totals: &'a deltapack_store::Totals,
         }
@@ -316,6 +374,7 @@ pub(crate) async fn ledger(a: LedgerArgs) -> Result<ExitCode> {
             engine: location.engine,
             location: &location.location,
             persisted: location.persisted,
+            binding: &binding,
             totals: &totals,
         })?;
     } else {
@@ -323,6 +382,23 @@ pub(crate) async fn ledger(a: LedgerArgs) -> Result<ExitCode> {
             "engine            {:>12}  ({})",
             location.engine, location.location
         );
+        println!("ledger id         {}", binding.this_ledger.ledger_id);
+        match (&binding.store_ledger, &binding.ownership) {
+            (_, Ownership::Owner) => {
+                println!("store's ledger    this one (generation {})", binding.this_ledger.generation)
+            }
+            (_, Ownership::Unbound) => {
+                println!("store's ledger    none yet (the first publication binds it to this one)")
+            }
+            (Some(b), _) => println!(
+                "store's ledger    ANOTHER: {} ({}, id {}, generation {}): this handle may read, not publish or delete",
+                b.description, b.engine, b.ledger_id, b.generation
+            ),
+            (None, Ownership::Foreign { detail }) => {
+                println!("store's ledger    unusable: {detail}")
+            }
+            (None, _) => println!("store's ledger    unknown"),
+        }
         println!("roots             {:>12}", totals.roots);
         println!(
             "objects           {:>12}  ({})",

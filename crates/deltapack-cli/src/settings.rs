@@ -222,6 +222,10 @@ pub(crate) struct StoreArgs {
     /// used by one process.
     #[arg(long, value_name = "DURATION", env = "DELTAPACK_GRACE", value_parser = parse_duration)]
     pub(crate) grace: Option<Duration>,
+    /// How long a lookup waits for the ledger before it answers from the
+    /// store (probing the roots by name), e.g. 50ms (the default), 1s.
+    #[arg(long, value_name = "DURATION", env = "DELTAPACK_LEDGER_DEADLINE", value_parser = parse_duration)]
+    pub(crate) ledger_deadline: Option<Duration>,
     /// What to do with the persisted ledger at open: load (check it against
     /// a listing, rebuild if it disagrees; the default) or rebuild. Emptying
     /// a store is `deltapack clear --yes`, never a side effect of another
@@ -435,6 +439,11 @@ pub(crate) fn resolve(
     let (grace, src) = pick("grace", &s.grace, &file.grace).unwrap_or((d.grace, Source::Default));
     c.grace = grace;
     shown.push("grace", units::format_duration(grace), src);
+
+    let (deadline, src) = pick("ledger_deadline", &s.ledger_deadline, &file.ledger_deadline)
+        .unwrap_or((d.ledger_deadline, Source::Default));
+    c.ledger_deadline = deadline;
+    shown.push("ledger-deadline", units::format_duration(deadline), src);
 
     let (cold, src) = pick(
         "cold_start",

@@ -28,12 +28,15 @@
 //!   verifies every extent and the whole payload.
 //! * [`root`] — root envelopes and the manifest bodies
 //!   `deltapack-page-delta-manifest/v1` (legacy) and `/v2`.
+//! * [`binding`] — the ledger binding: which capacity ledger accounts for a
+//!   store (the one that may delete from it and publish to it).
 //!
 //! Every decoder in this crate treats its input as hostile: lengths are
 //! checked against the bytes actually present (and against fixed limits)
 //! before anything is allocated, and malformed input is an [`Error`], never a
 //! panic.
 
+pub mod binding;
 pub mod context;
 pub mod delta;
 pub mod digest;
@@ -46,6 +49,7 @@ pub mod scatter;
 pub mod snapshot;
 pub mod synth;
 
+pub use binding::{LedgerBinding, LedgerId};
 pub use context::{context_digest, ContextHasher};
 pub use delta::{
     compose, ComposedPlan, CopyOp, DeltaHeader, DeltaLayout, Origin, PageDelta, Piece, DELTA_SCHEMA,

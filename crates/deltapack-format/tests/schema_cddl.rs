@@ -1204,3 +1204,58 @@ fn decoding_without_ancestors_changes_nothing_but_the_list() {
     assert!(root::decode(&bytes, None).is_err());
     assert!(root::decode_without_ancestors(&bytes, None).is_err());
 }
+
+// ---------------------------------------------------------------------------
+// The ledger binding (JSON, schemas/ledger-binding.cddl)
+
+/// Validates a JSON document against `ledger-binding.cddl`.
+fn validate_binding(json: &str) -> Result<(), String> {
+    let doc = schema_file("ledger-binding.cddl");
+    match cddl::validate_json_from_str(&doc, json, None) {
+        Ok(()) => Ok(()),
+        Err(cddl::validator::json::Error::Validation(errors)) => {
+            assert!(!errors.is_empty(), "validation failed without errors");
+            Err(errors
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; "))
+        }
+        Err(other) => panic!("not a validation verdict (schema or JSON unreadable): {other}"),
+    }
+}
+
+/// Every binding the code writes matches the schema, and the schema refuses
+/// what the decoder refuses (a wrong format, generation 0, a bad id, an
+/// unknown engine, an extra field).
+#[test]
+fn ledger_binding_matches_its_schema() {
+    use deltapack_format::{LedgerBinding, LedgerId};
+    for previous in [None, Some(LedgerId([0xab; 16]))] {
+        let b = LedgerBinding {
+            generation: 2,
+            ledger_id: LedgerId([0x5c; 16]),
+            engine: "sqlite".into(),
+            description: "sqlite on host n1: /var/lib/deltapack/ledger.sqlite3".into(),
+            bound_at_ms: 1_764_748_800_000,
+            previous,
+        };
+        let json = String::from_utf8(b.encode().expect("encode")).expect("utf8");
+        validate_binding(&json).unwrap_or_else(|e| panic!("{json}: {e}"));
+        assert_eq!(LedgerBinding::decode(json.as_bytes()).expect("decode"), b);
+        let bad = [
+            json.replace("binding/1", "binding/9"),
+            json.replace("\"generation\":2", "\"generation\":0"),
+            json.replace(&"5c".repeat(16), &"5C".repeat(16)),
+            json.replace("\"sqlite\"", "\"mysql\""),
+            json.replace("\"bound_at_ms\"", "\"extra\":1,\"bound_at_ms\""),
+        ];
+        for j in bad {
+            assert!(validate_binding(&j).is_err(), "schema accepted {j}");
+            assert!(
+                LedgerBinding::decode(j.as_bytes()).is_err(),
+                "decoder accepted {j}"
+            );
+        }
+    }
+}

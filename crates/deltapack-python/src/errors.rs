@@ -1,4 +1,4 @@
-//! The exception hierarchy: `deltapack.Error` and its four kinds.
+//! The exception hierarchy: `deltapack.Error` and its five kinds.
 //!
 //! A *miss* is never an exception (it is a `Miss` value); these are for
 //! failures, each carrying the Rust error's message.
@@ -45,6 +45,16 @@ create_exception!(
      store could not be asked."
 );
 
+create_exception!(
+    deltapack,
+    LedgerMismatchError,
+    Error,
+    "This handle's capacity ledger is not the one the store names (its ledger binding): the \
+     handle may restore and look up, but not publish or delete. Open the store with its ledger \
+     (`ledger_url=` or DELTAPACK_LEDGER), or adopt it (`deltapack ledger adopt`). Nothing was \
+     changed."
+);
+
 /// A `BadInput` exception with `msg`.
 pub(crate) fn bad_input(msg: impl Into<String>) -> PyErr {
     BadInput::new_err(msg.into())
@@ -57,6 +67,7 @@ impl From<Failure> for PyErr {
             Failure::Conflict(m) => ConflictError::new_err(m),
             Failure::BadInput(m) => BadInput::new_err(m),
             Failure::Io(m) => IoError::new_err(m),
+            Failure::LedgerMismatch(m) => LedgerMismatchError::new_err(m),
             Failure::Other(m) => Error::new_err(m),
         }
     }
@@ -70,5 +81,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ConflictError", py.get_type::<ConflictError>())?;
     m.add("BadInput", py.get_type::<BadInput>())?;
     m.add("IoError", py.get_type::<IoError>())?;
+    m.add("LedgerMismatchError", py.get_type::<LedgerMismatchError>())?;
     Ok(())
 }

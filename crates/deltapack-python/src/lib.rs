@@ -711,17 +711,18 @@ impl Store {
         })
     }
 
-    /// The longest stored prefix `(boundary, context)` of the token ids, or None.
+    /// The longest stored prefix `(boundary, context, source)` of the token
+    /// ids, or None (`source`: `ledger` or `store`).
     fn lookup(
         &self,
         py: Python<'_>,
         identity: &CacheIdentity,
         tokens: &Bound<'_, PyAny>,
-    ) -> PyResult<Option<(u64, String)>> {
+    ) -> PyResult<Option<(u64, String, &'static str)>> {
         let candidates = identity.hasher()?.boundaries(&buffer::tokens(tokens)?);
         let (e, id) = (self.engine.clone(), identity.inner.clone());
         let r = blocking(py, async move { e.lookup(&id, &candidates).await })?;
-        Ok(r.map(|(b, c)| (b, c.hex())))
+        Ok(r.map(|(b, c, s)| (b, c.hex(), s)))
     }
 
     /// `lookup` as an awaitable.
@@ -735,7 +736,7 @@ impl Store {
         let (e, id) = (self.engine.clone(), identity.inner.clone());
         pyo3_async_runtimes::tokio::future_into_py(py, async move {
             let r = e.lookup(&id, &candidates).await?;
-            Ok(r.map(|(b, c)| (b, c.hex())))
+            Ok(r.map(|(b, c, s)| (b, c.hex(), s)))
         })
     }
 

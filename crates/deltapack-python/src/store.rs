@@ -32,6 +32,9 @@ pub(crate) enum Failure {
     /// Storage or ledger I/O failed (permissions, network, a full ledger
     /// disk, …).
     Io(String),
+    /// This handle's ledger is not the one the store names: it may read,
+    /// not publish or delete; nothing was changed.
+    LedgerMismatch(String),
     /// Anything else (unsupported operation, broken internal invariant).
     Other(String),
 }
@@ -43,7 +46,9 @@ impl From<ds::StoreError> for Failure {
         match e {
             E::Capacity(_) => Failure::Capacity(text),
             E::Invalid(_) | E::Format(_) | E::BaseMismatch { .. } => Failure::BadInput(text),
-            E::Io { .. } | E::Open(_) | E::Ledger(_) => Failure::Io(text),
+            E::Io { .. } | E::Open(_) | E::Ledger(_) | E::LedgerUnavailable(_) => Failure::Io(text),
+            E::LedgerMismatch { .. } => Failure::LedgerMismatch(text),
+            E::Concurrent(_) => Failure::Conflict(text),
             _ => Failure::Other(text),
         }
     }
@@ -296,13 +301,19 @@ impl Engine {
     }
 
     /// The longest of `candidates` (boundary, context) that has a root
-    /// (existence checks only).
+    /// (existence checks only), and where the answer came from (`ledger`,
+    /// or `store` when the ledger was down, slow or knew none).
     pub(crate) async fn lookup(
         &self,
         identity: &CacheIdentity,
         candidates: &[(u64, ContextDigest)],
-    ) -> Result<Option<(u64, ContextDigest)>> {
-        Ok(self.store.lookup(identity, candidates).await?)
+    ) -> Result<Option<(u64, ContextDigest, &'static str)>> {
+        let answer = self.store.lookup_detailed(identity, candidates).await?;
+        let source = match answer.source {
+            ds::LookupSource::Ledger => "ledger",
+            _ => "store",
+        };
+        Ok(answer.found.map(|(b, c)| (b, c, source)))
     }
 
     /// Ledger gauges, persisted counters and this process's counters.
@@ -352,7 +363,7 @@ impl Engine {
     /// Persists this handle's counters into the ledger (so `deltapack stats`
     /// in another process sees them).
     pub(crate) async fn flush(&self) -> Result<()> {
-        Ok(self.store.flush_counters().await?)
+        Ok(self.store.close().await?)
     }
 }
 

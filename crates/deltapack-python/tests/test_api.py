@@ -87,3 +87,73 @@ def test_ledger_url_outside_the_store(tmp_path, monkeypatch, cli):
     with pytest.raises(deltapack.BadInput) as e:
         bad.stats()
     assert "ledger URL" in str(e.value)
+
+
+def test_a_foreign_ledger_reads_but_may_not_change_the_store(tmp_path, cli):
+    """The store names the ledger that accounts for it (its first
+    publisher's): a handle with another ledger restores and looks up, and
+    its publication and eviction raise `LedgerMismatchError` (a
+    `deltapack.Error`) with the fix in the message; after `ledger adopt`
+    (CLI) the other ledger is the store's."""
+    ident = deltapack.CacheIdentity.example()
+    snap, ids = deltapack.synth(2048, "tiny", 23)
+    snap2, ids2 = deltapack.synth(2048, "tiny", 24)
+    url = f"file://{tmp_path / 's'}"
+    with deltapack.Store(url) as owner:
+        owner.publish(ident, ids, snap)
+    other = f"sqlite://{tmp_path / 'other' / 'ledger.sqlite3'}"
+    with deltapack.Store(url, ledger_url=other) as store:
+        assert store.restore(ident, ids)
+        assert store.lookup(ident, ids) is not None
+        with pytest.raises(deltapack.LedgerMismatchError) as e:
+            store.publish(ident, ids2, snap2)
+        assert isinstance(e.value, deltapack.Error)
+        assert "ledger adopt" in str(e.value)
+        with pytest.raises(deltapack.LedgerMismatchError):
+            store.evict(to=0)
+    code, out = cli("ledger", "adopt", "--store", url, "--ledger", other,
+                    "--old-owner-gone", "--json")
+    assert code == 0 and read_json(out)["changed"], out
+    with deltapack.Store(url, ledger_url=other) as store:
+        store.publish(ident, ids2, snap2)
+        assert store.restore(ident, ids2)
+    with deltapack.Store(url) as old:
+        with pytest.raises(deltapack.LedgerMismatchError):
+            old.publish(ident, ids2, snap2)
+
+
+def test_lookup_says_its_source_and_survives_an_unreadable_ledger(tmp_path):
+    """`lookup` answers from the ledger, and from the store (roots probed by
+    name, GIL released) when the ledger cannot be read; `restore` still
+    hits and `publish` raises `IoError` (ledger unavailable)."""
+    import concurrent.futures
+    import os
+
+    ident = deltapack.CacheIdentity.example()
+    snap, ids = deltapack.synth(2048, "tiny", 25)
+    url = f"file://{tmp_path / 's'}"
+    path = tmp_path / "ledger.sqlite3"
+    ledger = f"sqlite://{path}"
+    request = list(ids) + [7] * 600
+    with deltapack.Store(url, ledger_url=ledger) as store:
+        store.publish(ident, ids, snap)
+        hit = store.lookup(ident, request)
+        assert hit is not None and hit.source == "ledger" and hit.boundary == 2048
+    garbage = tmp_path / "garbage"
+    garbage.write_bytes(b"\x5a" * 8192)
+    os.replace(garbage, path)
+    for suffix in ("-wal", "-shm"):
+        try:
+            os.remove(f"{path}{suffix}")
+        except FileNotFoundError:
+            pass
+    with deltapack.Store(url, ledger_url=ledger) as store:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda _: store.lookup(ident, request), range(8)))
+        for a in answers:
+            assert a is not None and a.source == "store" and a.boundary == 2048, a
+        assert store.restore(ident, ids)
+        other, other_ids = deltapack.synth(2048, "tiny", 26)
+        with pytest.raises(deltapack.IoError) as e:
+            store.publish(ident, other_ids, other)
+        assert "ledger unavailable" in str(e.value)

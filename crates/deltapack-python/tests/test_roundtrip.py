@@ -77,8 +77,8 @@ def test_lookup_and_async(store_url, ident):
         # A longer request finds the longest stored prefix.
         longer = list(ids) + [7] * 1000
         hit = await store.lookup_async(ident, longer)
-        assert hit == deltapack.Lookup(4096, ident.context(ids))
-        assert store.lookup(ident, list(base_ids) + [1] * 10) == (2048, ident.context(base_ids))
+        assert hit == deltapack.Lookup(4096, ident.context(ids), "ledger")
+        assert store.lookup(ident, list(base_ids) + [1] * 10) == (2048, ident.context(base_ids), "ledger")
         assert await store.lookup_async(ident, [5] * 1024) is None
         n = await store.snapshot_size_async(ident, hit.context)
         out = np.zeros(n, dtype=np.uint8)

@@ -102,6 +102,18 @@ pub enum RemovalKind {
     Invalidate,
 }
 
+impl RemovalKind {
+    /// The operation's name in messages (`evict`, `prune`, …).
+    pub(crate) fn op(self) -> &'static str {
+        match self {
+            RemovalKind::Evict => "evict",
+            RemovalKind::Prune => "prune",
+            RemovalKind::Clear => "clear",
+            RemovalKind::Invalidate => "invalidate",
+        }
+    }
+}
+
 /// Roots chosen for removal, dependents before their bases; nothing has
 /// been changed yet. Made by [`Store::evict_plan`], [`Store::prune_plan`],
 /// [`Store::clear_plan`] or [`Store::invalidate_plan`]; shown as is for a
@@ -247,7 +259,15 @@ impl Store {
     /// one for `memory://`. A ledger outside the store is bound to the
     /// first store that uses it (`meta.store`) and refuses any other: two
     /// buckets' accounts in one database would corrupt both.
-    pub(crate) async fn ledger(&self) -> Result<&Ledger> {
+    ///
+    /// Boxed: a quarantine can happen inside the ledger's own opening (its
+    /// reconciliation reads roots), and quarantining asks the ledger whether
+    /// this handle may; an async call cycle needs one boxed step.
+    pub(crate) fn ledger(&self) -> futures::future::BoxFuture<'_, Result<&Ledger>> {
+        Box::pin(self.open_ledger_once())
+    }
+
+    async fn open_ledger_once(&self) -> Result<&Ledger> {
         self.inner
             .ledger
             .get_or_try_init(|| async {
@@ -266,6 +286,7 @@ impl Store {
                 let mut background = false;
                 match policy {
                     ColdStart::Clear => {
+                        self.require_owner_with(&ledger, "clear").await?;
                         self.clear_store().await?;
                         self.reconcile_into(&ledger, true).await?;
                     }
@@ -528,12 +549,59 @@ impl Store {
             .swap(true, std::sync::atomic::Ordering::SeqCst)
         {
             let store = self.clone();
-            tokio::spawn(async move {
-                if let Err(e) = store.flush_touches().await {
-                    tracing::warn!(error = %e, "ledger touch failed");
+            let task = tokio::spawn(async move {
+                match store.flush_touches().await {
+                    Ok(()) => {}
+                    // Counted in `touches_dropped`; reads go on without it.
+                    Err(e @ StoreError::LedgerUnavailable(_)) => {
+                        store.note_ledger_down(&format!("accesses dropped: {e}"))
+                    }
+                    Err(e) => tracing::warn!(error = %e, "ledger touch failed"),
                 }
             });
+            if let Ok(mut t) = self.inner.touch_task.lock() {
+                *t = Some(task);
+            }
         }
+    }
+
+    /// Writes what this handle still owes the ledger (queued accesses, an
+    /// access flush already under way, counters) and waits for it. Call it
+    /// before the runtime shuts down (a process about to exit): a flush
+    /// still in flight then would be cancelled, and its accesses lost. A
+    /// handle that owes nothing opens no ledger, and one whose ledger was
+    /// found down within [`crate::LEDGER_RETRY`] does not ask it again
+    /// (bound the call with a timeout where a hanging ledger must not hold
+    /// a process's exit, as the CLI does).
+    pub async fn close(&self) -> Result<()> {
+        let task = self.inner.touch_task.lock().ok().and_then(|mut t| t.take());
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+        // A ledger this handle found down moments ago is not asked again
+        // (the accesses were dropped and counted; the counters stay this
+        // process's). Nothing owed: nothing to open.
+        if self.ledger_resting() {
+            return Ok(());
+        }
+        let touches = !self
+            .inner
+            .touches
+            .lock()
+            .map(|t| t.is_empty())
+            .unwrap_or(true);
+        let last = match self.inner.flushed.lock() {
+            Ok(l) => l.clone(),
+            Err(p) => p.into_inner().clone(),
+        };
+        let counted = crate::stats::counter_deltas(&self.stats(), &last)
+            .iter()
+            .any(|(_, n)| *n > 0);
+        if !touches && !counted {
+            return Ok(());
+        }
+        self.flush_touches().await?;
+        self.flush_counters().await
     }
 
     /// Pins a root against eviction by this process while the guard lives.
@@ -558,6 +626,7 @@ impl Store {
     /// Places a named, persistent hold on a root (it must exist).
     pub async fn hold(&self, name: &str, ns: Namespace, ctx: ContextDigest) -> Result<()> {
         valid_hold_name(name)?;
+        self.require_owner("hold").await?;
         if !matches!(self.peek_root(&ns, &ctx).await?, RootStatus::Found(_)) {
             return Err(StoreError::Invalid(format!(
                 "no readable root {}",
@@ -577,17 +646,29 @@ impl Store {
     /// Releases a named hold. Returns whether it existed.
     pub async fn release(&self, name: &str, ns: Namespace, ctx: ContextDigest) -> Result<bool> {
         valid_hold_name(name)?;
+        self.require_owner("release").await?;
         let marker = keys::hold_key(name, &ns, &ctx);
+        // Whether the hold existed: its marker (the source of truth) or the
+        // ledger's row. Both are looked at before anything is removed, since
+        // a reconciliation running meanwhile drops a row whose marker is
+        // gone. The row goes first (with a tombstone, so that no
+        // reconciliation brings it back from the marker), then the marker.
+        let marked = match self.object_store().head(&marker).await {
+            Ok(_) => true,
+            Err(object_store::Error::NotFound { .. }) => false,
+            Err(e) => return Err(StoreError::io(&marker, e)),
+        };
+        let name = name.to_string();
+        let recorded = self
+            .ledger()
+            .await?
+            .run(move |l| l.release_hold(&name, &ns, &ctx))
+            .await?;
         match self.object_store().delete(&marker).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => return Err(StoreError::io(&marker, e)),
         }
-        let name = name.to_string();
-        Ok(self
-            .ledger()
-            .await?
-            .run(move |l| l.release_hold(&name, &ns, &ctx))
-            .await?)
+        Ok(marked || recorded)
     }
 
     /// Deletes condemned objects whose grace period has passed and that no
@@ -601,6 +682,7 @@ impl Store {
     ))]
     pub async fn collect_garbage(&self) -> Result<(u64, u64)> {
         let ledger = self.ledger().await?;
+        let mut fence = crate::ownership::OwnerFence::start(self, "collect garbage").await?;
         // An object the ledger thinks unreferenced may be used by a root
         // it has not seen yet (written by a process that died before
         // recording it): reconcile first.
@@ -622,7 +704,19 @@ impl Store {
                 // Claim, delete, finish: a publisher that protects a claimed
                 // key waits for the deletion and writes the object again.
                 let (mut n, mut b) = (0, 0);
-                for (key, bytes) in ledger.run(move |l| l.claim_due(cutoff)).await? {
+                let claimed = ledger.run(move |l| l.claim_due(cutoff)).await?;
+                for (i, (key, bytes)) in claimed.iter().enumerate() {
+                    // An adoption since the last check: stop, and hand the
+                    // claims not acted on back (the new owner decides).
+                    if let Err(e) = fence.check(self).await {
+                        let rest: Vec<String> =
+                            claimed[i..].iter().map(|(k, _)| k.clone()).collect();
+                        let _ = ledger
+                            .run(move |l| rest.iter().try_for_each(|k| l.finish_delete(k, false)))
+                            .await;
+                        return Err(e);
+                    }
+                    let (key, bytes) = (key.clone(), *bytes);
                     let p = Path::from(key.as_str());
                     let res = self.object_store().delete(&p).await;
                     let deleted = matches!(res, Ok(()) | Err(object_store::Error::NotFound { .. }));
@@ -706,9 +800,25 @@ impl Store {
         if pending.is_empty() {
             return Ok(());
         }
-        let ledger = self.ledger().await?;
-        ledger.run(move |l| l.touch_many(&pending)).await?;
-        Ok(())
+        // Accesses only order eviction: with the ledger away they are
+        // dropped (counted), never retried on a request's path.
+        let n = pending.len() as u64;
+        let written = async {
+            let ledger = self.ledger().await?;
+            ledger.run(move |l| l.touch_many(&pending)).await?;
+            Ok::<_, StoreError>(())
+        }
+        .await;
+        match written {
+            Ok(()) => {
+                self.note_ledger_up();
+                Ok(())
+            }
+            Err(e) => {
+                Stats::add(&self.stats_ref().touches_dropped, n);
+                Err(e)
+            }
+        }
     }
 
     /// A plan removing `seeds`, each with every delta built on it.
@@ -737,6 +847,7 @@ impl Store {
     ))]
     pub async fn execute(&self, plan: RemovalPlan) -> Result<RemovalReport> {
         let ledger = self.ledger().await?;
+        let mut fence = crate::ownership::OwnerFence::start(self, plan.kind.op()).await?;
         let rows = self.lru_rows(ledger).await?;
         let graph = Self::ledger_graph(&rows);
         let respect = matches!(plan.kind, RemovalKind::Evict | RemovalKind::Prune);
@@ -754,6 +865,7 @@ impl Store {
                 if !done.insert(k) {
                     continue;
                 }
+                fence.check(self).await?;
                 // Eviction and pruning claim each root first: one that a
                 // publication (of any node) is building a delta on, or that
                 // a delta recorded since the plan builds on, is kept — and
@@ -943,6 +1055,7 @@ impl Store {
             };
             let mut report = RemovalReport::default();
             for k in group {
+                self.require_owner("evict").await?;
                 if !self.remove_one(ledger, k, true, &mut report).await? {
                     // A delta is being built on it (here or on another
                     // node): not evictable for this publication.

@@ -85,6 +85,13 @@ pub struct ConfigFile {
         serialize_with = "se_duration"
     )]
     pub grace: Option<Duration>,
+    /// [`StoreConfig::ledger_deadline`].
+    #[serde(
+        default,
+        deserialize_with = "de_duration",
+        serialize_with = "se_duration"
+    )]
+    pub ledger_deadline: Option<Duration>,
     /// [`StoreConfig::cold_start`].
     pub cold_start: Option<FileColdStart>,
     /// [`StoreConfig::prefill_tokens_per_s`].
@@ -253,6 +260,9 @@ impl ConfigFile {
         }
         if let Some(v) = self.grace {
             c.grace = v;
+        }
+        if let Some(v) = self.ledger_deadline {
+            c.ledger_deadline = v;
         }
         if let Some(v) = self.cold_start {
             c.cold_start = v.into();

@@ -128,6 +128,13 @@ pub enum StoreError {
     /// The capacity ledger failed.
     #[error("ledger: {0}")]
     Ledger(#[source] crate::ledger::LedgerError),
+    /// The capacity ledger cannot be reached (its server is down or not
+    /// answering, its file cannot be opened). Reads do not need it —
+    /// restore and lookup answer from the store — but publication and
+    /// deletion do, and fail closed with this error: the cache is degraded,
+    /// not broken, and they work again once the ledger is back.
+    #[error("ledger unavailable: {0}")]
+    LedgerUnavailable(#[source] crate::ledger::LedgerError),
     /// A worker task (hashing, verifying, writing) panicked or was
     /// cancelled: a bug or a shutdown, never a data problem.
     #[error("{what} task failed: {source}")]
@@ -144,16 +151,47 @@ pub enum StoreError {
     /// An internal invariant broke (a bug): never a data problem.
     #[error("internal invariant broken: {0}")]
     Internal(String),
+    /// This handle's capacity ledger is not the one that accounts for the
+    /// store (the store's ledger binding names another), so it may read
+    /// but not delete from or publish to the store: two ledgers collecting
+    /// one store's objects lose data. Nothing was changed.
+    #[error(
+        "{op} refused (ledger mismatch): {detail}; this handle's ledger is {this_ledger}. \
+         Two ledgers deleting from one store lose data, so only the store's ledger may delete \
+         from it or publish to it. Open the store with its ledger (--ledger URL, \
+         DELTAPACK_LEDGER or the `ledger` configuration key), or, if that ledger is gone for \
+         good, make this one the store's with `deltapack ledger adopt --store {store}`"
+    )]
+    LedgerMismatch {
+        /// The refused operation (`publish`, `evict`, `collect garbage`, …).
+        op: &'static str,
+        /// The store (`s3://bucket/prefix`, `file:///dir`).
+        store: String,
+        /// Which ledger the store names, or why its binding is unusable.
+        detail: String,
+        /// This handle's ledger (description and id).
+        this_ledger: String,
+    },
+    /// Another process changed what this operation depends on while it ran
+    /// (e.g. the store's ledger binding during an adoption); nothing was
+    /// changed by this call, and running it again is safe.
+    #[error("concurrent change: {0}")]
+    Concurrent(String),
 }
 
 impl From<crate::ledger::LedgerError> for StoreError {
     /// A full disk under the ledger is a capacity error, like one under the
-    /// objects; anything else keeps the ledger's error as its source.
+    /// objects; a ledger that cannot be reached is
+    /// [`StoreError::LedgerUnavailable`]; anything else keeps the ledger's
+    /// error as its source.
     fn from(e: crate::ledger::LedgerError) -> Self {
         if let crate::ledger::LedgerError::Sqlite(rusqlite::Error::SqliteFailure(f, _)) = &e {
             if f.code == rusqlite::ErrorCode::DiskFull {
                 return StoreError::Capacity(format!("no space left for the ledger: {e}"));
             }
+        }
+        if e.is_unavailable() {
+            return StoreError::LedgerUnavailable(e);
         }
         StoreError::Ledger(e)
     }

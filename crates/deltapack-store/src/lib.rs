@@ -104,9 +104,11 @@ mod fault;
 pub mod keys;
 mod ledger;
 mod local;
+mod lookup;
 mod metrics;
 mod migrate;
 mod options;
+mod ownership;
 mod publish;
 mod restore;
 mod stats;
@@ -140,7 +142,9 @@ pub fn state_dir() -> std::path::PathBuf {
     }
     std::env::temp_dir().join("deltapack-state")
 }
+pub use lookup::{Lookup, LookupSource, LEDGER_RETRY, LOOKUP_PROBES_IN_FLIGHT};
 pub use migrate::{MigrationProof, MigrationReport};
+pub use ownership::{AdoptReport, BindingStatus, BindingView, Ownership, DEFAULT_FENCE};
 /// The `prometheus-client` crate this one registers its metrics with (see
 /// [`Store::register_metrics`]), re-exported so callers use the same version.
 pub use prometheus_client;

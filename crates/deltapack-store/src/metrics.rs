@@ -22,6 +22,9 @@
 //! | `deltapack_ledger_accumulated` | gauge | `counter` | counters accumulated in the ledger by every process that used the store (local disk; other backends: this process) |
 //! | `deltapack_budget_bytes` | gauge | | the configured budget (registered only when one is set) |
 //! | `deltapack_free_bytes` | gauge | | free bytes on a local store's filesystem |
+//! | `deltapack_ledger_fallback_total` | counter | `op` (`lookup`) | calls answered from the store because the ledger was down, failing or slower than `ledger_deadline` |
+//! | `deltapack_ledger_touches_dropped_total` | counter | | root accesses (LRU order) dropped because the ledger could not take them |
+//! | `deltapack_ledger_last_reachable_timestamp_seconds` | gauge | | Unix time of this handle's last successful ledger call (0: none yet); time since = now − this |
 //!
 //! `schema` is the root's schema string (`deltapack-page-delta-manifest/v2`,
 //! `…/v2.1`, `…/v1`) once the root was read, else `unknown` (no root, a
@@ -79,6 +82,11 @@ struct NamespaceLabels {
 
 /// Labels of `deltapack_ledger_accumulated`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabels {
+    op: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CounterLabels {
     counter: String,
 }
@@ -131,6 +139,8 @@ pub(crate) struct Metrics {
     accumulated: Family<CounterLabels, U64Gauge>,
     budget_bytes: U64Gauge,
     free_bytes: U64Gauge,
+    ledger_fallbacks: Family<OpLabels, Counter>,
+    ledger_reachable: U64Gauge,
 }
 
 impl Default for Metrics {
@@ -152,6 +162,8 @@ impl Default for Metrics {
             accumulated: Family::default(),
             budget_bytes: U64Gauge::default(),
             free_bytes: U64Gauge::default(),
+            ledger_fallbacks: Family::default(),
+            ledger_reachable: U64Gauge::default(),
         }
     }
 }
@@ -403,5 +415,36 @@ impl Metrics {
                 self.free_bytes.clone(),
             );
         }
+        r.register(
+            "ledger_fallback",
+            "Calls answered from the store because the ledger was down, failing or too slow",
+            self.ledger_fallbacks.clone(),
+        );
+        r.register(
+            "ledger_touches_dropped",
+            "Root accesses dropped because the ledger could not take them",
+            stats.touches_dropped.clone(),
+        );
+        r.register(
+            "ledger_last_reachable_timestamp_seconds",
+            "Unix time of this handle's last successful ledger call (0: none yet)",
+            self.ledger_reachable.clone(),
+        );
+    }
+
+    /// A call (`op`) answered without the ledger (also counted in
+    /// `stats.ledger_fallbacks`).
+    pub(crate) fn ledger_fallback(&self, stats: &Stats, op: &'static str) {
+        self.ledger_fallbacks.get_or_create(&OpLabels { op }).inc();
+        stats.ledger_fallbacks.inc();
+    }
+
+    /// A ledger call succeeded now.
+    pub(crate) fn ledger_reached(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        self.ledger_reachable.set(now);
     }
 }

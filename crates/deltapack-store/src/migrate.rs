@@ -60,6 +60,9 @@ impl Store {
         namespace: Option<deltapack_format::Namespace>,
         dry_run: bool,
     ) -> Result<MigrationReport> {
+        if !dry_run {
+            self.require_owner("migrate").await?;
+        }
         let mut report = MigrationReport {
             dry_run,
             ..Default::default()

@@ -54,6 +54,7 @@ setters!(crate::StoreConfig {
     with_cold_start => cold_start: crate::ColdStart,
     with_ledger => ledger: Option<String>,
     with_prefill_tokens_per_s => prefill_tokens_per_s: Option<f64>,
+    with_ledger_deadline => ledger_deadline: std::time::Duration,
 });
 
 setters!(crate::ChainPolicy {

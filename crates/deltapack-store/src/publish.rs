@@ -258,6 +258,9 @@ impl Store {
                 "boundary {boundary} is not a positive multiple of chunk_tokens {ct}"
             )));
         }
+        // Only the store's own ledger may publish: a publication relies on
+        // objects it finds present, which another ledger may be collecting.
+        self.require_owner("publish").await?;
         // The publication's ledger id, protections and reservation (taken
         // here for a delta, below for a flat snapshot). A delta
         // protects its base root in the ledger *before* reading it: from
@@ -552,11 +555,16 @@ impl Store {
                                 "the root this publication lost to is gone again; creating it again"
                             );
                         }
+                        // Not a broken invariant: other writers keep
+                        // creating and removing this context. A typed,
+                        // retryable outcome; nothing of this publication's
+                        // is visible.
                         None => {
-                            return Err(StoreError::Internal(format!(
-                            "root {key} existed at create but vanished before it could be read, \
-                                 {CREATE_ATTEMPTS} times in a row"
-                        )))
+                            return Err(StoreError::Concurrent(format!(
+                                "root {key} existed at create but was removed before it could \
+                                 be read, {CREATE_ATTEMPTS} times in a row (other processes \
+                                 keep publishing and evicting this context); publish again"
+                            )))
                         }
                     }
                 }

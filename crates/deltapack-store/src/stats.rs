@@ -29,6 +29,8 @@ pub(crate) struct Stats {
     pub(crate) evictions: Counter,
     pub(crate) hits_cheaper_than_prefill: Counter,
     pub(crate) hits_dearer_than_prefill: Counter,
+    pub(crate) ledger_fallbacks: Counter,
+    pub(crate) touches_dropped: Counter,
 }
 
 /// A point-in-time copy of the store's counters (latency is in the
@@ -77,6 +79,12 @@ pub struct StatsSnapshot {
     pub hits_cheaper_than_prefill: u64,
     /// Hits that took longer than recomputing would have.
     pub hits_dearer_than_prefill: u64,
+    /// Reads (lookups) answered from the store because the ledger was
+    /// down, failing or slower than its deadline.
+    pub ledger_fallbacks: u64,
+    /// Root accesses (LRU order) dropped because the ledger could not take
+    /// them.
+    pub touches_dropped: u64,
 }
 
 impl Stats {
@@ -108,6 +116,8 @@ impl Stats {
             evictions: g(&self.evictions),
             hits_cheaper_than_prefill: g(&self.hits_cheaper_than_prefill),
             hits_dearer_than_prefill: g(&self.hits_dearer_than_prefill),
+            ledger_fallbacks: g(&self.ledger_fallbacks),
+            touches_dropped: g(&self.touches_dropped),
         }
     }
 }

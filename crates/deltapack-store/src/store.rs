@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use deltapack_format::root::{self, RootSummary};
-use deltapack_format::{CacheIdentity, ContextDigest, DecodedRoot, Namespace};
-use futures::{StreamExt, TryStreamExt};
+use deltapack_format::{ContextDigest, DecodedRoot, Namespace};
+use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 
@@ -98,6 +98,10 @@ pub struct StoreConfig {
     pub ledger: Option<String>,
     /// Prefill rate (tokens/s) to judge whether hits beat recomputation.
     pub prefill_tokens_per_s: Option<f64>,
+    /// How long a read may wait for the ledger before answering from the
+    /// store (lookup; 50 ms by default). Reads never need the ledger; this
+    /// bounds how long they try it.
+    pub ledger_deadline: std::time::Duration,
 }
 
 /// When a delta publication rebases: publishes the result as a flat root
@@ -180,6 +184,7 @@ impl std::fmt::Debug for StoreConfig {
             .field("grace", &self.grace)
             .field("cold_start", &self.cold_start)
             .field("prefill_tokens_per_s", &self.prefill_tokens_per_s)
+            .field("ledger_deadline", &self.ledger_deadline)
             .finish()
     }
 }
@@ -206,6 +211,7 @@ impl Default for StoreConfig {
             cold_start: crate::ledger::ColdStart::Load,
             ledger: None,
             prefill_tokens_per_s: None,
+            ledger_deadline: std::time::Duration::from_millis(50),
         }
     }
 }
@@ -225,6 +231,15 @@ pub(crate) struct Inner {
     pub(crate) touches: Mutex<HashMap<(Namespace, ContextDigest), u64>>,
     /// Whether a task to write `touches` is already on its way.
     pub(crate) touch_flush_scheduled: std::sync::atomic::AtomicBool,
+    /// The task writing `touches`, if one was started ([`Store::close`]
+    /// waits for it).
+    pub(crate) touch_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Whether this handle has warned that its ledger is down (reset when
+    /// the ledger answers again).
+    pub(crate) ledger_down_logged: std::sync::atomic::AtomicBool,
+    /// Until when reads skip the ledger after it failed (see
+    /// [`crate::LEDGER_RETRY`]).
+    pub(crate) ledger_rest_until: Mutex<Option<std::time::Instant>>,
     /// Set once the ledger has been reconciled with the store by this
     /// handle (see [`Store::reconcile_ledger`]).
     pub(crate) reconciled: tokio::sync::OnceCell<()>,
@@ -383,6 +398,9 @@ impl Store {
                 pins: Mutex::new(HashMap::new()),
                 touches: Mutex::new(HashMap::new()),
                 touch_flush_scheduled: std::sync::atomic::AtomicBool::new(false),
+                touch_task: Mutex::new(None),
+                ledger_down_logged: std::sync::atomic::AtomicBool::new(false),
+                ledger_rest_until: Mutex::new(None),
                 reconciled: tokio::sync::OnceCell::new(),
                 reconcile_full: std::sync::atomic::AtomicBool::new(false),
                 root_mutex: Arc::new(tokio::sync::Mutex::new(())),
@@ -812,6 +830,10 @@ impl Store {
     /// [`Store::quarantine_root_if_unchanged`] for a caller that already
     /// holds the root lock ([`Store::root_lock`]).
     pub(crate) async fn quarantine_root_locked(&self, key: &Path, expected: &[u8]) -> Result<bool> {
+        if !self.may_quarantine().await {
+            tracing::warn!(%key, "damaged root not quarantined: this handle's ledger is not the store's");
+            return Ok(false);
+        }
         let dest = keys::quarantine_key(key);
         let moved = if let BackendKind::Local { root } = self.backend_kind() {
             crate::local::quarantine_if_unchanged(root, key, &dest, expected)
@@ -841,6 +863,12 @@ impl Store {
     /// Moves a damaged key to `quarantine/…` (copy, then delete) and counts
     /// it. Failures are logged, never fatal: the restore is a miss anyway.
     pub(crate) async fn quarantine(&self, key: &Path) {
+        // A move out of the live key is a deletion: only a handle whose
+        // ledger owns the store (or of a store nobody has bound) makes it.
+        if !self.may_quarantine().await {
+            tracing::warn!(%key, "damaged object not quarantined: this handle's ledger is not the store's");
+            return;
+        }
         let store = self.object_store();
         let dest = keys::quarantine_key(key);
         let copied = store.copy(key, &dest).await;
@@ -933,68 +961,5 @@ impl Store {
             out.push(info);
         }
         Ok(out)
-    }
-
-    /// Given `(boundary, context)` candidates (e.g. every 256-token boundary
-    /// of a request), returns the longest boundary that has a root, checking
-    /// existence only (no payload reads).
-    ///
-    /// The ledger's root index answers first: the longest candidate it
-    /// records is confirmed with one HEAD (a stale row — a root deleted
-    /// behind the ledger's back — moves on to the next). Only when the
-    /// ledger knows none of them (a ledger per node, while other nodes
-    /// publish to the bucket) does it fall back to a HEAD per candidate,
-    /// 16 at a time.
-    #[tracing::instrument(level = "info", name = "lookup", skip_all, fields(
-        namespace = %crate::metrics::short_hex(&identity.namespace().hex()),
-        candidates = candidates.len(),
-        found = tracing::field::Empty,
-    ))]
-    pub async fn lookup(
-        &self,
-        identity: &CacheIdentity,
-        candidates: &[(u64, ContextDigest)],
-    ) -> Result<Option<(u64, ContextDigest)>> {
-        let ns = identity.namespace();
-        let mut sorted = candidates.to_vec();
-        sorted.sort_by_key(|c| std::cmp::Reverse(c.0));
-        let ctxs: Vec<ContextDigest> = sorted.iter().map(|c| c.1).collect();
-        let known = self
-            .ledger()
-            .await?
-            .run(move |l| l.recorded(&ns, &ctxs))
-            .await?;
-        for (b, c) in sorted.iter().filter(|c| known.contains(&c.1)) {
-            let key = keys::root_key(&ns, c);
-            match self.object_store().head(&key).await {
-                Ok(_) => {
-                    tracing::Span::current().record("found", b);
-                    return Ok(Some((*b, *c)));
-                }
-                Err(object_store::Error::NotFound { .. }) => continue,
-                Err(e) => return Err(StoreError::io(&key, e)),
-            }
-        }
-        let store = self.object_store().clone();
-        let found: Vec<Option<(u64, ContextDigest)>> = futures::stream::iter(sorted)
-            .map(|(b, c)| {
-                let store = store.clone();
-                async move {
-                    let key = keys::root_key(&ns, &c);
-                    match store.head(&key).await {
-                        Ok(_) => Ok(Some((b, c))),
-                        Err(object_store::Error::NotFound { .. }) => Ok(None),
-                        Err(e) => Err(StoreError::io(&key, e)),
-                    }
-                }
-            })
-            .buffered(16)
-            .try_collect()
-            .await?;
-        let found = found.into_iter().flatten().max_by_key(|(b, _)| *b);
-        if let Some((b, _)) = found {
-            tracing::Span::current().record("found", b);
-        }
-        Ok(found)
     }
 }

@@ -157,6 +157,11 @@ impl Store {
             dry_run: opts.dry_run,
             ..Default::default()
         };
+        // Its moves (quarantine, invalidation, reclaim) are deletions: only
+        // the store's own ledger may make them. A dry run verifies from any.
+        if !opts.dry_run {
+            self.require_owner("sweep").await?;
+        }
         let quarantined_before = self.stats().quarantined;
         let refs = self.sweep_read_roots(opts, &mut report).await?;
         let listed = self.sweep_list_objects().await?;
@@ -169,6 +174,9 @@ impl Store {
         let mut ledger = self
             .sweep_forget_vanished(opts, &refs, &invalidated)
             .await?;
+        if !opts.dry_run {
+            self.require_owner("sweep").await?;
+        }
         self.sweep_reclaim_orphans(opts, &refs, &listed, &mut ledger, &mut report)
             .await?;
         self.sweep_remove_staging(opts, &mut report)?;

@@ -10,6 +10,7 @@
 //! in the submodule of its kind.
 
 pub(crate) mod chain;
+pub(crate) mod ledger_down;
 pub(crate) mod publish;
 pub(crate) mod restore;
 pub(crate) mod zstd;

@@ -12,6 +12,8 @@ mod configuration;
 mod crash_kill9;
 mod destructive_commands;
 mod fleet_kill9;
+mod ledger_down;
 mod multi_process_ledger;
+mod one_bucket_one_ledger;
 mod output_contract;
 mod stats_prometheus;

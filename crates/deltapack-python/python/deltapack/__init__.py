@@ -33,7 +33,9 @@ What you get:
   ``corrupt``, ``incompatible``, ``base-missing``, ``deadline-exceeded``,
   ``unauthenticated``. Failures are exceptions: :class:`Error` and its
   subclasses :class:`CapacityError`, :class:`ConflictError`,
-  :class:`BadInput`, :class:`IoError`.
+  :class:`BadInput`, :class:`IoError`, :class:`LedgerMismatchError` (this
+  handle's ledger is not the one the store names: it may read, not publish
+  or delete).
 
 **What ``out`` holds after ``restore_into``.** On a :class:`Hit`, exactly the
 verified snapshot encoding. After a :class:`Miss` (or an exception) it holds
@@ -70,6 +72,7 @@ from ._native import (
     ConflictError,
     Error,
     IoError,
+    LedgerMismatchError,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -86,6 +89,7 @@ __all__ = [
     "Hit",
     "IoError",
     "LayerInfo",
+    "LedgerMismatchError",
     "Lookup",
     "Miss",
     "MISS_REASONS",
@@ -350,12 +354,17 @@ class Miss:
 
 
 class Lookup(NamedTuple):
-    """The longest stored prefix of a request: its boundary and context."""
+    """The longest stored prefix of a request: its boundary, context, and
+    where the answer came from."""
 
     #: Tokens covered by the stored snapshot.
     boundary: int
     #: Its context digest (64 hex); pass it as ``tokens`` to restore it.
     context: str
+    #: ``ledger`` (the capacity ledger's index) or ``store`` (the roots
+    #: probed by name: the ledger was down, slower than its deadline, or
+    #: knew none of the request's boundaries). The same boundary either way.
+    source: str
 
 
 class LayerInfo(NamedTuple):
@@ -513,7 +522,7 @@ def _restore_into_value(v: tuple) -> Union[Hit, Miss]:
     return Miss(v[1], v[2])
 
 
-def _lookup_value(v: Optional[Tuple[int, str]]) -> Optional[Lookup]:
+def _lookup_value(v: Optional[Tuple[int, str, str]]) -> Optional[Lookup]:
     return None if v is None else Lookup(*v)
 
 
@@ -616,7 +625,14 @@ class Store:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.flush()
+        # Leaving the block never fails because the ledger is away: the
+        # counters and accesses it could not take are this handle's loss.
+        try:
+            self.flush()
+        except IoError as e:
+            import warnings
+
+            warnings.warn(f"deltapack: counters not persisted: {e}", RuntimeWarning, stacklevel=2)
 
     # -- publication ---------------------------------------------------
 
@@ -673,7 +689,10 @@ class Store:
         """The longest stored prefix of a request, or ``None``.
 
         Checks every ``chunk_tokens`` boundary of ``tokens`` (token ids
-        only) for a root -- existence checks, no payload read.
+        only) for a root -- existence checks, no payload read. The ledger's
+        index answers first; when the ledger is down, failing or slower than
+        ``ledger_deadline`` (50 ms by default), the roots are probed by name
+        instead (``Lookup.source`` says which), with the GIL released.
         """
         return _lookup_value(self._native.lookup(identity, tokens))
 
@@ -784,6 +803,7 @@ class Store:
         return self._native.inspect(identity)
 
     def flush(self) -> None:
-        """Persists this handle's counters into the ledger now (also done
-        when the handle is garbage-collected)."""
+        """Persists this handle's counters and queued accesses into the
+        ledger now (also done when the handle is garbage-collected); skipped
+        when the ledger was found down within the last second."""
         self._native.flush()

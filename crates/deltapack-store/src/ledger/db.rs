@@ -168,13 +168,21 @@ pub(crate) struct Pg {
 
 impl Pg {
     /// Connects (on the new connection's thread).
-    pub(crate) fn connect(config: postgres::Config) -> Result<Pg, LedgerError> {
+    pub(crate) fn connect(
+        config: postgres::Config,
+        connector: super::tls::Connector,
+    ) -> Result<Pg, LedgerError> {
+        use super::tls::Connector;
+        let open = move |config: &postgres::Config| match &connector {
+            Connector::Plain => config.connect(postgres::NoTls),
+            Connector::Tls(tls) => config.connect(tls.clone()),
+        };
         let (jobs, inbox) = std::sync::mpsc::channel::<PgJob>();
         let (ready_tx, ready) = std::sync::mpsc::sync_channel(1);
         std::thread::Builder::new()
             .name("deltapack-ledger-pg".into())
             .spawn(move || {
-                let mut client = match config.connect(postgres::NoTls) {
+                let mut client = match open(&config) {
                     Ok(c) => {
                         let _ = ready_tx.send(Ok(()));
                         c
@@ -187,7 +195,7 @@ impl Pg {
                 for job in inbox {
                     if client.is_closed() {
                         tracing::info!("reconnecting to the PostgreSQL ledger");
-                        match config.connect(postgres::NoTls) {
+                        match open(&config) {
                             Ok(c) => client = c,
                             // The job's own call reports the closed
                             // connection.

@@ -45,10 +45,11 @@ use std::path::Path as FsPath;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use deltapack_format::{ContextDigest, Namespace, RootKind, RootSummary};
+use deltapack_format::{ContextDigest, LedgerId, Namespace, RootKind, RootSummary};
 use rusqlite::Connection;
 
 mod db;
+mod tls;
 use db::{Db, V};
 use serde::Serialize;
 
@@ -73,6 +74,10 @@ pub enum LedgerError {
     /// A ledger URL that cannot be used.
     #[error("ledger URL {0}")]
     Url(String),
+    /// The TLS settings of a PostgreSQL ledger URL cannot be used (a
+    /// missing or malformed CA file, an unknown `sslmode`).
+    #[error("ledger TLS: {0}")]
+    Tls(String),
     /// Stored values are not what this version writes.
     #[error("ledger content is inconsistent: {0}")]
     Inconsistent(String),
@@ -80,6 +85,62 @@ pub enum LedgerError {
     /// cancelled at shutdown).
     #[error("ledger task: {0}")]
     Task(String),
+}
+
+impl LedgerError {
+    /// Whether the ledger could not be reached at all (as opposed to
+    /// answering with an error): a connection refused, reset or timed out,
+    /// a closed PostgreSQL connection, a statement cancelled by its
+    /// timeout, a SQLite file that cannot be opened or is not a database,
+    /// a database still busy after every retry.
+    pub fn is_unavailable(&self) -> bool {
+        use std::io::ErrorKind as K;
+        match self {
+            LedgerError::Postgres(e) => {
+                if e.is_closed() {
+                    return true;
+                }
+                if let Some(db) = e.as_db_error() {
+                    // 57014: a statement cancelled by statement_timeout;
+                    // 57P01..03: the server is shutting down or starting.
+                    return matches!(db.code().code(), "57014" | "57P01" | "57P02" | "57P03");
+                }
+                let mut source = std::error::Error::source(e);
+                while let Some(s) = source {
+                    if let Some(io) = s.downcast_ref::<std::io::Error>() {
+                        return matches!(
+                            io.kind(),
+                            K::ConnectionRefused
+                                | K::ConnectionReset
+                                | K::ConnectionAborted
+                                | K::NotConnected
+                                | K::TimedOut
+                                | K::BrokenPipe
+                                | K::UnexpectedEof
+                                | K::HostUnreachable
+                                | K::NetworkUnreachable
+                                | K::AddrNotAvailable
+                        );
+                    }
+                    source = s.source();
+                }
+                // A connect that timed out carries no I/O error.
+                e.to_string().contains("timeout") || e.to_string().contains("timed out")
+            }
+            LedgerError::Sqlite(rusqlite::Error::SqliteFailure(f, _)) => matches!(
+                f.code,
+                rusqlite::ErrorCode::CannotOpen
+                    | rusqlite::ErrorCode::NotADatabase
+                    | rusqlite::ErrorCode::DatabaseBusy
+                    | rusqlite::ErrorCode::DatabaseLocked
+                    | rusqlite::ErrorCode::SystemIoFailure
+                    | rusqlite::ErrorCode::PermissionDenied
+                    | rusqlite::ErrorCode::DatabaseCorrupt
+            ),
+            LedgerError::Io { .. } | LedgerError::Task(_) => true,
+            _ => false,
+        }
+    }
 }
 
 /// What to do with a persisted ledger when a store is opened.
@@ -361,6 +422,9 @@ pub struct LedgerLocation {
 pub(crate) struct Ledger {
     db: Arc<Mutex<Db>>,
     location: LedgerLocation,
+    /// The database's own random id (`meta.ledger_id`), chosen when the
+    /// database was created: what a store's ledger binding names.
+    id: LedgerId,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -706,10 +770,14 @@ impl Ledger {
     }
 
     /// Connects to a PostgreSQL ledger (`postgres://user@host/db`), creating
-    /// or migrating its tables. No TLS: the ledger is meant to sit on the
-    /// fleet's private network (a TLS connector is a follow-up).
+    /// or migrating its tables. TLS as libpq's `sslmode` and `sslrootcert`
+    /// in the URL say (`tls.rs`): `prefer` by default, `verify-full` to
+    /// check the server's certificate and host name.
     pub(crate) fn open_postgres(url: &str) -> Result<Self, LedgerError> {
-        let mut config: postgres::Config = url
+        let tls = tls::TlsSettings::parse(url, &redact(url))?;
+        let connector = tls.connector()?;
+        let mut config: postgres::Config = tls
+            .driver_url
             .parse()
             .map_err(|e| LedgerError::Url(format!("{}: {e}", redact(url))))?;
         let timeout = format!(
@@ -723,7 +791,7 @@ impl Ledger {
         config.options(&options);
         config.connect_timeout(Duration::from_secs(10));
         Self::init(
-            Db::Postgres(db::Pg::connect(config)?),
+            Db::Postgres(db::Pg::connect(config, connector)?),
             LedgerLocation {
                 engine: "postgres",
                 location: redact(url),
@@ -805,9 +873,80 @@ impl Ledger {
                 Ok(())
             })?;
         }
+        let id = Self::ledger_id(&mut db)?;
         Ok(Ledger {
             db: Arc::new(Mutex::new(db)),
             location,
+            id,
+        })
+    }
+
+    /// The database's id (`meta.ledger_id`), created the first time: 16
+    /// random bytes, never changed. A ledger at this build's version that
+    /// already has one is read without the write lock.
+    fn ledger_id(db: &mut Db) -> Result<LedgerId, LedgerError> {
+        let read = |db: &mut Db| -> Result<Option<LedgerId>, LedgerError> {
+            match db.opt("SELECT v FROM meta WHERE k = 'ledger_id'", &[])? {
+                Some(r) => {
+                    let text = r.text(0)?;
+                    text.parse().map(Some).map_err(|_| {
+                        LedgerError::Inconsistent(format!("meta.ledger_id {text:?} is malformed"))
+                    })
+                }
+                None => Ok(None),
+            }
+        };
+        if let Some(id) = read(db)? {
+            return Ok(id);
+        }
+        let mut fresh = [0u8; 16];
+        getrandom::getrandom(&mut fresh).map_err(|e| LedgerError::Io {
+            path: "the system's random source".into(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        // Another process may create the database's id at the same moment:
+        // the first insert wins, and both read the winner back.
+        db.write(|db| {
+            db.exec(
+                "INSERT INTO meta(k, v) VALUES ('ledger_id', ?1) ON CONFLICT(k) DO NOTHING",
+                &[V::from(LedgerId(fresh).hex())],
+            )?;
+            Ok(())
+        })?;
+        read(db)?.ok_or_else(|| LedgerError::Inconsistent("meta.ledger_id was not stored".into()))
+    }
+
+    /// This ledger's id (see [`deltapack_format::binding`]).
+    pub(crate) fn id(&self) -> LedgerId {
+        self.id
+    }
+
+    /// The generation of the store's ledger binding this ledger recorded
+    /// when it bound the store or adopted it (`None`: never bound).
+    pub(crate) fn binding_generation(&self) -> Result<Option<u64>, LedgerError> {
+        self.with(
+            |db| match db.opt("SELECT v FROM meta WHERE k = 'binding_generation'", &[])? {
+                Some(r) => {
+                    let text = r.text(0)?;
+                    text.parse().map(Some).map_err(|_| {
+                        LedgerError::Inconsistent(format!(
+                            "meta.binding_generation {text:?} is not a number"
+                        ))
+                    })
+                }
+                None => Ok(None),
+            },
+        )
+    }
+
+    /// Records the generation of the store's binding that names this ledger.
+    pub(crate) fn set_binding_generation(&self, generation: u64) -> Result<(), LedgerError> {
+        self.write(|db| {
+            db.exec(
+                "INSERT INTO meta(k, v) VALUES ('binding_generation', ?1) ON CONFLICT(k) DO UPDATE SET v = excluded.v",
+                &[V::from(generation.to_string())],
+            )?;
+            Ok(())
         })
     }
 

@@ -361,9 +361,17 @@ async fn opening_a_persisted_ledger_does_not_wait_for_a_listing() {
         let s = wrapped(raw_backend(&url), config());
         publish_base(&s, &id, c1, snap1.clone(), RootFormat::V2).await;
         s.reconcile_ledger().await.expect("reconciled");
-        let elsewhere = format!("sqlite://{}", dir.path().join("other.sqlite3").display());
-        let other = wrapped(raw_backend(&url), config().with_ledger(Some(elsewhere)));
+        // A root and objects no ledger of this store recorded: published
+        // into another store, and its files copied in.
+        let elsewhere = tempfile::tempdir().expect("tmp");
+        let other = wrapped(
+            raw_backend(&format!("file://{}", elsewhere.path().display())),
+            config(),
+        );
         publish_base(&other, &id, c2, snap2.clone(), RootFormat::V2).await;
+        for sub in ["roots", "objects"] {
+            copy_dir(&elsewhere.path().join(sub), &dir.path().join(sub));
+        }
     }
 
     let raw = raw_backend(&url);

@@ -1,0 +1,307 @@
+//! `deltapack-bench ledger-down`: lookup and restore with the capacity
+//! ledger up and down, on the S3-like emulation (a fixed latency per
+//! request), measured in request rounds.
+//!
+//! A conversation (tiny preset) is stored at half of a long request (by
+//! default a 131,072-token root for a 262,144-token request: 1,024
+//! candidate boundaries, the hit 512 candidates down from the longest).
+//! Then, in one process, with medians of `--repeats`:
+//!
+//! * lookup with the ledger up: local disk (no latency) and S3-like — one
+//!   ledger query and one HEAD;
+//! * lookup with the ledger down (its SQLite file replaced by garbage, so it
+//!   cannot be opened): the store is probed by name, 64 HEADs in flight —
+//!   for the stored prefix, and for a request none of whose boundaries is
+//!   stored (the worst case: every candidate probed);
+//! * restore of the stored root with the ledger up and down.
+//!
+//! Rounds = time / latency. Targets (issue "the read path survives the
+//! ledger"): lookup with the ledger down ≤ 20 rounds; with it up, p50 ≤ 1 ms
+//! locally; restore down ≤ 1.05 × up. Results: `results.json` and
+//! `results.md` under `--out`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use deltapack_format::synth::{self, Preset};
+use deltapack_format::{CacheIdentity, ContextDigest, ContextHasher};
+use deltapack_store::{
+    LookupSource, PublishRequest, RestoreOutcome, RootFormat, Store, StoreConfig,
+};
+use serde::Serialize;
+
+use crate::s3like::throttled_store;
+
+/// Options of `ledger-down`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct LedgerDownArgs {
+    /// Tokens of the request (its candidates are every 256-token boundary);
+    /// the stored root covers half of it.
+    #[arg(long, default_value_t = 262_144)]
+    tokens: u64,
+    /// Latency of every request of the S3-like emulation.
+    #[arg(long, value_name = "MS", default_value_t = 20)]
+    latency_ms: u64,
+    /// Samples per measure (the median is reported).
+    #[arg(long, default_value_t = 11, value_parser = clap::value_parser!(u32).range(1..=101))]
+    repeats: u32,
+    /// Directory for results.json and results.md.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "benches/results/ledger-down"
+    )]
+    out: PathBuf,
+}
+
+#[derive(Debug, Serialize)]
+struct Row {
+    measure: &'static str,
+    median_ms: f64,
+    rounds: Option<f64>,
+    source: Option<&'static str>,
+    target: &'static str,
+    met: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Results {
+    request_tokens: u64,
+    candidates: usize,
+    stored_boundary: u64,
+    latency_ms: u64,
+    repeats: u32,
+    rows: Vec<Row>,
+    restore_down_over_up: f64,
+    stored_bytes: u64,
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+async fn lookup_median(
+    s: &Store,
+    id: &CacheIdentity,
+    candidates: &[(u64, ContextDigest)],
+    repeats: u32,
+    want: Option<u64>,
+) -> Result<(Duration, LookupSource)> {
+    let mut samples = Vec::new();
+    let mut source = LookupSource::Ledger;
+    for _ in 0..repeats {
+        let t = Instant::now();
+        let a = s.lookup_detailed(id, candidates).await?;
+        samples.push(t.elapsed());
+        if a.found.map(|f| f.0) != want {
+            bail!("lookup answered {:?}, expected boundary {want:?}", a.found);
+        }
+        source = a.source;
+    }
+    Ok((median(samples), source))
+}
+
+async fn restore_median(
+    s: &Store,
+    id: &CacheIdentity,
+    ctx: ContextDigest,
+    repeats: u32,
+) -> Result<Duration> {
+    let mut samples = Vec::new();
+    for _ in 0..repeats {
+        let t = Instant::now();
+        match s.restore((id, ctx), Default::default()).await? {
+            RestoreOutcome::Hit(_) => {}
+            RestoreOutcome::Miss(m) => bail!("restore missed: {m}"),
+        }
+        samples.push(t.elapsed());
+    }
+    Ok(median(samples))
+}
+
+fn source_name(s: LookupSource) -> &'static str {
+    match s {
+        LookupSource::Ledger => "ledger",
+        _ => "store",
+    }
+}
+
+fn config(ledger: &Path) -> StoreConfig {
+    StoreConfig::default()
+        .with_ledger(Some(format!("sqlite://{}", ledger.display())))
+        // A restore of the same root must read it each time.
+        .with_base_cache_bytes(0)
+}
+
+/// Runs the scenario and writes its results.
+pub(crate) async fn run(a: LedgerDownArgs) -> Result<ExitCode> {
+    if a.tokens < 1024 || a.tokens % 512 != 0 {
+        bail!("--tokens must be a multiple of 512, at least 1,024");
+    }
+    let work = std::env::temp_dir().join(format!(
+        "deltapack-ledger-down-{}-{}",
+        std::process::id(),
+        crate::workload::unique()
+    ));
+    let result = measure(&a, &work).await;
+    let _ = std::fs::remove_dir_all(&work);
+    result
+}
+
+async fn measure(a: &LedgerDownArgs, work: &Path) -> Result<ExitCode> {
+    let store_dir = work.join("store");
+    std::fs::create_dir_all(&store_dir)?;
+    let good = work.join("ledger.sqlite3");
+    let id = CacheIdentity::example();
+    let hasher = ContextHasher::new(id.namespace(), id.chunk_tokens)?;
+    let seed = 11;
+    let stored = a.tokens / 2;
+    let request = synth::tokens(seed, a.tokens as usize);
+    let candidates = hasher.boundaries(&request);
+    let stored_ctx = hasher.digest(&request[..stored as usize]);
+    let unknown = hasher.boundaries(&synth::tokens(seed + 1, a.tokens as usize));
+
+    // Publish (no latency), then measure through the S3-like emulation.
+    let stored_snapshot = std::sync::Arc::new(synth::snapshot(Preset::Tiny, seed, stored)?);
+    let stored_bytes = stored_snapshot.encoded().len() as u64;
+    {
+        let s = throttled_store(&store_dir, 0, config(&good))?;
+        s.publish(PublishRequest {
+            identity: id.clone(),
+            context: stored_ctx,
+            snapshot: stored_snapshot,
+            base: None,
+            format: RootFormat::V2,
+        })
+        .await?;
+        s.close().await?;
+    }
+    let mut rows = Vec::new();
+    let lat = a.latency_ms as f64;
+    let rounds = |d: Duration| (lat > 0.0).then(|| ms(d) / lat);
+
+    let local = throttled_store(&store_dir, 0, config(&good))?;
+    let (d, src) = lookup_median(&local, &id, &candidates, a.repeats, Some(stored)).await?;
+    rows.push(Row {
+        measure: "lookup, ledger up, local (no latency)",
+        median_ms: ms(d),
+        rounds: None,
+        source: Some(source_name(src)),
+        target: "p50 <= 1 ms",
+        met: d <= Duration::from_millis(1) && src == LookupSource::Ledger,
+    });
+    let up = throttled_store(&store_dir, a.latency_ms, config(&good))?;
+    let (d, src) = lookup_median(&up, &id, &candidates, a.repeats, Some(stored)).await?;
+    rows.push(Row {
+        measure: "lookup, ledger up, S3-like",
+        median_ms: ms(d),
+        rounds: rounds(d),
+        source: Some(source_name(src)),
+        target: "one query + one HEAD",
+        met: src == LookupSource::Ledger,
+    });
+    let restore_up = restore_median(&up, &id, stored_ctx, a.repeats).await?;
+
+    // The ledger goes down: a file that is not a database in its place.
+    let bad = work.join("down.sqlite3");
+    std::fs::write(&bad, vec![0x5a; 8192])?;
+    let down = throttled_store(&store_dir, a.latency_ms, config(&bad))?;
+    let (d, src) = lookup_median(&down, &id, &candidates, a.repeats, Some(stored)).await?;
+    rows.push(Row {
+        measure: "lookup, ledger down, S3-like, stored prefix at half",
+        median_ms: ms(d),
+        rounds: rounds(d),
+        source: Some(source_name(src)),
+        target: "<= 20 rounds",
+        met: rounds(d).is_none_or(|r| r <= 20.0) && src == LookupSource::Store,
+    });
+    let (d, src) = lookup_median(&down, &id, &unknown, a.repeats, None).await?;
+    rows.push(Row {
+        measure: "lookup, ledger down, S3-like, nothing stored (every candidate)",
+        median_ms: ms(d),
+        rounds: rounds(d),
+        source: Some(source_name(src)),
+        target: "<= 20 rounds",
+        met: rounds(d).is_none_or(|r| r <= 20.0) && src == LookupSource::Store,
+    });
+    let restore_down = restore_median(&down, &id, stored_ctx, a.repeats).await?;
+    let ratio = restore_down.as_secs_f64() / restore_up.as_secs_f64().max(1e-9);
+    rows.push(Row {
+        measure: "restore, ledger up, S3-like",
+        median_ms: ms(restore_up),
+        rounds: rounds(restore_up),
+        source: None,
+        target: "reference",
+        met: true,
+    });
+    rows.push(Row {
+        measure: "restore, ledger down, S3-like",
+        median_ms: ms(restore_down),
+        rounds: rounds(restore_down),
+        source: None,
+        target: "<= 1.05 x up",
+        met: ratio <= 1.05,
+    });
+    let results = Results {
+        request_tokens: a.tokens,
+        candidates: candidates.len(),
+        stored_boundary: stored,
+        latency_ms: a.latency_ms,
+        repeats: a.repeats,
+        rows,
+        restore_down_over_up: ratio,
+        stored_bytes,
+    };
+    std::fs::create_dir_all(&a.out)?;
+    std::fs::write(
+        a.out.join("results.json"),
+        serde_json::to_string_pretty(&results)?,
+    )?;
+    let mut md = format!(
+        "# Lookup and restore with the ledger up and down\n\n\
+         Request of {} tokens ({} candidate boundaries), stored root at {} tokens, \
+         S3-like latency {} ms per request, medians of {}. Rounds = time / latency.\n\n\
+         | measure | median | rounds | source | target | met |\n|---|---:|---:|---|---|---|\n",
+        results.request_tokens,
+        results.candidates,
+        results.stored_boundary,
+        results.latency_ms,
+        results.repeats
+    );
+    for r in &results.rows {
+        md.push_str(&format!(
+            "| {} | {:.1} ms | {} | {} | {} | {} |\n",
+            r.measure,
+            r.median_ms,
+            r.rounds.map_or("–".into(), |x| format!("{x:.1}")),
+            r.source.unwrap_or("–"),
+            r.target,
+            if r.met { "yes" } else { "**no**" }
+        ));
+    }
+    md.push_str(&format!(
+        "\nRestore with the ledger down / up: {:.3}×. The restored root is the stored \
+         prefix (tiny preset, {} bytes): its cost is request rounds, which is what the \
+         ledger could add. \"Ledger down\" is a SQLite ledger file that is not a \
+         database (every open fails at once); a ledger that hangs instead costs a lookup \
+         at most the ledger deadline (50 ms) more, and the reads after it skip the ledger \
+         for a second. Binary profile: {}.\n",
+        results.restore_down_over_up,
+        results.stored_bytes,
+        if cfg!(debug_assertions) {
+            "dev"
+        } else {
+            "release"
+        }
+    ));
+    std::fs::write(a.out.join("results.md"), &md)?;
+    print!("{md}");
+    Ok(ExitCode::SUCCESS)
+}

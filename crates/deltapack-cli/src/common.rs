@@ -192,6 +192,7 @@ pub(crate) fn short_schema(schema: &str) -> &str {
     match schema {
         deltapack_format::SCHEMA_V2 => "v2",
         deltapack_format::SCHEMA_V2_1 => "v2.1",
+        deltapack_format::SCHEMA_V2_2 => "v2.2",
         deltapack_format::SCHEMA_V1 => "v1",
         other => other,
     }

@@ -73,6 +73,10 @@ pub(crate) fn run(args: SynthArgs) -> Result<ExitCode> {
         common::write_atomic(path, &bytes)?;
     }
     let digest = snap.digest();
+    // What a v2.2 root records for this snapshot (the layered digest).
+    let layers = deltapack_format::layer_digest::of_snapshot(&snap)
+        .map(|d| d.snapshot.to_string())
+        .ok();
     if args.json {
         common::print_json(&serde_json::json!({
             "out": args.out,
@@ -83,6 +87,7 @@ pub(crate) fn run(args: SynthArgs) -> Result<ExitCode> {
             "block_counts": snap.block_counts(),
             "bytes": snap.encoded().len(),
             "digest": digest.to_string(),
+            "layers_digest": layers,
         }))?;
     } else {
         println!(

@@ -246,7 +246,20 @@ impl DeltaLayout {
 /// Rejects mismatching layouts, a result boundary not above the base
 /// boundary, and boundaries that are not multiples of `chunk_tokens`.
 pub fn encode(chunk_tokens: u32, base: &Snapshot, result: &Snapshot) -> Result<Vec<u8>> {
-    let layout = DeltaLayout::new(chunk_tokens, base, result, base.digest(), result.digest())?;
+    encode_with_digests(chunk_tokens, base, result, base.digest(), result.digest())
+}
+
+/// Encodes the delta from `base` to `result` into one buffer, naming the
+/// given snapshot digests (of either definition: `blake3:` or
+/// `blake3-layers:`) in its header. Nothing is hashed.
+pub fn encode_with_digests(
+    chunk_tokens: u32,
+    base: &Snapshot,
+    result: &Snapshot,
+    base_digest: Digest,
+    result_digest: Digest,
+) -> Result<Vec<u8>> {
+    let layout = DeltaLayout::new(chunk_tokens, base, result, base_digest, result_digest)?;
     let mut out = layout.header_bytes()?;
     out.reserve(layout.tails_len() as usize);
     for r in &layout.tails {
@@ -390,11 +403,12 @@ impl PageDelta {
     /// verifying the result snapshot digest.
     pub fn apply(base: &Snapshot, delta: &[u8]) -> Result<Snapshot> {
         let (header, tails) = decode_header(delta)?;
-        if header.base_digest != base.digest() {
+        let found = crate::layer_digest::digest_like(base, &header.base_digest)?;
+        if header.base_digest != found {
             return Err(Error::mismatch(
                 "delta base snapshot",
                 header.base_digest,
-                base.digest(),
+                found,
             ));
         }
         let plan = PageDelta::plan(header, tails, base.header())?;
@@ -460,15 +474,28 @@ impl PageDelta {
     /// Verifies the reconstructed encoding against `result_digest` and wraps
     /// it as a snapshot.
     pub fn finish(&self, out: Vec<u8>) -> Result<Snapshot> {
-        let found = digest_of_encoding(&out);
-        if found != self.header.result_digest {
+        let want = self.header.result_digest;
+        let (found, snapshot) = match want.algorithm() {
+            crate::Algorithm::Blake3Layers => {
+                let s = Snapshot::from_encoded(out)?;
+                (crate::layer_digest::of_snapshot(&s)?.snapshot, s)
+            }
+            _ => {
+                let d = digest_of_encoding(&out);
+                if d != want {
+                    return Err(Error::mismatch("reconstructed result snapshot", want, d));
+                }
+                (d, Snapshot::from_encoded(out)?)
+            }
+        };
+        if found != want {
             return Err(Error::mismatch(
                 "reconstructed result snapshot",
-                self.header.result_digest,
+                want,
                 found,
             ));
         }
-        Snapshot::from_encoded(out)
+        Ok(snapshot)
     }
 }
 

@@ -26,6 +26,10 @@ pub enum Algorithm {
     Blake3,
     /// SHA-256. Used by legacy v1 chunk objects.
     Sha256,
+    /// The layered snapshot digest (see the `layer_digest` module): not a
+    /// hash of one byte string but of a snapshot's header and its (group,
+    /// layer) streams. Only snapshot digests use it.
+    Blake3Layers,
 }
 
 impl Algorithm {
@@ -34,6 +38,7 @@ impl Algorithm {
         match self {
             Algorithm::Blake3 => "blake3",
             Algorithm::Sha256 => "sha256",
+            Algorithm::Blake3Layers => "blake3-layers",
         }
     }
 }
@@ -62,10 +67,14 @@ impl Digest {
         Digest::new(Algorithm::Sha256, sha2::Sha256::digest(data).into())
     }
 
-    /// Digest of `data` with this digest's algorithm.
+    /// Digest of `data` with this digest's algorithm. A layered snapshot
+    /// digest is not a function of one byte string: for it this returns the
+    /// plain BLAKE3 of `data`, which never equals it (different algorithm),
+    /// so [`Digest::verify`] of bytes against a layered digest always fails;
+    /// snapshots are checked with `layer_digest::digest_like`.
     pub fn compute_like(&self, data: &[u8]) -> Self {
         match self.alg {
-            Algorithm::Blake3 => Digest::blake3(data),
+            Algorithm::Blake3 | Algorithm::Blake3Layers => Digest::blake3(data),
             Algorithm::Sha256 => Digest::sha256(data),
         }
     }
@@ -172,7 +181,12 @@ impl FromStr for Digest {
         let alg = match tag {
             "blake3" => Algorithm::Blake3,
             "sha256" => Algorithm::Sha256,
-            _ => return Err(err("unknown algorithm (expected blake3 or sha256)")),
+            "blake3-layers" => Algorithm::Blake3Layers,
+            _ => {
+                return Err(err(
+                    "unknown algorithm (expected blake3, sha256 or blake3-layers)",
+                ))
+            }
         };
         Ok(Digest::new(alg, parse_hex32(hex).map_err(err)?))
     }

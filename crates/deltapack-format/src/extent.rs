@@ -183,7 +183,7 @@ impl ExtentPlan {
             1 => Ok(names[0]),
             _ => {
                 let cvs: Vec<ChainingValue> = names.iter().map(|d| *d.as_bytes()).collect();
-                let (l, r) = self.split(0, self.payload_len, &cvs);
+                let (l, r) = self.split(0, self.payload_len, &cvs, Mode::Hash);
                 Ok(merge_subtrees_root(&l, &r, Mode::Hash).into())
             }
         }
@@ -191,12 +191,38 @@ impl ExtentPlan {
 
     /// Splits the subtree covering `len` bytes from `start` into its two
     /// children's chaining values.
-    fn split(&self, start: u64, len: u64, cvs: &[ChainingValue]) -> (ChainingValue, ChainingValue) {
+    fn split(
+        &self,
+        start: u64,
+        len: u64,
+        cvs: &[ChainingValue],
+        mode: Mode<'_>,
+    ) -> (ChainingValue, ChainingValue) {
         let left_len = left_subtree_len(len);
         let left_n = (left_len / self.max_extent_bytes) as usize;
-        let left = self.subtree(start, left_len, &cvs[..left_n]);
-        let right = self.subtree(start + left_len, len - left_len, &cvs[left_n..]);
+        let left = self.subtree(start, left_len, &cvs[..left_n], mode);
+        let right = self.subtree(start + left_len, len - left_len, &cvs[left_n..], mode);
         (left, right)
+    }
+
+    /// Merges the chaining values of every extent (in order; the root hash
+    /// itself when there is one extent) into the root hash of the payload
+    /// hashed in `mode`; `empty()` for a payload without extents. The
+    /// caller passes exactly [`ExtentPlan::count`] values.
+    pub(crate) fn merge_cvs(
+        &self,
+        cvs: &[ChainingValue],
+        mode: Mode<'_>,
+        empty: impl FnOnce() -> [u8; 32],
+    ) -> [u8; 32] {
+        match cvs.len() {
+            0 => empty(),
+            1 => cvs[0],
+            _ => {
+                let (l, r) = self.split(0, self.payload_len, cvs, mode);
+                *merge_subtrees_root(&l, &r, mode).as_bytes()
+            }
+        }
     }
 
     /// The ranges (payload offsets) in which extent `index` is read when
@@ -270,7 +296,7 @@ impl ExtentPlan {
             max_extent_bytes: range_bytes,
         };
         let cvs: Vec<ChainingValue> = names.iter().map(|d| *d.as_bytes()).collect();
-        let (left, right) = inner.split(0, r.end - r.start, &cvs);
+        let (left, right) = inner.split(0, r.end - r.start, &cvs, Mode::Hash);
         if self.is_single() {
             // The extent is the whole payload: its name is the root hash.
             Ok(merge_subtrees_root(&left, &right, Mode::Hash).into())
@@ -282,12 +308,18 @@ impl ExtentPlan {
         }
     }
 
-    fn subtree(&self, start: u64, len: u64, cvs: &[ChainingValue]) -> ChainingValue {
+    fn subtree(
+        &self,
+        start: u64,
+        len: u64,
+        cvs: &[ChainingValue],
+        mode: Mode<'_>,
+    ) -> ChainingValue {
         if cvs.len() == 1 {
             return cvs[0];
         }
-        let (l, r) = self.split(start, len, cvs);
-        merge_subtrees_non_root(&l, &r, Mode::Hash)
+        let (l, r) = self.split(start, len, cvs, mode);
+        merge_subtrees_non_root(&l, &r, mode)
     }
 }
 

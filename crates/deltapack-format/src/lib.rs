@@ -16,6 +16,10 @@
 //!   at every `chunk_tokens` boundary in one O(n) pass.
 //! * [`layout`] and [`snapshot`] — paged snapshots: ordered page groups,
 //!   their canonical encoding and the snapshot digest.
+//! * [`layer_digest`] — the layered snapshot digest (`blake3-layers:`):
+//!   one BLAKE3 stream per (group, layer), so a turn's digest extends the
+//!   last turn's hashing state with the new pages alone, and one layer can
+//!   be checked on its own.
 //! * [`delta`] — the `page-tail-cow-v1` page delta: reused base pages plus
 //!   stored tails, with a copy plan that lets a reader reconstruct the result
 //!   directly as verified bytes arrive.
@@ -43,6 +47,7 @@ pub mod digest;
 pub mod error;
 pub mod extent;
 pub mod identity;
+pub mod layer_digest;
 pub mod layout;
 pub mod root;
 pub mod scatter;
@@ -58,10 +63,11 @@ pub use digest::{Algorithm, ContextDigest, Digest, Namespace};
 pub use error::{Error, Result};
 pub use extent::{ExtentCodec, ExtentPlan, ExtentSpec, ExtentVerifier, PayloadHasher};
 pub use identity::CacheIdentity;
+pub use layer_digest::{DigestState, LayerDigests, StreamDigest};
 pub use layout::{GroupKind, LayerSpec, PageGroup, PageLayout};
 pub use root::{
     BaseRef, ChainHints, ChunkEntryV1, DecodedRoot, ExtentEntry, ManifestV1, ManifestV2, RootKind,
-    RootMeta, RootSummary, SCHEMA_V1, SCHEMA_V2, SCHEMA_V2_1,
+    RootMeta, RootSummary, SCHEMA_V1, SCHEMA_V2, SCHEMA_V2_1, SCHEMA_V2_2,
 };
 pub use scatter::Span;
 pub use snapshot::{Snapshot, SnapshotHeader};

@@ -55,6 +55,12 @@ pub const SCHEMA_V2: &str = "deltapack-page-delta-manifest/v2";
 /// chain in one round trip. Readers of plain v2 see it as an unknown schema
 /// (a clean `incompatible` miss).
 pub const SCHEMA_V2_1: &str = "deltapack-page-delta-manifest/v2.1";
+/// Schema string of v2.2 manifests: a v2 (flat) or v2.1 (delta, with chain
+/// hints) manifest whose result snapshot digest is the layered digest
+/// (`blake3-layers:`, see [`crate::layer_digest`]) and which records every
+/// (group, layer) stream digest ([`ManifestV2::layers`]). Readers of v2 and
+/// v2.1 see it as an unknown schema (a clean `incompatible` miss).
+pub const SCHEMA_V2_2: &str = "deltapack-page-delta-manifest/v2.2";
 /// Most roots a v2.1 manifest lists below its base.
 pub const MAX_CHAIN_HINTS: usize = 4096;
 /// Schema string of legacy v1 manifests.
@@ -143,9 +149,16 @@ pub struct ManifestV2 {
     pub max_extent_bytes: u64,
     /// Extents in payload order.
     pub extents: Vec<ExtentEntry>,
-    /// v2.1 only (absent, not null, in v2): the chain below `base`.
+    /// v2.1 and v2.2 deltas only (absent, not null, otherwise): the chain
+    /// below `base`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chain: Option<ChainHints>,
+    /// v2.2 only (absent, not null, in v2 and v2.1): the result's stream
+    /// digests, 32 bytes each in payload order (group by group, layer by
+    /// layer). With the result header they hash to `result_snapshot_digest`
+    /// (checked on decode), so one layer can be verified alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers: Option<serde_bytes::ByteBuf>,
 }
 
 /// What a v2.1 delta root records about the chain below it: the roots to
@@ -286,9 +299,10 @@ fn check_common(
     if chunk_tokens == 0 {
         return bad("logical_chunk_tokens is zero".into());
     }
-    if result_digest.algorithm() != Algorithm::Blake3
+    let snapshot_alg = |a: Algorithm| matches!(a, Algorithm::Blake3 | Algorithm::Blake3Layers);
+    if !snapshot_alg(result_digest.algorithm())
         || payload_digest.algorithm() != Algorithm::Blake3
-        || base.is_some_and(|b| b.snapshot_digest.algorithm() != Algorithm::Blake3)
+        || base.is_some_and(|b| !snapshot_alg(b.snapshot_digest.algorithm()))
     {
         return bad("snapshot and payload digests must be BLAKE3".into());
     }
@@ -339,7 +353,9 @@ impl ManifestV2 {
 
     /// The schema string this manifest is written under.
     pub fn schema_str(&self) -> &'static str {
-        if self.chain.is_some() {
+        if self.layers.is_some() {
+            SCHEMA_V2_2
+        } else if self.chain.is_some() {
             SCHEMA_V2_1
         } else {
             SCHEMA_V2
@@ -399,15 +415,71 @@ impl ManifestV2 {
         Ok(())
     }
 
+    /// The recorded stream digests hash, with the result header, to the
+    /// result snapshot digest.
+    fn validate_layers(&self, layers: &[u8]) -> Result<()> {
+        let header = SnapshotHeader {
+            layout: self.layout.clone(),
+            boundary: self.boundary,
+            block_counts: self.block_counts.clone(),
+        };
+        let n = crate::layer_digest::stream_count(&header);
+        if n > crate::layer_digest::MAX_LAYER_STREAMS || layers.len() != 32 * n {
+            return Err(Error::Root(format!(
+                "{} bytes of layer digests for {n} streams",
+                layers.len()
+            )));
+        }
+        let streams = crate::layer_digest::split_streams(layers)
+            .ok_or_else(|| Error::Root("layer digests are not 32 bytes each".into()))?;
+        let prefix = header
+            .encode_prefix()
+            .map_err(|e| Error::Root(format!("result header: {e}")))?;
+        let top = crate::layer_digest::combine(&prefix, &streams);
+        if top != self.result_snapshot_digest {
+            return Err(Error::mismatch(
+                "v2.2 layer digests combined",
+                self.result_snapshot_digest,
+                top,
+            ));
+        }
+        Ok(())
+    }
+
+    /// The recorded stream digests (v2.2 roots; `None` otherwise).
+    pub fn layer_digests(&self) -> Option<Vec<crate::layer_digest::StreamDigest>> {
+        self.layers
+            .as_ref()
+            .and_then(|l| crate::layer_digest::split_streams(l))
+    }
+
     /// Checks internal consistency (see module docs).
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Root(m));
-        match (self.schema.as_str(), &self.chain) {
-            (SCHEMA_V2, None) => {}
-            (SCHEMA_V2_1, Some(c)) => self.validate_chain(c)?,
-            (SCHEMA_V2, Some(_)) => return bad("a v2 body must not carry chain hints".into()),
-            (SCHEMA_V2_1, None) => return bad("a v2.1 body needs chain hints".into()),
-            (other, _) => return bad(format!("schema {other:?} in a v2 body")),
+        match (self.schema.as_str(), &self.chain, &self.layers) {
+            (SCHEMA_V2, None, None) => {}
+            (SCHEMA_V2_1, Some(c), None) => self.validate_chain(c)?,
+            (SCHEMA_V2_2, c, Some(l)) => {
+                if let Some(c) = c {
+                    self.validate_chain(c)?;
+                }
+                self.validate_layers(l)?;
+            }
+            (SCHEMA_V2, Some(_), _) => return bad("a v2 body must not carry chain hints".into()),
+            (SCHEMA_V2_1, None, _) => return bad("a v2.1 body needs chain hints".into()),
+            (SCHEMA_V2 | SCHEMA_V2_1, _, Some(_)) => {
+                return bad("only a v2.2 body carries layer digests".into())
+            }
+            (SCHEMA_V2_2, _, None) => return bad("a v2.2 body needs layer digests".into()),
+            (other, _, _) => return bad(format!("schema {other:?} in a v2 body")),
+        }
+        let layered = self.schema == SCHEMA_V2_2;
+        if (self.result_snapshot_digest.algorithm() == Algorithm::Blake3Layers) != layered {
+            return bad(format!(
+                "a {} body with a {} result digest",
+                self.schema,
+                self.result_snapshot_digest.algorithm().as_str()
+            ));
         }
         check_common(
             &self.namespace,
@@ -421,9 +493,12 @@ impl ManifestV2 {
             &self.result_snapshot_digest,
             &self.payload_digest,
         )?;
+        // A layered result digest is not the payload's BLAKE3: a v2.2
+        // snapshot root's payload is checked by length here and by its
+        // extents' names on every read.
         if self.kind == RootKind::Snapshot
             && (self.payload_len != self.result_snapshot_len
-                || self.payload_digest != self.result_snapshot_digest)
+                || (!layered && self.payload_digest != self.result_snapshot_digest))
         {
             return bad("a snapshot root's payload must be the result snapshot".into());
         }
@@ -486,6 +561,9 @@ impl ManifestV1 {
         let bad = |m: String| Err(Error::Root(m));
         if self.schema != SCHEMA_V1 {
             return bad(format!("schema {:?} in a v1 body", self.schema));
+        }
+        if self.result_snapshot_digest.algorithm() != Algorithm::Blake3 {
+            return bad("a v1 result digest must be BLAKE3 of the encoding".into());
         }
         check_common(
             &self.namespace,
@@ -740,7 +818,7 @@ pub fn decode(bytes: &[u8], mac: Option<&[u8; 32]>) -> Result<DecodedRoot> {
     // schema probe below, which tells v1 from unknown schemas and reports
     // a damaged v2 body.
     if let Ok(m) = serde_cbor::from_slice::<ManifestV2>(body) {
-        if m.schema == SCHEMA_V2 || m.schema == SCHEMA_V2_1 {
+        if m.schema == SCHEMA_V2 || m.schema == SCHEMA_V2_1 || m.schema == SCHEMA_V2_2 {
             m.validate()?;
             return Ok(DecodedRoot::V2(m));
         }
@@ -748,7 +826,7 @@ pub fn decode(bytes: &[u8], mac: Option<&[u8; 32]>) -> Result<DecodedRoot> {
     let probe: SchemaProbe = serde_cbor::from_slice(body)
         .map_err(|e| Error::Root(format!("body has no readable schema: {e}")))?;
     match probe.schema.as_str() {
-        SCHEMA_V2 | SCHEMA_V2_1 => {
+        SCHEMA_V2 | SCHEMA_V2_1 | SCHEMA_V2_2 => {
             let m: ManifestV2 =
                 serde_cbor::from_slice(body).map_err(|e| Error::Root(format!("v2 body: {e}")))?;
             m.validate()?;
@@ -829,17 +907,53 @@ impl ManifestV2 {
             max_extent_bytes,
             extents,
             chain: None,
+            layers: None,
         };
         m.validate()?;
         Ok(m)
     }
 
-    /// The same manifest as v2.1, with chain hints (deltas only).
+    /// The same manifest with chain hints (deltas only): v2.1, or v2.2
+    /// when it records layer digests.
     pub fn with_chain(mut self, chain: ChainHints) -> Result<Self> {
-        self.schema = SCHEMA_V2_1.into();
         self.chain = Some(chain);
+        self.schema = self.schema_str().into();
         self.validate()?;
         Ok(self)
+    }
+
+    /// Assembles and validates a v2.2 manifest: `meta`'s result digest is
+    /// the layered digest of which `layers` holds the stream digests.
+    pub fn new_layered(
+        meta: &RootMeta,
+        layers: &[crate::layer_digest::StreamDigest],
+        payload_len: u64,
+        payload_digest: Digest,
+        max_extent_bytes: u64,
+        extents: Vec<ExtentEntry>,
+    ) -> Result<Self> {
+        let mut m = ManifestV2 {
+            schema: SCHEMA_V2_2.into(),
+            namespace: meta.namespace,
+            context: meta.context,
+            kind: meta.kind(),
+            boundary: meta.result_header.boundary,
+            logical_chunk_tokens: meta.chunk_tokens,
+            layout: meta.result_header.layout.clone(),
+            block_counts: meta.result_header.block_counts.clone(),
+            result_snapshot_digest: meta.result_snapshot_digest,
+            result_snapshot_len: meta.result_snapshot_len,
+            base: meta.base,
+            payload_len,
+            payload_digest,
+            max_extent_bytes,
+            extents,
+            chain: None,
+            layers: Some(serde_bytes::ByteBuf::from(layers.concat())),
+        };
+        m.schema = m.schema_str().into();
+        m.validate()?;
+        Ok(m)
     }
 }
 

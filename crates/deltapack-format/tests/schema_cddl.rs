@@ -79,7 +79,11 @@ struct Docs {
     /// `manifest-v2.1.cddl` + `manifest-v2.cddl` + `common.cddl` (root rule
     /// `manifest-v2.1`).
     v2_1: String,
-    /// `envelope.cddl` + both manifests + `common.cddl` (root rule `root-body`).
+    /// `manifest-v2.2.cddl` + `manifest-v2.1.cddl` + `manifest-v2.cddl` +
+    /// `common.cddl` (root rule `manifest-v2.2`).
+    v2_2: String,
+    /// `envelope.cddl` + every manifest + `common.cddl` (root rule
+    /// `root-body`).
     body: String,
 }
 
@@ -89,11 +93,18 @@ impl Docs {
             v1: document(&["manifest-v1.cddl", "common.cddl"]),
             v2: document(&["manifest-v2.cddl", "common.cddl"]),
             v2_1: document(&["manifest-v2.1.cddl", "manifest-v2.cddl", "common.cddl"]),
+            v2_2: document(&[
+                "manifest-v2.2.cddl",
+                "manifest-v2.1.cddl",
+                "manifest-v2.cddl",
+                "common.cddl",
+            ]),
             body: document(&[
                 "envelope.cddl",
                 "manifest-v1.cddl",
                 "manifest-v2.cddl",
                 "manifest-v2.1.cddl",
+                "manifest-v2.2.cddl",
                 "common.cddl",
             ]),
         }
@@ -104,15 +115,17 @@ impl Docs {
             Version::V1 => &self.v1,
             Version::V2 => &self.v2,
             Version::V2_1 => &self.v2_1,
+            Version::V2_2 => &self.v2_2,
         }
     }
 
     /// The other versions' documents: a body must match none of them.
     fn other_versions(&self, v: Version) -> Vec<&str> {
         match v {
-            Version::V1 => vec![&self.v2, &self.v2_1],
-            Version::V2 => vec![&self.v1, &self.v2_1],
-            Version::V2_1 => vec![&self.v1, &self.v2],
+            Version::V1 => vec![&self.v2, &self.v2_1, &self.v2_2],
+            Version::V2 => vec![&self.v1, &self.v2_1, &self.v2_2],
+            Version::V2_1 => vec![&self.v1, &self.v2, &self.v2_2],
+            Version::V2_2 => vec![&self.v1, &self.v2, &self.v2_1],
         }
     }
 }
@@ -144,6 +157,7 @@ enum Version {
     V1,
     V2,
     V2_1,
+    V2_2,
 }
 
 struct Opened<'a> {
@@ -490,6 +504,79 @@ fn build_v2_1(
     (m, bytes)
 }
 
+/// A v2.2 root: the layered result digest and its stream digests; a delta
+/// (on a base of either digest kind) with or without chain hints.
+fn build_v2_2(
+    result: &Snapshot,
+    base: Option<&Snapshot>,
+    layered_base: bool,
+    chained: bool,
+    max_extent_bytes: u64,
+    keyed: bool,
+) -> (ManifestV2, Vec<u8>) {
+    let digests = deltapack_format::layer_digest::of_snapshot(result).expect("layers");
+    let base_digest = |b: &Snapshot| {
+        if layered_base {
+            deltapack_format::layer_digest::of_snapshot(b)
+                .expect("layers")
+                .snapshot
+        } else {
+            b.digest()
+        }
+    };
+    let p = match base {
+        None => result.encoded().to_vec(),
+        Some(b) => {
+            let l = deltapack_format::DeltaLayout::new(
+                CHUNK_TOKENS,
+                b,
+                result,
+                base_digest(b),
+                digests.snapshot,
+            )
+            .expect("delta layout");
+            let mut p = l.header_bytes().expect("header");
+            for r in &l.tails {
+                p.extend_from_slice(&result.encoded()[r.clone()]);
+            }
+            p
+        }
+    };
+    let x = v2_extents(&p, max_extent_bytes, None).expect("extents");
+    let mut meta = meta(result, base);
+    meta.result_snapshot_digest = digests.snapshot;
+    if let (Some(r), Some(b)) = (meta.base.as_mut(), base) {
+        r.snapshot_digest = base_digest(b);
+    }
+    let mut m = ManifestV2::new_layered(
+        &meta,
+        &digests.streams,
+        p.len() as u64,
+        x.payload_digest,
+        max_extent_bytes,
+        x.entries,
+    )
+    .expect("v2.2 manifest");
+    if chained {
+        let (_, header_len) = delta::decode_header(&p).expect("header");
+        m = m
+            .with_chain(ChainHints {
+                ancestors: vec![BaseRef {
+                    namespace: namespace(),
+                    context: context(u64::from(CHUNK_TOKENS)),
+                    snapshot_digest: Digest::blake3(b"the flat root below the base"),
+                    boundary: u64::from(CHUNK_TOKENS),
+                }],
+                payload_bytes: p.len() as u64 * 3,
+                delta_header: p[..header_len].to_vec(),
+            })
+            .expect("v2.2 chained manifest");
+    }
+    let key = keyed.then(|| root::mac_key(SECRET));
+    let bytes = encode_v2(&m, key.as_ref()).expect("encode v2.2");
+    (m, bytes)
+}
+
 fn build_v1(result: &Snapshot, base: Option<&Snapshot>, keyed: bool) -> (ManifestV1, Vec<u8>) {
     let p = payload(result, base);
     let chunks = v1_chunks(&p, result.boundary(), CHUNK_TOKENS).expect("chunks");
@@ -544,6 +631,42 @@ fn cases() -> Vec<Case> {
             out.push(Case {
                 name: format!("{lname}: {name}"),
                 version: Version::V2_1,
+                keyed,
+                bytes,
+                decoded: DecodedRoot::V2(manifest),
+            });
+        }
+        for (name, b, layered_base, chained, m, keyed) in [
+            ("v2.2 snapshot", None, false, false, 1024, false),
+            (
+                "v2.2 snapshot keyed single extent",
+                None,
+                false,
+                false,
+                1 << 20,
+                true,
+            ),
+            (
+                "v2.2 delta on a blake3 base",
+                Some(&base),
+                false,
+                false,
+                1024,
+                false,
+            ),
+            (
+                "v2.2 chained delta on a layered base",
+                Some(&base),
+                true,
+                true,
+                2048,
+                true,
+            ),
+        ] {
+            let (manifest, bytes) = build_v2_2(&result, b, layered_base, chained, m, keyed);
+            out.push(Case {
+                name: format!("{lname}: {name}"),
+                version: Version::V2_2,
                 keyed,
                 bytes,
                 decoded: DecodedRoot::V2(manifest),
@@ -657,9 +780,20 @@ fn encoded_roots_match_the_schemas() {
     assert!(keyed > 0 && unkeyed > 0);
     assert!(deltas > 0 && single > 0);
     // Every map rule of the schemas describes something the code writes.
-    let all_rules: std::collections::BTreeSet<String> = schema_map_rules(&docs.body)
-        .into_iter()
-        .map(|(name, _)| name)
+    // Rules with the same keys in the same order (v2.2's base and chain
+    // rules widen v2.1's digests) are told apart by types, not keys: a map
+    // matched by the first of them exercises all of them.
+    let rules = schema_map_rules(&docs.body);
+    let all_rules: std::collections::BTreeSet<String> =
+        rules.iter().map(|(name, _)| name.clone()).collect();
+    let rules_seen: std::collections::BTreeSet<String> = rules
+        .iter()
+        .filter(|(_, keys)| {
+            rules
+                .iter()
+                .any(|(seen, k)| k == keys && rules_seen.contains(seen))
+        })
+        .map(|(name, _)| name.clone())
         .collect();
     assert_eq!(
         rules_seen, all_rules,
@@ -699,7 +833,9 @@ fn fixture_roots_match_the_schemas() {
                 checked += 1;
             }
             Ok(DecodedRoot::V2(m)) => {
-                let v = if m.chain.is_some() {
+                let v = if m.layers.is_some() {
+                    Version::V2_2
+                } else if m.chain.is_some() {
                     Version::V2_1
                 } else {
                     Version::V2
@@ -1036,6 +1172,54 @@ fn invalid_v2_bodies_fail_validation() {
                 insert("chain", "depth", Value::Integer(3)),
             ),
         ],
+    );
+
+    // v2.2: the layered result digest and its stream digests are required
+    // and typed; a blake3 result digest or another schema string is not v2.2.
+    let (_, v22) = build_v2_2(&result, Some(&base), true, true, 1024, false);
+    let v22_body = open_envelope(&v22).expect("envelope").body.to_vec();
+    assert_all_refused(
+        &docs,
+        Version::V2_2,
+        &v22_body,
+        Decoder::Refuses,
+        vec![
+            ("no layers", remove("", "layers")),
+            ("layers as text", set("layers", text("00"))),
+            (
+                "a blake3 result digest",
+                set("result_snapshot_digest", digest_text(b"r", "blake3")),
+            ),
+            ("v2.1 schema string", set("schema", text(root::SCHEMA_V2_1))),
+            (
+                "sha256 base digest",
+                set("base.snapshot_digest", digest_text(b"b", "sha256")),
+            ),
+            ("unknown field", insert("", "streams", Value::Integer(3))),
+        ],
+    );
+    // What only the decoder can check: the stream digests hash, with the
+    // header, to the result digest.
+    let mut v: Value = serde_cbor::from_slice(&v22_body).expect("value");
+    if let Value::Bytes(b) = at(&mut v, "layers") {
+        b[5] ^= 1;
+    }
+    let bad = serde_cbor::to_vec(&v).expect("encode");
+    assert!(
+        validate(&docs.v2_2, &bad).is_ok(),
+        "the schema cannot see digests"
+    );
+    assert!(
+        root::decode(&seal(&bad), None).is_err(),
+        "a changed stream digest is refused"
+    );
+    if let Value::Bytes(b) = at(&mut v, "layers") {
+        b.truncate(b.len() - 32);
+    }
+    let bad = serde_cbor::to_vec(&v).expect("encode");
+    assert!(
+        root::decode(&seal(&bad), None).is_err(),
+        "a missing stream digest is refused"
     );
 
     // Nullable keys must be present (as null); the decoder is laxer here.

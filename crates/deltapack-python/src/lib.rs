@@ -235,10 +235,20 @@ impl SnapshotData {
         self.snap.boundary()
     }
 
-    /// BLAKE3 of the encoding (`blake3:…`), computed with the GIL released.
+    /// BLAKE3 of the encoding (`blake3:…`), computed with the GIL released:
+    /// what v1, v2 and v2.1 roots record.
     fn digest(&self, py: Python<'_>) -> String {
         let s = self.snap.clone();
         py.detach(move || digest_of_encoding(s.encoded()).to_string())
+    }
+
+    /// The layered snapshot digest (`blake3-layers:…`) that v2.2 roots
+    /// record, computed with the GIL released.
+    fn layers_digest(&self, py: Python<'_>) -> PyResult<String> {
+        let s = self.snap.clone();
+        py.detach(move || deltapack_format::layer_digest::of_snapshot(&s))
+            .map(|d| d.snapshot.to_string())
+            .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))
     }
 
     /// A copy as `bytes`.

@@ -149,7 +149,8 @@ pub use ownership::{AdoptReport, BindingStatus, BindingView, Ownership, DEFAULT_
 /// [`Store::register_metrics`]), re-exported so callers use the same version.
 pub use prometheus_client;
 pub use publish::{
-    BaseInput, PublishOutcome, PublishReceipt, PublishRequest, RootFormat, PUBLISH_BATCH,
+    BaseInput, PublishOutcome, PublishReceipt, PublishRequest, RootFormat, Turn, TurnRequest,
+    PUBLISH_BATCH,
 };
 pub use restore::{
     RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored, RESTORE_IN_FLIGHT,

@@ -163,7 +163,8 @@ impl Store {
                     &guard,
                 )
                 .await?;
-            let new_root = self.encode_v2(&meta, payload_len, payload_digest, entries, None)?;
+            let new_root =
+                self.encode_v2(&meta, None, payload_len, payload_digest, entries, None)?;
             let v2 = match root::decode(&new_root, self.inner.mac_key.as_ref())? {
                 DecodedRoot::V2(v2) => v2,
                 _ => return Err(StoreError::Internal("migrated root is not v2".into())),
@@ -370,6 +371,7 @@ impl Store {
         };
         let new_root = match self.encode_v2(
             &meta,
+            None,
             payload.len() as u64,
             built.payload_digest,
             built.entries.clone(),

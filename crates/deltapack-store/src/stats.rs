@@ -31,6 +31,7 @@ pub(crate) struct Stats {
     pub(crate) hits_dearer_than_prefill: Counter,
     pub(crate) ledger_fallbacks: Counter,
     pub(crate) touches_dropped: Counter,
+    pub(crate) snapshot_bytes_hashed: Counter,
 }
 
 /// A point-in-time copy of the store's counters (latency is in the
@@ -85,6 +86,10 @@ pub struct StatsSnapshot {
     /// Root accesses (LRU order) dropped because the ledger could not take
     /// them.
     pub touches_dropped: u64,
+    /// Snapshot bytes hashed by publications for snapshot digests (a base's
+    /// check, a result's digest): the whole result for a cold publication,
+    /// the new pages only for a warm one.
+    pub snapshot_bytes_hashed: u64,
 }
 
 impl Stats {
@@ -118,6 +123,7 @@ impl Stats {
             hits_dearer_than_prefill: g(&self.hits_dearer_than_prefill),
             ledger_fallbacks: g(&self.ledger_fallbacks),
             touches_dropped: g(&self.touches_dropped),
+            snapshot_bytes_hashed: g(&self.snapshot_bytes_hashed),
         }
     }
 }

@@ -173,7 +173,14 @@ impl WriteBehind {
         let ns = req.identity.namespace();
         let key = (ns, req.context);
         let snapshot = req.snapshot.clone();
-        let digest = snapshot.digest();
+        // The digest the publication will record: layered when the layout
+        // allows (a v2.2 root), else BLAKE3 of the encoding.
+        let digest = {
+            let s = snapshot.clone();
+            tokio::task::spawn_blocking(move || publication_digest(&s))
+                .await
+                .map_err(|e| StoreError::task("digest", e))??
+        };
         let conflict = |held: deltapack_format::Digest| {
             Err(StoreError::Invalid(format!(
                 "conflict: context {} already holds {held}, this snapshot is {digest}; \
@@ -191,7 +198,13 @@ impl WriteBehind {
         match self.store.peek_root(&ns, &req.context).await? {
             RootStatus::Found(root) => {
                 if let Some(s) = root.summary() {
-                    return if s.result_snapshot_digest == digest {
+                    let same = s.result_snapshot_digest == digest
+                        || (s.result_snapshot_digest.algorithm() != digest.algorithm()
+                            && deltapack_format::layer_digest::digest_like(
+                                &snapshot,
+                                &s.result_snapshot_digest,
+                            )? == s.result_snapshot_digest);
+                    return if same {
                         Ok(())
                     } else {
                         conflict(s.result_snapshot_digest)
@@ -212,7 +225,7 @@ impl WriteBehind {
                     (same, e.digest, e.done.subscribe())
                 })
             });
-            let want = || b.snapshot.digest();
+            let want = || publication_digest(&b.snapshot).unwrap_or_else(|_| b.snapshot.digest());
             match buffered {
                 Some((true, _, rx)) => after = Some(rx),
                 Some((false, d, rx)) if d == want() => after = Some(rx),
@@ -225,9 +238,13 @@ impl WriteBehind {
                 }
                 None => match self.store.peek_root(&ns, &b.context).await? {
                     RootStatus::Found(root)
-                        if root
-                            .summary()
-                            .is_some_and(|s| s.result_snapshot_digest == want()) => {}
+                        if root.summary().is_some_and(|s| {
+                            deltapack_format::layer_digest::digest_like(
+                                &b.snapshot,
+                                &s.result_snapshot_digest,
+                            )
+                            .is_ok_and(|d| d == s.result_snapshot_digest)
+                        }) => {}
                     _ => {
                         return Err(StoreError::BaseMismatch {
                             namespace: ns,
@@ -348,5 +365,15 @@ impl WriteBehind {
             )));
         }
         Ok(self.report())
+    }
+}
+
+/// The snapshot digest a v2 publication of `s` records: the layered digest
+/// when the layout allows it, else BLAKE3 of the encoding.
+fn publication_digest(s: &deltapack_format::Snapshot) -> Result<deltapack_format::Digest> {
+    if deltapack_format::layer_digest::supported(s.header()) {
+        Ok(deltapack_format::layer_digest::of_snapshot(s)?.snapshot)
+    } else {
+        Ok(s.digest())
     }
 }

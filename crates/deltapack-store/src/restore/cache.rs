@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Weak};
 
-use deltapack_format::{ContextDigest, Digest, Namespace, Snapshot};
+use deltapack_format::{ContextDigest, Digest, DigestState, Namespace, Snapshot};
 use futures::future::{BoxFuture, Shared};
 
 use crate::error::StoreError;
@@ -26,6 +26,9 @@ pub(crate) struct BaseCache {
     entries: VecDeque<(BaseKey, Arc<Snapshot>)>,
     bytes: u64,
     handed_out: VecDeque<(BaseKey, Weak<Snapshot>)>,
+    /// Layered digest states of snapshots this handle published or hashed,
+    /// so that a delta on one hashes only its new pages.
+    states: VecDeque<(BaseKey, Arc<DigestState>)>,
 }
 
 /// Namespace, context and snapshot digest of a cached base.
@@ -33,6 +36,11 @@ pub(crate) type BaseKey = (Namespace, ContextDigest, Digest);
 
 /// Most weak entries kept (dead ones are dropped first).
 const HANDED_OUT: usize = 64;
+/// Most digest states kept (oldest dropped first). A state is a BLAKE3
+/// state (about 2 KiB) per (group, layer) stream.
+const STATES: usize = 64;
+/// Most streams of all kept digest states together.
+const STATE_STREAMS: usize = 1 << 15;
 
 impl BaseCache {
     pub(crate) fn get(&mut self, key: &BaseKey) -> Option<Arc<Snapshot>> {
@@ -56,6 +64,7 @@ impl BaseCache {
             }
         }
         self.handed_out.retain(|(k, _)| k != key);
+        self.states.retain(|(k, _)| k != key);
     }
 
     /// Drops every cached base (e.g. after an invalidation).
@@ -64,6 +73,7 @@ impl BaseCache {
         self.entries.clear();
         self.bytes = 0;
         self.handed_out.clear();
+        self.states.clear();
     }
 
     /// Keeps a base this handle materialised, within `cap` bytes.
@@ -80,6 +90,40 @@ impl BaseCache {
         }
         self.bytes += size;
         self.entries.push_back((key, s));
+    }
+
+    /// Whether `s` (this very `Arc`) is a snapshot verified under `key`:
+    /// one this handle materialised, handed out, or published.
+    pub(crate) fn holds(&self, key: &BaseKey, s: &Arc<Snapshot>) -> bool {
+        self.entries
+            .iter()
+            .any(|(k, e)| k == key && Arc::ptr_eq(e, s))
+            || self
+                .handed_out
+                .iter()
+                .any(|(k, w)| k == key && std::ptr::eq(w.as_ptr(), Arc::as_ptr(s)))
+    }
+
+    /// The digest state of the snapshot under `key`, if kept.
+    pub(crate) fn state(&self, key: &BaseKey) -> Option<Arc<DigestState>> {
+        self.states
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, s)| s.clone())
+    }
+
+    /// Keeps the digest state of the snapshot under `key`.
+    pub(crate) fn put_state(&mut self, key: BaseKey, s: Arc<DigestState>) {
+        self.states.retain(|(k, _)| *k != key);
+        self.states.push_back((key, s));
+        let streams = |q: &VecDeque<(BaseKey, Arc<DigestState>)>| -> usize {
+            q.iter().map(|(_, s)| s.streams()).sum()
+        };
+        while self.states.len() > STATES
+            || (self.states.len() > 1 && streams(&self.states) > STATE_STREAMS)
+        {
+            self.states.pop_front();
+        }
     }
 
     /// Remembers a snapshot handed to a caller, for as long as the caller

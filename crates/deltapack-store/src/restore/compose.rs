@@ -154,25 +154,97 @@ impl SharedDest {
 }
 
 /// The in-loop hash of the result: unwritten bytes per block; the worker
-/// whose write completes a block hashes it.
+/// whose write completes a block hashes it. Blocks are subtrees of the
+/// whole encoding's BLAKE3 tree for a `blake3:` result digest, and of each
+/// (group, layer) stream's tree for a layered (`blake3-layers:`) one; either
+/// way every byte is hashed once, on whichever core completed its block.
 struct ResultHash {
-    plan: ExtentPlan,
+    kind: HashKind,
     remaining: Vec<AtomicU64>,
 }
 
+enum HashKind {
+    Whole(ExtentPlan),
+    Layers {
+        plan: deltapack_format::layer_digest::LayerHashPlan,
+        prefix_len: u64,
+    },
+}
+
 impl ResultHash {
-    fn new(result_len: u64, extent_bytes: u64) -> Result<Self, ObjectFault> {
+    fn new(
+        result_len: u64,
+        extent_bytes: u64,
+        want: &Digest,
+        header: &SnapshotHeader,
+        prefix_len: u64,
+    ) -> Result<Self, ObjectFault> {
         let block =
             (extent_bytes / 4).clamp(deltapack_format::extent::MIN_EXTENT_BYTES, RESULT_BLOCK);
-        let plan =
-            ExtentPlan::new(result_len, block).map_err(|e| ObjectFault::plain(e.to_string()))?;
-        let remaining = (0..plan.count())
-            .map(|b| {
-                let r = plan.range(b);
-                AtomicU64::new(r.end - r.start)
-            })
-            .collect();
-        Ok(ResultHash { plan, remaining })
+        let fault = |e: deltapack_format::Error| ObjectFault::plain(e.to_string());
+        let (kind, sizes): (HashKind, Vec<u64>) = match want.algorithm() {
+            deltapack_format::Algorithm::Blake3Layers => {
+                let plan =
+                    deltapack_format::layer_digest::LayerHashPlan::new(header, prefix_len, block)
+                        .map_err(fault)?;
+                let sizes = plan
+                    .blocks()
+                    .iter()
+                    .map(|b| b.range.1 - b.range.0)
+                    .collect();
+                (HashKind::Layers { plan, prefix_len }, sizes)
+            }
+            _ => {
+                let plan = ExtentPlan::new(result_len, block).map_err(fault)?;
+                let sizes = (0..plan.count())
+                    .map(|b| {
+                        let r = plan.range(b);
+                        r.end - r.start
+                    })
+                    .collect();
+                (HashKind::Whole(plan), sizes)
+            }
+        };
+        let remaining = sizes.into_iter().map(AtomicU64::new).collect();
+        Ok(ResultHash { kind, remaining })
+    }
+
+    /// Block `b`'s range in the result.
+    fn range(&self, b: usize) -> Range<u64> {
+        match &self.kind {
+            HashKind::Whole(plan) => plan.range(b as u64),
+            HashKind::Layers { plan, .. } => {
+                let r = plan.blocks()[b].range;
+                r.0..r.1
+            }
+        }
+    }
+
+    /// Hashes block `b` from its bytes.
+    fn hash(&self, b: usize, bytes: &[u8]) -> Result<Digest, String> {
+        match &self.kind {
+            HashKind::Whole(plan) => {
+                let mut h = plan.hasher(b as u64);
+                h.update(bytes);
+                h.finish().map_err(|e| e.to_string())
+            }
+            HashKind::Layers { plan, .. } => plan
+                .hash_block(b, bytes)
+                .map(|cv| Digest::new(deltapack_format::Algorithm::Blake3, cv))
+                .map_err(|e| e.to_string()),
+        }
+    }
+
+    /// The blocks `dst..dst+len` overlaps.
+    fn blocks_in(&self, dst: u64, len: u64) -> Range<usize> {
+        match &self.kind {
+            HashKind::Whole(plan) => {
+                let bsize = plan.max_extent_bytes();
+                let last = ((dst + len - 1) / bsize + 1).min(self.remaining.len() as u64);
+                (dst / bsize) as usize..last as usize
+            }
+            HashKind::Layers { plan, .. } => plan.blocks_in(dst, dst + len),
+        }
     }
 
     /// Counts `dst..dst+len` as written; hashes (into `done`) every block
@@ -181,12 +253,15 @@ impl ResultHash {
         if len == 0 {
             return;
         }
-        let bsize = self.plan.max_extent_bytes();
-        let (first, last) = (dst / bsize, (dst + len - 1) / bsize);
-        for b in first..=last {
-            let r = self.plan.range(b);
-            let n = (dst + len).min(r.end) - dst.max(r.start);
-            let Some(slot) = self.remaining.get(b as usize) else {
+        for b in self.blocks_in(dst, len) {
+            let r = self.range(b);
+            let lo = dst.max(r.start);
+            let hi = (dst + len).min(r.end);
+            if hi <= lo {
+                continue;
+            }
+            let n = hi - lo;
+            let Some(slot) = self.remaining.get(b) else {
                 continue;
             };
             if slot.fetch_sub(n, Ordering::AcqRel) == n {
@@ -194,10 +269,8 @@ impl ResultHash {
                 // reached zero, and AcqRel makes those writes visible), and
                 // no byte is written twice in a pass.
                 let bytes = unsafe { dest.read(r) };
-                let mut h = self.plan.hasher(b);
-                h.update(bytes);
-                if let Ok(d) = h.finish() {
-                    done.push((b, d));
+                if let Ok(d) = self.hash(b, bytes) {
+                    done.push((b as u64, d));
                 }
             }
         }
@@ -219,14 +292,20 @@ impl ResultHash {
                 Some(d) => Ok(d),
                 None => {
                     // SAFETY: the workers have all finished.
-                    let bytes = unsafe { dest.read(self.plan.range(b as u64)) };
-                    let mut h = self.plan.hasher(b as u64);
-                    h.update(bytes);
-                    h.finish().map_err(|e| e.to_string())
+                    let bytes = unsafe { dest.read(self.range(b)) };
+                    self.hash(b, bytes)
                 }
             })
             .collect::<Result<Vec<_>, _>>()?;
-        self.plan.merge(&names).map_err(|e| e.to_string())
+        match &self.kind {
+            HashKind::Whole(plan) => plan.merge(&names).map_err(|e| e.to_string()),
+            HashKind::Layers { plan, prefix_len } => {
+                // SAFETY: the workers have all finished.
+                let prefix = unsafe { dest.read(0..*prefix_len) };
+                let cvs: Vec<[u8; 32]> = names.iter().map(|d| *d.as_bytes()).collect();
+                plan.finish(prefix, &cvs).map_err(|e| e.to_string())
+            }
+        }
     }
 }
 
@@ -356,6 +435,10 @@ pub(crate) fn restore_chain(
     }
     let composed =
         delta::compose(&bottom_header, &links).map_err(|e| ObjectFault::plain(e.to_string()))?;
+    let result_header = links
+        .last()
+        .map(|l| l.result_header.clone())
+        .ok_or_else(|| ObjectFault::plain("a chain needs at least one delta"))?;
     if composed.result_len != top.result_snapshot_len {
         return Err(ObjectFault::plain(format!(
             "the chain composes to {} bytes, the root says {}",
@@ -446,6 +529,7 @@ pub(crate) fn restore_chain(
         items: &items,
         dest: &dest,
         prefix: &composed.result_prefix,
+        result_header: &result_header,
         result_len: composed.result_len,
         extent_bytes: top.max_extent_bytes,
         want: top.result_snapshot_digest,
@@ -504,6 +588,7 @@ struct Pass<'a, 'p> {
     items: &'a [Item<'p>],
     dest: &'a SharedDest,
     prefix: &'a [u8],
+    result_header: &'a SnapshotHeader,
     result_len: u64,
     extent_bytes: u64,
     want: Digest,
@@ -525,7 +610,14 @@ impl Pass<'_, '_> {
     /// extent is checked by name as it streams.
     fn run(&self, deferred: bool) -> Result<(), PassError> {
         let (dest, items) = (self.dest, self.items);
-        let hash = ResultHash::new(self.result_len, self.extent_bytes).map_err(PassError::Fault)?;
+        let hash = ResultHash::new(
+            self.result_len,
+            self.extent_bytes,
+            &self.want,
+            self.result_header,
+            self.prefix.len() as u64,
+        )
+        .map_err(PassError::Fault)?;
         let mut done = Vec::new();
         // SAFETY: no worker runs yet.
         unsafe { dest.write(0, self.prefix) };

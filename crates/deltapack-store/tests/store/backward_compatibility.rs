@@ -28,9 +28,13 @@ const SETS: &[(&str, &str)] = &[
         "2026-12-v2.1-chain",
         "3a80cb87c58a11b5a93e3998784fa31859fda7a77f262fb06bf48883f4ec3275",
     ),
+    (
+        "2026-12-v2.2-layers",
+        "270fca597533cc356e4ffccdddecdd047e75f6394916d6f8f6ed80494ef5855d",
+    ),
 ];
 /// The set `write_fixture_set` writes (the newest).
-const NEWEST: &str = "2026-12-v2.1-chain";
+const NEWEST: &str = "2026-12-v2.2-layers";
 const FIXTURE_SECRET: &[u8] = b"deltapack-fixture-secret-2026-11";
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -141,7 +145,8 @@ fn every_fixture_root_decodes_and_reencodes_byte_identically() {
     assert!(
         schemas.contains_key(root::SCHEMA_V1)
             && schemas.contains_key(root::SCHEMA_V2)
-            && schemas.contains_key(root::SCHEMA_V2_1),
+            && schemas.contains_key(root::SCHEMA_V2_1)
+            && schemas.contains_key(root::SCHEMA_V2_2),
         "{schemas:?}"
     );
 }
@@ -240,6 +245,7 @@ async fn write_fixture_set() {
     match NEWEST {
         "2026-11-v1v2" => write_v1v2_set(&dir).await,
         "2026-12-v2.1-chain" => write_chain_set(&dir).await,
+        "2026-12-v2.2-layers" => write_layers_set(&dir).await,
         other => panic!("no writer for fixture set {other}"),
     }
     println!("fixture set digest: {}", set_digest(&dir));
@@ -309,6 +315,99 @@ async fn write_chain_set(dir: &Path) {
                       turn 1 a flat v2 root, turns 2-5 deltapack-page-delta-manifest/v2.1 roots (chain hints: the \
                       roots below the base, the chain's payload bytes, the delta header), each on the \
                       turn before; in two namespaces, unkeyed and with a keyed root MAC. M = 4096 bytes."
+            .into(),
+        max_extent_bytes: m,
+        roots,
+    };
+    write_expected(dir, &exp);
+    // The ledger is derived state, rebuilt from the store by any reader.
+    std::fs::remove_dir_all(dir.join("store/ledger")).expect("rm ledger");
+}
+
+/// `2026-12-v2.2-layers`: a five-turn conversation (tiny preset, seed
+/// 2026, 1,024 tokens per turn) with the layered snapshot digest: turn 1 a
+/// flat v2.2 root, turns 2-3 full-snapshot deltas, turns 4-5 tail-only
+/// turns (`publish_turn`), each on the turn before; once unkeyed, once with
+/// a keyed root MAC.
+async fn write_layers_set(dir: &Path) {
+    let url = format!("file://{}", dir.join("store").display());
+    let m = 4096;
+    let tokens: Vec<u64> = (1..=5).map(|k| k * 1024).collect();
+    let snaps: Vec<_> = tokens.iter().map(|t| turn(2026, *t)).collect();
+    for (t, snap) in tokens.iter().zip(&snaps) {
+        std::fs::write(
+            dir.join(format!("inputs/turn-{t}.snapshot")),
+            snap.encoded(),
+        )
+        .expect("w");
+    }
+    std::fs::write(
+        dir.join("inputs/tokens-5120.u32le"),
+        deltapack_format::context::tokens_to_le_bytes(&deltapack_format::synth::tokens(2026, 5120)),
+    )
+    .expect("w");
+    let mut roots = Vec::new();
+    for (label, keyed) in [("layers", false), ("layers-keyed", true)] {
+        let id = identity(&format!("fixture-{label}"));
+        let id_file = format!("inputs/identity-{label}.json");
+        std::fs::write(dir.join(&id_file), id.to_json_pretty()).expect("w");
+        let cfg = StoreConfig::default()
+            .with_max_extent_bytes(m)
+            .with_mac_secret(keyed.then(|| FIXTURE_SECRET.to_vec()));
+        let store = Store::open(&url, cfg).expect("open");
+        let mut prev: Option<deltapack_store::Turn> = None;
+        for (k, (t, snap)) in tokens.iter().zip(&snaps).enumerate() {
+            let c = ctx(&id, 2026, *t as usize);
+            let receipt = if k == 0 {
+                publish_base(&store, &id, c, snap.clone(), RootFormat::V2).await
+            } else if k < 3 {
+                let bc = ctx(&id, 2026, tokens[k - 1] as usize);
+                publish_delta(
+                    &store,
+                    &id,
+                    c,
+                    snap.clone(),
+                    bc,
+                    snaps[k - 1].clone(),
+                    RootFormat::V2,
+                )
+                .await
+            } else {
+                let p = prev.as_ref().expect("turn");
+                store
+                    .publish_turn(
+                        p,
+                        deltapack_store::TurnRequest {
+                            identity: id.clone(),
+                            context: c,
+                            boundary: *t,
+                            tail: p.tail_of(snap).expect("tail"),
+                        },
+                    )
+                    .await
+                    .expect("publish_turn")
+            };
+            assert_eq!(receipt.chain_depth as usize, k);
+            assert_eq!(receipt.schema, root::SCHEMA_V2_2);
+            prev = receipt.turn.clone();
+            roots.push(ExpectedRoot {
+                label: format!("{label}-turn-{}", k + 1),
+                identity_file: id_file.clone(),
+                namespace: id.namespace(),
+                context: c,
+                schema: receipt.schema.clone(),
+                keyed,
+                snapshot_file: format!("inputs/turn-{t}.snapshot"),
+                snapshot_digest: receipt.snapshot_digest,
+            });
+        }
+    }
+    let exp = Expected {
+        description: "Five-turn synthetic conversation (tiny preset, seed 2026, 1024 tokens per turn) \
+                      with the layered snapshot digest (blake3-layers): turn 1 a flat \
+                      deltapack-page-delta-manifest/v2.2 root, turns 2-3 full-snapshot deltas, turns 4-5 \
+                      tail-only turns, each a v2.2 delta with chain hints on the turn before; in two \
+                      namespaces, unkeyed and with a keyed root MAC. M = 4096 bytes."
             .into(),
         max_extent_bytes: m,
         roots,

@@ -23,7 +23,7 @@ use crate::common::*;
 use deltapack_format::root::{self, DecodedRoot};
 use deltapack_format::{
     BaseRef, CacheIdentity, ContextDigest, GroupKind, LayerSpec, PageGroup, PageLayout, Snapshot,
-    SnapshotHeader, SCHEMA_V2_1,
+    SnapshotHeader, SCHEMA_V2_2,
 };
 use deltapack_store::{
     keys, Backend, ChainPolicy, MissReason, RestoreIntoOutcome, RestoreOutcome, RootFormat, Store,
@@ -386,7 +386,7 @@ async fn broken_links_are_misses() {
     }
     // (As a plain v2 root: a v2.1 root's recorded header would not match.)
     m.chain = None;
-    m.schema = deltapack_format::SCHEMA_V2.into();
+    m.schema = m.schema_str().into();
     put_manifest(&t, &conv.id, conv.turns[3].0, &m);
     match restore(&fresh(&t.store, cfg()), &conv.id, top).await {
         RestoreOutcome::Miss(MissReason::BaseMissing { .. }) => {}
@@ -428,7 +428,7 @@ fn relink(
         boundary,
     });
     m.chain = None;
-    m.schema = deltapack_format::SCHEMA_V2.into();
+    m.schema = m.schema_str().into();
     put_manifest(t, &conv.id, c, &m);
 }
 
@@ -614,7 +614,7 @@ async fn a_chain_is_fetched_in_one_round_of_root_reads() {
     assert_eq!(receipts[0].chain_depth, 0);
     for (i, r) in receipts.iter().enumerate().skip(1) {
         assert_eq!(r.chain_depth as usize, i, "turn {i}'s depth");
-        assert_eq!(r.schema, SCHEMA_V2_1);
+        assert_eq!(r.schema, SCHEMA_V2_2);
     }
     let top = conv.turns[11].0;
     let m = match s.read_root(&conv.id.namespace(), &top).await.expect("root") {
@@ -902,7 +902,7 @@ async fn the_chain_policy_rebases() {
         other => panic!("{other:?}"),
     };
     m.chain = None;
-    m.schema = deltapack_format::SCHEMA_V2.into();
+    m.schema = m.schema_str().into();
     t.store
         .object_store()
         .put(

@@ -56,7 +56,7 @@ async fn racing_writers(t: TestStore) {
         let (r, snap) = task.await.expect("join").expect("publish");
         if r.outcome == PublishOutcome::Created {
             created += 1;
-            winners.insert(snap.digest());
+            winners.insert(v2_digest(&snap));
         }
         results.push((r, snap));
     }
@@ -66,19 +66,30 @@ async fn racing_writers(t: TestStore) {
         t.name
     );
     let winner = *winners.iter().next().expect("winner");
+    // The root's own digest: the winner's, by the definition of the
+    // winner's format (layered for v2, of the encoding for v1).
+    let root_digest = match t.store.peek_root(&id.namespace(), &c).await.expect("root") {
+        deltapack_store::RootStatus::Found(r) => {
+            r.summary().expect("summary").result_snapshot_digest
+        }
+        other => panic!("{other:?}"),
+    };
     for (r, snap) in &results {
         match r.outcome {
             PublishOutcome::Created | PublishOutcome::AlreadyPresent => {
-                assert_eq!(snap.digest(), winner)
+                assert_eq!(v2_digest(&snap), winner)
             }
             PublishOutcome::Conflict => {
-                assert_ne!(snap.digest(), winner);
-                assert_eq!(r.existing_snapshot_digest, Some(winner));
+                assert_ne!(v2_digest(&snap), winner);
+                assert_eq!(r.existing_snapshot_digest, Some(root_digest));
             }
         }
     }
     let restored = restore_bytes(&t.store, &id, c).await;
-    assert_eq!(deltapack_format::Digest::blake3(&restored), winner);
+    assert_eq!(
+        v2_digest(&deltapack_format::Snapshot::from_encoded(restored).expect("snapshot")),
+        winner
+    );
     assert_eq!(t.store.list_roots(None).await.expect("list").len(), 1);
 }
 
@@ -301,7 +312,8 @@ async fn sixteen_writers_with_readers_eviction_and_sweep() {
                         .expect("restore")
                     {
                         assert_eq!(
-                            deltapack_format::Digest::blake3(h.snapshot.encoded()),
+                            deltapack_format::layer_digest::digest_like(&h.snapshot, &h.digest)
+                                .expect("digest"),
                             h.digest
                         );
                         let mut m = seen.lock().expect("lock");
@@ -355,7 +367,7 @@ async fn sixteen_writers_with_readers_eviction_and_sweep() {
                     .await
                     .expect("publish");
                 if r.outcome == PublishOutcome::Conflict {
-                    assert_ne!(r.existing_snapshot_digest, Some(snap.digest()));
+                    assert_ne!(r.existing_snapshot_digest, Some(v2_digest(&snap)));
                 }
             }
         }));

@@ -98,7 +98,7 @@ async fn suite(t: TestStore) {
     let other = turn(99, 2048);
     let conflict = publish_base(s, &id, c0, other.clone(), RootFormat::V2).await;
     assert_eq!(conflict.outcome, PublishOutcome::Conflict);
-    assert_eq!(conflict.existing_snapshot_digest, Some(b0.digest()));
+    assert_eq!(conflict.existing_snapshot_digest, Some(v2_digest(&b0)));
     assert_eq!(
         restore_bytes(s, &id, c0).await,
         b0.encoded(),

@@ -591,6 +591,7 @@ async fn plausible_huge_v2_root_is_a_miss_without_committing_memory() {
         max_extent_bytes: m_bytes,
         extents,
         chain: None,
+        layers: None,
     };
     m.validate()
         .expect("the forged manifest is internally consistent");
@@ -907,7 +908,13 @@ async fn delta_rebuilding_other_bytes_than_its_result_is_corrupt() {
         let (ca, cb) = (ctx(&id, 5, 1024), ctx(&id, 5, 4096));
         publish_base(s, &id, ca, a.clone(), RootFormat::V2).await;
         // The honest delta with one tail byte changed, named correctly.
-        let mut payload = deltapack_format::delta::encode(256, &a, &b).expect("encode");
+        let (da, db) = (
+            deltapack_format::layer_digest::of_snapshot(&a).expect("digest"),
+            deltapack_format::layer_digest::of_snapshot(&b).expect("digest"),
+        );
+        let mut payload =
+            deltapack_format::delta::encode_with_digests(256, &a, &b, da.snapshot, db.snapshot)
+                .expect("encode");
         let last = payload.len() - 1;
         payload[last] ^= 0x5a;
         let x = root::v2_extents(&payload, TEST_EXTENT, None).expect("extents");
@@ -927,17 +934,18 @@ async fn delta_rebuilding_other_bytes_than_its_result_is_corrupt() {
             context: cb,
             chunk_tokens: 256,
             result_header: b.header().clone(),
-            result_snapshot_digest: b.digest(),
+            result_snapshot_digest: db.snapshot,
             result_snapshot_len: b.encoded().len() as u64,
             base: Some(deltapack_format::BaseRef {
                 namespace: ns,
                 context: ca,
-                snapshot_digest: a.digest(),
+                snapshot_digest: da.snapshot,
                 boundary: a.boundary(),
             }),
         };
-        let m = ManifestV2::new(
+        let m = ManifestV2::new_layered(
             &meta,
+            &db.streams,
             payload.len() as u64,
             x.payload_digest,
             TEST_EXTENT,

@@ -32,4 +32,5 @@ mod quarantine_needs_proof;
 mod ranged_reads;
 mod restore_into_contract;
 mod s3_faults;
+mod turn_publication;
 mod write_behind;

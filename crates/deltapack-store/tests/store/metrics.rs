@@ -15,7 +15,8 @@ use deltapack_format::root;
 use deltapack_store::prometheus_client::{encoding::text::encode, registry::Registry};
 use deltapack_store::{keys, BackendKind, MissReason, RootFormat, RootStatus};
 
-const V2: &str = root::SCHEMA_V2;
+/// What a v2 publication writes (a layered-digest v2.2 root).
+const V2: &str = root::SCHEMA_V2_2;
 
 /// Every sample line of the encoded registry, `series → value`.
 fn scrape(registry: &Registry) -> BTreeMap<String, f64> {

@@ -220,6 +220,14 @@ pub(crate) fn turn(seed: u64, tokens: u64) -> Arc<Snapshot> {
     Arc::new(synth::snapshot(Preset::Tiny, seed, tokens).expect("synth"))
 }
 
+/// The snapshot digest a v2 publication of `s` records (the layered
+/// digest of a v2.2 root).
+pub(crate) fn v2_digest(s: &Snapshot) -> deltapack_format::Digest {
+    deltapack_format::layer_digest::of_snapshot(s)
+        .expect("layered digest")
+        .snapshot
+}
+
 /// Context digest of the synthetic conversation `seed` at `tokens`.
 pub(crate) fn ctx(id: &CacheIdentity, seed: u64, tokens: usize) -> ContextDigest {
     ContextHasher::new(id.namespace(), id.chunk_tokens)

@@ -23,15 +23,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use deltapack_format::layer_digest;
 use deltapack_format::root::{self, RootMeta, MAX_CHAIN_HINTS};
 use deltapack_format::{
     BaseRef, CacheIdentity, ChainHints, ContextDigest, DecodedRoot, DeltaLayout, Digest,
-    ExtentPlan, Namespace, Snapshot,
+    DigestState, ExtentPlan, LayerDigests, Namespace, Snapshot,
 };
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt};
 use object_store::PutPayload;
 use serde::Serialize;
+
+mod turn;
+
+pub use turn::{Turn, TurnRequest};
 
 use crate::backend::{put_create, BackendKind, PutOutcome};
 use crate::error::{Result, StoreError};
@@ -148,6 +153,10 @@ pub struct PublishReceipt {
     pub rebased: bool,
     /// Deltas between this root and its flat root (0 for a flat root).
     pub chain_depth: u32,
+    /// The handle to publish the next turn from (layered roots only; see
+    /// [`Store::publish_turn`]).
+    #[serde(skip)]
+    pub turn: Option<Turn>,
 }
 
 impl PublishReceipt {
@@ -174,8 +183,26 @@ impl PublishReceipt {
             total_time: Duration::ZERO,
             rebased: false,
             chain_depth: 0,
+            turn: None,
         }
     }
+}
+
+/// A delta's base, checked against its root.
+pub(crate) struct CheckedBase {
+    /// The reference the delta's root records.
+    pub(crate) base: BaseRef,
+    /// The chain below the base (see [`Store::chain_below`]).
+    pub(crate) below: Option<(Vec<BaseRef>, u64)>,
+    /// The base's digest state, when its digest is layered and known.
+    pub(crate) state: Option<Arc<DigestState>>,
+}
+
+/// A result's snapshot digest as a publication computes it: the digest,
+/// and for a layered one its stream digests and state.
+pub(crate) struct ResultDigest {
+    pub(crate) digest: Digest,
+    pub(crate) layered: Option<(LayerDigests, Arc<DigestState>)>,
 }
 
 /// One object to write: its key and its stored bytes (possibly in parts).
@@ -221,10 +248,15 @@ impl Store {
                 let bytes = (r.outcome == PublishOutcome::Created).then_some(r.payload_len);
                 // Only the schemas this crate writes are labels (a conflict
                 // with an unusable root describes it in free text).
-                let schema = [root::SCHEMA_V2, root::SCHEMA_V2_1, root::SCHEMA_V1]
-                    .into_iter()
-                    .find(|s| *s == r.schema)
-                    .unwrap_or(crate::metrics::UNKNOWN_SCHEMA);
+                let schema = [
+                    root::SCHEMA_V2,
+                    root::SCHEMA_V2_1,
+                    root::SCHEMA_V2_2,
+                    root::SCHEMA_V1,
+                ]
+                .into_iter()
+                .find(|s| *s == r.schema)
+                .unwrap_or(crate::metrics::UNKNOWN_SCHEMA);
                 span.record("schema", schema);
                 span.record("outcome", outcome);
                 span.record("bytes", r.payload_len);
@@ -279,17 +311,27 @@ impl Store {
             None => None,
             Some(b) => Some(self.check_base(&ns, id, b, snap).await?),
         };
+        // v2 roots carry the layered digest (v2.2) when the layout allows.
+        let layered = req.format == RootFormat::V2 && layer_digest::supported(snap.header());
         // Lay a delta out now (the header's length does not depend on the
         // result digest, so a stand-in serves): its size decides, with the
         // chain below the base, whether the chain policy rebases.
         let mut layout: Option<DeltaLayout> = None;
         let mut chain: Option<ChainHints> = None;
         let mut rebased = false;
-        if let (Some(b), Some((r, below))) = (&req.base, &checked) {
+        if let (Some(b), Some(CheckedBase { base: r, below, .. })) = (&req.base, &checked) {
             let (base, result, chunk) = (b.snapshot.clone(), snap.clone(), id.chunk_tokens);
             let base_digest = r.snapshot_digest;
+            // A stand-in for the result digest, of the kind the root will
+            // record (the header's length depends on the kind only).
+            let alg = if layered {
+                deltapack_format::Algorithm::Blake3Layers
+            } else {
+                deltapack_format::Algorithm::Blake3
+            };
+            let stand_in = Digest::new(alg, [0; 32]);
             let l = tokio::task::spawn_blocking(move || {
-                DeltaLayout::new(chunk, &base, &result, base_digest, base_digest)
+                DeltaLayout::new(chunk, &base, &result, base_digest, stand_in)
             })
             .await
             .map_err(|e| StoreError::task("delta layout", e))??;
@@ -322,26 +364,75 @@ impl Store {
                 layout = Some(l);
             }
         }
-        let base_ref = checked.filter(|_| !rebased).map(|(r, _)| r);
+        let (base_ref, base_state) = match checked.filter(|_| !rebased) {
+            Some(c) => (Some(c.base), c.state),
+            None => (None, None),
+        };
         let base_in = req.base.as_ref().filter(|_| !rebased);
-        // The result digest (one BLAKE3 pass over ~all of the result) starts
-        // now on blocking threads and is awaited only where it is needed: a
-        // delta's header (written last, see `write_v2`), an existing root's
-        // comparison, the root. A flat snapshot's digest is its payload
-        // digest, which the extent names give for free.
-        let digest: Option<LateDigest> = base_ref.as_ref().map(|_| {
+        // The result digest starts now on blocking threads and is awaited
+        // only where it is needed: a delta's header (written last, see
+        // `write_v2`), an existing root's comparison, the root. A layered
+        // digest extends the base's state when the result keeps the base's
+        // settled pages (compared byte for byte by the delta's layout), so
+        // only the new pages are hashed; otherwise the whole result is
+        // hashed. A flat snapshot's `blake3:` digest is its payload digest,
+        // which the extent names give for free.
+        let reused = layout.as_ref().map(|l| l.header.reused_pages.clone());
+        let digest: Option<LateDigest> = (layered || base_ref.is_some()).then(|| {
             let s = snap.clone();
-            // One thread on purpose: it runs beside the extent writes, whose
-            // copy and naming threads need the other core (the multi-core
-            // digest made the first writes wait).
-            let h = tokio::task::spawn_blocking(move || Digest::blake3(s.encoded()));
-            async move { h.await.map_err(|e| format!("digest task: {e}")) }
+            let stats = self.clone();
+            // Hashing runs beside the extent writes, whose copy and naming
+            // threads need a core too.
+            let h = tokio::task::spawn_blocking(move || {
+                let extend = base_state.filter(|st| {
+                    reused.as_ref().is_some_and(|r| {
+                        r.iter().zip(st.settled()).all(|(have, need)| have >= need)
+                    })
+                });
+                let out = if !layered {
+                    Stats::add(
+                        &stats.stats_ref().snapshot_bytes_hashed,
+                        s.encoded().len() as u64,
+                    );
+                    ResultDigest {
+                        digest: Digest::blake3(s.encoded()),
+                        layered: None,
+                    }
+                } else {
+                    let (d, st) = match &extend {
+                        Some(st) => {
+                            let tail =
+                                s.payload().len() as u64 - settled_bytes(s.header(), st.settled());
+                            Stats::add(&stats.stats_ref().snapshot_bytes_hashed, tail);
+                            st.extend_to(&s)
+                        }
+                        None => {
+                            Stats::add(
+                                &stats.stats_ref().snapshot_bytes_hashed,
+                                s.encoded().len() as u64,
+                            );
+                            DigestState::capture(&s)
+                        }
+                    }
+                    .map_err(|e| e.to_string())?;
+                    ResultDigest {
+                        digest: d.snapshot,
+                        layered: Some((d, Arc::new(st))),
+                    }
+                };
+                Ok::<_, String>(Arc::new(out))
+            });
+            async move { h.await.map_err(|e| format!("digest task: {e}"))? }
                 .boxed()
                 .shared()
         });
         let snapshot_digest = || async {
             match &digest {
-                Some(d) => d.clone().await.map_err(StoreError::Internal),
+                Some(d) => d
+                    .clone()
+                    .await
+                    .map(|r| r.digest)
+                    .map_err(StoreError::Internal),
                 None => {
                     let s = snap.clone();
                     tokio::task::spawn_blocking(move || s.digest())
@@ -358,11 +449,29 @@ impl Store {
                 receipt.schema = root::SCHEMA_V1.into();
             }
             if let Some(done) = self
-                .existing_outcome(&ns, &req.context, &mut receipt)
+                .existing_outcome(&ns, &req.context, &mut receipt, Some(&req.snapshot))
                 .await?
             {
                 if done == PublishOutcome::AlreadyPresent {
                     self.ledger_touch(&ns, &req.context).await;
+                    // The caller's snapshot is the one the root names: a
+                    // delta on it (the same `Arc`) is not hashed again.
+                    let state = match &digest {
+                        Some(d) => d
+                            .clone()
+                            .await
+                            .ok()
+                            .and_then(|r| r.layered.as_ref().map(|(_, st)| st.clone())),
+                        None => None,
+                    };
+                    let key = (ns, req.context, receipt.snapshot_digest);
+                    if let Ok(mut c) = self.inner.base_cache.lock() {
+                        c.put_handed_out(key, &req.snapshot);
+                        if let Some(st) = &state {
+                            c.put_state(key, st.clone());
+                        }
+                    }
+                    receipt.turn = state.map(|state| Turn::new(self, ns, req.context, state));
                 }
                 if let Some(g) = early_guard.take() {
                     g.finish().await;
@@ -394,7 +503,7 @@ impl Store {
                 header_template = Some(layout.header.clone());
                 let (d, mut late) = (d.clone(), layout.header);
                 let header = async move {
-                    late.result_digest = d.await?;
+                    late.result_digest = d.await?.digest;
                     let bytes = DeltaLayout {
                         header: late,
                         tails: Vec::new(),
@@ -433,6 +542,7 @@ impl Store {
             .await?;
 
         let t_write = Instant::now();
+        let mut result_state: Option<Arc<DigestState>> = None;
         let root_bytes = match req.format {
             RootFormat::V2 => {
                 let (entries, payload_digest) = self
@@ -455,10 +565,33 @@ impl Store {
                 }
                 receipt.chain_depth = chain.as_ref().map_or(0, |c| c.ancestors.len() as u32 + 1);
                 receipt.rebased = rebased;
-                if chain.is_some() {
-                    receipt.schema = root::SCHEMA_V2_1.into();
+                let layers = match &digest {
+                    Some(d) => d
+                        .clone()
+                        .await
+                        .map_err(StoreError::Internal)?
+                        .layered
+                        .as_ref()
+                        .map(|(l, st)| {
+                            result_state = Some(st.clone());
+                            l.streams.clone()
+                        }),
+                    None => None,
+                };
+                receipt.schema = match (&layers, &chain) {
+                    (Some(_), _) => root::SCHEMA_V2_2,
+                    (None, Some(_)) => root::SCHEMA_V2_1,
+                    (None, None) => root::SCHEMA_V2,
                 }
-                self.encode_v2(&meta, receipt.payload_len, payload_digest, entries, chain)?
+                .into();
+                self.encode_v2(
+                    &meta,
+                    layers.as_deref(),
+                    receipt.payload_len,
+                    payload_digest,
+                    entries,
+                    chain,
+                )?
             }
             RootFormat::V1 => {
                 let whole = payload.assemble().await?;
@@ -479,6 +612,54 @@ impl Store {
                 Bytes::from(root::encode_v1(&manifest, self.inner.mac_key.as_ref())?)
             }
         };
+        self.create_root(
+            &ns,
+            &req.context,
+            root_bytes,
+            &mut receipt,
+            Some(&req.snapshot),
+        )
+        .await?;
+        guard.finish().await;
+        receipt.write_time = t_write.elapsed();
+        receipt.total_time = start.elapsed();
+        if receipt.outcome != PublishOutcome::Conflict {
+            // The caller's snapshot is now what this root names: a delta on
+            // it, given the same `Arc`, is not hashed again.
+            let key = (ns, req.context, receipt.snapshot_digest);
+            if let Ok(mut c) = self.inner.base_cache.lock() {
+                c.put_handed_out(key, &req.snapshot);
+                if let Some(st) = &result_state {
+                    c.put_state(key, st.clone());
+                }
+            }
+            receipt.turn = result_state.map(|state| Turn::new(self, ns, req.context, state));
+        }
+        if receipt.outcome == PublishOutcome::Conflict {
+            Stats::add(&self.stats_ref().conflicts, 1);
+        }
+        tracing::info!(
+            context = %req.context,
+            outcome = ?receipt.outcome,
+            objects_written = receipt.objects_written,
+            bytes = receipt.bytes_written,
+            ms = receipt.total_time.as_millis() as u64,
+            "published"
+        );
+        Ok(receipt)
+    }
+
+    /// Creates the root of a publication whose objects are durable (their
+    /// protection is the caller's), records it in the ledger, and settles
+    /// the receipt's outcome: created, or whatever an existing root implies.
+    pub(crate) async fn create_root(
+        &self,
+        ns: &Namespace,
+        ctx: &ContextDigest,
+        root_bytes: Bytes,
+        receipt: &mut PublishReceipt,
+        snapshot: Option<&Arc<Snapshot>>,
+    ) -> Result<()> {
         let entry = match root::decode(&root_bytes, self.inner.mac_key.as_ref())?.summary() {
             Some(s) => crate::ledger::RootEntry::from_summary(&s, root_bytes.len() as u64),
             None => {
@@ -488,7 +669,7 @@ impl Store {
             }
         };
 
-        let key = keys::root_key(&ns, &req.context);
+        let key = keys::root_key(ns, ctx);
         let root_len = root_bytes.len() as u64;
         let root_digest = Digest::blake3(&root_bytes);
         // An I/O error on the root write may hide a PUT that landed but whose
@@ -518,7 +699,7 @@ impl Store {
                 Ok(o) => o,
                 Err(e @ StoreError::Io { .. }) => {
                     tracing::warn!(error = %e, %key, "root write failed; reading the root back");
-                    match self.existing_outcome(&ns, &req.context, &mut receipt).await {
+                    match self.existing_outcome(ns, ctx, receipt, snapshot).await {
                         Ok(Some(_)) => PutOutcome::Existed,
                         _ => return Err(e),
                     }
@@ -537,13 +718,10 @@ impl Store {
                 PutOutcome::Existed => {
                     // Lost a race (or an earlier attempt whose response was
                     // lost landed): the root that is there decides.
-                    match self
-                        .existing_outcome(&ns, &req.context, &mut receipt)
-                        .await?
-                    {
+                    match self.existing_outcome(ns, ctx, receipt, snapshot).await? {
                         Some(done) => {
                             if done == PublishOutcome::AlreadyPresent {
-                                self.ledger_touch(&ns, &req.context).await;
+                                self.ledger_touch(ns, ctx).await;
                             }
                             receipt.outcome = done;
                             break;
@@ -570,21 +748,7 @@ impl Store {
                 }
             }
         }
-        guard.finish().await;
-        receipt.write_time = t_write.elapsed();
-        receipt.total_time = start.elapsed();
-        if receipt.outcome == PublishOutcome::Conflict {
-            Stats::add(&self.stats_ref().conflicts, 1);
-        }
-        tracing::info!(
-            context = %req.context,
-            outcome = ?receipt.outcome,
-            objects_written = receipt.objects_written,
-            bytes = receipt.bytes_written,
-            ms = receipt.total_time.as_millis() as u64,
-            "published"
-        );
-        Ok(receipt)
+        Ok(())
     }
 
     /// Validates a delta's base against its root; returns the reference and
@@ -595,7 +759,7 @@ impl Store {
         id: &CacheIdentity,
         b: &BaseInput,
         result: &Snapshot,
-    ) -> Result<(BaseRef, Option<(Vec<BaseRef>, u64)>)> {
+    ) -> Result<CheckedBase> {
         let mismatch = |detail: String| StoreError::BaseMismatch {
             namespace: *ns,
             context: b.context,
@@ -617,40 +781,82 @@ impl Store {
         if b.snapshot.layout() != result.layout() {
             return Err(StoreError::Invalid("base and result layouts differ".into()));
         }
-        let digest = b.snapshot.digest();
-        let below = match self.read_root(ns, &b.context).await? {
+        let (digest, state, below) = match self.read_root(ns, &b.context).await? {
             RootStatus::Found(root) => {
                 let s = root
                     .summary()
                     .ok_or_else(|| StoreError::Internal("summary".into()))?;
-                if s.result_snapshot_digest != digest {
-                    return Err(mismatch(format!(
-                        "the base root holds {} but the given base snapshot is {digest}",
-                        s.result_snapshot_digest
-                    )));
-                }
                 if s.boundary != bb {
                     return Err(mismatch(format!(
                         "base root boundary {} != {bb}",
                         s.boundary
                     )));
                 }
-                self.chain_below(&root).await?
+                let want = s.result_snapshot_digest;
+                let (digest, state) = self.verify_base(ns, &b.context, &b.snapshot, want).await?;
+                if digest != want {
+                    return Err(mismatch(format!(
+                        "the base root holds {want} but the given base snapshot is {digest}"
+                    )));
+                }
+                (digest, state, self.chain_below(&root).await?)
             }
             RootStatus::Absent => return Err(mismatch("no base root is published".into())),
             RootStatus::Unusable(r) => {
                 return Err(mismatch(format!("the base root is unusable: {r}")))
             }
         };
-        Ok((
-            BaseRef {
+        Ok(CheckedBase {
+            base: BaseRef {
                 namespace: *ns,
                 context: b.context,
                 snapshot_digest: digest,
                 boundary: bb,
             },
             below,
-        ))
+            state,
+        })
+    }
+
+    /// The digest of a caller's base snapshot by the definition of `want`
+    /// (its root's), and the base's digest state when there is one. A
+    /// snapshot this handle published or restored under that root and the
+    /// caller still holds (the same `Arc`) was verified then: it is not
+    /// hashed again. Any other base is hashed (for a layered digest keeping
+    /// the state, so the result's digest extends it).
+    async fn verify_base(
+        &self,
+        ns: &Namespace,
+        ctx: &ContextDigest,
+        snapshot: &Arc<Snapshot>,
+        want: Digest,
+    ) -> Result<(Digest, Option<Arc<DigestState>>)> {
+        let key = (*ns, *ctx, want);
+        if let Ok(c) = self.inner.base_cache.lock() {
+            if c.holds(&key, snapshot) {
+                return Ok((want, c.state(&key)));
+            }
+        }
+        let s = snapshot.clone();
+        let layered = want.algorithm() == deltapack_format::Algorithm::Blake3Layers;
+        let hashed = s.encoded().len() as u64;
+        let (digest, state) = tokio::task::spawn_blocking(move || {
+            if layered {
+                DigestState::capture(&s).map(|(d, st)| (d.snapshot, Some(Arc::new(st))))
+            } else {
+                Ok((s.digest(), None))
+            }
+        })
+        .await
+        .map_err(|e| StoreError::task("base digest", e))??;
+        Stats::add(&self.stats_ref().snapshot_bytes_hashed, hashed);
+        if digest == want {
+            if let (Ok(mut c), Some(st)) = (self.inner.base_cache.lock(), &state) {
+                c.put_handed_out(key, snapshot);
+                c.put_state(key, st.clone());
+            }
+        }
+        Ok((digest, state))
     }
 
     /// The chain a delta on `base` would sit on: the roots below `base`,
@@ -710,6 +916,7 @@ impl Store {
         ns: &Namespace,
         ctx: &ContextDigest,
         receipt: &mut PublishReceipt,
+        snapshot: Option<&Arc<Snapshot>>,
     ) -> Result<Option<PublishOutcome>> {
         match self.read_root(ns, ctx).await? {
             RootStatus::Absent => Ok(None),
@@ -730,7 +937,26 @@ impl Store {
                     .ok_or_else(|| StoreError::Internal("summary".into()))?;
                 receipt.schema = s.schema.to_string();
                 receipt.root_digest = None;
-                if s.result_snapshot_digest == receipt.snapshot_digest {
+                let existing = s.result_snapshot_digest;
+                // A root written with the other digest definition (a v1 or
+                // v2.1 root of the same bytes, say) is the same snapshot if
+                // the caller's bytes hash to its digest by its definition.
+                let same = existing == receipt.snapshot_digest
+                    || match snapshot {
+                        Some(snap)
+                            if existing.algorithm() != receipt.snapshot_digest.algorithm() =>
+                        {
+                            let snap = snap.clone();
+                            tokio::task::spawn_blocking(move || {
+                                deltapack_format::layer_digest::digest_like(&snap, &existing)
+                            })
+                            .await
+                            .map_err(|e| StoreError::task("digest", e))??
+                                == existing
+                        }
+                        _ => false,
+                    };
+                if same {
                     Ok(Some(PublishOutcome::AlreadyPresent))
                 } else {
                     receipt.existing_snapshot_digest = Some(s.result_snapshot_digest);
@@ -882,18 +1108,26 @@ impl Store {
     pub(crate) fn encode_v2(
         &self,
         meta: &RootMeta,
+        layers: Option<&[layer_digest::StreamDigest]>,
         payload_len: u64,
         payload_digest: Digest,
         entries: Vec<deltapack_format::ExtentEntry>,
         chain: Option<ChainHints>,
     ) -> Result<Bytes> {
-        let mut manifest = deltapack_format::ManifestV2::new(
-            meta,
-            payload_len,
-            payload_digest,
-            self.inner.config.max_extent_bytes,
-            entries,
-        )?;
+        let m = self.inner.config.max_extent_bytes;
+        let mut manifest = match layers {
+            Some(l) => deltapack_format::ManifestV2::new_layered(
+                meta,
+                l,
+                payload_len,
+                payload_digest,
+                m,
+                entries,
+            )?,
+            None => {
+                deltapack_format::ManifestV2::new(meta, payload_len, payload_digest, m, entries)?
+            }
+        };
         if let Some(c) = chain {
             manifest = manifest.with_chain(c)?;
         }
@@ -1091,7 +1325,7 @@ fn split_payload(payload: &PutPayload, part_bytes: u64) -> Vec<PutPayload> {
 
 /// The result digest of a delta publication, computed while extents are
 /// written.
-type LateDigest = Shared<BoxFuture<'static, std::result::Result<Digest, String>>>;
+type LateDigest = Shared<BoxFuture<'static, std::result::Result<Arc<ResultDigest>, String>>>;
 
 /// The encoded delta header, available once the result digest is.
 type LateHeader = Shared<BoxFuture<'static, std::result::Result<Bytes, String>>>;
@@ -1160,6 +1394,17 @@ fn result_meta(req: &PublishRequest, base: Option<BaseRef>, digest: Digest) -> R
         result_snapshot_len: req.snapshot.encoded().len() as u64,
         base,
     }
+}
+
+/// The payload bytes of a snapshot that lie in the first `settled[g]`
+/// pages of every group.
+fn settled_bytes(h: &deltapack_format::SnapshotHeader, settled: &[u64]) -> u64 {
+    h.layout
+        .groups
+        .iter()
+        .zip(settled)
+        .map(|(g, &k)| g.page_bytes() * k)
+        .sum()
 }
 
 fn done_receipt(mut r: PublishReceipt, outcome: PublishOutcome) -> PublishReceipt {

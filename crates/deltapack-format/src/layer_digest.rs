@@ -1,0 +1,751 @@
+//! The layered snapshot digest (`blake3-layers`): a snapshot digest that
+//! extends.
+//!
+//! The first snapshot digest (`blake3:`, kept verifiable forever) is BLAKE3 of
+//! the whole snapshot encoding. Its payload is laid out `[group][layer]
+//! [pages]`, so appending one page to every layer moves every layer's bytes:
+//! no hashing state of turn N can be reused for turn N+1, and publishing one
+//! more turn of a long conversation re-hashes the whole conversation.
+//!
+//! The layered digest hashes each (group, layer) page run — a *stream* — on
+//! its own, and then the snapshot from its header and the ordered stream
+//! digests:
+//!
+//! ```text
+//! stream_i  = BLAKE3-derive-key(LAYER_STREAM_CONTEXT, pages of stream i)
+//! snapshot  = BLAKE3-derive-key(LAYERS_DIGEST_CONTEXT,
+//!               u64le(len(prefix)) ‖ prefix ‖ u64le(n) ‖ stream_0 ‖ … ‖ stream_{n-1})
+//! ```
+//!
+//! where `prefix` is the snapshot encoding's first bytes (magic, header
+//! length, CBOR header: layout, boundary, block counts) and streams are in
+//! payload order (group by group, layer by layer). Text form
+//! `blake3-layers:<hex>` ([`Algorithm::Blake3Layers`]), so a digest says
+//! which definition it follows and can never compare equal to the other.
+//!
+//! Why it is as strong a check as the old one: the prefix fixes the layout
+//! and the block counts, hence every stream's length and position; each
+//! stream digest is a collision-resistant hash of exactly its stream's bytes
+//! (BLAKE3 binds the input length); the top hash binds the prefix and every
+//! stream digest in order. Two encodings with the same layered digest
+//! therefore have the same prefix and the same bytes in every stream — the
+//! same encoding — unless BLAKE3 collides. The two contexts separate the
+//! domains: no stream digest is a snapshot digest, and neither is a plain
+//! `blake3:` digest of anything.
+//!
+//! What it buys:
+//! * **Extension.** A stream's BLAKE3 state after its first `k` pages is all
+//!   that is needed to hash the stream with more pages after them
+//!   ([`DigestState`]): publishing turn N+1 hashes the new pages only.
+//! * **One layer alone.** A reader can check one (group, layer) stream
+//!   against the stream digests a root records, which the top digest
+//!   authenticates ([`combine`]).
+//! * **Parallel verification.** Each stream is an ordinary BLAKE3 tree (in
+//!   derive-key mode), so a restore hashes aligned blocks of every stream on
+//!   any core, in any order, and merges them ([`LayerHashPlan`]): one pass,
+//!   as fast as the whole-encoding digest.
+
+use std::ops::Range;
+
+use blake3::hazmat::{ChainingValue, ContextKey, HasherExt, Mode};
+
+use crate::digest::{Algorithm, Digest};
+use crate::error::{Error, Result};
+use crate::extent::ExtentPlan;
+use crate::layout::GroupKind;
+use crate::snapshot::{Snapshot, SnapshotHeader};
+
+/// BLAKE3 derive-key context of one (group, layer) stream.
+pub const LAYER_STREAM_CONTEXT: &str = "deltapack 2026-12-03 snapshot layer stream v1";
+/// BLAKE3 derive-key context of the layered snapshot digest.
+pub const LAYERS_DIGEST_CONTEXT: &str = "deltapack 2026-12-03 snapshot layers digest v1";
+/// Most streams a snapshot with a layered digest may have (a root records
+/// 32 bytes per stream; 65,536 streams are 2 MiB). Larger layouts keep the
+/// whole-encoding digest.
+pub const MAX_LAYER_STREAMS: usize = 1 << 16;
+
+/// A stream digest: 32 bytes, BLAKE3 in derive-key mode
+/// ([`LAYER_STREAM_CONTEXT`]) of one (group, layer) run of pages.
+pub type StreamDigest = [u8; 32];
+
+fn stream_key() -> &'static ContextKey {
+    static KEY: std::sync::OnceLock<ContextKey> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| blake3::hazmat::hash_derive_key_context(LAYER_STREAM_CONTEXT))
+}
+
+/// A fresh hasher for one stream.
+pub fn stream_hasher() -> blake3::Hasher {
+    blake3::Hasher::new_from_context_key(stream_key())
+}
+
+/// The stream digest of one stream's bytes (multi-threaded when large).
+pub fn stream_digest(bytes: &[u8]) -> StreamDigest {
+    let mut h = stream_hasher();
+    update(&mut h, bytes);
+    *h.finalize().as_bytes()
+}
+
+fn update(h: &mut blake3::Hasher, bytes: &[u8]) {
+    if bytes.len() > (8 << 20) {
+        h.update_rayon(bytes);
+    } else {
+        h.update(bytes);
+    }
+}
+
+/// The layered snapshot digest from the snapshot's prefix (magic, length,
+/// CBOR header) and its stream digests in payload order.
+pub fn combine(prefix: &[u8], streams: &[StreamDigest]) -> Digest {
+    let mut h = blake3::Hasher::new_derive_key(LAYERS_DIGEST_CONTEXT);
+    h.update(&(prefix.len() as u64).to_le_bytes());
+    h.update(prefix);
+    h.update(&(streams.len() as u64).to_le_bytes());
+    for s in streams {
+        h.update(s);
+    }
+    Digest::new(Algorithm::Blake3Layers, *h.finalize().as_bytes())
+}
+
+/// Whether snapshots of this header's layout may use the layered digest
+/// (at most [`MAX_LAYER_STREAMS`] streams).
+pub fn supported(header: &SnapshotHeader) -> bool {
+    stream_count(header) <= MAX_LAYER_STREAMS
+}
+
+/// Number of (group, layer) streams of a layout.
+pub fn stream_count(header: &SnapshotHeader) -> usize {
+    header.layout.groups.iter().map(|g| g.layers.len()).sum()
+}
+
+/// Every stream's range in the snapshot *encoding* whose payload starts at
+/// `payload_offset`, in payload order.
+pub fn stream_ranges(header: &SnapshotHeader, payload_offset: u64) -> Result<Vec<Range<u64>>> {
+    let offs = header.layout.layer_offsets(&header.block_counts)?;
+    let mut out = Vec::with_capacity(stream_count(header));
+    for (gi, g) in header.layout.groups.iter().enumerate() {
+        for (li, l) in g.layers.iter().enumerate() {
+            let start = payload_offset + offs[gi][li];
+            out.push(start..start + l.bytes_per_page * header.block_counts[gi]);
+        }
+    }
+    Ok(out)
+}
+
+/// A snapshot's layered digest and its stream digests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerDigests {
+    /// The layered snapshot digest (`blake3-layers:`).
+    pub snapshot: Digest,
+    /// Every stream's digest, in payload order.
+    pub streams: Vec<StreamDigest>,
+}
+
+impl LayerDigests {
+    /// The stream digests as one byte string (32 bytes each, in order), the
+    /// form a root records.
+    pub fn stream_bytes(&self) -> Vec<u8> {
+        self.streams.concat()
+    }
+}
+
+/// Splits a byte string of stream digests (32 bytes each) back into
+/// digests; `None` when its length is not a multiple of 32.
+pub fn split_streams(bytes: &[u8]) -> Option<Vec<StreamDigest>> {
+    if bytes.len() % 32 != 0 {
+        return None;
+    }
+    Some(
+        bytes
+            .chunks_exact(32)
+            .map(|c| {
+                let mut d = [0u8; 32];
+                d.copy_from_slice(c);
+                d
+            })
+            .collect(),
+    )
+}
+
+fn unsupported(header: &SnapshotHeader) -> Error {
+    Error::Invalid(format!(
+        "{} streams exceed the layered digest's limit of {MAX_LAYER_STREAMS}",
+        stream_count(header)
+    ))
+}
+
+/// The layered digest of a snapshot, hashing its streams on all cores.
+pub fn of_snapshot(s: &Snapshot) -> Result<LayerDigests> {
+    DigestState::capture(s).map(|(d, _)| d)
+}
+
+/// The snapshot digest of `s` by the definition `like` follows: the layered
+/// digest for a `blake3-layers` digest, BLAKE3 of the encoding otherwise.
+pub fn digest_like(s: &Snapshot, like: &Digest) -> Result<Digest> {
+    match like.algorithm() {
+        Algorithm::Blake3Layers => of_snapshot(s).map(|d| d.snapshot),
+        _ => Ok(s.digest()),
+    }
+}
+
+/// Pages of each group whose bytes no later turn can change: the complete
+/// pages of a `full` group (those wholly below the boundary), none of a
+/// `recurrent` group (its one checkpoint page is rewritten every turn).
+pub fn settled_pages(header: &SnapshotHeader) -> Vec<u64> {
+    header
+        .layout
+        .groups
+        .iter()
+        .map(|g| match g.kind {
+            GroupKind::Full => header.boundary / u64::from(g.tokens_per_page.max(1)),
+            GroupKind::Recurrent => 0,
+        })
+        .collect()
+}
+
+/// What a publisher keeps of a snapshot to digest the next turn from its
+/// new pages alone: the snapshot's header and layered digest, and every
+/// stream's BLAKE3 state after its settled pages ([`settled_pages`]).
+///
+/// A state is only as good as the bytes it absorbed: whoever extends it must
+/// know that the result's settled pages are the base's (a tail-only turn
+/// reuses them by construction; a full snapshot is compared page by page).
+#[derive(Clone)]
+pub struct DigestState {
+    header: SnapshotHeader,
+    digest: Digest,
+    settled: Vec<u64>,
+    states: Vec<blake3::Hasher>,
+}
+
+impl std::fmt::Debug for DigestState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DigestState")
+            .field("boundary", &self.header.boundary)
+            .field("digest", &self.digest)
+            .field("settled", &self.settled)
+            .finish()
+    }
+}
+
+impl DigestState {
+    /// Hashes every stream of `s` once (on all cores), keeping each
+    /// stream's state after its settled pages.
+    pub fn capture(s: &Snapshot) -> Result<(LayerDigests, DigestState)> {
+        let header = s.header().clone();
+        if !supported(&header) {
+            return Err(unsupported(&header));
+        }
+        let payload_offset = (s.encoded().len() - s.payload().len()) as u64;
+        let ranges = stream_ranges(&header, payload_offset)?;
+        let settled = settled_pages(&header);
+        let bpp = bytes_per_page(&header);
+        let groups = group_of_stream(&header);
+        let enc = s.encoded();
+        let hashed: Vec<(StreamDigest, blake3::Hasher)> = par_map(ranges.len(), |i| {
+            let r = &ranges[i];
+            let bytes = &enc[r.start as usize..r.end as usize];
+            let cut = (settled[groups[i]] * bpp[i]) as usize;
+            let mut h = stream_hasher();
+            update(&mut h, &bytes[..cut]);
+            let state = h.clone();
+            update(&mut h, &bytes[cut..]);
+            (*h.finalize().as_bytes(), state)
+        });
+        let (streams, states): (Vec<_>, Vec<_>) = hashed.into_iter().unzip();
+        let prefix = header.encode_prefix()?;
+        let digest = combine(&prefix, &streams);
+        Ok((
+            LayerDigests {
+                snapshot: digest,
+                streams,
+            },
+            DigestState {
+                header,
+                digest,
+                settled,
+                states,
+            },
+        ))
+    }
+
+    /// The header of the snapshot this state was taken from.
+    pub fn header(&self) -> &SnapshotHeader {
+        &self.header
+    }
+
+    /// The layered digest of that snapshot.
+    pub fn digest(&self) -> Digest {
+        self.digest
+    }
+
+    /// Number of streams (one BLAKE3 state each).
+    pub fn streams(&self) -> usize {
+        self.states.len()
+    }
+
+    /// Pages per group absorbed into the states: the result of an extension
+    /// must hold these pages unchanged, and its tail starts after them.
+    pub fn settled(&self) -> &[u64] {
+        &self.settled
+    }
+
+    /// Digests the snapshot with header `result` whose first
+    /// [`DigestState::settled`] pages of every group are this snapshot's and
+    /// whose remaining pages, stream by stream, are `tails[i]` (stream `i`'s
+    /// pages from its group's settled count to its block count). Hashes the
+    /// tails only. Returns the result's digests and its own state.
+    ///
+    /// Errors (nothing hashed) on another layout, a boundary not above this
+    /// one, or a tail of the wrong length.
+    pub fn extend(
+        &self,
+        result: &SnapshotHeader,
+        tails: &[&[u8]],
+    ) -> Result<(LayerDigests, DigestState)> {
+        result.validate()?;
+        if result.layout != self.header.layout {
+            return Err(Error::Invalid(
+                "the result's layout differs from the base's".into(),
+            ));
+        }
+        if result.boundary <= self.header.boundary {
+            return Err(Error::Invalid(format!(
+                "result boundary {} is not above the base boundary {}",
+                result.boundary, self.header.boundary
+            )));
+        }
+        let groups = group_of_stream(result);
+        let bpp = bytes_per_page(result);
+        if tails.len() != groups.len() {
+            return Err(Error::Invalid(format!(
+                "{} tails for {} streams",
+                tails.len(),
+                groups.len()
+            )));
+        }
+        let next_settled = settled_pages(result);
+        for (i, t) in tails.iter().enumerate() {
+            let g = groups[i];
+            let pages = result.block_counts[g]
+                .checked_sub(self.settled[g])
+                .ok_or_else(|| Error::Invalid(format!("group {g} lost pages")))?;
+            if t.len() as u64 != pages * bpp[i] || next_settled[g] < self.settled[g] {
+                return Err(Error::Invalid(format!(
+                    "stream {i}: tail of {} bytes, expected {} ({pages} pages of {})",
+                    t.len(),
+                    pages * bpp[i],
+                    bpp[i]
+                )));
+            }
+        }
+        let hashed: Vec<(StreamDigest, blake3::Hasher)> = par_map(tails.len(), |i| {
+            let t = tails[i];
+            let g = groups[i];
+            let cut = ((next_settled[g] - self.settled[g]) * bpp[i]) as usize;
+            let mut h = self.states[i].clone();
+            update(&mut h, &t[..cut]);
+            let state = h.clone();
+            update(&mut h, &t[cut..]);
+            (*h.finalize().as_bytes(), state)
+        });
+        let (streams, states): (Vec<_>, Vec<_>) = hashed.into_iter().unzip();
+        let prefix = result.encode_prefix()?;
+        let digest = combine(&prefix, &streams);
+        Ok((
+            LayerDigests {
+                snapshot: digest,
+                streams,
+            },
+            DigestState {
+                header: result.clone(),
+                digest,
+                settled: next_settled,
+                states,
+            },
+        ))
+    }
+
+    /// [`DigestState::extend`] to a whole result snapshot whose settled
+    /// pages are known to equal this snapshot's (the caller compared them):
+    /// its tails are read from `result` itself.
+    pub fn extend_to(&self, result: &Snapshot) -> Result<(LayerDigests, DigestState)> {
+        let payload_offset = (result.encoded().len() - result.payload().len()) as u64;
+        let ranges = stream_ranges(result.header(), payload_offset)?;
+        let groups = group_of_stream(result.header());
+        let bpp = bytes_per_page(result.header());
+        let enc = result.encoded();
+        let tails: Vec<&[u8]> = ranges
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let skip = self.settled.get(groups[i]).copied().unwrap_or(0) * bpp[i];
+                let start = (r.start + skip).min(r.end);
+                &enc[start as usize..r.end as usize]
+            })
+            .collect();
+        self.extend(result.header(), &tails)
+    }
+}
+
+/// `f(0), …, f(n-1)` on rayon's pool (the one BLAKE3's `update_rayon`
+/// uses), split in halves down to single items.
+fn par_map<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    fn go<T: Send>(lo: usize, hi: usize, f: &(impl Fn(usize) -> T + Sync), out: &mut Vec<T>) {
+        if hi - lo <= 1 {
+            out.extend((lo..hi).map(f));
+            return;
+        }
+        let mid = lo + (hi - lo) / 2;
+        let (mut left, mut right) = (Vec::new(), Vec::new());
+        rayon_core::join(|| go(lo, mid, f, &mut left), || go(mid, hi, f, &mut right));
+        out.append(&mut left);
+        out.append(&mut right);
+    }
+    let mut out = Vec::with_capacity(n);
+    go(0, n, &f, &mut out);
+    out
+}
+
+fn group_of_stream(h: &SnapshotHeader) -> Vec<usize> {
+    h.layout
+        .groups
+        .iter()
+        .enumerate()
+        .flat_map(|(gi, g)| std::iter::repeat_n(gi, g.layers.len()))
+        .collect()
+}
+
+fn bytes_per_page(h: &SnapshotHeader) -> Vec<u64> {
+    h.layout
+        .groups
+        .iter()
+        .flat_map(|g| g.layers.iter().map(|l| l.bytes_per_page))
+        .collect()
+}
+
+/// One block of a [`LayerHashPlan`]: an aligned piece of one stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerBlock {
+    /// The stream (payload order).
+    pub stream: usize,
+    /// The block's index within its stream.
+    pub index: u64,
+    /// The block's bytes in the snapshot encoding.
+    pub range: (u64, u64),
+}
+
+/// How a reader hashes a snapshot with a layered digest in parallel: every
+/// stream cut into aligned power-of-two blocks (complete subtrees of the
+/// stream's BLAKE3 tree), hashed in any order, merged per stream, then
+/// combined with the prefix.
+#[derive(Debug, Clone)]
+pub struct LayerHashPlan {
+    streams: Vec<(u64, ExtentPlan)>,
+    blocks: Vec<LayerBlock>,
+    first_block: Vec<usize>,
+}
+
+impl LayerHashPlan {
+    /// A plan for the encoding of `header` whose payload starts at
+    /// `payload_offset`, with blocks of `block` bytes (a power of two of at
+    /// least 1 KiB).
+    pub fn new(header: &SnapshotHeader, payload_offset: u64, block: u64) -> Result<Self> {
+        if !supported(header) {
+            return Err(unsupported(header));
+        }
+        let ranges = stream_ranges(header, payload_offset)?;
+        let mut streams = Vec::with_capacity(ranges.len());
+        let mut blocks = Vec::new();
+        let mut first_block = Vec::with_capacity(ranges.len());
+        for (i, r) in ranges.iter().enumerate() {
+            let plan = ExtentPlan::new(r.end - r.start, block)?;
+            first_block.push(blocks.len());
+            for b in 0..plan.count() {
+                let br = plan.range(b);
+                blocks.push(LayerBlock {
+                    stream: i,
+                    index: b,
+                    range: (r.start + br.start, r.start + br.end),
+                });
+            }
+            streams.push((r.start, plan));
+        }
+        Ok(LayerHashPlan {
+            streams,
+            blocks,
+            first_block,
+        })
+    }
+
+    /// Every block, in encoding order (payload order).
+    pub fn blocks(&self) -> &[LayerBlock] {
+        &self.blocks
+    }
+
+    /// The blocks overlapping encoding bytes `start..end`, as indices into
+    /// [`LayerHashPlan::blocks`].
+    pub fn blocks_in(&self, start: u64, end: u64) -> Range<usize> {
+        let lo = self.blocks.partition_point(|b| b.range.1 <= start);
+        let hi = self.blocks.partition_point(|b| b.range.0 < end);
+        lo..hi.max(lo)
+    }
+
+    /// Hashes block `i` from its bytes: its chaining value, or the stream's
+    /// digest when the stream is that one block.
+    pub fn hash_block(&self, i: usize, bytes: &[u8]) -> Result<[u8; 32]> {
+        let b = self
+            .blocks
+            .get(i)
+            .ok_or_else(|| Error::Invalid(format!("no block {i}")))?;
+        if bytes.len() as u64 != b.range.1 - b.range.0 {
+            return Err(Error::Invalid(format!(
+                "block {i} is {} bytes, got {}",
+                b.range.1 - b.range.0,
+                bytes.len()
+            )));
+        }
+        let plan = &self.streams[b.stream].1;
+        let mut h = stream_hasher();
+        if plan.is_single() {
+            h.update(bytes);
+            return Ok(*h.finalize().as_bytes());
+        }
+        h.set_input_offset(plan.range(b.index).start);
+        h.update(bytes);
+        Ok(h.finalize_non_root())
+    }
+
+    /// Merges every block's hash (indexed like [`LayerHashPlan::blocks`])
+    /// into the stream digests.
+    pub fn stream_digests(&self, block_hashes: &[[u8; 32]]) -> Result<Vec<StreamDigest>> {
+        if block_hashes.len() != self.blocks.len() {
+            return Err(Error::Invalid(format!(
+                "{} block hashes for {} blocks",
+                block_hashes.len(),
+                self.blocks.len()
+            )));
+        }
+        let key = stream_key();
+        Ok(self
+            .streams
+            .iter()
+            .enumerate()
+            .map(|(i, (_, plan))| {
+                let first = self.first_block[i];
+                let cvs: &[ChainingValue] = &block_hashes[first..first + plan.count() as usize];
+                plan.merge_cvs(cvs, Mode::DeriveKeyMaterial(key), || {
+                    *stream_hasher().finalize().as_bytes()
+                })
+            })
+            .collect())
+    }
+
+    /// The layered digest: the prefix and the merged stream digests.
+    pub fn finish(&self, prefix: &[u8], block_hashes: &[[u8; 32]]) -> Result<Digest> {
+        Ok(combine(prefix, &self.stream_digests(block_hashes)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{LayerSpec, PageGroup, PageLayout};
+    use proptest::prelude::*;
+
+    fn layout(groups: &[(GroupKind, u32, Vec<u64>)]) -> PageLayout {
+        PageLayout {
+            groups: groups
+                .iter()
+                .map(|(kind, tpp, bpps)| PageGroup {
+                    kind: *kind,
+                    tokens_per_page: *tpp,
+                    layers: bpps
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &b)| LayerSpec {
+                            name: format!("l{i}"),
+                            dtype: "u8".into(),
+                            bytes_per_page: b,
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+
+    fn fill(seed: u64, n: usize) -> Vec<u8> {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    /// The definition written out naively, for comparison.
+    fn reference(s: &Snapshot) -> Digest {
+        let prefix = s.header().encode_prefix().expect("prefix");
+        let off = prefix.len() as u64;
+        let streams: Vec<StreamDigest> = stream_ranges(s.header(), off)
+            .expect("ranges")
+            .iter()
+            .map(|r| {
+                *blake3::Hasher::new_derive_key(LAYER_STREAM_CONTEXT)
+                    .update(&s.encoded()[r.start as usize..r.end as usize])
+                    .finalize()
+                    .as_bytes()
+            })
+            .collect();
+        combine(&prefix, &streams)
+    }
+
+    /// The next turn: the base's settled pages kept, everything after them
+    /// new.
+    fn next_turn(base: &Snapshot, boundary: u64, seed: u64) -> (Snapshot, Vec<Vec<u8>>) {
+        let header = SnapshotHeader::new(base.layout().clone(), boundary);
+        let settled = settled_pages(base.header());
+        let mut payload = Vec::new();
+        let mut tails = Vec::new();
+        for (gi, g) in header.layout.groups.iter().enumerate() {
+            for (li, l) in g.layers.iter().enumerate() {
+                let keep = settled[gi].min(header.block_counts[gi]);
+                let old = base.layer_range(gi, li).expect("layer");
+                let kept =
+                    &base.payload()[old.start..old.start + (keep * l.bytes_per_page) as usize];
+                let tail = fill(
+                    seed ^ ((gi as u64) << 20) ^ li as u64,
+                    ((header.block_counts[gi] - keep) * l.bytes_per_page) as usize,
+                );
+                payload.extend_from_slice(kept);
+                payload.extend_from_slice(&tail);
+                tails.push(tail);
+            }
+        }
+        (
+            Snapshot::from_parts(header, &payload).expect("snapshot"),
+            tails,
+        )
+    }
+
+    fn flat(layout: &PageLayout, boundary: u64, seed: u64) -> Snapshot {
+        let header = SnapshotHeader::new(layout.clone(), boundary);
+        let len = header.validate().expect("valid") as usize;
+        Snapshot::from_parts(header, &fill(seed, len)).expect("snapshot")
+    }
+
+    fn layout_strategy() -> impl Strategy<Value = PageLayout> {
+        prop::collection::vec(
+            (
+                prop_oneof![Just(GroupKind::Full), Just(GroupKind::Recurrent)],
+                prop_oneof![Just(16u32), Just(64), Just(256), Just(100)],
+                prop::collection::vec(1u64..600, 1..4),
+            ),
+            1..3,
+        )
+        .prop_map(|g| layout(&g))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// Extension equals hashing from scratch, turn after turn; the
+        /// block plan agrees with both, for any block size.
+        #[test]
+        fn extension_equals_scratch(
+            l in layout_strategy(),
+            first in 1u64..6,
+            steps in prop::collection::vec(1u64..5, 1..5),
+            block_log in 10u32..14,
+            seed in any::<u64>(),
+        ) {
+            let mut b = first * 64;
+            let mut snap = flat(&l, b, seed);
+            let (d0, mut state) = DigestState::capture(&snap).expect("capture");
+            prop_assert_eq!(d0.snapshot, reference(&snap));
+            for (k, s) in steps.iter().enumerate() {
+                b += s * 64;
+                let (next, tails) = next_turn(&snap, b, seed ^ k as u64);
+                let refs: Vec<&[u8]> = tails.iter().map(Vec::as_slice).collect();
+                let (ext, st) = state.extend(next.header(), &refs).expect("extend");
+                prop_assert_eq!(ext.snapshot, reference(&next));
+                let (scratch, _) = DigestState::capture(&next).expect("capture");
+                prop_assert_eq!(&ext, &scratch);
+                let (via, _) = state.extend_to(&next).expect("extend_to");
+                prop_assert_eq!(&via, &scratch);
+                let off = (next.encoded().len() - next.payload().len()) as u64;
+                let plan = LayerHashPlan::new(next.header(), off, 1 << block_log).expect("plan");
+                let hashes: Vec<[u8; 32]> = plan.blocks().iter().enumerate().map(|(i, bl)| {
+                    plan.hash_block(i, &next.encoded()[bl.range.0 as usize..bl.range.1 as usize]).expect("block")
+                }).collect();
+                prop_assert_eq!(plan.stream_digests(&hashes).expect("merge"), scratch.streams.clone());
+                prop_assert_eq!(plan.finish(&next.encoded()[..off as usize], &hashes).expect("finish"), scratch.snapshot);
+                state = st;
+                snap = next;
+            }
+        }
+
+        /// A flipped byte anywhere in the payload changes exactly that
+        /// stream's digest, and the snapshot digest.
+        #[test]
+        fn a_flipped_byte_fails_its_layer_and_the_snapshot(
+            l in layout_strategy(),
+            pages in 1u64..8,
+            at in any::<prop::sample::Index>(),
+            seed in any::<u64>(),
+        ) {
+            let snap = flat(&l, pages * 64, seed);
+            let good = of_snapshot(&snap).expect("digest");
+            let mut enc = snap.encoded().to_vec();
+            let off = enc.len() - snap.payload().len();
+            let pos = off + at.index(snap.payload().len());
+            enc[pos] ^= 0x40;
+            let bad_snap = Snapshot::from_encoded(enc).expect("same header");
+            let bad = of_snapshot(&bad_snap).expect("digest");
+            prop_assert_ne!(bad.snapshot, good.snapshot);
+            let ranges = stream_ranges(snap.header(), off as u64).expect("ranges");
+            for (i, r) in ranges.iter().enumerate() {
+                let hit = r.contains(&(pos as u64));
+                prop_assert_eq!(bad.streams[i] != good.streams[i], hit, "stream {}", i);
+            }
+        }
+    }
+
+    #[test]
+    fn domains_are_separate_and_bad_tails_are_refused() {
+        let l = layout(&[
+            (GroupKind::Full, 64, vec![8, 4]),
+            (GroupKind::Recurrent, 64, vec![3]),
+        ]);
+        let s = flat(&l, 256, 7);
+        let d = of_snapshot(&s).expect("digest");
+        assert_eq!(d.snapshot.algorithm(), Algorithm::Blake3Layers);
+        assert!(d.snapshot.to_string().starts_with("blake3-layers:"));
+        assert_ne!(d.snapshot.as_bytes(), s.digest().as_bytes());
+        assert_eq!(digest_like(&s, &s.digest()).expect("like"), s.digest());
+        assert_eq!(digest_like(&s, &d.snapshot).expect("like"), d.snapshot);
+        assert_eq!(split_streams(&d.stream_bytes()).expect("split"), d.streams);
+        assert!(split_streams(&[0; 33]).is_none());
+        let (_, state) = DigestState::capture(&s).expect("capture");
+        let (next, tails) = next_turn(&s, 512, 9);
+        let mut refs: Vec<&[u8]> = tails.iter().map(Vec::as_slice).collect();
+        // wrong count, wrong length, not above, other layout
+        assert!(state.extend(next.header(), &refs[..2]).is_err());
+        let short = &tails[0][1..];
+        refs[0] = short;
+        assert!(state.extend(next.header(), &refs).is_err());
+        refs[0] = &tails[0];
+        assert!(state.extend(s.header(), &refs).is_err());
+        let other = SnapshotHeader::new(
+            layout(&[
+                (GroupKind::Full, 64, vec![8, 5]),
+                (GroupKind::Recurrent, 64, vec![3]),
+            ]),
+            512,
+        );
+        assert!(state.extend(&other, &refs).is_err());
+        assert!(state.extend(next.header(), &refs).is_ok());
+    }
+}

@@ -1,0 +1,524 @@
+//! Turn publication: the next turn of a conversation from its new pages
+//! alone.
+//!
+//! A serving engine holds a conversation's pages in place and, after a
+//! turn, knows which pages it wrote: those from the page that held the old
+//! boundary onward. [`Store::publish_turn`] takes exactly that — the new
+//! boundary and the pages from each group's *settled* count on (the pages
+//! wholly below the previous boundary are kept; a recurrent group's one
+//! checkpoint page is always new) — and publishes it as a
+//! `page-tail-cow-v1` delta over the previous turn's root without ever
+//! materialising the full snapshot: the tail *is* the delta's payload after
+//! its header, written straight from the caller's buffer.
+//!
+//! The previous turn is named by a [`Turn`], the handle a publication (or
+//! [`Store::turn_from`]) returns. It carries the previous snapshot's
+//! layered digest and every (group, layer) stream's BLAKE3 state after its
+//! settled pages (see `deltapack_format::layer_digest`), so the new turn's
+//! snapshot digest is computed by hashing the tail alone: the cost of a
+//! turn is proportional to the turn, not to the conversation.
+//!
+//! Everything is checked before the first write, and a bad request writes
+//! nothing: a handle from another store or namespace, a boundary not above
+//! the previous one or off the chunk grid, a tail of the wrong length. The
+//! previous turn's root must still be in the store and name the handle's
+//! digest (one root read), and is protected from eviction while the turn is
+//! written, as for any delta.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use deltapack_format::delta::{DeltaHeader, DeltaLayout, DELTA_SCHEMA};
+use deltapack_format::layer_digest::{self, DigestState};
+use deltapack_format::root::RootMeta;
+use deltapack_format::{
+    BaseRef, CacheIdentity, ChainHints, ContextDigest, Digest, Namespace, Snapshot, SnapshotHeader,
+};
+
+use super::{Payload, ProtectGuard, PublishOutcome, PublishReceipt};
+use crate::error::{Result, StoreError};
+use crate::keys;
+use crate::stats::Stats;
+use crate::store::{RootStatus, Store};
+
+/// A published turn, kept to publish the next one from its new pages
+/// alone ([`Store::publish_turn`]).
+///
+/// Holds no page bytes: the turn's header, its layered snapshot digest and
+/// one BLAKE3 state (about 2 KiB) per (group, layer) stream. Cheap to
+/// clone. Valid for the store and namespace it was made in.
+#[derive(Clone)]
+pub struct Turn {
+    store: Arc<str>,
+    namespace: Namespace,
+    context: ContextDigest,
+    state: Arc<DigestState>,
+}
+
+impl std::fmt::Debug for Turn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Turn")
+            .field("store", &self.store)
+            .field("context", &self.context)
+            .field("boundary", &self.boundary())
+            .field("digest", &self.digest())
+            .finish()
+    }
+}
+
+impl Turn {
+    pub(crate) fn new(
+        store: &Store,
+        namespace: Namespace,
+        context: ContextDigest,
+        state: Arc<DigestState>,
+    ) -> Self {
+        Turn {
+            store: store.turn_tag(),
+            namespace,
+            context,
+            state,
+        }
+    }
+
+    /// Namespace of the turn's root.
+    pub fn namespace(&self) -> Namespace {
+        self.namespace
+    }
+
+    /// Context of the turn's root.
+    pub fn context(&self) -> ContextDigest {
+        self.context
+    }
+
+    /// Tokens the turn covers.
+    pub fn boundary(&self) -> u64 {
+        self.state.header().boundary
+    }
+
+    /// The turn's snapshot digest (`blake3-layers:`).
+    pub fn digest(&self) -> Digest {
+        self.state.digest()
+    }
+
+    /// The turn's snapshot header (layout, boundary, pages per group).
+    pub fn header(&self) -> &SnapshotHeader {
+        self.state.header()
+    }
+
+    /// Pages per group the next turn keeps from this one: its tail starts
+    /// there in every layer of the group.
+    pub fn kept_pages(&self) -> &[u64] {
+        self.state.settled()
+    }
+
+    /// Bytes of the tail a next turn at `boundary` tokens must give: for
+    /// every group, for every layer, the pages from [`Turn::kept_pages`] to
+    /// the group's page count at `boundary`.
+    pub fn tail_len(&self, boundary: u64) -> Result<u64> {
+        let h = SnapshotHeader::new(self.header().layout.clone(), boundary);
+        h.validate()?;
+        let mut n = 0u64;
+        for ((g, &count), &kept) in h
+            .layout
+            .groups
+            .iter()
+            .zip(&h.block_counts)
+            .zip(self.kept_pages())
+        {
+            let pages = count.checked_sub(kept).ok_or_else(|| {
+                StoreError::Invalid(format!(
+                    "boundary {boundary} holds fewer pages than the previous turn keeps"
+                ))
+            })?;
+            n = n
+                .checked_add(g.page_bytes().saturating_mul(pages))
+                .ok_or_else(|| StoreError::Invalid("tail length overflows".into()))?;
+        }
+        Ok(n)
+    }
+}
+
+impl Turn {
+    /// The tail of `next` (a full snapshot of the turn after this one) as
+    /// [`Store::publish_turn`] takes it: every layer's pages from
+    /// [`Turn::kept_pages`] on, copied into one buffer. For callers that
+    /// hold full snapshots; a serving engine gives its new pages directly.
+    pub fn tail_of(&self, next: &Snapshot) -> Result<Bytes> {
+        if next.layout() != &self.header().layout {
+            return Err(StoreError::Invalid(
+                "the snapshot's layout is not the turn's".into(),
+            ));
+        }
+        let want = self.tail_len(next.boundary())?;
+        let mut out = Vec::with_capacity(usize::try_from(want).unwrap_or(0));
+        for (gi, g) in next.layout().groups.iter().enumerate() {
+            let kept = self.kept_pages()[gi];
+            for (li, l) in g.layers.iter().enumerate() {
+                let r = next
+                    .layer_range(gi, li)
+                    .ok_or_else(|| StoreError::Internal("layer range".into()))?;
+                let skip = (kept * l.bytes_per_page) as usize;
+                out.extend_from_slice(&next.payload()[r.start + skip.min(r.len())..r.end]);
+            }
+        }
+        Ok(Bytes::from(out))
+    }
+}
+
+/// The next turn of a conversation, as [`Store::publish_turn`] takes it.
+#[derive(Debug, Clone)]
+pub struct TurnRequest {
+    /// Identity (the same namespace as the previous turn's).
+    pub identity: CacheIdentity,
+    /// Context of the new boundary (its token prefix).
+    pub context: ContextDigest,
+    /// The new boundary in tokens: above the previous turn's, a multiple of
+    /// `chunk_tokens`.
+    pub boundary: u64,
+    /// The new pages, [`Turn::tail_len`] bytes: for each group, for each
+    /// layer (payload order), the pages from the previous turn's
+    /// [`Turn::kept_pages`] to the new page count. Held, not copied.
+    pub tail: Bytes,
+}
+
+impl Store {
+    /// What identifies this store in a [`Turn`].
+    pub(crate) fn turn_tag(&self) -> Arc<str> {
+        match self.backend_kind() {
+            crate::BackendKind::Memory => {
+                format!("memory:{:p}", Arc::as_ptr(self.object_store())).into()
+            }
+            crate::BackendKind::Local { root } => format!("file://{}", root.display()).into(),
+            crate::BackendKind::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}").into(),
+        }
+    }
+
+    /// A [`Turn`] for a snapshot already published under `context` (for
+    /// example one just restored, or read from a file), to publish the
+    /// next turns from their new pages.
+    ///
+    /// The root must exist and carry a layered digest (a v2.2 root). The
+    /// snapshot is checked against it: a snapshot this handle published or
+    /// restored and the caller still holds (the same `Arc`) costs nothing
+    /// more than its digest state, which is kept when this handle computed
+    /// one; otherwise the snapshot is hashed once.
+    pub async fn turn_from(
+        &self,
+        identity: &CacheIdentity,
+        context: ContextDigest,
+        snapshot: &Arc<Snapshot>,
+    ) -> Result<Turn> {
+        identity.validate()?;
+        let ns = identity.namespace();
+        let mismatch = |detail: String| StoreError::BaseMismatch {
+            namespace: ns,
+            context,
+            detail,
+        };
+        let want = match self.read_root(&ns, &context).await? {
+            RootStatus::Found(root) => {
+                let s = root
+                    .summary()
+                    .ok_or_else(|| StoreError::Internal("summary".into()))?;
+                s.result_snapshot_digest
+            }
+            RootStatus::Absent => return Err(mismatch("no root is published there".into())),
+            RootStatus::Unusable(r) => return Err(mismatch(format!("the root is unusable: {r}"))),
+        };
+        if want.algorithm() != deltapack_format::Algorithm::Blake3Layers {
+            return Err(StoreError::Invalid(format!(
+                "the root of {context} names a {} snapshot digest, which does not extend; \
+                 publish the next turn as a full snapshot (its root will be v2.2)",
+                want.algorithm().as_str()
+            )));
+        }
+        let (digest, state) = self.verify_base(&ns, &context, snapshot, want).await?;
+        if digest != want {
+            return Err(mismatch(format!(
+                "the root holds {want} but the given snapshot is {digest}"
+            )));
+        }
+        let state = match state {
+            Some(s) => s,
+            None => {
+                let s = snapshot.clone();
+                let hashed = s.encoded().len() as u64;
+                let st = tokio::task::spawn_blocking(move || DigestState::capture(&s))
+                    .await
+                    .map_err(|e| StoreError::task("digest state", e))??
+                    .1;
+                Stats::add(&self.stats_ref().snapshot_bytes_hashed, hashed);
+                let st = Arc::new(st);
+                if let Ok(mut c) = self.inner.base_cache.lock() {
+                    c.put_state((ns, context, want), st.clone());
+                }
+                st
+            }
+        };
+        Ok(Turn::new(self, ns, context, state))
+    }
+
+    /// Publishes the turn after `prev` from its new pages alone (see the
+    /// module docs of `publish::turn`): a delta over `prev`'s root whose
+    /// payload is the delta header and `req.tail`, with a v2.2 root. The
+    /// receipt's [`PublishReceipt::turn`] is the handle for the turn after.
+    ///
+    /// Hashes the tail only. Fails with [`StoreError::Invalid`], writing
+    /// nothing, on a handle from another store or namespace, a boundary not
+    /// above `prev`'s or off the chunk grid, a tail of the wrong length, or
+    /// the context of `prev` itself; with [`StoreError::BaseMismatch`] when
+    /// `prev`'s root is gone or names another snapshot.
+    pub async fn publish_turn(&self, prev: &Turn, req: TurnRequest) -> Result<PublishReceipt> {
+        let start = Instant::now();
+        let out = self.publish_turn_uncounted(prev, req, start).await;
+        let seconds = start.elapsed().as_secs_f64();
+        let schema = deltapack_format::root::SCHEMA_V2_2;
+        match &out {
+            Ok(r) => {
+                let outcome = match r.outcome {
+                    PublishOutcome::Created => "created",
+                    PublishOutcome::AlreadyPresent => "already_present",
+                    PublishOutcome::Conflict => "conflict",
+                };
+                let bytes = (r.outcome == PublishOutcome::Created).then_some(r.payload_len);
+                self.metrics().publish(seconds, outcome, schema, bytes);
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "turn publication failed");
+                self.metrics().publish(seconds, "error", schema, None);
+            }
+        }
+        out
+    }
+
+    async fn publish_turn_uncounted(
+        &self,
+        prev: &Turn,
+        req: TurnRequest,
+        start: Instant,
+    ) -> Result<PublishReceipt> {
+        let id = &req.identity;
+        id.validate()?;
+        let ns = id.namespace();
+        let bad = |m: String| Err(StoreError::Invalid(m));
+        if prev.store != self.turn_tag() {
+            return bad(format!(
+                "the previous turn was published in {}, not in this store ({})",
+                prev.store,
+                self.turn_tag()
+            ));
+        }
+        if prev.namespace != ns {
+            return bad(format!(
+                "the previous turn lies in namespace {}, the request's identity is {ns}",
+                prev.namespace
+            ));
+        }
+        if req.context == prev.context {
+            return bad("the new turn's context is the previous turn's".into());
+        }
+        let ct = u64::from(id.chunk_tokens);
+        let (old, new) = (prev.boundary(), req.boundary);
+        if new <= old || new % ct != 0 {
+            return bad(format!(
+                "boundary {new} must be above the previous turn's {old} and a multiple of {ct}"
+            ));
+        }
+        let want = prev.tail_len(new)?;
+        if req.tail.len() as u64 != want {
+            return bad(format!(
+                "the tail is {} bytes; a turn from {old} to {new} tokens needs {want} \
+                 (every layer's pages from the previous turn's kept pages {:?} on)",
+                req.tail.len(),
+                prev.kept_pages()
+            ));
+        }
+        let result_header = SnapshotHeader::new(prev.header().layout.clone(), new);
+        let result_len = result_header.encoded_len()?;
+
+        // As for any delta: only the store's ledger publishes, and the base
+        // root is protected before it is read.
+        self.require_owner("publish").await?;
+        let guard = ProtectGuard::new(self).await?;
+        guard
+            .protect(vec![keys::root_key(&ns, &prev.context).to_string()])
+            .await?;
+        let _base_pin = self.pin(ns, prev.context);
+        let mismatch = |detail: String| StoreError::BaseMismatch {
+            namespace: ns,
+            context: prev.context,
+            detail,
+        };
+        let below = match self.read_root(&ns, &prev.context).await? {
+            RootStatus::Found(root) => {
+                let s = root
+                    .summary()
+                    .ok_or_else(|| StoreError::Internal("summary".into()))?;
+                if s.result_snapshot_digest != prev.digest() || s.boundary != old {
+                    guard.finish().await;
+                    return Err(mismatch(format!(
+                        "the previous turn's root holds {} at {} tokens, the handle {} at {old}",
+                        s.result_snapshot_digest,
+                        s.boundary,
+                        prev.digest()
+                    )));
+                }
+                self.chain_below(&root).await?
+            }
+            RootStatus::Absent => {
+                guard.finish().await;
+                return Err(mismatch("the previous turn's root is gone".into()));
+            }
+            RootStatus::Unusable(r) => {
+                guard.finish().await;
+                return Err(mismatch(format!(
+                    "the previous turn's root is unusable: {r}"
+                )));
+            }
+        };
+
+        // The new turn's digest, from the tail alone.
+        let t_encode = Instant::now();
+        let (state, tail, header) = (prev.state.clone(), req.tail.clone(), result_header.clone());
+        let (digests, next) = tokio::task::spawn_blocking(move || {
+            let tails = split_tail(&state, &header, &tail)?;
+            state.extend(&header, &tails)
+        })
+        .await
+        .map_err(|e| StoreError::task("turn digest", e))??;
+        Stats::add(
+            &self.stats_ref().snapshot_bytes_hashed,
+            req.tail.len() as u64,
+        );
+        let digest = digests.snapshot;
+        let delta = DeltaLayout {
+            header: DeltaHeader {
+                schema: DELTA_SCHEMA.into(),
+                chunk_tokens: id.chunk_tokens,
+                base_digest: prev.digest(),
+                result_digest: digest,
+                base_boundary: old,
+                result_boundary: new,
+                base_block_counts: prev.header().block_counts.clone(),
+                result_block_counts: result_header.block_counts.clone(),
+                reused_pages: prev.kept_pages().to_vec(),
+            },
+            tails: Vec::new(),
+        };
+        let header_bytes = Bytes::from(delta.header_bytes()?);
+        let mut receipt = PublishReceipt::empty(ns, req.context, digest);
+        receipt.schema = deltapack_format::root::SCHEMA_V2_2.into();
+        let payload = Payload {
+            parts: vec![header_bytes.clone(), req.tail.clone()],
+            header: None,
+        };
+        receipt.encode_time = t_encode.elapsed();
+        receipt.payload_len = payload.len();
+
+        // An existing root decides the outcome without writing anything.
+        if !matches!(self.read_root(&ns, &req.context).await?, RootStatus::Absent) {
+            if let Some(done) = self
+                .existing_outcome(&ns, &req.context, &mut receipt, None)
+                .await?
+            {
+                if done == PublishOutcome::AlreadyPresent {
+                    self.ledger_touch(&ns, &req.context).await;
+                    receipt.turn = Some(Turn::new(self, ns, req.context, Arc::new(next)));
+                }
+                guard.finish().await;
+                receipt.outcome = done;
+                receipt.total_time = start.elapsed();
+                return Ok(receipt);
+            }
+        }
+
+        let objects = receipt.payload_len.div_ceil(self.config().max_extent_bytes);
+        self.make_room(receipt.payload_len + 4096 + 256 * objects, &guard)
+            .await?;
+        let t_write = Instant::now();
+        let (entries, payload_digest) = self
+            .write_v2(payload, &mut receipt, &|_, _| {}, &guard)
+            .await?;
+        let base = BaseRef {
+            namespace: ns,
+            context: prev.context,
+            snapshot_digest: prev.digest(),
+            boundary: old,
+        };
+        let chain = below.map(|(ancestors, bytes)| ChainHints {
+            ancestors,
+            payload_bytes: bytes + receipt.payload_len,
+            delta_header: header_bytes.to_vec(),
+        });
+        receipt.chain_depth = chain.as_ref().map_or(0, |c| c.ancestors.len() as u32 + 1);
+        let meta = RootMeta {
+            namespace: ns,
+            context: req.context,
+            chunk_tokens: id.chunk_tokens,
+            result_header,
+            result_snapshot_digest: digest,
+            result_snapshot_len: result_len,
+            base: Some(base),
+        };
+        let root_bytes = self.encode_v2(
+            &meta,
+            Some(&digests.streams),
+            receipt.payload_len,
+            payload_digest,
+            entries,
+            chain,
+        )?;
+        self.create_root(&ns, &req.context, root_bytes, &mut receipt, None)
+            .await?;
+        guard.finish().await;
+        receipt.write_time = t_write.elapsed();
+        receipt.total_time = start.elapsed();
+        if receipt.outcome == PublishOutcome::Conflict {
+            Stats::add(&self.stats_ref().conflicts, 1);
+        } else {
+            let next = Arc::new(next);
+            if let Ok(mut c) = self.inner.base_cache.lock() {
+                c.put_state((ns, req.context, digest), next.clone());
+            }
+            receipt.turn = Some(Turn::new(self, ns, req.context, next));
+        }
+        tracing::info!(
+            context = %req.context,
+            outcome = ?receipt.outcome,
+            objects_written = receipt.objects_written,
+            bytes = receipt.bytes_written,
+            ms = receipt.total_time.as_millis() as u64,
+            "published a turn"
+        );
+        Ok(receipt)
+    }
+}
+
+/// The tail cut into each stream's pages (payload order).
+fn split_tail<'a>(
+    state: &DigestState,
+    header: &SnapshotHeader,
+    tail: &'a [u8],
+) -> deltapack_format::Result<Vec<&'a [u8]>> {
+    let mut out = Vec::with_capacity(layer_digest::stream_count(header));
+    let mut at = 0usize;
+    for ((g, &count), &kept) in header
+        .layout
+        .groups
+        .iter()
+        .zip(&header.block_counts)
+        .zip(state.settled())
+    {
+        for l in &g.layers {
+            let n = ((count - kept.min(count)) * l.bytes_per_page) as usize;
+            let piece = tail.get(at..at + n).ok_or_else(|| {
+                deltapack_format::Error::Invalid("the tail is shorter than its layout".into())
+            })?;
+            out.push(piece);
+            at += n;
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,512 @@
+//! Turn publication: publishing one more turn costs the turn, not the
+//! conversation. The layered snapshot digest (`blake3-layers:`, v2.2 roots)
+//! extends the previous turn's hashing state with the new pages alone, so
+//! a warm publication — from a [`Turn`] handle with the new pages only, or
+//! from the same `Arc` the previous turn was published or restored with —
+//! hashes no byte of the base and reads no object of it. These tests count
+//! what a publication hashes (`snapshot_bytes_hashed`) and reads, check
+//! every turn restores bit-exactly (flat, composed, mixed with roots of the
+//! old digest), and that a bad turn request writes nothing.
+
+use std::sync::Arc;
+
+use crate::common::*;
+use bytes::Bytes;
+use deltapack_format::layer_digest;
+use deltapack_format::{Algorithm, DecodedRoot, Snapshot, SCHEMA_V2_1, SCHEMA_V2_2};
+use deltapack_store::{
+    BaseInput, PublishOutcome, PublishRequest, RestoreOutcome, RootFormat, Store, StoreConfig,
+    StoreError, Turn, TurnRequest,
+};
+use object_store::ObjectStoreExt;
+
+const SEED: u64 = 29;
+
+fn turn_request(id: &deltapack_format::CacheIdentity, tokens: u64, tail: Bytes) -> TurnRequest {
+    TurnRequest {
+        identity: id.clone(),
+        context: ctx(id, SEED, tokens as usize),
+        boundary: tokens,
+        tail,
+    }
+}
+
+async fn restored(
+    store: &Store,
+    id: &deltapack_format::CacheIdentity,
+    seed: u64,
+    tokens: u64,
+) -> Arc<Snapshot> {
+    match store
+        .restore((id, ctx(id, seed, tokens as usize)), Default::default())
+        .await
+        .expect("restore")
+    {
+        RestoreOutcome::Hit(h) => h.snapshot,
+        RestoreOutcome::Miss(m) => panic!("turn at {tokens} tokens missed: {m}"),
+    }
+}
+
+fn hashed(s: &Store) -> u64 {
+    s.stats().snapshot_bytes_hashed
+}
+
+/// A conversation published turn by turn — tail-only and full-snapshot
+/// turns alternating — records the layered digest of every turn (the same
+/// as hashing it from scratch), and every turn restores bit-exactly,
+/// through this handle and through a fresh one (composed from the store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_published_turn_by_turn_restores_every_turn() {
+    // Deep chains of small turns: no rebasing (the default policy would
+    // publish some of these tiny turns flat).
+    let mut cfg = config();
+    cfg.chain = deltapack_store::ChainPolicy::unbounded();
+    for t in [memory(cfg.clone()), local(cfg.clone())] {
+        let id = identity("turns");
+        let mut tokens = 1024u64;
+        let first = turn(SEED, tokens);
+        let r = publish_base(
+            &t.store,
+            &id,
+            ctx(&id, SEED, 1024),
+            first.clone(),
+            RootFormat::V2,
+        )
+        .await;
+        assert_eq!(r.schema, SCHEMA_V2_2, "{}", t.name);
+        assert_eq!(r.snapshot_digest.algorithm(), Algorithm::Blake3Layers);
+        let mut prev_turn: Turn = r.turn.expect("a v2.2 publication returns a turn");
+        let mut prev_snap = first;
+        for k in 0..6u64 {
+            let next_tokens = tokens + 256 * (1 + k % 3);
+            let next = turn(SEED, next_tokens);
+            let want = layer_digest::of_snapshot(&next).expect("digest").snapshot;
+            let receipt = if k % 2 == 0 {
+                let tail = prev_turn.tail_of(&next).expect("tail");
+                assert!((tail.len() as u64) < next.encoded().len() as u64 / 2);
+                t.store
+                    .publish_turn(&prev_turn, turn_request(&id, next_tokens, tail))
+                    .await
+                    .expect("publish_turn")
+            } else {
+                publish_delta(
+                    &t.store,
+                    &id,
+                    ctx(&id, SEED, next_tokens as usize),
+                    next.clone(),
+                    ctx(&id, SEED, tokens as usize),
+                    prev_snap.clone(),
+                    RootFormat::V2,
+                )
+                .await
+            };
+            assert_eq!(receipt.outcome, PublishOutcome::Created, "{}", t.name);
+            assert_eq!(receipt.schema, SCHEMA_V2_2);
+            assert_eq!(receipt.snapshot_digest, want, "{} turn {k}", t.name);
+            assert_eq!(receipt.chain_depth as u64, k + 1);
+            prev_turn = receipt.turn.expect("turn");
+            assert_eq!(prev_turn.digest(), want);
+            assert_eq!(prev_turn.boundary(), next_tokens);
+            tokens = next_tokens;
+            prev_snap = next;
+        }
+        // Every turn restores bit-exactly, here and through a fresh handle
+        // (no cached base: the whole chain is composed from the store).
+        let fresh = Store::from_backend(
+            deltapack_store::Backend {
+                store: t.store.object_store().clone(),
+                kind: t.store.backend_kind().clone(),
+            },
+            cfg.clone(),
+        )
+        .expect("fresh handle");
+        let mut b = 1024u64;
+        let mut k = 0;
+        while b <= tokens {
+            let want = turn(SEED, b);
+            for s in [&t.store, &fresh] {
+                let got = restore_bytes(s, &id, ctx(&id, SEED, b as usize)).await;
+                assert_eq!(got, want.encoded(), "{} turn at {b}", t.name);
+            }
+            b += 256 * (1 + k % 3);
+            k += 1;
+        }
+    }
+}
+
+/// A warm publication hashes the new pages only and reads nothing of the
+/// base; a cold one (a fresh handle given the base as plain bytes) hashes
+/// the base to check it, as before. On the code before the layered digest
+/// every publication hashed base and result whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_publication_hashes_only_the_new_pages_and_reads_no_base_object() {
+    let t = local(config());
+    let id = identity("warm");
+    let base = turn(SEED, 4096);
+    let r = publish_base(
+        &t.store,
+        &id,
+        ctx(&id, SEED, 4096),
+        base.clone(),
+        RootFormat::V2,
+    )
+    .await;
+    let prev = r.turn.expect("turn");
+
+    // Tail-only.
+    let next = turn(SEED, 4608);
+    let tail = prev.tail_of(&next).expect("tail");
+    let (h0, s0) = (hashed(&t.store), t.store.stats());
+    let r = t
+        .store
+        .publish_turn(&prev, turn_request(&id, 4608, tail.clone()))
+        .await
+        .expect("turn");
+    let s1 = t.store.stats();
+    assert_eq!(
+        hashed(&t.store) - h0,
+        tail.len() as u64,
+        "only the tail is hashed"
+    );
+    assert_eq!(
+        s1.objects_read, s0.objects_read,
+        "no object of the base is read"
+    );
+    assert_eq!(
+        r.payload_len as usize,
+        tail.len() + (r.payload_len as usize - tail.len())
+    );
+    let after = r.turn.expect("turn");
+
+    // Full snapshot with the same Arc as the previous publication: its
+    // settled pages are compared, not hashed; only the pages after them are.
+    let third = turn(SEED, 5120);
+    let mid = turn(SEED, 4608);
+    // Re-publishing turn 2 as a full snapshot is idempotent and makes its
+    // Arc known to this handle.
+    let again = publish_delta(
+        &t.store,
+        &id,
+        ctx(&id, SEED, 4608),
+        mid.clone(),
+        ctx(&id, SEED, 4096),
+        base.clone(),
+        RootFormat::V2,
+    )
+    .await;
+    assert_eq!(again.outcome, PublishOutcome::AlreadyPresent);
+    assert_eq!(again.snapshot_digest, after.digest());
+    let h1 = hashed(&t.store);
+    let s2 = t.store.stats();
+    let r3 = publish_delta(
+        &t.store,
+        &id,
+        ctx(&id, SEED, 5120),
+        third.clone(),
+        ctx(&id, SEED, 4608),
+        mid.clone(),
+        RootFormat::V2,
+    )
+    .await;
+    assert_eq!(r3.outcome, PublishOutcome::Created);
+    let full_hashed = hashed(&t.store) - h1;
+    let new_pages = after.tail_len(5120).expect("len");
+    assert_eq!(
+        full_hashed, new_pages,
+        "a warm full publication hashes the new pages only"
+    );
+    assert_eq!(t.store.stats().objects_read, s2.objects_read);
+
+    // Cold: a fresh handle, the base given as bytes (a new Arc): the base
+    // is hashed once to check it against its root.
+    let cold = Store::open(
+        &format!("file://{}", t._dir.as_ref().expect("dir").path().display()),
+        config(),
+    )
+    .expect("open");
+    let third_copy = Arc::new(Snapshot::from_encoded(third.encoded().to_vec()).expect("copy"));
+    let fourth = turn(SEED, 5632);
+    let h2 = hashed(&cold);
+    let r4 = publish_delta(
+        &cold,
+        &id,
+        ctx(&id, SEED, 5632),
+        fourth.clone(),
+        ctx(&id, SEED, 5120),
+        third_copy,
+        RootFormat::V2,
+    )
+    .await;
+    assert_eq!(r4.outcome, PublishOutcome::Created);
+    let cold_hashed = hashed(&cold) - h2;
+    assert!(
+        cold_hashed >= third.encoded().len() as u64,
+        "a cold publication checks the base: {cold_hashed} bytes hashed"
+    );
+    // The result's digest still extended the base's state just computed.
+    assert!(cold_hashed < (third.encoded().len() + fourth.encoded().len()) as u64);
+    assert_eq!(
+        restore_bytes(&cold, &id, ctx(&id, SEED, 5632)).await,
+        fourth.encoded()
+    );
+}
+
+/// Bad turn requests fail with `invalid-input` and write nothing: a tail of
+/// the wrong length, a boundary not above the previous one or off the
+/// chunk grid, the previous turn's own context, a handle from another
+/// namespace or another store. A handle whose root is gone is a base
+/// mismatch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_turn_requests_write_nothing() {
+    let t = local(config());
+    let other = memory(config());
+    let id = identity("bad-turns");
+    let base = turn(SEED, 2048);
+    let r = publish_base(
+        &t.store,
+        &id,
+        ctx(&id, SEED, 2048),
+        base.clone(),
+        RootFormat::V2,
+    )
+    .await;
+    let prev = r.turn.expect("turn");
+    let r_other = publish_base(
+        &other.store,
+        &id,
+        ctx(&id, SEED, 2048),
+        base.clone(),
+        RootFormat::V2,
+    )
+    .await;
+    let foreign = r_other.turn.expect("turn");
+    let other_id = identity("bad-turns-elsewhere");
+    let r_ns = publish_base(
+        &t.store,
+        &other_id,
+        ctx(&other_id, SEED, 2048),
+        base.clone(),
+        RootFormat::V2,
+    )
+    .await;
+    let other_ns = r_ns.turn.expect("turn");
+
+    let next = turn(SEED, 2560);
+    let tail = prev.tail_of(&next).expect("tail");
+    let before = listed_bytes(&t.store).await;
+    let written = t.store.stats().objects_written;
+    let cases: Vec<(&str, &Turn, TurnRequest)> = vec![
+        (
+            "short tail",
+            &prev,
+            turn_request(&id, 2560, tail.slice(1..)),
+        ),
+        ("long tail", &prev, {
+            let mut v = tail.to_vec();
+            v.push(0);
+            turn_request(&id, 2560, Bytes::from(v))
+        }),
+        ("empty tail", &prev, turn_request(&id, 2560, Bytes::new())),
+        (
+            "boundary not above",
+            &prev,
+            turn_request(&id, 2048, tail.clone()),
+        ),
+        (
+            "boundary off the grid",
+            &prev,
+            turn_request(&id, 2600, tail.clone()),
+        ),
+        (
+            "own context",
+            &prev,
+            TurnRequest {
+                context: ctx(&id, SEED, 2048),
+                ..turn_request(&id, 2560, tail.clone())
+            },
+        ),
+        (
+            "another store's handle",
+            &foreign,
+            turn_request(&id, 2560, tail.clone()),
+        ),
+        (
+            "another namespace's handle",
+            &other_ns,
+            turn_request(&id, 2560, tail.clone()),
+        ),
+    ];
+    for (what, handle, req) in cases {
+        match t.store.publish_turn(handle, req).await {
+            Err(StoreError::Invalid(m)) => assert!(!m.is_empty(), "{what}"),
+            other => panic!("{what}: expected invalid input, got {other:?}"),
+        }
+    }
+    assert_eq!(listed_bytes(&t.store).await, before, "nothing was written");
+    assert_eq!(t.store.stats().objects_written, written);
+
+    // The previous turn's root gone: a base mismatch, nothing written.
+    let plan = t
+        .store
+        .invalidate_plan(id.namespace(), Some(ctx(&id, SEED, 2048)))
+        .await
+        .expect("plan");
+    t.store.execute(plan).await.expect("invalidate");
+    match t
+        .store
+        .publish_turn(&prev, turn_request(&id, 2560, tail.clone()))
+        .await
+    {
+        Err(StoreError::BaseMismatch { .. }) => {}
+        other => panic!("expected a base mismatch, got {other:?}"),
+    }
+    assert!(t
+        .store
+        .restore((&id, ctx(&id, SEED, 2560)), Default::default())
+        .await
+        .expect("restore")
+        .miss()
+        .is_some());
+}
+
+/// Mixed chains: a conversation stored with the old digest (the frozen
+/// v2.1 fixture) gets new turns with the layered one — a full-snapshot
+/// delta on the old root, then tail-only turns — and every turn restores,
+/// composed across both kinds of root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_turns_on_a_conversation_stored_with_the_old_digest() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    copy_dir(
+        &repo_root().join("fixtures/2026-12-v2.1-chain/store"),
+        tmp.path(),
+    );
+    let url = format!("file://{}", tmp.path().display());
+    let store =
+        Store::open(&url, StoreConfig::default().with_max_extent_bytes(4096)).expect("open");
+    let id = deltapack_format::CacheIdentity::from_json(
+        &std::fs::read(repo_root().join("fixtures/2026-12-v2.1-chain/inputs/identity-chain.json"))
+            .expect("identity"),
+    )
+    .expect("identity");
+    const FIXTURE_SEED: u64 = 2026;
+    let c = |tokens: u64| ctx(&id, FIXTURE_SEED, tokens as usize);
+    let old = match store
+        .restore((&id, c(5120)), Default::default())
+        .await
+        .expect("restore")
+    {
+        RestoreOutcome::Hit(h) => {
+            assert_eq!(h.schema, SCHEMA_V2_1);
+            assert_eq!(h.digest.algorithm(), Algorithm::Blake3);
+            h.snapshot
+        }
+        RestoreOutcome::Miss(m) => panic!("fixture turn 5 missed: {m}"),
+    };
+    // A layered delta on a `blake3:` base, given the restored Arc.
+    let six = turn(FIXTURE_SEED, 6144);
+    let r = store
+        .publish(PublishRequest {
+            identity: id.clone(),
+            context: c(6144),
+            snapshot: six.clone(),
+            base: Some(BaseInput {
+                context: c(5120),
+                snapshot: old.clone(),
+            }),
+            format: RootFormat::V2,
+        })
+        .await
+        .expect("publish");
+    assert_eq!(r.outcome, PublishOutcome::Created);
+    assert_eq!(r.schema, SCHEMA_V2_2);
+    let key = deltapack_store::keys::root_key(&id.namespace(), &c(6144));
+    let bytes = store
+        .object_store()
+        .get(&key)
+        .await
+        .expect("root")
+        .bytes()
+        .await
+        .expect("bytes");
+    match deltapack_format::root::decode(&bytes, None).expect("decode") {
+        DecodedRoot::V2(m) => {
+            let b = m.base.expect("base");
+            assert_eq!(
+                b.snapshot_digest.algorithm(),
+                Algorithm::Blake3,
+                "the base keeps its digest"
+            );
+            assert_eq!(
+                m.result_snapshot_digest.algorithm(),
+                Algorithm::Blake3Layers
+            );
+            assert_eq!(
+                m.layer_digests().expect("layers"),
+                layer_digest::of_snapshot(&six).expect("d").streams
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Tail-only turns on top.
+    let mut prev = r.turn.expect("turn");
+    for tokens in [6656u64, 7168] {
+        let next = turn(FIXTURE_SEED, tokens);
+        let r = store
+            .publish_turn(
+                &prev,
+                TurnRequest {
+                    identity: id.clone(),
+                    context: c(tokens),
+                    boundary: tokens,
+                    tail: prev.tail_of(&next).expect("tail"),
+                },
+            )
+            .await
+            .expect("turn");
+        prev = r.turn.expect("turn");
+    }
+    // Everything restores through a fresh handle: composed chains whose
+    // lower links carry the old digest and upper ones the layered digest.
+    let fresh = Store::open(&url, StoreConfig::default()).expect("open");
+    for tokens in [1024u64, 5120, 6144, 6656, 7168] {
+        assert_eq!(
+            restore_bytes(&fresh, &id, c(tokens)).await,
+            turn(FIXTURE_SEED, tokens).encoded(),
+            "turn at {tokens}"
+        );
+    }
+    // A turn handle from a restored snapshot: hashed once, then warm.
+    let seven = restored(&fresh, &id, FIXTURE_SEED, 7168).await;
+    let h = hashed(&fresh);
+    let handle = fresh
+        .turn_from(&id, c(7168), &seven)
+        .await
+        .expect("turn_from");
+    assert!(hashed(&fresh) - h >= seven.encoded().len() as u64);
+    let eight = turn(FIXTURE_SEED, 7680);
+    let h = hashed(&fresh);
+    let tail = handle.tail_of(&eight).expect("tail");
+    let r = fresh
+        .publish_turn(
+            &handle,
+            TurnRequest {
+                identity: id.clone(),
+                context: c(7680),
+                boundary: 7680,
+                tail: tail.clone(),
+            },
+        )
+        .await
+        .expect("turn");
+    assert_eq!(hashed(&fresh) - h, tail.len() as u64);
+    assert_eq!(
+        r.snapshot_digest,
+        layer_digest::of_snapshot(&eight).expect("d").snapshot
+    );
+    assert_eq!(restore_bytes(&store, &id, c(7680)).await, eight.encoded());
+    // An old-digest root gives no turn handle (its digest does not extend).
+    match fresh.turn_from(&id, c(5120), &old).await {
+        Err(StoreError::Invalid(m)) => assert!(m.contains("does not extend"), "{m}"),
+        other => panic!("expected invalid input, got {other:?}"),
+    }
+}

@@ -83,6 +83,10 @@ enum Command {
     /// Lookup and restore with the capacity ledger up and down (S3-like
     /// latency), in request rounds.
     LedgerDown(scenarios::ledger_down::LedgerDownArgs),
+    /// Publishing one more turn of conversations of several lengths (warm
+    /// tail-only, warm full snapshot, cold) against the durable write floor
+    /// of the bytes written.
+    Turn(scenarios::turn::TurnArgs),
     /// One benchmark job in a child process (used by the suites).
     #[command(hide = true)]
     BenchOne(BenchOneArgs),
@@ -226,6 +230,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Command::Shaped(a) => scenarios::run(Suite::Shaped, a).await,
             Command::All(a) => scenarios::run(Suite::All, a).await,
             Command::LedgerDown(a) => scenarios::ledger_down::run(a).await,
+            Command::Turn(a) => scenarios::turn::run(a).await,
             Command::BenchOne(a) => runner::run_one(a).await,
         }
     })

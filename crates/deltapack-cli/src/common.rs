@@ -113,13 +113,38 @@ pub(crate) fn read_tokens(path: &Path) -> Result<Vec<u32>> {
         .with_context(|| format!("token file {}", path.display()))
 }
 
-/// Reads and validates an encoded snapshot file.
+/// Files at least this large are mapped, not read into fresh memory.
+const MAP_AT: u64 = 1 << 20;
+
+/// Opens and validates an encoded snapshot file. A file of 1 MiB or more is
+/// mapped read-only (no copy into fresh memory: the pages come from the
+/// page cache as the snapshot is hashed and written), a smaller one read.
+/// The same validation either way. The file must not change while the
+/// command runs: a snapshot's bytes are immutable, and a file rewritten
+/// underneath would publish bytes that no longer match their digests (a
+/// restore would then refuse them, never return them).
 pub(crate) async fn read_snapshot(path: &Path) -> Result<Snapshot> {
     let p = path.to_path_buf();
     tokio::task::spawn_blocking(move || {
-        let bytes = std::fs::read(&p)
+        let f = std::fs::File::open(&p)
             .with_context(|| format!("cannot read snapshot file {}", p.display()))?;
-        Snapshot::from_encoded(bytes).with_context(|| format!("snapshot file {}", p.display()))
+        let len = f
+            .metadata()
+            .with_context(|| format!("cannot read snapshot file {}", p.display()))?
+            .len();
+        let bytes = if len >= MAP_AT && f.metadata().is_ok_and(|m| m.is_file()) {
+            // SAFETY: mapped read-only and private to this process; see the
+            // function docs for the (documented) rule that the file must
+            // not change while the command runs.
+            let map = unsafe { memmap2::Mmap::map(&f) }
+                .with_context(|| format!("cannot map snapshot file {}", p.display()))?;
+            bytes::Bytes::from_owner(map)
+        } else {
+            let bytes = std::fs::read(&p)
+                .with_context(|| format!("cannot read snapshot file {}", p.display()))?;
+            bytes::Bytes::from(bytes)
+        };
+        Snapshot::from_bytes(bytes).with_context(|| format!("snapshot file {}", p.display()))
     })
     .await
     .context("snapshot reader task")?

@@ -581,7 +581,7 @@ impl Store {
     ) -> PyResult<Py<PyAny>> {
         let fut = self.publish_future(identity, tokens, snapshot, base_tokens, base_snapshot)?;
         let v = blocking(py, fut)?;
-        to_py(py, &v)
+        receipt_py(py, v)
     }
 
     /// `publish` as an awaitable.
@@ -598,8 +598,54 @@ impl Store {
         let fut = self.publish_future(identity, tokens, snapshot, base_tokens, base_snapshot)?;
         pyo3_async_runtimes::tokio::future_into_py(py, async move {
             let v = fut.await?;
-            Python::attach(|py| to_py(py, &v))
+            Python::attach(|py| receipt_py(py, v))
         })
+    }
+
+    /// Publishes the turn after `prev` from its new pages `tail` (any
+    /// buffer, read in place); returns the receipt (with its `turn`).
+    fn publish_turn(
+        &self,
+        py: Python<'_>,
+        identity: &CacheIdentity,
+        tokens: &Bound<'_, PyAny>,
+        prev: &Turn,
+        tail: &Bound<'_, PyAny>,
+    ) -> PyResult<Py<PyAny>> {
+        let fut = self.publish_turn_future(identity, tokens, prev, tail)?;
+        let v = blocking(py, fut)?;
+        receipt_py(py, v)
+    }
+
+    /// `publish_turn` as an awaitable.
+    fn publish_turn_async<'py>(
+        &self,
+        py: Python<'py>,
+        identity: &CacheIdentity,
+        tokens: &Bound<'py, PyAny>,
+        prev: &Turn,
+        tail: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let fut = self.publish_turn_future(identity, tokens, prev, tail)?;
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let v = fut.await?;
+            Python::attach(|py| receipt_py(py, v))
+        })
+    }
+
+    /// A turn handle for `snapshot`, published under `tokens`' context.
+    fn turn_from(
+        &self,
+        py: Python<'_>,
+        identity: &CacheIdentity,
+        tokens: &Bound<'_, PyAny>,
+        snapshot: &Bound<'_, PyAny>,
+    ) -> PyResult<Turn> {
+        let (ctx, _) = identity.context_of(tokens)?;
+        let snap = snapshot_arg(snapshot, "snapshot")?;
+        let (e, id) = (self.engine.clone(), identity.inner.clone());
+        let t = blocking(py, async move { e.turn_from(id, ctx, snap).await })?;
+        Ok(Turn { inner: t })
     }
 
     /// Restores into deltapack memory: `("hit", data, digest, schema)` or `("miss", reason, detail)`.
@@ -860,6 +906,114 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Validates a turn publication's arguments (with the GIL) and returns
+    /// the future that performs it. The tail is held, never copied.
+    fn publish_turn_future(
+        &self,
+        identity: &CacheIdentity,
+        tokens: &Bound<'_, PyAny>,
+        prev: &Turn,
+        tail: &Bound<'_, PyAny>,
+    ) -> PyResult<
+        impl std::future::Future<
+                Output = store::Result<(serde_json::Value, Option<deltapack_store::Turn>)>,
+            > + Send
+            + 'static,
+    > {
+        let (ctx, n) = identity.context_of(tokens)?;
+        let Some(boundary) = n else {
+            return Err(bad_input(
+                "publish_turn needs the token ids of the new boundary, not a context digest",
+            ));
+        };
+        let tail = bytes::Bytes::from_owner(Borrowed::read(tail, "tail")?);
+        let (e, id, prev) = (
+            self.engine.clone(),
+            identity.inner.clone(),
+            prev.inner.clone(),
+        );
+        Ok(async move { e.publish_turn(prev, id, ctx, boundary, tail).await })
+    }
+}
+
+/// A receipt as a Python dict, with its `turn` (a [`Turn`] or `None`).
+fn receipt_py(
+    py: Python<'_>,
+    (v, turn): (serde_json::Value, Option<deltapack_store::Turn>),
+) -> PyResult<Py<PyAny>> {
+    let obj = to_py(py, &v)?;
+    let turn = match turn {
+        Some(t) => Py::new(py, Turn { inner: t })?.into_any(),
+        None => py.None(),
+    };
+    obj.bind(py).set_item("turn", turn)?;
+    Ok(obj)
+}
+
+/// A published turn: what `Store.publish_turn` needs to publish the next
+/// one from its new pages alone (no page bytes: a hashing state per layer).
+#[pyclass(name = "Turn", module = "deltapack._native", frozen)]
+pub(crate) struct Turn {
+    inner: deltapack_store::Turn,
+}
+
+#[pymethods]
+impl Turn {
+    /// Tokens the turn covers.
+    #[getter]
+    fn boundary(&self) -> u64 {
+        self.inner.boundary()
+    }
+
+    /// The turn's snapshot digest (`blake3-layers:…`).
+    #[getter]
+    fn digest(&self) -> String {
+        self.inner.digest().to_string()
+    }
+
+    /// The turn's context digest (hex).
+    #[getter]
+    fn context(&self) -> String {
+        self.inner.context().hex()
+    }
+
+    /// Pages per group the next turn keeps from this one.
+    #[getter]
+    fn kept_pages(&self) -> Vec<u64> {
+        self.inner.kept_pages().to_vec()
+    }
+
+    /// Bytes of the tail a next turn at `boundary` tokens must give.
+    fn tail_len(&self, boundary: u64) -> PyResult<u64> {
+        self.inner
+            .tail_len(boundary)
+            .map_err(|e| bad_input(e.to_string()))
+    }
+
+    /// The tail of `snapshot` (the full next turn), copied into `bytes`.
+    fn tail_of<'py>(
+        &self,
+        py: Python<'py>,
+        snapshot: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let snap = snapshot_arg(snapshot, "snapshot")?;
+        let t = self
+            .inner
+            .tail_of(&snap)
+            .map_err(|e| bad_input(e.to_string()))?;
+        Ok(PyBytes::new(py, &t))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Turn(boundary={}, digest={:?})",
+            self.inner.boundary(),
+            self.inner.digest().to_string()
+        )
+    }
+}
+
 /// The `deltapack._native` module.
 #[pymodule]
 #[pyo3(name = "_native")]
@@ -867,6 +1021,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CacheIdentity>()?;
     m.add_class::<SnapshotData>()?;
     m.add_class::<Store>()?;
+    m.add_class::<Turn>()?;
     m.add_function(wrap_pyfunction!(snapshot_layout, m)?)?;
     m.add_function(wrap_pyfunction!(snapshot_prefix, m)?)?;
     m.add_function(wrap_pyfunction!(synth, m)?)?;

@@ -210,7 +210,7 @@ impl Engine {
         context: ContextDigest,
         snapshot: Arc<Snapshot>,
         base: Option<Base>,
-    ) -> Result<serde_json::Value> {
+    ) -> Result<(serde_json::Value, Option<ds::Turn>)> {
         let req = ds::PublishRequest {
             identity,
             context,
@@ -222,26 +222,38 @@ impl Engine {
             format: ds::RootFormat::V2,
         };
         let receipt = self.store.publish(req).await?;
-        if receipt.outcome == ds::PublishOutcome::Conflict {
-            return Err(Failure::Conflict(format!(
-                "conflict: context {} already holds {} (schema {}), this request's snapshot is {}; \
-                 the existing root wins and nothing was written",
-                receipt.context,
-                receipt
-                    .existing_snapshot_digest
-                    .map(|d| d.to_string())
-                    .unwrap_or_else(|| "an unreadable root".into()),
-                receipt.schema,
-                receipt.snapshot_digest,
-            )));
-        }
-        let mut v = json(&receipt)?;
-        if let Some(obj) = v.as_object_mut() {
-            obj.insert("encode_ms".into(), ms(receipt.encode_time).into());
-            obj.insert("write_ms".into(), ms(receipt.write_time).into());
-            obj.insert("total_ms".into(), ms(receipt.total_time).into());
-        }
-        Ok(v)
+        receipt_value(receipt)
+    }
+
+    /// Publishes the turn after `prev` from its new pages alone (see
+    /// `deltapack_store::Store::publish_turn`); returns the receipt as JSON
+    /// and the handle for the turn after.
+    pub(crate) async fn publish_turn(
+        &self,
+        prev: ds::Turn,
+        identity: CacheIdentity,
+        context: ContextDigest,
+        boundary: u64,
+        tail: bytes::Bytes,
+    ) -> Result<(serde_json::Value, Option<ds::Turn>)> {
+        let req = ds::TurnRequest {
+            identity,
+            context,
+            boundary,
+            tail,
+        };
+        let receipt = self.store.publish_turn(&prev, req).await?;
+        receipt_value(receipt)
+    }
+
+    /// A turn handle for a snapshot published under `context`.
+    pub(crate) async fn turn_from(
+        &self,
+        identity: CacheIdentity,
+        context: ContextDigest,
+        snapshot: Arc<Snapshot>,
+    ) -> Result<ds::Turn> {
+        Ok(self.store.turn_from(&identity, context, &snapshot).await?)
     }
 
     /// Restores `(ns, context)` into a snapshot owned by the store
@@ -377,4 +389,29 @@ fn ms(d: Duration) -> f64 {
 
 fn json(v: &impl serde::Serialize) -> Result<serde_json::Value> {
     serde_json::to_value(v).map_err(|e| Failure::Other(format!("serializing a report: {e}")))
+}
+
+/// A receipt as JSON (timings in ms) and its turn handle; a conflict is a
+/// [`Failure::Conflict`].
+fn receipt_value(receipt: ds::PublishReceipt) -> Result<(serde_json::Value, Option<ds::Turn>)> {
+    if receipt.outcome == ds::PublishOutcome::Conflict {
+        return Err(Failure::Conflict(format!(
+            "conflict: context {} already holds {} (schema {}), this request's snapshot is {}; \
+             the existing root wins and nothing was written",
+            receipt.context,
+            receipt
+                .existing_snapshot_digest
+                .map(|d| d.to_string())
+                .unwrap_or_else(|| "an unreadable root".into()),
+            receipt.schema,
+            receipt.snapshot_digest,
+        )));
+    }
+    let mut v = json(&receipt)?;
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert("encode_ms".into(), ms(receipt.encode_time).into());
+        obj.insert("write_ms".into(), ms(receipt.write_time).into());
+        obj.insert("total_ms".into(), ms(receipt.total_time).into());
+    }
+    Ok((v, receipt.turn))
 }

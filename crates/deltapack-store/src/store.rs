@@ -1,6 +1,6 @@
 //! The [`Store`] handle: configuration, root reads, object fetches,
-//! quarantine, listing and lookup. Publication lives in `publish.rs`,
-//! restore in `restore.rs`.
+//! quarantine, listing and lookup. Publication lives in `publish/`,
+//! restore in `restore/`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -84,8 +84,9 @@ fn publish_restore_inspect_corrupt_and_demo() {
     ];
     let delta = json(&expect_code(dir, &delta_args, 0));
     assert_eq!(delta["outcome"], "created");
-    // A delta records its chain (v2.1): here one delta over a flat root.
-    assert_eq!(delta["schema"], "deltapack-page-delta-manifest/v2.1");
+    // A delta records its chain and its layered digest (v2.2): here one
+    // delta over a flat root.
+    assert_eq!(delta["schema"], "deltapack-page-delta-manifest/v2.2");
     assert_eq!(delta["chain_depth"], 1);
     assert_eq!(delta["rebased"], false);
     let delta_ctx = delta["context"].as_str().expect("context").to_string();
@@ -196,8 +197,8 @@ fn publish_restore_inspect_corrupt_and_demo() {
     let roots = roots.as_array().expect("inspect --json is an array");
     assert_eq!(roots.len(), 3, "{roots:?}");
     let schemas: Vec<&str> = roots.iter().filter_map(|r| r["schema"].as_str()).collect();
-    assert_eq!(schemas.iter().filter(|s| s.ends_with("/v2")).count(), 1);
-    assert_eq!(schemas.iter().filter(|s| s.ends_with("/v2.1")).count(), 1);
+    // The flat root and the delta are v2.2 (layered digest), one is v1.
+    assert_eq!(schemas.iter().filter(|s| s.ends_with("/v2.2")).count(), 2);
     assert_eq!(schemas.iter().filter(|s| s.ends_with("/v1")).count(), 1);
     let delta_row = roots
         .iter()

@@ -73,6 +73,7 @@ from ._native import (
     Error,
     IoError,
     LedgerMismatchError,
+    Turn,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -97,6 +98,7 @@ __all__ = [
     "Snapshot",
     "SnapshotLayout",
     "Store",
+    "Turn",
     "new_snapshot",
     "parse_duration",
     "parse_size",
@@ -228,9 +230,16 @@ class Snapshot:
 
     @property
     def digest(self) -> str:
-        """The snapshot digest, ``blake3:<64 hex>`` (BLAKE3 of the encoding)."""
+        """The snapshot digest: for a :class:`Restored`, the one its root
+        records; otherwise the one a publication records today, the
+        layered digest ``blake3-layers:<64 hex>`` (``blake3:<64 hex>``,
+        BLAKE3 of the encoding, for layouts of more than 65,536 layers,
+        and in roots written before v2.2)."""
         if self._digest is None:
-            self._digest = self._data.digest()
+            try:
+                self._digest = self._data.layers_digest()
+            except ValueError:
+                self._digest = self._data.digest()
         return self._digest
 
     @property
@@ -682,6 +691,49 @@ class Store:
         """:meth:`publish` for asyncio (the event loop keeps running)."""
         bt, bs = _base_args(base)
         return await self._native.publish_async(identity, tokens, snapshot, bt, bs)
+
+    def publish_turn(
+        self,
+        identity: CacheIdentity,
+        tokens: Tokens,
+        prev: Turn,
+        tail: Any,
+    ) -> Dict[str, Any]:
+        """Publishes the turn after ``prev`` from its new pages alone.
+
+        ``prev`` is the :class:`Turn` of the previous turn: ``receipt["turn"]``
+        of its :meth:`publish` or :meth:`publish_turn`, or
+        :meth:`turn_from`. ``tokens`` are the token ids up to the new
+        boundary. ``tail`` holds, for every group and layer (payload order),
+        the pages from ``prev.kept_pages`` to the new page count:
+        ``prev.tail_len(len(tokens))`` bytes, from any C-contiguous buffer
+        (numpy, bytes, memoryview, mmap), read in place and never copied.
+        Only the tail is hashed; the conversation is not read again.
+
+        Returns the receipt, whose ``turn`` is the handle for the next call.
+        Raises :class:`BadInput` (nothing written) for a tail of the wrong
+        length, a boundary not above ``prev``'s or off the chunk grid, or a
+        handle from another store or identity.
+        """
+        return self._native.publish_turn(identity, tokens, prev, tail)
+
+    async def publish_turn_async(
+        self,
+        identity: CacheIdentity,
+        tokens: Tokens,
+        prev: Turn,
+        tail: Any,
+    ) -> Dict[str, Any]:
+        """:meth:`publish_turn` for asyncio."""
+        return await self._native.publish_turn_async(identity, tokens, prev, tail)
+
+    def turn_from(self, identity: CacheIdentity, tokens: Tokens, snapshot: Any) -> Turn:
+        """A :class:`Turn` for a snapshot already published under ``tokens``
+        (e.g. the :class:`Restored` of a restore), to continue the
+        conversation with :meth:`publish_turn`. Free for a snapshot this
+        handle published or restored (the same object); otherwise the
+        snapshot is hashed once."""
+        return self._native.turn_from(identity, tokens, snapshot)
 
     # -- lookup and sizes ----------------------------------------------
 

@@ -77,6 +77,8 @@ class SnapshotData:
         """Tokens covered."""
     def digest(self) -> str:
         """BLAKE3 of the encoding (``blake3:…``)."""
+    def layers_digest(self) -> str:
+        """The layered snapshot digest (``blake3-layers:…``) v2.2 roots record."""
     def tobytes(self) -> bytes:
         """A copy as bytes."""
     @property
@@ -125,6 +127,13 @@ class Store:
         base_tokens: Any = None,
         base_snapshot: Any = None,
     ) -> Awaitable[Dict[str, Any]]: ...
+    def publish_turn(
+        self, identity: CacheIdentity, tokens: Any, prev: "Turn", tail: Any
+    ) -> Dict[str, Any]: ...
+    def publish_turn_async(
+        self, identity: CacheIdentity, tokens: Any, prev: "Turn", tail: Any
+    ) -> Awaitable[Dict[str, Any]]: ...
+    def turn_from(self, identity: CacheIdentity, tokens: Any, snapshot: Any) -> "Turn": ...
     def restore(self, identity: CacheIdentity, tokens: Any, timeout: Optional[float] = None) -> _Restore: ...
     def restore_async(
         self, identity: CacheIdentity, tokens: Any, timeout: Optional[float] = None
@@ -158,3 +167,18 @@ def synth(tokens: int, preset: str = "tiny", seed: int = 1) -> Tuple[SnapshotDat
 
 def buffer_address(obj: Any) -> int:
     """The address of the first byte of a buffer."""
+
+class Turn:
+    """A published turn: what ``Store.publish_turn`` needs to publish the next one."""
+
+    @property
+    def boundary(self) -> int: ...
+    @property
+    def digest(self) -> str: ...
+    @property
+    def context(self) -> str: ...
+    @property
+    def kept_pages(self) -> List[int]: ...
+    def tail_len(self, boundary: int) -> int: ...
+    def tail_of(self, snapshot: Any) -> bytes: ...
+

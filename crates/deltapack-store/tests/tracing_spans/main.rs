@@ -139,7 +139,7 @@ fn operations_open_spans_with_their_outcome() {
         assert_eq!(p.level, Level::INFO);
         assert_eq!(field(&p, "namespace"), ns);
         assert_eq!(field(&p, "context"), short(c.hex()));
-        assert_eq!(field(&p, "schema"), root::SCHEMA_V2);
+        assert_eq!(field(&p, "schema"), root::SCHEMA_V2_2);
         assert_eq!(field(&p, "outcome"), "created");
         assert_eq!(field(&p, "bytes"), receipt.payload_len.to_string());
         assert_eq!(field(&p, "delta"), "false");
@@ -150,7 +150,7 @@ fn operations_open_spans_with_their_outcome() {
         assert_eq!(r.level, Level::INFO);
         assert_eq!(field(&r, "namespace"), ns);
         assert_eq!(field(&r, "context"), short(c.hex()));
-        assert_eq!(field(&r, "schema"), root::SCHEMA_V2);
+        assert_eq!(field(&r, "schema"), root::SCHEMA_V2_2);
         assert_eq!(field(&r, "outcome"), "hit");
         assert_eq!(field(&r, "bytes"), snap.encoded().len().to_string());
         assert!(!r.fields.contains_key("reason"), "{r:#?}");

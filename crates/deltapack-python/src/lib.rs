@@ -873,7 +873,10 @@ impl Store {
         base_tokens: Option<&Bound<'_, PyAny>>,
         base_snapshot: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<
-        impl std::future::Future<Output = store::Result<serde_json::Value>> + Send + 'static,
+        impl std::future::Future<
+                Output = store::Result<(serde_json::Value, Option<deltapack_store::Turn>)>,
+            > + Send
+            + 'static,
     > {
         let (ctx, n) = identity.context_of(tokens)?;
         let snap = snapshot_arg(snapshot, "snapshot")?;

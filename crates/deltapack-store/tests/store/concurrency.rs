@@ -77,10 +77,10 @@ async fn racing_writers(t: TestStore) {
     for (r, snap) in &results {
         match r.outcome {
             PublishOutcome::Created | PublishOutcome::AlreadyPresent => {
-                assert_eq!(v2_digest(&snap), winner)
+                assert_eq!(v2_digest(snap), winner)
             }
             PublishOutcome::Conflict => {
-                assert_ne!(v2_digest(&snap), winner);
+                assert_ne!(v2_digest(snap), winner);
                 assert_eq!(r.existing_snapshot_digest, Some(root_digest));
             }
         }

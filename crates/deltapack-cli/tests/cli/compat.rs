@@ -22,7 +22,7 @@ use crate::common::expect_code;
 
 /// The secret of the fixture sets' keyed roots (fixtures/README.md).
 const FIXTURE_SECRET: &str = "deltapack-fixture-secret-2026-11";
-const SETS: [&str; 2] = ["2026-11-v1v2", "2026-12-v2.1-chain"];
+const SETS: [&str; 3] = ["2026-11-v1v2", "2026-12-v2.1-chain", "2026-12-v2.2-layers"];
 
 fn repo_fixture(set: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

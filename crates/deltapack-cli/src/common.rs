@@ -126,28 +126,38 @@ const MAP_AT: u64 = 1 << 20;
 pub(crate) async fn read_snapshot(path: &Path) -> Result<Snapshot> {
     let p = path.to_path_buf();
     tokio::task::spawn_blocking(move || {
-        let f = std::fs::File::open(&p)
-            .with_context(|| format!("cannot read snapshot file {}", p.display()))?;
-        let len = f
-            .metadata()
-            .with_context(|| format!("cannot read snapshot file {}", p.display()))?
-            .len();
-        let bytes = if len >= MAP_AT && f.metadata().is_ok_and(|m| m.is_file()) {
-            // SAFETY: mapped read-only and private to this process; see the
-            // function docs for the (documented) rule that the file must
-            // not change while the command runs.
-            let map = unsafe { memmap2::Mmap::map(&f) }
-                .with_context(|| format!("cannot map snapshot file {}", p.display()))?;
-            bytes::Bytes::from_owner(map)
-        } else {
-            let bytes = std::fs::read(&p)
-                .with_context(|| format!("cannot read snapshot file {}", p.display()))?;
-            bytes::Bytes::from(bytes)
-        };
+        let bytes = map_or_read(&p).context("snapshot file")?;
         Snapshot::from_bytes(bytes).with_context(|| format!("snapshot file {}", p.display()))
     })
     .await
     .context("snapshot reader task")?
+}
+
+/// A whole file's bytes: mapped read-only when it is 1 MiB or more (see
+/// [`read_snapshot`] for the rule that it must not change meanwhile), read
+/// otherwise.
+pub(crate) async fn read_bytes(path: &Path) -> Result<bytes::Bytes> {
+    let p = path.to_path_buf();
+    tokio::task::spawn_blocking(move || map_or_read(&p))
+        .await
+        .context("file reader task")?
+}
+
+fn map_or_read(p: &Path) -> Result<bytes::Bytes> {
+    let f = std::fs::File::open(p).with_context(|| format!("cannot read {}", p.display()))?;
+    let meta = f
+        .metadata()
+        .with_context(|| format!("cannot read {}", p.display()))?;
+    if meta.len() >= MAP_AT && meta.is_file() {
+        // SAFETY: mapped read-only and private to this process; the file
+        // must not change while the command runs (see `read_snapshot`).
+        let map = unsafe { memmap2::Mmap::map(&f) }
+            .with_context(|| format!("cannot map {}", p.display()))?;
+        Ok(bytes::Bytes::from_owner(map))
+    } else {
+        let bytes = std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?;
+        Ok(bytes::Bytes::from(bytes))
+    }
 }
 
 /// Writes `bytes` to `path` atomically: `path.tmp`, fsync, rename.

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use anyhow::{bail, Result};
 use clap::ArgGroup;
 use deltapack_format::{ContextDigest, ContextHasher};
-use deltapack_store::{BaseInput, PublishOutcome, PublishReceipt, PublishRequest, RootFormat};
+use deltapack_store::{
+    BaseInput, PublishOutcome, PublishReceipt, PublishRequest, RootFormat, TurnRequest,
+};
 
 use crate::common;
 
@@ -48,8 +50,16 @@ pub(crate) struct PublishArgs {
     #[arg(long, value_name = "HEX")]
     context: Option<String>,
     /// The encoded snapshot to publish.
-    #[arg(long, value_name = "FILE")]
-    snapshot: PathBuf,
+    #[arg(long, value_name = "FILE", required_unless_present = "tail")]
+    snapshot: Option<PathBuf>,
+    /// Publish only the turn's new pages (instead of --snapshot): for every
+    /// group and layer in payload order, the pages from the base's settled
+    /// pages (those wholly below its boundary) to the new page count. Needs
+    /// --tokens (the new boundary is their count) and --base-snapshot with
+    /// its tokens or context; the base is hashed once (a fresh process
+    /// holds no turn state), the tail only read and written.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["snapshot", "context", "format"], requires_all = ["tokens", "base_snapshot"])]
+    tail: Option<PathBuf>,
     /// Publish as a delta against this (already published) base snapshot.
     #[arg(long, value_name = "FILE", requires = "base_id")]
     base_snapshot: Option<PathBuf>,
@@ -76,7 +86,13 @@ pub(crate) async fn run(args: PublishArgs) -> Result<ExitCode> {
     let identity = common::read_identity(&args.identity)?;
     let ns = identity.namespace();
     let hasher = ContextHasher::new(ns, identity.chunk_tokens)?;
-    let snapshot = common::read_snapshot(&args.snapshot).await?;
+    if let Some(tail) = &args.tail {
+        return run_tail(&args, identity, &hasher, tail).await;
+    }
+    let Some(snapshot_path) = &args.snapshot else {
+        bail!("give --snapshot or --tail");
+    };
+    let snapshot = common::read_snapshot(snapshot_path).await?;
 
     let mut tokens = None;
     let context = match (&args.context, &args.tokens) {
@@ -149,8 +165,63 @@ pub(crate) async fn run(args: PublishArgs) -> Result<ExitCode> {
     let receipt = store.publish_with_progress(req, &progress).await;
     common::persist_counters(&store).await;
     pb.finish_and_clear();
-    let receipt = receipt?;
+    report(&args, receipt?)
+}
 
+/// `publish --tail`: the turn after the base, from its new pages alone.
+async fn run_tail(
+    args: &PublishArgs,
+    identity: deltapack_format::CacheIdentity,
+    hasher: &ContextHasher,
+    tail: &std::path::Path,
+) -> Result<ExitCode> {
+    let (Some(tpath), Some(bpath)) = (&args.tokens, &args.base_snapshot) else {
+        bail!("--tail needs --tokens and --base-snapshot");
+    };
+    let tokens = common::read_tokens(tpath)?;
+    let context = hasher.digest(&tokens);
+    let base = Arc::new(common::read_snapshot(bpath).await?);
+    let base_context: ContextDigest = match (&args.base_context, &args.base_tokens) {
+        (Some(hex), _) => common::parse_context(hex)?,
+        (None, Some(p)) => {
+            let t = common::read_tokens(p)?;
+            if t.len() as u64 != base.boundary() {
+                bail!(
+                    "{} holds {} tokens but the base snapshot covers {}",
+                    p.display(),
+                    t.len(),
+                    base.boundary()
+                );
+            }
+            hasher.digest(&t)
+        }
+        (None, None) => bail!("--base-snapshot needs --base-context or --base-tokens"),
+    };
+    let tail = common::read_bytes(tail).await?;
+    let store =
+        crate::settings::resolve(&args.store, Some(&args.extents), Some(&args.chain))?.open()?;
+    let out = async {
+        let turn = store.turn_from(&identity, base_context, &base).await?;
+        drop(base);
+        store
+            .publish_turn(
+                &turn,
+                TurnRequest {
+                    identity,
+                    context,
+                    boundary: tokens.len() as u64,
+                    tail,
+                },
+            )
+            .await
+    }
+    .await;
+    common::persist_counters(&store).await;
+    report(args, out?)
+}
+
+/// Prints a receipt; a conflict is an error.
+fn report(args: &PublishArgs, receipt: PublishReceipt) -> Result<ExitCode> {
     if args.json {
         common::print_json(&receipt_json(&receipt)?)?;
     } else {

@@ -17,3 +17,4 @@ mod multi_process_ledger;
 mod one_bucket_one_ledger;
 mod output_contract;
 mod stats_prometheus;
+mod turn_publication;

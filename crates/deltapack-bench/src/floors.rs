@@ -25,7 +25,6 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use deltapack_format::delta::{self, CopyOp, PageDelta};
 use deltapack_format::scatter::{self, Region, Span};
-use deltapack_format::snapshot::digest_of_encoding;
 use deltapack_format::{DecodedRoot, Digest, ExtentPlan, ManifestV2, Snapshot};
 use deltapack_store::{keys, RootStatus};
 use serde::{Deserialize, Serialize};
@@ -224,7 +223,12 @@ pub(crate) async fn job_read_floor(
             bail!("floor: payload digest mismatch");
         }
         if floor != ReadFloor::Raw {
-            let d = digest_of_encoding(&buf[..]);
+            // By the root's definition: BLAKE3 of the encoding, or the
+            // layered digest of a v2.2 root (what the restore computes).
+            let d = deltapack_format::layer_digest::digest_like_encoding(
+                &buf[..],
+                &m.result_snapshot_digest,
+            )?;
             if d != m.result_snapshot_digest {
                 bail!("floor: result digest {d} != {}", m.result_snapshot_digest);
             }

@@ -187,6 +187,32 @@ pub fn digest_like(s: &Snapshot, like: &Digest) -> Result<Digest> {
     }
 }
 
+/// The snapshot digest of an encoding held in any slice (no copy), by the
+/// definition `like` follows: the layered digest (streams hashed on all
+/// cores) for `blake3-layers`, BLAKE3 of the encoding otherwise. The
+/// encoding's header is validated; its payload length must match.
+pub fn digest_like_encoding(enc: &[u8], like: &Digest) -> Result<Digest> {
+    if like.algorithm() != Algorithm::Blake3Layers {
+        return Ok(crate::snapshot::digest_of_encoding(enc));
+    }
+    let (header, payload_offset) = crate::snapshot::decode_prefix(enc)?;
+    let want = header.validate()?;
+    if (enc.len() - payload_offset) as u64 != want {
+        return Err(Error::Snapshot(format!(
+            "payload is {} bytes, the header implies {want}",
+            enc.len() - payload_offset
+        )));
+    }
+    if !supported(&header) {
+        return Err(unsupported(&header));
+    }
+    let ranges = stream_ranges(&header, payload_offset as u64)?;
+    let streams = par_map(ranges.len(), |i| {
+        stream_digest(&enc[ranges[i].start as usize..ranges[i].end as usize])
+    });
+    Ok(combine(&enc[..payload_offset], &streams))
+}
+
 /// Pages of each group whose bytes no later turn can change: the complete
 /// pages of a `full` group (those wholly below the boundary), none of a
 /// `recurrent` group (its one checkpoint page is rewritten every turn).
@@ -726,6 +752,15 @@ mod tests {
         assert_ne!(d.snapshot.as_bytes(), s.digest().as_bytes());
         assert_eq!(digest_like(&s, &s.digest()).expect("like"), s.digest());
         assert_eq!(digest_like(&s, &d.snapshot).expect("like"), d.snapshot);
+        assert_eq!(
+            digest_like_encoding(s.encoded(), &d.snapshot).expect("like"),
+            d.snapshot
+        );
+        assert_eq!(
+            digest_like_encoding(s.encoded(), &s.digest()).expect("like"),
+            s.digest()
+        );
+        assert!(digest_like_encoding(&s.encoded()[..s.encoded().len() - 1], &d.snapshot).is_err());
         assert_eq!(split_streams(&d.stream_bytes()).expect("split"), d.streams);
         assert!(split_streams(&[0; 33]).is_none());
         let (_, state) = DigestState::capture(&s).expect("capture");

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Result};
-use deltapack_format::snapshot::digest_of_encoding;
 use deltapack_format::{ContextDigest, Digest, Namespace};
 use deltapack_store::{
     RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored, RootStatus, Store, StoreConfig,
@@ -119,7 +118,8 @@ pub(crate) async fn measure(
             RestoreIntoOutcome::Hit { .. } => bail!("restore_into returned the wrong snapshot"),
             RestoreIntoOutcome::Miss { reason } => bail!("restore_into missed: {reason}"),
         }
-        if digest_of_encoding(&buf) != want.digest {
+        if deltapack_format::layer_digest::digest_like_encoding(&buf, &want.digest)? != want.digest
+        {
             bail!("the buffer does not hash to the snapshot digest");
         }
         None
@@ -219,7 +219,8 @@ pub(crate) async fn job_restore(
     if let Some(r) = restored {
         // For the breakdown: one BLAKE3 pass over the (now resident) result.
         let t = Instant::now();
-        let d = digest_of_encoding(r.snapshot.encoded());
+        let d =
+            deltapack_format::layer_digest::digest_like_encoding(r.snapshot.encoded(), &r.digest)?;
         out.put("result_blake3_ms", ms(t.elapsed()));
         if d != r.digest {
             bail!("restored bytes do not hash to their digest");

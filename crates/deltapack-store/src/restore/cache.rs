@@ -98,10 +98,11 @@ impl BaseCache {
         self.entries
             .iter()
             .any(|(k, e)| k == key && Arc::ptr_eq(e, s))
-            || self
-                .handed_out
-                .iter()
-                .any(|(k, w)| k == key && std::ptr::eq(w.as_ptr(), Arc::as_ptr(s)))
+            || self.handed_out.iter().any(|(k, w)| {
+                // Only a live entry: a dead one's address may have been
+                // reused by another allocation holding other bytes.
+                k == key && w.strong_count() > 0 && std::ptr::eq(w.as_ptr(), Arc::as_ptr(s))
+            })
     }
 
     /// The digest state of the snapshot under `key`, if kept.

@@ -223,7 +223,11 @@ pub(crate) async fn job_publish(s: PublishSpec) -> Result<JobOutput> {
     out.put("boundaries", &bounds);
     out.put("prefix_publish_ms", prefix_ms);
     out.put("result_bytes", last.encoded().len());
-    out.put("result_digest", last.digest().to_string());
+    // The digest its root records: layered (v2.2) when the layout allows.
+    let recorded = deltapack_format::layer_digest::of_snapshot(&last)
+        .map(|d| d.snapshot)
+        .unwrap_or_else(|_| last.digest());
+    out.put("result_digest", recorded.to_string());
     out.put(
         "last_turn_tokens",
         c.final_tokens - bounds.len().checked_sub(2).map_or(0, |i| bounds[i]),

@@ -890,7 +890,20 @@ impl ManifestV2 {
         max_extent_bytes: u64,
         extents: Vec<ExtentEntry>,
     ) -> Result<Self> {
-        let m = ManifestV2 {
+        let m = Self::assemble(meta, payload_len, payload_digest, max_extent_bytes, extents);
+        m.validate()?;
+        Ok(m)
+    }
+
+    /// A v2 manifest from its parts, not yet validated.
+    fn assemble(
+        meta: &RootMeta,
+        payload_len: u64,
+        payload_digest: Digest,
+        max_extent_bytes: u64,
+        extents: Vec<ExtentEntry>,
+    ) -> Self {
+        ManifestV2 {
             schema: SCHEMA_V2.into(),
             namespace: meta.namespace,
             context: meta.context,
@@ -908,9 +921,7 @@ impl ManifestV2 {
             extents,
             chain: None,
             layers: None,
-        };
-        m.validate()?;
-        Ok(m)
+        }
     }
 
     /// The same manifest with chain hints (deltas only): v2.1, or v2.2
@@ -932,25 +943,8 @@ impl ManifestV2 {
         max_extent_bytes: u64,
         extents: Vec<ExtentEntry>,
     ) -> Result<Self> {
-        let mut m = ManifestV2 {
-            schema: SCHEMA_V2_2.into(),
-            namespace: meta.namespace,
-            context: meta.context,
-            kind: meta.kind(),
-            boundary: meta.result_header.boundary,
-            logical_chunk_tokens: meta.chunk_tokens,
-            layout: meta.result_header.layout.clone(),
-            block_counts: meta.result_header.block_counts.clone(),
-            result_snapshot_digest: meta.result_snapshot_digest,
-            result_snapshot_len: meta.result_snapshot_len,
-            base: meta.base,
-            payload_len,
-            payload_digest,
-            max_extent_bytes,
-            extents,
-            chain: None,
-            layers: Some(serde_bytes::ByteBuf::from(layers.concat())),
-        };
+        let mut m = Self::assemble(meta, payload_len, payload_digest, max_extent_bytes, extents);
+        m.layers = Some(serde_bytes::ByteBuf::from(layers.concat()));
         m.schema = m.schema_str().into();
         m.validate()?;
         Ok(m)

@@ -464,14 +464,13 @@ impl Store {
                             .and_then(|r| r.layered.as_ref().map(|(_, st)| st.clone())),
                         None => None,
                     };
-                    let key = (ns, req.context, receipt.snapshot_digest);
-                    if let Ok(mut c) = self.inner.base_cache.lock() {
-                        c.put_handed_out(key, &req.snapshot);
-                        if let Some(st) = &state {
-                            c.put_state(key, st.clone());
-                        }
-                    }
-                    receipt.turn = state.map(|state| Turn::new(self, ns, req.context, state));
+                    receipt.turn = self.remember_published(
+                        ns,
+                        req.context,
+                        receipt.snapshot_digest,
+                        &req.snapshot,
+                        state,
+                    );
                 }
                 if let Some(g) = early_guard.take() {
                     g.finish().await;
@@ -626,14 +625,13 @@ impl Store {
         if receipt.outcome != PublishOutcome::Conflict {
             // The caller's snapshot is now what this root names: a delta on
             // it, given the same `Arc`, is not hashed again.
-            let key = (ns, req.context, receipt.snapshot_digest);
-            if let Ok(mut c) = self.inner.base_cache.lock() {
-                c.put_handed_out(key, &req.snapshot);
-                if let Some(st) = &result_state {
-                    c.put_state(key, st.clone());
-                }
-            }
-            receipt.turn = result_state.map(|state| Turn::new(self, ns, req.context, state));
+            receipt.turn = self.remember_published(
+                ns,
+                req.context,
+                receipt.snapshot_digest,
+                &req.snapshot,
+                result_state,
+            );
         }
         if receipt.outcome == PublishOutcome::Conflict {
             Stats::add(&self.stats_ref().conflicts, 1);
@@ -749,6 +747,27 @@ impl Store {
             }
         }
         Ok(())
+    }
+
+    /// Remembers that `snapshot` (this very `Arc`) is what the root of
+    /// `ctx` names, with its digest state if it has one, so a delta on it is
+    /// not hashed again; returns the turn handle for the next turn.
+    fn remember_published(
+        &self,
+        ns: Namespace,
+        ctx: ContextDigest,
+        digest: Digest,
+        snapshot: &Arc<Snapshot>,
+        state: Option<Arc<DigestState>>,
+    ) -> Option<Turn> {
+        let key = (ns, ctx, digest);
+        if let Ok(mut c) = self.inner.base_cache.lock() {
+            c.put_handed_out(key, snapshot);
+            if let Some(st) = &state {
+                c.put_state(key, st.clone());
+            }
+        }
+        state.map(|state| Turn::new(self, ns, ctx, state))
     }
 
     /// Validates a delta's base against its root; returns the reference and

@@ -84,7 +84,8 @@ enum Command {
     /// latency), in request rounds.
     LedgerDown(scenarios::ledger_down::LedgerDownArgs),
     /// Publishing one more turn of conversations of several lengths (warm
-    /// tail-only, warm full snapshot, cold) against the durable write floor
+    /// tail-only, warm full snapshot, cold, cold tail-only, and the CLI's
+    /// `publish --tail` in a fresh process) against the durable write floor
     /// of the bytes written.
     Turn(scenarios::turn::TurnArgs),
     /// One benchmark job in a child process (used by the suites).

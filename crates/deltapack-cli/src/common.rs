@@ -143,7 +143,9 @@ pub(crate) async fn read_bytes(path: &Path) -> Result<bytes::Bytes> {
         .context("file reader task")?
 }
 
-fn map_or_read(p: &Path) -> Result<bytes::Bytes> {
+/// [`read_bytes`] for a caller that is not async (same rule: the file must
+/// not change while the command runs).
+pub(crate) fn map_or_read(p: &Path) -> Result<bytes::Bytes> {
     let f = std::fs::File::open(p).with_context(|| format!("cannot read {}", p.display()))?;
     let meta = f
         .metadata()

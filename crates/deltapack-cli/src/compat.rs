@@ -1073,8 +1073,8 @@ fn fixture_extras(dir: &Path, want: &FixtureRoot, c: &Checked, r: &mut RootResul
         }
     }
     let snap_path = inside(dir, &want.snapshot_file)?;
-    let input = std::fs::read(&snap_path)
-        .with_context(|| format!("cannot read {}", snap_path.display()))?;
+    // Mapped when large (a fixture's snapshot is compared, never copied).
+    let input = crate::common::map_or_read(&snap_path)?;
     match &c.snapshot {
         Some(s) if s.encoded() == &input[..] => {}
         _ => r.fail(

@@ -14,7 +14,14 @@
 //!   not hashed; the new pages are);
 //! * **cold**: a fresh `Store` handle, the base given as bytes it has never
 //!   seen (it is hashed once to check it against its root), the whole next
-//!   snapshot published.
+//!   snapshot published;
+//! * **cold tail-only**: a fresh `Store` handle, `Store::turn_from` the base
+//!   given as bytes (hashed once), then `Store::publish_turn` of the new
+//!   pages: what a library caller pays for the CLI's publication;
+//! * **cli tail-only**: `deltapack publish --tail` in a fresh process, from
+//!   files (the base snapshot mapped and hashed once, tokens, the tail), the
+//!   page cache warm. Target: ≤ 1.3 × the cold tail-only row, the library's
+//!   time for the same publication from the same inputs.
 //!
 //! Each row's floor is measured in the same run: the same number of bytes
 //! (objects and root, from the receipt) written as that many files with
@@ -57,6 +64,54 @@ pub(crate) struct TurnArgs {
     /// Directory for results.json and results.md.
     #[arg(long, value_name = "DIR", default_value = "benches/results/turn")]
     out: PathBuf,
+    /// Rows to measure (default: all).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = Mode::ALL)]
+    modes: Vec<Mode>,
+    /// The `deltapack` binary for the cli row (default: next to this
+    /// binary, as cargo builds them).
+    #[arg(long, value_name = "FILE")]
+    cli: Option<PathBuf>,
+}
+
+/// One way of publishing the next turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Mode {
+    /// `publish_turn` from the previous turn's handle.
+    Tail,
+    /// `publish` of the whole next snapshot on the base `Arc` published.
+    Full,
+    /// `publish` of the whole next snapshot, fresh handle, base as bytes.
+    Cold,
+    /// `turn_from` the base as bytes, then `publish_turn`, fresh handle.
+    ColdTail,
+    /// `deltapack publish --tail` in a fresh process, from files.
+    Cli,
+}
+
+impl Mode {
+    const ALL: [Mode; 5] = [
+        Mode::Tail,
+        Mode::Full,
+        Mode::Cold,
+        Mode::ColdTail,
+        Mode::Cli,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Tail => "warm tail-only",
+            Mode::Full => "warm full snapshot",
+            Mode::Cold => "cold",
+            Mode::ColdTail => "cold tail-only",
+            Mode::Cli => "cli tail-only",
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -69,7 +124,9 @@ struct Row {
     ratio: f64,
     bytes_written: u64,
     objects_written: u64,
-    bytes_hashed: u64,
+    /// Snapshot bytes hashed by the publishing process (`None` when it is
+    /// another process).
+    bytes_hashed: Option<u64>,
     target: &'static str,
     met: bool,
 }
@@ -101,7 +158,23 @@ pub(crate) async fn run(a: TurnArgs) -> Result<ExitCode> {
         crate::workload::unique()
     ));
     std::fs::create_dir_all(&work)?;
-    let result = measure(&a, &work).await;
+    let cli = if a.modes.contains(&Mode::Cli) {
+        let path = match &a.cli {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()?.with_file_name("deltapack"),
+        };
+        if !path.is_file() {
+            bail!(
+                "the cli row needs the deltapack binary: {} is not a file (build it with \
+                 `cargo build --release -p deltapack-cli`, give --cli, or leave cli out of --modes)",
+                path.display()
+            );
+        }
+        Some(path)
+    } else {
+        None
+    };
+    let result = measure(&a, &work, cli.as_deref()).await;
     let _ = std::fs::remove_dir_all(&work);
     result
 }
@@ -191,11 +264,115 @@ fn ms(d: Duration) -> f64 {
 struct Sample {
     time: Duration,
     floor: Duration,
-    receipt: PublishReceipt,
-    hashed: u64,
+    bytes: u64,
+    objects: u64,
+    hashed: Option<u64>,
 }
 
-async fn measure(a: &TurnArgs, work: &Path) -> Result<ExitCode> {
+/// Runs `deltapack publish --tail` for one turn; its wall time and the
+/// receipt's (bytes written, objects written).
+fn publish_cli(
+    cli: &Path,
+    dir: &Path,
+    url: &str,
+    files: [&Path; 4],
+) -> Result<(Duration, u64, u64)> {
+    let [id, toks, tail, base_tokens] = files;
+    let started = Instant::now();
+    let out = std::process::Command::new(cli)
+        .current_dir(dir)
+        .env_remove("DELTAPACK_STORE")
+        .env_remove("DELTAPACK_CONFIG")
+        .env_remove("DELTAPACK_LEDGER")
+        .args(["publish", "--store", url, "--identity"])
+        .arg(id)
+        .arg("--tokens")
+        .arg(toks)
+        .arg("--tail")
+        .arg(tail)
+        .arg("--base-snapshot")
+        .arg(dir.join("base.snap"))
+        .arg("--base-tokens")
+        .arg(base_tokens)
+        .arg("--json")
+        .output()
+        .with_context(|| format!("cannot run {}", cli.display()))?;
+    let time = started.elapsed();
+    if !out.status.success() {
+        bail!(
+            "{} publish --tail failed ({}): {}",
+            cli.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).context("the receipt of publish --json")?;
+    if v["outcome"] != "created" {
+        bail!("publish --tail: outcome {}", v["outcome"]);
+    }
+    let n = |k: &str| v[k].as_u64().with_context(|| format!("receipt field {k}"));
+    Ok((time, n("bytes_written")?, n("objects_written")?))
+}
+
+/// One library publication of the next turn in `mode`; its time and
+/// receipt. `base` is (the base snapshot, its tokens, its turn); `next` is
+/// (the new context, the new boundary, the tail).
+async fn publish_lib(
+    s: &Store,
+    mode: Mode,
+    id: &CacheIdentity,
+    base: (&Arc<Snapshot>, &[u32], &Turn),
+    next: (ContextDigest, u64, Bytes),
+    ctx: &dyn Fn(&[u32]) -> ContextDigest,
+) -> Result<(Duration, PublishReceipt)> {
+    let (base, base_tokens, turn) = base;
+    let (context, boundary, tail) = next;
+    let req = |tail: Bytes| TurnRequest {
+        identity: id.clone(),
+        context,
+        boundary,
+        tail,
+    };
+    Ok(match mode {
+        Mode::Tail => {
+            let started = Instant::now();
+            let r = s.publish_turn(turn, req(tail)).await?;
+            (started.elapsed(), r)
+        }
+        Mode::ColdTail => {
+            let given = Arc::new(Snapshot::from_encoded(base.encoded().to_vec())?);
+            let started = Instant::now();
+            let from = s.turn_from(id, ctx(base_tokens), &given).await?;
+            let r = s.publish_turn(&from, req(tail)).await?;
+            (started.elapsed(), r)
+        }
+        Mode::Full | Mode::Cold => {
+            let next = assemble(base, turn, boundary, &tail)?;
+            let given = if mode == Mode::Full {
+                base.clone()
+            } else {
+                Arc::new(Snapshot::from_encoded(base.encoded().to_vec())?)
+            };
+            let req = PublishRequest {
+                identity: id.clone(),
+                context,
+                snapshot: next,
+                base: Some(BaseInput {
+                    context: ctx(base_tokens),
+                    snapshot: given,
+                }),
+                format: RootFormat::V2,
+            };
+            let started = Instant::now();
+            let r = s.publish(req).await?;
+            (started.elapsed(), r)
+        }
+        Mode::Cli => bail!("the cli row runs in another process"),
+    })
+}
+
+async fn measure(a: &TurnArgs, work: &Path, cli: Option<&Path>) -> Result<ExitCode> {
     let id = CacheIdentity::example();
     let hasher = ContextHasher::new(id.namespace(), id.chunk_tokens)?;
     let ctx = |t: &[u32]| -> ContextDigest { hasher.digest(t) };
@@ -222,93 +399,126 @@ async fn measure(a: &TurnArgs, work: &Path) -> Result<ExitCode> {
             "turn: conversation of {n} tokens published ({} bytes)",
             base.encoded().len()
         );
+        // The cli row's inputs (the base once per conversation).
+        let files = work.join(format!("files-{n}"));
+        if cli.is_some() {
+            std::fs::create_dir_all(&files)?;
+            std::fs::write(files.join("id.json"), id.to_json_pretty())?;
+            std::fs::write(files.join("base.snap"), base.encoded())?;
+            std::fs::write(
+                files.join("base.tok"),
+                deltapack_format::context::tokens_to_le_bytes(&base_tokens),
+            )?;
+        }
         for &t in &a.turns {
             let boundary = n + t;
             let tail_len = turn.tail_len(boundary)? as usize;
-            let mut samples: [Vec<Sample>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+            let mut samples: Vec<Vec<Sample>> = a.modes.iter().map(|_| Vec::new()).collect();
             for rep in 0..a.repeats {
-                for (mode, out) in samples.iter_mut().enumerate() {
+                for (slot, &mode) in a.modes.iter().enumerate() {
                     let salt = 1000 + u64::from(rep) * 10 + mode as u64 + t * 7;
                     let toks = tokens(&base_tokens, t, salt);
                     let tail = Bytes::from(noise(salt, tail_len));
-                    let (s, before) = match mode {
-                        0 | 1 => (store.clone(), store.stats().snapshot_bytes_hashed),
+                    let (time, bytes, objects, hashed) = match mode {
+                        Mode::Cli => {
+                            let cli = cli.context("the cli row needs the deltapack binary")?;
+                            let tok = files.join(format!("t{salt}.tok"));
+                            let tl = files.join(format!("t{salt}.tail"));
+                            std::fs::write(
+                                &tok,
+                                deltapack_format::context::tokens_to_le_bytes(&toks),
+                            )?;
+                            std::fs::write(&tl, &tail)?;
+                            let (time, bytes, objects) = publish_cli(
+                                cli,
+                                &files,
+                                &url,
+                                [&files.join("id.json"), &tok, &tl, &files.join("base.tok")],
+                            )?;
+                            std::fs::remove_file(&tok)?;
+                            std::fs::remove_file(&tl)?;
+                            (time, bytes, objects, None)
+                        }
                         _ => {
-                            let fresh = Store::open(&url, config())?;
-                            let h = fresh.stats().snapshot_bytes_hashed;
-                            (fresh, h)
+                            let s = match mode {
+                                Mode::Tail | Mode::Full => store.clone(),
+                                _ => Store::open(&url, config())?,
+                            };
+                            let before = s.stats().snapshot_bytes_hashed;
+                            let (time, receipt) = publish_lib(
+                                &s,
+                                mode,
+                                &id,
+                                (&base, &base_tokens, &turn),
+                                (ctx(&toks), boundary, tail),
+                                &ctx,
+                            )
+                            .await
+                            .with_context(|| format!("{mode} of {n}+{t}"))?;
+                            if receipt.outcome != PublishOutcome::Created {
+                                bail!("{mode} of {n}+{t}: {:?}", receipt.outcome);
+                            }
+                            let hashed = s.stats().snapshot_bytes_hashed - before;
+                            if !matches!(mode, Mode::Tail | Mode::Full) {
+                                s.close().await?;
+                            }
+                            (
+                                time,
+                                receipt.bytes_written,
+                                receipt.objects_written,
+                                Some(hashed),
+                            )
                         }
                     };
-                    let (time, receipt) = match mode {
-                        0 => {
-                            let req = TurnRequest {
-                                identity: id.clone(),
-                                context: ctx(&toks),
-                                boundary,
-                                tail,
-                            };
-                            let started = Instant::now();
-                            let r = s.publish_turn(&turn, req).await?;
-                            (started.elapsed(), r)
-                        }
-                        _ => {
-                            let next = assemble(&base, &turn, boundary, &tail)?;
-                            let given = if mode == 1 {
-                                base.clone()
-                            } else {
-                                Arc::new(Snapshot::from_encoded(base.encoded().to_vec())?)
-                            };
-                            let req = PublishRequest {
-                                identity: id.clone(),
-                                context: ctx(&toks),
-                                snapshot: next,
-                                base: Some(BaseInput {
-                                    context: ctx(&base_tokens),
-                                    snapshot: given,
-                                }),
-                                format: RootFormat::V2,
-                            };
-                            let started = Instant::now();
-                            let r = s.publish(req).await?;
-                            (started.elapsed(), r)
-                        }
-                    };
-                    if receipt.outcome != PublishOutcome::Created {
-                        bail!("turn {mode} of {n}+{t}: {:?}", receipt.outcome);
-                    }
-                    let hashed = s.stats().snapshot_bytes_hashed - before;
-                    if mode == 2 {
-                        s.close().await?;
-                    }
-                    let floor = write_floor(
-                        &dir,
-                        receipt.bytes_written,
-                        receipt.objects_written + 1,
-                        salt,
-                    )?;
-                    out.push(Sample {
+                    let floor = write_floor(&dir, bytes, objects + 1, salt)?;
+                    samples[slot].push(Sample {
                         time,
                         floor,
-                        receipt,
+                        bytes,
+                        objects,
                         hashed,
                     });
                 }
             }
-            for (mode, s) in samples.into_iter().enumerate() {
-                let name = ["warm tail-only", "warm full snapshot", "cold"][mode];
-                let last = &s[s.len() - 1].receipt;
-                let (bytes, objects) = (last.bytes_written, last.objects_written);
-                let hashed = s[s.len() - 1].hashed;
+            let cold_tail = a
+                .modes
+                .iter()
+                .position(|m| *m == Mode::ColdTail)
+                .map(|i| median(samples[i].iter().map(|x| x.time).collect()));
+            for (slot, s) in samples.into_iter().enumerate() {
+                let mode = a.modes[slot];
+                let name = mode.name();
+                let last = &s[s.len() - 1];
+                let (bytes, objects, hashed) = (last.bytes, last.objects, last.hashed);
                 let time = median(s.iter().map(|x| x.time).collect());
                 let floor = median(s.iter().map(|x| x.floor).collect());
                 let ratio = time.as_secs_f64() / floor.as_secs_f64().max(1e-9);
                 let (target, met) = match mode {
-                    0 => ("<= 2.0 x floor + 5 ms", ms(time) <= 2.0 * ms(floor) + 5.0),
-                    1 => ("no hashing of unchanged pages", hashed as usize <= tail_len),
-                    _ => ("reported", true),
+                    Mode::Tail => ("<= 2.0 x floor + 5 ms", ms(time) <= 2.0 * ms(floor) + 5.0),
+                    Mode::Full => (
+                        "no hashing of unchanged pages",
+                        hashed.is_some_and(|h| h as usize <= tail_len),
+                    ),
+                    Mode::Cli => match cold_tail {
+                        Some(c) => (
+                            "<= 1.3 x cold tail-only",
+                            time.as_secs_f64() <= 1.3 * c.as_secs_f64(),
+                        ),
+                        None => ("reported (no cold tail-only row)", true),
+                    },
+                    Mode::Cold | Mode::ColdTail => ("reported", true),
+                };
+                let vs = match (mode, cold_tail) {
+                    (Mode::Cli, Some(c)) => {
+                        format!(
+                            ", {:.2}x cold tail-only",
+                            time.as_secs_f64() / c.as_secs_f64()
+                        )
+                    }
+                    _ => String::new(),
                 };
                 eprintln!(
-                    "turn: {n}+{t} {name}: {:.1} ms, floor {:.1} ms, {ratio:.2}x, hashed {hashed}",
+                    "turn: {n}+{t} {name}: {:.1} ms, floor {:.1} ms, {ratio:.2}x{vs}, hashed {hashed:?}",
                     ms(time),
                     ms(floor)
                 );
@@ -326,6 +536,9 @@ async fn measure(a: &TurnArgs, work: &Path) -> Result<ExitCode> {
                     met,
                 });
             }
+        }
+        if cli.is_some() {
+            std::fs::remove_dir_all(&files)?;
         }
         store.close().await?;
         std::fs::remove_dir_all(&dir)?;
@@ -373,7 +586,7 @@ async fn measure(a: &TurnArgs, work: &Path) -> Result<ExitCode> {
     );
     for r in &results.rows {
         md.push_str(&format!(
-            "| {} | {} | {} | {:.1} ms | {:.1} ms | {:.2}× | {} B | {} B | {} | {} |\n",
+            "| {} | {} | {} | {:.1} ms | {:.1} ms | {:.2}× | {} B | {} | {} | {} |\n",
             r.conversation_tokens,
             r.turn_tokens,
             r.mode,
@@ -381,7 +594,8 @@ async fn measure(a: &TurnArgs, work: &Path) -> Result<ExitCode> {
             r.floor_ms,
             r.ratio,
             r.bytes_written,
-            r.bytes_hashed,
+            r.bytes_hashed
+                .map_or_else(|| "-".to_string(), |h| format!("{h} B")),
             r.target,
             if r.met { "yes" } else { "**no**" }
         ));

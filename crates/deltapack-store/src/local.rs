@@ -160,10 +160,10 @@ const DIRECT_ALIGN: usize = 4096;
 #[cfg(target_os = "linux")]
 const BOUNCE: usize = 32 << 20;
 
-/// Idle bounce buffers, reused across writes (each write takes two: one is
-/// filled while the other is written). Reuse matters: fresh buffers would
-/// pay a page fault per 4 KiB on every write. At most [`POOL_KEEP`] are
-/// kept (128 MiB: two concurrent writes' worth).
+/// Idle bounce buffers, reused across writes (each write takes up to two:
+/// one is filled while the other is written). Reuse matters: fresh buffers
+/// would pay a page fault per 4 KiB on every write. At most [`POOL_KEEP`]
+/// are kept (128 MiB: two concurrent writes' worth).
 #[cfg(target_os = "linux")]
 static POOL: std::sync::Mutex<Vec<AlignedBuf>> = std::sync::Mutex::new(Vec::new());
 
@@ -171,20 +171,34 @@ static POOL: std::sync::Mutex<Vec<AlignedBuf>> = std::sync::Mutex::new(Vec::new(
 #[cfg(target_os = "linux")]
 const POOL_KEEP: usize = 4;
 
+/// A bounce buffer of at least `len` bytes: an idle one from the pool, or a
+/// new one of exactly `len` (a small write in a fresh process then faults
+/// in what it uses, not [`BOUNCE`]: a 4 MiB turn's object paid for two
+/// zeroed 32 MiB buffers, ~50 ms, before this).
 #[cfg(target_os = "linux")]
-fn take_buffer() -> std::io::Result<AlignedBuf> {
-    let pooled = POOL.lock().ok().and_then(|mut p| p.pop());
+fn take_buffer(len: usize) -> std::io::Result<AlignedBuf> {
+    let pooled = POOL.lock().ok().and_then(|mut p| {
+        let i = p.iter().position(|b| b.len >= len)?;
+        Some(p.swap_remove(i))
+    });
     match pooled {
         Some(b) => Ok(b),
-        None => AlignedBuf::new(BOUNCE),
+        None => AlignedBuf::new(len),
     }
 }
 
+/// Returns an idle buffer to the pool; when the pool is full, it replaces
+/// the smallest idle buffer if it is larger (so large writes keep finding
+/// large buffers).
 #[cfg(target_os = "linux")]
 fn give_back(b: AlignedBuf) {
     if let Ok(mut p) = POOL.lock() {
         if p.len() < POOL_KEEP {
             p.push(b);
+        } else if let Some(small) = p.iter_mut().min_by_key(|x| x.len) {
+            if small.len < b.len {
+                *small = b;
+            }
         }
     }
 }
@@ -206,7 +220,7 @@ impl AlignedBuf {
     fn new(len: usize) -> std::io::Result<Self> {
         let layout = std::alloc::Layout::from_size_align(len, DIRECT_ALIGN)
             .map_err(std::io::Error::other)?;
-        // SAFETY: `layout` has non-zero size (callers pass `BOUNCE`).
+        // SAFETY: `layout` has non-zero size (callers pass at least `DIRECT_ALIGN`).
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         std::ptr::NonNull::new(ptr)
             .map(|ptr| AlignedBuf { ptr, len })
@@ -397,37 +411,45 @@ fn write_parts(
     }
     // Double buffering: this thread copies the parts into one aligned
     // buffer while a writer thread writes the previous one, so the copy
-    // overlaps the device.
-    let mut bufs = vec![take_buffer()?, take_buffer()?];
+    // overlaps the device. Buffers of `cap` bytes: `BOUNCE`; a write
+    // smaller than that goes through one buffer with room to spare (`cap`
+    // above `total`, so it never fills and never waits for a second one).
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let cap = BOUNCE.min((total / DIRECT_ALIGN + 1) * DIRECT_ALIGN);
+    let mut bufs = if total >= cap {
+        vec![take_buffer(cap)?, take_buffer(cap)?]
+    } else {
+        vec![take_buffer(cap)?]
+    };
     let result = std::thread::scope(|s| -> std::io::Result<std::fs::File> {
         let (full_tx, full_rx) = std::sync::mpsc::sync_channel::<(AlignedBuf, u64)>(1);
         let (empty_tx, empty_rx) = std::sync::mpsc::sync_channel::<AlignedBuf>(2);
         let file_ref = &file;
         let writer = s.spawn(move || -> std::io::Result<()> {
             for (mut buf, pos) in full_rx {
-                file_ref.write_all_at(buf.as_mut_slice(), pos)?;
+                file_ref.write_all_at(&buf.as_mut_slice()[..cap], pos)?;
                 if empty_tx.send(buf).is_err() {
                     break;
                 }
             }
             Ok(())
         });
-        let mut spare = bufs.pop();
         let mut cur = bufs
             .pop()
             .ok_or_else(|| std::io::Error::other("no bounce buffer"))?;
+        let mut spare = bufs.pop();
         let mut pos = 0u64;
         let mut fill = 0usize;
         let mut failed = false;
         'parts: for p in parts {
             let mut src: &[u8] = p;
             while !src.is_empty() {
-                let room = BOUNCE - fill;
+                let room = cap - fill;
                 let k = src.len().min(room);
                 cur.as_mut_slice()[fill..fill + k].copy_from_slice(&src[..k]);
                 fill += k;
                 src = &src[k..];
-                if fill == BOUNCE {
+                if fill == cap {
                     let next = match spare.take() {
                         Some(b) => b,
                         None => match empty_rx.recv() {
@@ -443,7 +465,7 @@ fn write_parts(
                         failed = true;
                         break 'parts;
                     }
-                    pos += BOUNCE as u64;
+                    pos += cap as u64;
                     fill = 0;
                 }
             }
@@ -709,7 +731,12 @@ mod tests {
             vec![whole.slice(1..2)],
             vec![whole.slice(3..4099)],
             vec![whole.slice(0..4096)],
+            // Smaller than a bounce buffer: one buffer of the write's size
+            // (exactly full; with a buffered tail).
+            vec![whole.slice(0..4096 * 5)],
+            vec![whole.slice(9..4096 * 3 + 14), whole.slice(20..30)],
             vec![whole.slice(5..BOUNCE + 5)],
+            vec![whole.slice(0..BOUNCE - 1)],
             vec![
                 whole.slice(7..1000),
                 Bytes::new(),

@@ -749,27 +749,6 @@ impl Store {
         Ok(())
     }
 
-    /// Remembers that `snapshot` (this very `Arc`) is what the root of
-    /// `ctx` names, with its digest state if it has one, so a delta on it is
-    /// not hashed again; returns the turn handle for the next turn.
-    fn remember_published(
-        &self,
-        ns: Namespace,
-        ctx: ContextDigest,
-        digest: Digest,
-        snapshot: &Arc<Snapshot>,
-        state: Option<Arc<DigestState>>,
-    ) -> Option<Turn> {
-        let key = (ns, ctx, digest);
-        if let Ok(mut c) = self.inner.base_cache.lock() {
-            c.put_handed_out(key, snapshot);
-            if let Some(st) = &state {
-                c.put_state(key, st.clone());
-            }
-        }
-        state.map(|state| Turn::new(self, ns, ctx, state))
-    }
-
     /// Validates a delta's base against its root; returns the reference and
     /// what lies below the base (see [`Store::chain_below`]).
     async fn check_base(

@@ -195,6 +195,27 @@ impl Store {
         }
     }
 
+    /// Remembers that `snapshot` (this very `Arc`) is what the root of
+    /// `ctx` names, with its digest state if it has one, so a delta on it is
+    /// not hashed again; returns the turn handle for the next turn.
+    pub(super) fn remember_published(
+        &self,
+        ns: Namespace,
+        ctx: ContextDigest,
+        digest: Digest,
+        snapshot: &Arc<Snapshot>,
+        state: Option<Arc<DigestState>>,
+    ) -> Option<Turn> {
+        let key = (ns, ctx, digest);
+        if let Ok(mut c) = self.inner.base_cache.lock() {
+            c.put_handed_out(key, snapshot);
+            if let Some(st) = &state {
+                c.put_state(key, st.clone());
+            }
+        }
+        state.map(|state| Turn::new(self, ns, ctx, state))
+    }
+
     /// A [`Turn`] for a snapshot already published under `context` (for
     /// example one just restored, or read from a file), to publish the
     /// next turns from their new pages.

@@ -93,6 +93,157 @@ fn update(h: &mut blake3::Hasher, bytes: &[u8]) {
     }
 }
 
+/// BLAKE3's chunk length: subtrees of a stream's tree are whole chunks.
+const CHUNK: u64 = 1024;
+
+/// One stream's hashing state after some prefix of its bytes, kept as the
+/// chaining values of the complete subtrees that cover the prefix (BLAKE3's
+/// own incremental state, written out with `blake3::hazmat`), so that it
+/// can be built from any subtrees a reader already hashed (a restore's
+/// blocks), and written down (a root's sidecar), which a `blake3::Hasher`
+/// can be neither.
+///
+/// Invariant: `pieces` are aligned complete subtrees covering `0..end`,
+/// non-increasing in size (equal neighbours are merged lazily, before the
+/// next piece is pushed, as BLAKE3's hasher does); `partial` holds the bytes
+/// `end..end + partial.len()`, at most one chunk and never empty once any
+/// byte was absorbed, because the stream's last chunk cannot be finalized
+/// until it is known whether it is the root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamState {
+    pieces: Vec<(u64, ChainingValue)>,
+    end: u64,
+    partial: Vec<u8>,
+}
+
+impl Default for StreamState {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StreamState {
+    /// The state of an empty stream.
+    pub fn new() -> Self {
+        StreamState {
+            pieces: Vec::new(),
+            end: 0,
+            partial: Vec::new(),
+        }
+    }
+
+    /// Bytes absorbed so far.
+    pub fn len(&self) -> u64 {
+        self.end + self.partial.len() as u64
+    }
+
+    /// Whether no byte was absorbed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Chaining value of the complete subtree `bytes` at `offset`.
+    fn subtree(offset: u64, bytes: &[u8]) -> ChainingValue {
+        let mut h = stream_hasher();
+        h.set_input_offset(offset);
+        update(&mut h, bytes);
+        h.finalize_non_root()
+    }
+
+    /// Merges the top two pieces while they are equal (siblings: every
+    /// piece below them is larger, so the pair starts on a multiple of
+    /// twice its size). Afterwards the pieces strictly decrease.
+    fn merge_equal(pieces: &mut Vec<(u64, ChainingValue)>) {
+        while let [.., (a, left), (b, right)] = pieces[..] {
+            if a != b {
+                break;
+            }
+            pieces.truncate(pieces.len() - 2);
+            let merged = blake3::hazmat::merge_subtrees_non_root(
+                &left,
+                &right,
+                Mode::DeriveKeyMaterial(stream_key()),
+            );
+            pieces.push((a + b, merged));
+        }
+    }
+
+    /// Pushes the subtree `len` bytes long at `self.end`, merging equal
+    /// neighbours below it first.
+    fn push(&mut self, len: u64, cv: ChainingValue) {
+        Self::merge_equal(&mut self.pieces);
+        self.pieces.push((len, cv));
+        self.end += len;
+    }
+
+    /// Absorbs `bytes`, the stream's next bytes (more may follow).
+    pub fn absorb(&mut self, mut bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        // Top the partial chunk up; a full one becomes a piece only once
+        // bytes follow it.
+        if !self.partial.is_empty() {
+            let room = CHUNK as usize - self.partial.len();
+            let k = room.min(bytes.len());
+            self.partial.extend_from_slice(&bytes[..k]);
+            bytes = &bytes[k..];
+            if bytes.is_empty() {
+                return;
+            }
+            let chunk = std::mem::take(&mut self.partial);
+            let cv = Self::subtree(self.end, &chunk);
+            self.push(CHUNK, cv);
+        }
+        // `self.end` is chunk-aligned and `partial` empty: whole subtrees
+        // up to the last chunk, which stays partial.
+        let keep = match bytes.len() as u64 % CHUNK {
+            0 => CHUNK,
+            r => r,
+        } as usize;
+        let (body, last) = bytes.split_at(bytes.len() - keep);
+        let mut at = 0usize;
+        while at < body.len() {
+            let left = (body.len() - at) as u64;
+            let align = match self.end {
+                0 => u64::MAX,
+                e => 1u64 << e.trailing_zeros(),
+            };
+            // The largest power-of-two run of chunks that fits and starts
+            // a subtree here.
+            let fit = 1u64 << (63 - left.leading_zeros());
+            let len = fit.min(align);
+            let cv = Self::subtree(self.end, &body[at..at + len as usize]);
+            self.push(len, cv);
+            at += len as usize;
+        }
+        self.partial.extend_from_slice(last);
+    }
+
+    /// The stream digest of the bytes absorbed (the state is unchanged).
+    pub fn finalize(&self) -> StreamDigest {
+        if self.pieces.is_empty() {
+            let mut h = stream_hasher();
+            h.update(&self.partial);
+            return *h.finalize().as_bytes();
+        }
+        let mode = || Mode::DeriveKeyMaterial(stream_key());
+        // Strictly decreasing pieces, then the last chunk: the stream's
+        // left-balanced tree is their fold from the right, the last merge
+        // the root.
+        let mut pieces = self.pieces.clone();
+        Self::merge_equal(&mut pieces);
+        let mut acc = Self::subtree(self.end, &self.partial);
+        let Some((first, rest)) = pieces.split_first() else {
+            return *stream_hasher().finalize().as_bytes();
+        };
+        for (_, cv) in rest.iter().rev() {
+            acc = blake3::hazmat::merge_subtrees_non_root(cv, &acc, mode());
+        }
+        *blake3::hazmat::merge_subtrees_root(&first.1, &acc, mode()).as_bytes()
+    }
+}
+
 /// The layered snapshot digest from the snapshot's prefix (magic, length,
 /// CBOR header) and its stream digests in payload order.
 pub fn combine(prefix: &[u8], streams: &[StreamDigest]) -> Digest {
@@ -240,7 +391,7 @@ pub struct DigestState {
     header: SnapshotHeader,
     digest: Digest,
     settled: Vec<u64>,
-    states: Vec<blake3::Hasher>,
+    states: Vec<StreamState>,
 }
 
 impl std::fmt::Debug for DigestState {
@@ -267,15 +418,15 @@ impl DigestState {
         let bpp = bytes_per_page(&header);
         let groups = group_of_stream(&header);
         let enc = s.encoded();
-        let hashed: Vec<(StreamDigest, blake3::Hasher)> = par_map(ranges.len(), |i| {
+        let hashed: Vec<(StreamDigest, StreamState)> = par_map(ranges.len(), |i| {
             let r = &ranges[i];
             let bytes = &enc[r.start as usize..r.end as usize];
             let cut = (settled[groups[i]] * bpp[i]) as usize;
-            let mut h = stream_hasher();
-            update(&mut h, &bytes[..cut]);
+            let mut h = StreamState::new();
+            h.absorb(&bytes[..cut]);
             let state = h.clone();
-            update(&mut h, &bytes[cut..]);
-            (*h.finalize().as_bytes(), state)
+            h.absorb(&bytes[cut..]);
+            (h.finalize(), state)
         });
         let (streams, states): (Vec<_>, Vec<_>) = hashed.into_iter().unzip();
         let prefix = header.encode_prefix()?;
@@ -304,7 +455,7 @@ impl DigestState {
         self.digest
     }
 
-    /// Number of streams (one BLAKE3 state each).
+    /// Number of streams (one [`StreamState`] each).
     pub fn streams(&self) -> usize {
         self.states.len()
     }
@@ -364,15 +515,15 @@ impl DigestState {
                 )));
             }
         }
-        let hashed: Vec<(StreamDigest, blake3::Hasher)> = par_map(tails.len(), |i| {
+        let hashed: Vec<(StreamDigest, StreamState)> = par_map(tails.len(), |i| {
             let t = tails[i];
             let g = groups[i];
             let cut = ((next_settled[g] - self.settled[g]) * bpp[i]) as usize;
             let mut h = self.states[i].clone();
-            update(&mut h, &t[..cut]);
+            h.absorb(&t[..cut]);
             let state = h.clone();
-            update(&mut h, &t[cut..]);
-            (*h.finalize().as_bytes(), state)
+            h.absorb(&t[cut..]);
+            (h.finalize(), state)
         });
         let (streams, states): (Vec<_>, Vec<_>) = hashed.into_iter().unzip();
         let prefix = result.encode_prefix()?;
@@ -737,6 +888,55 @@ mod tests {
                 prop_assert_eq!(bad.streams[i] != good.streams[i], hit, "stream {}", i);
             }
         }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// A stream state absorbing a stream in any pieces finalizes to the
+        /// stream digest of what it absorbed, after every piece (every
+        /// shape of BLAKE3's tree up to 48 chunks, partial chunks included).
+        #[test]
+        fn a_stream_state_is_blake3_in_any_pieces(
+            len in 0usize..49 * 1024,
+            cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..6),
+            seed in any::<u64>(),
+        ) {
+            let bytes = fill(seed, len);
+            let mut at: Vec<usize> = cuts.iter().map(|c| c.index(len + 1)).collect();
+            at.push(0);
+            at.push(len);
+            at.sort_unstable();
+            let mut st = StreamState::new();
+            for w in at.windows(2) {
+                st.absorb(&bytes[w[0]..w[1]]);
+                prop_assert_eq!(st.len(), w[1] as u64);
+                prop_assert_eq!(st.finalize(), stream_digest(&bytes[..w[1]]));
+            }
+        }
+    }
+
+    /// Large pieces (multi-threaded subtree hashing at an offset) and every
+    /// boundary case of the chunk grid around them.
+    #[test]
+    fn a_stream_state_matches_blake3_on_large_streams() {
+        let bytes = fill(11, (20 << 20) + 777);
+        for first in [0usize, 1, 1023, 1024, 1025, 4096, (9 << 20) + 5, 16 << 20] {
+            let mut st = StreamState::new();
+            st.absorb(&bytes[..first]);
+            assert_eq!(st.finalize(), stream_digest(&bytes[..first]), "{first}");
+            st.absorb(&bytes[first..]);
+            assert_eq!(st.finalize(), stream_digest(&bytes), "{first}");
+        }
+        // Chunk by chunk: every lazily merged stack shape.
+        let mut st = StreamState::new();
+        for n in 1..=33usize {
+            st.absorb(&bytes[(n - 1) * 1024..n * 1024]);
+            assert_eq!(st.finalize(), stream_digest(&bytes[..n * 1024]), "{n} chunks");
+        }
+        let empty = StreamState::new();
+        assert!(empty.is_empty());
+        assert_eq!(empty.finalize(), stream_digest(&[]));
     }
 
     #[test]

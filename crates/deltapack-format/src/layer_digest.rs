@@ -51,7 +51,6 @@ use blake3::hazmat::{ChainingValue, ContextKey, HasherExt, Mode};
 
 use crate::digest::{Algorithm, Digest};
 use crate::error::{Error, Result};
-use crate::extent::ExtentPlan;
 use crate::layout::GroupKind;
 use crate::snapshot::{Snapshot, SnapshotHeader};
 
@@ -611,15 +610,94 @@ pub struct LayerBlock {
     pub range: (u64, u64),
 }
 
+/// One stream of a [`LayerHashPlan`].
+#[derive(Debug, Clone)]
+struct PlanStream {
+    /// Where the stream starts in the encoding.
+    start: u64,
+    /// Its length.
+    len: u64,
+    /// Its first block in the plan.
+    first: usize,
+    /// Its blocks' starts relative to the stream, and the end.
+    offsets: Vec<u64>,
+    /// Where its [`StreamState`] after the settled pages ends its pieces
+    /// (`cut`, a block boundary) and its partial chunk (`settled`).
+    cut: u64,
+    settled: u64,
+}
+
 /// How a reader hashes a snapshot with a layered digest in parallel: every
-/// stream cut into aligned power-of-two blocks (complete subtrees of the
-/// stream's BLAKE3 tree), hashed in any order, merged per stream, then
-/// combined with the prefix.
+/// stream cut into blocks that are complete subtrees of the stream's BLAKE3
+/// tree (aligned powers of two, the last possibly short), hashed in any
+/// order, merged per stream, then combined with the prefix.
+///
+/// The blocks are `block` bytes apart, except around each stream's
+/// *settled* point (the end of its settled pages, [`settled_pages`]): there
+/// the stream is cut into smaller aligned pieces so that one block boundary
+/// falls at the state point of [`StreamState`]. So the blocks' chaining
+/// values below it are that stream's extendable state, and a reader that
+/// verified a snapshot also holds, at no extra hashing, what publishing the
+/// next turn from its new pages needs ([`LayerHashPlan::digest_state`]).
 #[derive(Debug, Clone)]
 pub struct LayerHashPlan {
-    streams: Vec<(u64, ExtentPlan)>,
+    header: SnapshotHeader,
+    settled: Vec<u64>,
+    streams: Vec<PlanStream>,
     blocks: Vec<LayerBlock>,
-    first_block: Vec<usize>,
+}
+
+/// The aligned pieces of a stream of `len` bytes: `block`-sized, except
+/// that a boundary falls at `cut` (a multiple of the chunk length below
+/// `len`), with the pieces around it the largest aligned powers of two that
+/// fit; the last piece runs to the end.
+fn stream_pieces(len: u64, block: u64, cut: Option<u64>) -> Vec<u64> {
+    let mut starts = Vec::new();
+    let mut o = 0u64;
+    while o < len {
+        starts.push(o);
+        let bound = len.min((o / block + 1) * block);
+        let stop = match cut {
+            Some(c) if o < c && c < bound => c,
+            _ => bound,
+        };
+        let r = stop - o;
+        let align = if o == 0 {
+            u64::MAX
+        } else {
+            1u64 << o.trailing_zeros()
+        };
+        if stop == len && r <= align {
+            break;
+        }
+        let p = align.min(1u64 << (63 - r.leading_zeros()));
+        o += p;
+    }
+    starts.push(len);
+    starts
+}
+
+/// Folds a stream's blocks' chaining values (in order, at least two) into
+/// its digest: the left-balanced tree over its pieces.
+fn fold_pieces(pieces: &[(u64, ChainingValue)]) -> StreamDigest {
+    let mode = || Mode::DeriveKeyMaterial(stream_key());
+    let Some(((_, last), body)) = pieces.split_last() else {
+        return *stream_hasher().finalize().as_bytes();
+    };
+    let mut stack = Vec::with_capacity(body.len());
+    for &p in body {
+        StreamState::merge_equal(&mut stack);
+        stack.push(p);
+    }
+    StreamState::merge_equal(&mut stack);
+    let Some(((_, first), rest)) = stack.split_first() else {
+        return *last;
+    };
+    let mut acc = *last;
+    for (_, cv) in rest.iter().rev() {
+        acc = blake3::hazmat::merge_subtrees_non_root(cv, &acc, mode());
+    }
+    *blake3::hazmat::merge_subtrees_root(first, &acc, mode()).as_bytes()
 }
 
 impl LayerHashPlan {
@@ -630,27 +708,48 @@ impl LayerHashPlan {
         if !supported(header) {
             return Err(unsupported(header));
         }
+        if !block.is_power_of_two() || block < CHUNK {
+            return Err(Error::Invalid(format!(
+                "block of {block} bytes: a power of two of at least {CHUNK} is needed"
+            )));
+        }
         let ranges = stream_ranges(header, payload_offset)?;
+        let settled_pages = settled_pages(header);
+        let groups = group_of_stream(header);
+        let bpp = bytes_per_page(header);
         let mut streams = Vec::with_capacity(ranges.len());
         let mut blocks = Vec::new();
-        let mut first_block = Vec::with_capacity(ranges.len());
         for (i, r) in ranges.iter().enumerate() {
-            let plan = ExtentPlan::new(r.end - r.start, block)?;
-            first_block.push(blocks.len());
-            for b in 0..plan.count() {
-                let br = plan.range(b);
+            let len = r.end - r.start;
+            let settled = (settled_pages[groups[i]] * bpp[i]).min(len);
+            let cut = match settled % CHUNK {
+                _ if settled == 0 => 0,
+                0 => settled - CHUNK,
+                rem => settled - rem,
+            };
+            let offsets = stream_pieces(len, block, (cut > 0).then_some(cut));
+            let first = blocks.len();
+            for (b, w) in offsets.windows(2).enumerate() {
                 blocks.push(LayerBlock {
                     stream: i,
-                    index: b,
-                    range: (r.start + br.start, r.start + br.end),
+                    index: b as u64,
+                    range: (r.start + w[0], r.start + w[1]),
                 });
             }
-            streams.push((r.start, plan));
+            streams.push(PlanStream {
+                start: r.start,
+                len,
+                first,
+                offsets,
+                cut,
+                settled,
+            });
         }
         Ok(LayerHashPlan {
+            header: header.clone(),
+            settled: settled_pages,
             streams,
             blocks,
-            first_block,
         })
     }
 
@@ -681,20 +780,18 @@ impl LayerHashPlan {
                 bytes.len()
             )));
         }
-        let plan = &self.streams[b.stream].1;
+        let st = &self.streams[b.stream];
         let mut h = stream_hasher();
-        if plan.is_single() {
+        if st.offsets.len() <= 2 {
             h.update(bytes);
             return Ok(*h.finalize().as_bytes());
         }
-        h.set_input_offset(plan.range(b.index).start);
+        h.set_input_offset(b.range.0 - st.start);
         h.update(bytes);
         Ok(h.finalize_non_root())
     }
 
-    /// Merges every block's hash (indexed like [`LayerHashPlan::blocks`])
-    /// into the stream digests.
-    pub fn stream_digests(&self, block_hashes: &[[u8; 32]]) -> Result<Vec<StreamDigest>> {
+    fn check_hashes(&self, block_hashes: &[[u8; 32]]) -> Result<()> {
         if block_hashes.len() != self.blocks.len() {
             return Err(Error::Invalid(format!(
                 "{} block hashes for {} blocks",
@@ -702,17 +799,32 @@ impl LayerHashPlan {
                 self.blocks.len()
             )));
         }
-        let key = stream_key();
+        Ok(())
+    }
+
+    /// Merges every block's hash (indexed like [`LayerHashPlan::blocks`])
+    /// into the stream digests.
+    pub fn stream_digests(&self, block_hashes: &[[u8; 32]]) -> Result<Vec<StreamDigest>> {
+        self.check_hashes(block_hashes)?;
         Ok(self
             .streams
             .iter()
-            .enumerate()
-            .map(|(i, (_, plan))| {
-                let first = self.first_block[i];
-                let cvs: &[ChainingValue] = &block_hashes[first..first + plan.count() as usize];
-                plan.merge_cvs(cvs, Mode::DeriveKeyMaterial(key), || {
-                    *stream_hasher().finalize().as_bytes()
-                })
+            .map(|st| {
+                let n = st.offsets.len() - 1;
+                let hashes = &block_hashes[st.first..st.first + n];
+                match hashes {
+                    [] => *stream_hasher().finalize().as_bytes(),
+                    [only] => *only,
+                    _ => {
+                        let pieces: Vec<(u64, ChainingValue)> = st
+                            .offsets
+                            .windows(2)
+                            .zip(hashes)
+                            .map(|(w, h)| (w[1] - w[0], *h))
+                            .collect();
+                        fold_pieces(&pieces)
+                    }
+                }
             })
             .collect())
     }
@@ -720,6 +832,50 @@ impl LayerHashPlan {
     /// The layered digest: the prefix and the merged stream digests.
     pub fn finish(&self, prefix: &[u8], block_hashes: &[[u8; 32]]) -> Result<Digest> {
         Ok(combine(prefix, &self.stream_digests(block_hashes)?))
+    }
+
+    /// The verified snapshot's [`DigestState`] from the blocks' hashes and
+    /// its encoding (only each stream's last settled chunk is read, at most
+    /// 1 KiB per stream; nothing is hashed but those chunks' merges). The
+    /// caller must have checked [`LayerHashPlan::finish`] against the
+    /// snapshot's digest with these hashes.
+    pub fn digest_state(
+        &self,
+        digest: Digest,
+        encoding: &[u8],
+        block_hashes: &[[u8; 32]],
+    ) -> Result<DigestState> {
+        self.check_hashes(block_hashes)?;
+        let states = self
+            .streams
+            .iter()
+            .map(|st| {
+                let mut state = StreamState::new();
+                if st.settled == 0 {
+                    return Ok(state);
+                }
+                let pieces = st.offsets.windows(2).zip(&block_hashes[st.first..]);
+                for (w, h) in pieces.take_while(|(w, _)| w[1] <= st.cut) {
+                    state.push(w[1] - w[0], *h);
+                }
+                if state.end != st.cut || st.len < st.settled {
+                    return Err(Error::Invalid("a stream's blocks miss its cut".into()));
+                }
+                let lo = (st.start + st.cut) as usize;
+                let hi = (st.start + st.settled) as usize;
+                let partial = encoding
+                    .get(lo..hi)
+                    .ok_or_else(|| Error::Invalid("encoding shorter than the plan".into()))?;
+                state.partial = partial.to_vec();
+                Ok(state)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(DigestState {
+            header: self.header.clone(),
+            digest,
+            settled: self.settled.clone(),
+            states,
+        })
     }
 }
 
@@ -835,7 +991,7 @@ mod tests {
             l in layout_strategy(),
             first in 1u64..6,
             steps in prop::collection::vec(1u64..5, 1..5),
-            block_log in 10u32..14,
+            block_log in 10u32..16,
             seed in any::<u64>(),
         ) {
             let mut b = first * 64;
@@ -859,7 +1015,17 @@ mod tests {
                 }).collect();
                 prop_assert_eq!(plan.stream_digests(&hashes).expect("merge"), scratch.streams.clone());
                 prop_assert_eq!(plan.finish(&next.encoded()[..off as usize], &hashes).expect("finish"), scratch.snapshot);
-                state = st;
+                // The state a reader gets from the blocks it verified is the
+                // publisher's: the same settled pages, the same digests, and
+                // (every other turn) the one the next turn extends.
+                let from_plan = plan.digest_state(scratch.snapshot, next.encoded(), &hashes).expect("state");
+                prop_assert_eq!(from_plan.settled(), st.settled());
+                prop_assert_eq!(from_plan.digest(), st.digest());
+                for (a, b) in from_plan.states.iter().zip(&st.states) {
+                    prop_assert_eq!(a.len(), b.len());
+                    prop_assert_eq!(a.finalize(), b.finalize());
+                }
+                state = if k % 2 == 0 { from_plan } else { st };
                 snap = next;
             }
         }
@@ -932,7 +1098,11 @@ mod tests {
         let mut st = StreamState::new();
         for n in 1..=33usize {
             st.absorb(&bytes[(n - 1) * 1024..n * 1024]);
-            assert_eq!(st.finalize(), stream_digest(&bytes[..n * 1024]), "{n} chunks");
+            assert_eq!(
+                st.finalize(),
+                stream_digest(&bytes[..n * 1024]),
+                "{n} chunks"
+            );
         }
         let empty = StreamState::new();
         assert!(empty.is_empty());

@@ -205,26 +205,6 @@ impl ExtentPlan {
         (left, right)
     }
 
-    /// Merges the chaining values of every extent (in order; the root hash
-    /// itself when there is one extent) into the root hash of the payload
-    /// hashed in `mode`; `empty()` for a payload without extents. The
-    /// caller passes exactly [`ExtentPlan::count`] values.
-    pub(crate) fn merge_cvs(
-        &self,
-        cvs: &[ChainingValue],
-        mode: Mode<'_>,
-        empty: impl FnOnce() -> [u8; 32],
-    ) -> [u8; 32] {
-        match cvs.len() {
-            0 => empty(),
-            1 => cvs[0],
-            _ => {
-                let (l, r) = self.split(0, self.payload_len, cvs, mode);
-                *merge_subtrees_root(&l, &r, mode).as_bytes()
-            }
-        }
-    }
-
     /// The ranges (payload offsets) in which extent `index` is read when
     /// each ranged read is at most `range_bytes` (a power of two, at least
     /// the BLAKE3 chunk size): aligned pieces of `range_bytes`, the last one

@@ -563,6 +563,129 @@ impl DigestState {
     }
 }
 
+/// The written-down form of a [`DigestState`]: per stream, the chaining
+/// values of the complete subtrees before its state point (the binary
+/// decomposition of the point in chunks, largest first), without the raw
+/// last chunk, which a reader takes from the snapshot it holds. 32 bytes per
+/// set bit of the point's chunk count: at most ~15 per stream of a
+/// 262,144-token conversation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredState {
+    /// Per stream, in payload order: its subtrees' chaining values.
+    pub streams: Vec<Vec<ChainingValue>>,
+}
+
+/// The state point of a stream whose first `settled` bytes are settled:
+/// the chunk boundary that leaves 1..=1024 bytes raw (0 for none).
+fn state_point(settled: u64) -> u64 {
+    match settled % CHUNK {
+        _ if settled == 0 => 0,
+        0 => settled - CHUNK,
+        rem => settled - rem,
+    }
+}
+
+impl DigestState {
+    /// The written-down form of this state (see [`StoredState`]).
+    pub fn stored(&self) -> StoredState {
+        StoredState {
+            streams: self
+                .states
+                .iter()
+                .map(|st| {
+                    let mut pieces = st.pieces.clone();
+                    StreamState::merge_equal(&mut pieces);
+                    pieces.into_iter().map(|(_, cv)| cv).collect()
+                })
+                .collect(),
+        }
+    }
+
+    /// Rebuilds the state of snapshot `s` from its written-down form, and
+    /// proves it: every stream is finished from its state point with `s`'s
+    /// own bytes (its last settled chunk and its unsettled pages: at most
+    /// about one page per stream is hashed) and must give the stream digest
+    /// `streams[i]`, and the stream digests must combine to `digest`. A
+    /// stored state that does not belong to `s`'s streams fails (short of a
+    /// BLAKE3 collision); the caller then captures the state by hashing.
+    ///
+    /// What it proves about `s` is its unsettled bytes and last settled
+    /// chunks, not every byte: the state stands for the settled pages the
+    /// digest covers, which is what extending it needs.
+    pub fn resume(
+        s: &Snapshot,
+        digest: Digest,
+        streams: &[StreamDigest],
+        stored: &StoredState,
+    ) -> Result<DigestState> {
+        let header = s.header().clone();
+        if !supported(&header) || digest.algorithm() != Algorithm::Blake3Layers {
+            return Err(unsupported(&header));
+        }
+        let payload_offset = (s.encoded().len() - s.payload().len()) as u64;
+        let ranges = stream_ranges(&header, payload_offset)?;
+        if ranges.len() != streams.len() || ranges.len() != stored.streams.len() {
+            return Err(Error::Invalid(format!(
+                "a stored state of {} streams and {} stream digests for {} streams",
+                stored.streams.len(),
+                streams.len(),
+                ranges.len()
+            )));
+        }
+        let prefix = header.encode_prefix()?;
+        if combine(&prefix, streams) != digest {
+            return Err(Error::Invalid(
+                "the stream digests do not combine to the snapshot digest".into(),
+            ));
+        }
+        let settled = settled_pages(&header);
+        let groups = group_of_stream(&header);
+        let bpp = bytes_per_page(&header);
+        let enc = s.encoded();
+        let mut states = Vec::with_capacity(ranges.len());
+        for (i, r) in ranges.iter().enumerate() {
+            let len = r.end - r.start;
+            let point_bytes = (settled[groups[i]] * bpp[i]).min(len);
+            let point = state_point(point_bytes);
+            let cvs = &stored.streams[i];
+            let chunks = point / CHUNK;
+            if cvs.len() != chunks.count_ones() as usize {
+                return Err(Error::Invalid(format!(
+                    "stream {i}: {} stored subtrees, its state point needs {}",
+                    cvs.len(),
+                    chunks.count_ones()
+                )));
+            }
+            let mut st = StreamState::new();
+            let mut bit = 63u32;
+            for cv in cvs {
+                while chunks & (1u64 << bit) == 0 {
+                    bit -= 1;
+                }
+                st.pieces.push(((1u64 << bit) * CHUNK, *cv));
+                st.end += (1u64 << bit) * CHUNK;
+                bit = bit.saturating_sub(1);
+            }
+            let bytes = &enc[r.start as usize..r.end as usize];
+            st.partial = bytes[point as usize..point_bytes as usize].to_vec();
+            let mut full = st.clone();
+            full.absorb(&bytes[point_bytes as usize..]);
+            if full.finalize() != streams[i] {
+                return Err(Error::Invalid(format!(
+                    "stream {i}: the stored state does not finish to its digest"
+                )));
+            }
+            states.push(st);
+        }
+        Ok(DigestState {
+            header,
+            digest,
+            settled,
+            states,
+        })
+    }
+}
+
 /// `f(0), …, f(n-1)` on rayon's pool (the one BLAKE3's `update_rayon`
 /// uses), split in halves down to single items.
 fn par_map<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
@@ -722,11 +845,7 @@ impl LayerHashPlan {
         for (i, r) in ranges.iter().enumerate() {
             let len = r.end - r.start;
             let settled = (settled_pages[groups[i]] * bpp[i]).min(len);
-            let cut = match settled % CHUNK {
-                _ if settled == 0 => 0,
-                0 => settled - CHUNK,
-                rem => settled - rem,
-            };
+            let cut = state_point(settled);
             let offsets = stream_pieces(len, block, (cut > 0).then_some(cut));
             let first = blocks.len();
             for (b, w) in offsets.windows(2).enumerate() {
@@ -1107,6 +1226,38 @@ mod tests {
         let empty = StreamState::new();
         assert!(empty.is_empty());
         assert_eq!(empty.finalize(), stream_digest(&[]));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// A written-down state resumes to one that extends exactly like
+        /// the captured one; a state of another snapshot is refused.
+        #[test]
+        fn a_stored_state_resumes_and_extends(
+            l in layout_strategy(),
+            first in 1u64..40,
+            step in 1u64..5,
+            seed in any::<u64>(),
+        ) {
+            let snap = flat(&l, first * 64, seed);
+            let (d, state) = DigestState::capture(&snap).expect("capture");
+            let stored = state.stored();
+            let resumed = DigestState::resume(&snap, d.snapshot, &d.streams, &stored).expect("resume");
+            let (next, tails) = next_turn(&snap, (first + step) * 64, seed ^ 5);
+            let refs: Vec<&[u8]> = tails.iter().map(Vec::as_slice).collect();
+            let (a, _) = state.extend(next.header(), &refs).expect("extend");
+            let (b, _) = resumed.extend(next.header(), &refs).expect("extend");
+            prop_assert_eq!(&a, &b);
+            prop_assert_eq!(a.snapshot, reference(&next));
+            // Another snapshot of the same layout: refused.
+            let other = flat(&l, first * 64, seed ^ 1);
+            let od = of_snapshot(&other).expect("digest");
+            if od.snapshot != d.snapshot {
+                prop_assert!(DigestState::resume(&other, od.snapshot, &od.streams, &stored).is_err()
+                    || stored.streams.iter().all(Vec::is_empty));
+            }
+        }
     }
 
     #[test]

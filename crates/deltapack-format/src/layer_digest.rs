@@ -585,6 +585,96 @@ fn state_point(settled: u64) -> u64 {
     }
 }
 
+/// Per stream (payload order), the number of subtree chaining values the
+/// written-down state of a snapshot with `header` holds: the set bits of its
+/// state point's chunk count. Depends on the header alone, so the byte form
+/// ([`StoredState::to_bytes`]) needs no lengths of its own.
+pub fn stored_counts(header: &SnapshotHeader) -> Vec<usize> {
+    let settled = settled_pages(header);
+    let groups = group_of_stream(header);
+    let bpp = bytes_per_page(header);
+    (0..groups.len())
+        .map(|i| {
+            let g = groups[i];
+            let len = header
+                .block_counts
+                .get(g)
+                .copied()
+                .unwrap_or(0)
+                .saturating_mul(bpp[i]);
+            let point = state_point(settled[g].saturating_mul(bpp[i]).min(len));
+            (point / CHUNK).count_ones() as usize
+        })
+        .collect()
+}
+
+/// Bytes [`DigestState::resume`] hashes to prove a stored state of a
+/// snapshot with `header`: every stream from its state point on (its last
+/// settled chunk and its unsettled pages).
+pub fn resume_bytes(header: &SnapshotHeader) -> u64 {
+    let settled = settled_pages(header);
+    let groups = group_of_stream(header);
+    let bpp = bytes_per_page(header);
+    (0..groups.len())
+        .map(|i| {
+            let g = groups[i];
+            let len = header
+                .block_counts
+                .get(g)
+                .copied()
+                .unwrap_or(0)
+                .saturating_mul(bpp[i]);
+            len - state_point(settled[g].saturating_mul(bpp[i]).min(len))
+        })
+        .sum()
+}
+
+impl StoredState {
+    /// The byte form a v2.2 root records (`turn_state`): every stream's
+    /// chaining values, 32 bytes each, stream after stream, largest subtree
+    /// first; the per-stream counts follow from the header ([`stored_counts`]).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        self.streams
+            .iter()
+            .flatten()
+            .flat_map(|cv| cv.iter().copied())
+            .collect()
+    }
+
+    /// Splits the byte form of a snapshot with `header`'s state. Errors on
+    /// an unsupported header or a length that is not exactly 32 bytes per
+    /// chaining value the header calls for. Says nothing about the values
+    /// themselves: [`DigestState::resume`] proves them.
+    pub fn from_bytes(header: &SnapshotHeader, bytes: &[u8]) -> Result<StoredState> {
+        if !supported(header) {
+            return Err(unsupported(header));
+        }
+        let counts = stored_counts(header);
+        let want: usize = counts.iter().sum::<usize>() * 32;
+        if bytes.len() != want {
+            return Err(Error::Invalid(format!(
+                "a turn state of {} bytes; the header calls for {want}",
+                bytes.len()
+            )));
+        }
+        let mut at = 0usize;
+        let streams = counts
+            .iter()
+            .map(|&n| {
+                (0..n)
+                    .map(|_| {
+                        let mut cv = [0u8; 32];
+                        cv.copy_from_slice(&bytes[at..at + 32]);
+                        at += 32;
+                        cv
+                    })
+                    .collect()
+            })
+            .collect();
+        Ok(StoredState { streams })
+    }
+}
+
 impl DigestState {
     /// The written-down form of this state (see [`StoredState`]).
     pub fn stored(&self) -> StoredState {
@@ -642,8 +732,11 @@ impl DigestState {
         let groups = group_of_stream(&header);
         let bpp = bytes_per_page(&header);
         let enc = s.encoded();
-        let mut states = Vec::with_capacity(ranges.len());
-        for (i, r) in ranges.iter().enumerate() {
+        // Each stream on its own core: a recurrent group's streams are
+        // hashed whole (nothing of them is settled), the others from their
+        // last settled chunk on.
+        let states = par_map(ranges.len(), |i| -> Result<StreamState> {
+            let r = &ranges[i];
             let len = r.end - r.start;
             let point_bytes = (settled[groups[i]] * bpp[i]).min(len);
             let point = state_point(point_bytes);
@@ -675,8 +768,10 @@ impl DigestState {
                     "stream {i}: the stored state does not finish to its digest"
                 )));
             }
-            states.push(st);
-        }
+            Ok(st)
+        })
+        .into_iter()
+        .collect::<Result<Vec<_>>>()?;
         Ok(DigestState {
             header,
             digest,
@@ -1247,9 +1342,33 @@ mod tests {
             let (next, tails) = next_turn(&snap, (first + step) * 64, seed ^ 5);
             let refs: Vec<&[u8]> = tails.iter().map(Vec::as_slice).collect();
             let (a, _) = state.extend(next.header(), &refs).expect("extend");
-            let (b, _) = resumed.extend(next.header(), &refs).expect("extend");
+            let (b, after) = resumed.extend(next.header(), &refs).expect("extend");
             prop_assert_eq!(&a, &b);
             prop_assert_eq!(a.snapshot, reference(&next));
+            // The byte form round-trips for captured and extended states,
+            // and its length is exactly what the header calls for.
+            let bytes = stored.to_bytes();
+            prop_assert_eq!(&StoredState::from_bytes(snap.header(), &bytes).expect("split"), &stored);
+            let later = after.stored();
+            let later_bytes = later.to_bytes();
+            prop_assert_eq!(
+                later_bytes.len(),
+                stored_counts(next.header()).iter().sum::<usize>() * 32
+            );
+            let back = StoredState::from_bytes(next.header(), &later_bytes).expect("split");
+            let again = DigestState::resume(&next, b.snapshot, &b.streams, &back).expect("resume");
+            prop_assert_eq!(again.digest(), b.snapshot);
+            let mut long = later_bytes.clone();
+            long.extend_from_slice(&[0u8; 32]);
+            prop_assert!(StoredState::from_bytes(next.header(), &long).is_err());
+            if !later_bytes.is_empty() {
+                // A flipped bit in any chaining value is refused.
+                let mut bad = later_bytes.clone();
+                let at = (seed as usize) % bad.len();
+                bad[at] ^= 1;
+                let bad = StoredState::from_bytes(next.header(), &bad).expect("split");
+                prop_assert!(DigestState::resume(&next, b.snapshot, &b.streams, &bad).is_err());
+            }
             // Another snapshot of the same layout: refused.
             let other = flat(&l, first * 64, seed ^ 1);
             let od = of_snapshot(&other).expect("digest");

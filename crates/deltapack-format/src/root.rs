@@ -159,6 +159,15 @@ pub struct ManifestV2 {
     /// (checked on decode), so one layer can be verified alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layers: Option<serde_bytes::ByteBuf>,
+    /// v2.2 only, optional: the result's turn state
+    /// ([`crate::layer_digest::StoredState::to_bytes`]), the chaining values
+    /// of every stream's settled subtrees, so a process holding the result
+    /// publishes the next turn without hashing it. Its length is checked on
+    /// decode (it follows from the header); its values are not trusted:
+    /// whoever uses them proves them against `layers`
+    /// ([`crate::layer_digest::DigestState::resume`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_state: Option<serde_bytes::ByteBuf>,
 }
 
 /// What a v2.1 delta root records about the chain below it: the roots to
@@ -446,6 +455,28 @@ impl ManifestV2 {
         Ok(())
     }
 
+    /// The recorded turn state split per stream (v2.2 roots that carry
+    /// one; `None` otherwise). Unproven: see [`ManifestV2::turn_state`].
+    pub fn stored_turn_state(&self) -> Option<crate::layer_digest::StoredState> {
+        let bytes = self.turn_state.as_ref()?;
+        crate::layer_digest::StoredState::from_bytes(&self.result_header(), bytes).ok()
+    }
+
+    fn result_header(&self) -> SnapshotHeader {
+        SnapshotHeader {
+            layout: self.layout.clone(),
+            boundary: self.boundary,
+            block_counts: self.block_counts.clone(),
+        }
+    }
+
+    /// The same v2.2 manifest with the result's turn state recorded.
+    pub fn with_turn_state(mut self, state: &crate::layer_digest::StoredState) -> Result<Self> {
+        self.turn_state = Some(serde_bytes::ByteBuf::from(state.to_bytes()));
+        self.validate()?;
+        Ok(self)
+    }
+
     /// The recorded stream digests (v2.2 roots; `None` otherwise).
     pub fn layer_digests(&self) -> Option<Vec<crate::layer_digest::StreamDigest>> {
         self.layers
@@ -472,6 +503,13 @@ impl ManifestV2 {
             }
             (SCHEMA_V2_2, _, None) => return bad("a v2.2 body needs layer digests".into()),
             (other, _, _) => return bad(format!("schema {other:?} in a v2 body")),
+        }
+        if let Some(ts) = &self.turn_state {
+            if self.layers.is_none() {
+                return bad("only a v2.2 body carries a turn state".into());
+            }
+            crate::layer_digest::StoredState::from_bytes(&self.result_header(), ts)
+                .map_err(|e| Error::Root(format!("turn state: {e}")))?;
         }
         let layered = self.schema == SCHEMA_V2_2;
         if (self.result_snapshot_digest.algorithm() == Algorithm::Blake3Layers) != layered {
@@ -921,6 +959,7 @@ impl ManifestV2 {
             extents,
             chain: None,
             layers: None,
+            turn_state: None,
         }
     }
 

@@ -290,9 +290,26 @@ fn encoded_key_orders(cbor: &[u8]) -> Vec<Vec<String>> {
 /// `(rule name, keys in order)` of every map rule written as
 /// `name = {` … `}` with one `key: type` (or `"key": type`) per line, the
 /// style of the schema files.
-fn schema_map_rules(doc: &str) -> Vec<(String, Vec<String>)> {
+/// A map rule's keys in order, each with whether it is optional (`? key:`).
+type RuleKeys = Vec<(String, bool)>;
+
+/// Whether `keys` (a map's keys as encoded) follow `rule`: every required
+/// key in order, optional keys present or not, nothing else.
+fn follows(rule: &RuleKeys, keys: &[String]) -> bool {
+    let mut at = 0;
+    for (k, optional) in rule {
+        if keys.get(at) == Some(k) {
+            at += 1;
+        } else if !optional {
+            return false;
+        }
+    }
+    at == keys.len()
+}
+
+fn schema_map_rules(doc: &str) -> Vec<(String, RuleKeys)> {
     let mut rules = Vec::new();
-    let mut open: Option<(String, Vec<String>)> = None;
+    let mut open: Option<(String, RuleKeys)> = None;
     for line in doc.lines() {
         let line = line.split(';').next().unwrap_or("").trim();
         if let Some((name, keys)) = open.as_mut() {
@@ -302,12 +319,16 @@ fn schema_map_rules(doc: &str) -> Vec<(String, Vec<String>)> {
             } else if let Some((key, _)) = line.split_once(':') {
                 // A bareword key, or a quoted one (`"bytes": u64`).
                 let key = key.trim();
+                let (key, optional) = match key.strip_prefix('?') {
+                    Some(k) => (k.trim(), true),
+                    None => (key, false),
+                };
                 let key = key
                     .strip_prefix('"')
                     .and_then(|k| k.strip_suffix('"'))
                     .unwrap_or(key);
                 if !key.is_empty() && key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
-                    keys.push(key.to_string());
+                    keys.push((key.to_string(), optional));
                 }
             }
         } else if let Some(name) = line.strip_suffix('{') {
@@ -329,7 +350,7 @@ fn check_key_order(doc: &str, body: &[u8], what: &str) -> Vec<String> {
         .map(|keys| {
             rules
                 .iter()
-                .find(|(_, k)| *k == keys)
+                .find(|(_, k)| follows(k, &keys))
                 .map(|(name, _)| name.clone())
                 .unwrap_or_else(|| {
                     panic!("{what}: map keys {keys:?} are not in the order of any schema map rule")
@@ -513,8 +534,10 @@ fn build_v2_2(
     chained: bool,
     max_extent_bytes: u64,
     keyed: bool,
+    turn_state: bool,
 ) -> (ManifestV2, Vec<u8>) {
-    let digests = deltapack_format::layer_digest::of_snapshot(result).expect("layers");
+    let (digests, state) =
+        deltapack_format::layer_digest::DigestState::capture(result).expect("layers");
     let base_digest = |b: &Snapshot| {
         if layered_base {
             deltapack_format::layer_digest::of_snapshot(b)
@@ -571,6 +594,11 @@ fn build_v2_2(
                 delta_header: p[..header_len].to_vec(),
             })
             .expect("v2.2 chained manifest");
+    }
+    if turn_state {
+        m = m
+            .with_turn_state(&state.stored())
+            .expect("v2.2 manifest with a turn state");
     }
     let key = keyed.then(|| root::mac_key(SECRET));
     let bytes = encode_v2(&m, key.as_ref()).expect("encode v2.2");
@@ -636,14 +664,16 @@ fn cases() -> Vec<Case> {
                 decoded: DecodedRoot::V2(manifest),
             });
         }
-        for (name, b, layered_base, chained, m, keyed) in [
-            ("v2.2 snapshot", None, false, false, 1024, false),
+        // (name, base, layered base, chained, max_extent_bytes, keyed, turn state)
+        for (name, b, layered_base, chained, m, keyed, ts) in [
+            ("v2.2 snapshot", None, false, false, 1024, false, false),
             (
-                "v2.2 snapshot keyed single extent",
+                "v2.2 snapshot keyed single extent with a turn state",
                 None,
                 false,
                 false,
                 1 << 20,
+                true,
                 true,
             ),
             (
@@ -653,17 +683,19 @@ fn cases() -> Vec<Case> {
                 false,
                 1024,
                 false,
+                false,
             ),
             (
-                "v2.2 chained delta on a layered base",
+                "v2.2 chained delta on a layered base with a turn state",
                 Some(&base),
                 true,
                 true,
                 2048,
                 true,
+                true,
             ),
         ] {
-            let (manifest, bytes) = build_v2_2(&result, b, layered_base, chained, m, keyed);
+            let (manifest, bytes) = build_v2_2(&result, b, layered_base, chained, m, keyed, ts);
             out.push(Case {
                 name: format!("{lname}: {name}"),
                 version: Version::V2_2,
@@ -1176,7 +1208,7 @@ fn invalid_v2_bodies_fail_validation() {
 
     // v2.2: the layered result digest and its stream digests are required
     // and typed; a blake3 result digest or another schema string is not v2.2.
-    let (_, v22) = build_v2_2(&result, Some(&base), true, true, 1024, false);
+    let (_, v22) = build_v2_2(&result, Some(&base), true, true, 1024, false, true);
     let v22_body = open_envelope(&v22).expect("envelope").body.to_vec();
     assert_all_refused(
         &docs,
@@ -1196,7 +1228,34 @@ fn invalid_v2_bodies_fail_validation() {
                 set("base.snapshot_digest", digest_text(b"b", "sha256")),
             ),
             ("unknown field", insert("", "streams", Value::Integer(3))),
+            ("turn state as text", set("turn_state", text("00"))),
         ],
+    );
+    // The turn state is optional; its length follows from the header, which
+    // only the decoder checks (its values are proven by whoever uses them).
+    let mut v: Value = serde_cbor::from_slice(&v22_body).expect("value");
+    let without = match &mut v {
+        Value::Map(m) => {
+            assert!(m.remove(&Value::Text("turn_state".into())).is_some());
+            serde_cbor::to_vec(&v).expect("encode")
+        }
+        _ => unreachable!("a v2.2 body is a map"),
+    };
+    assert!(
+        validate(&docs.v2_2, &without).is_ok(),
+        "turn_state is optional"
+    );
+    assert!(root::decode(&seal(&without), None).is_ok());
+    let mut v: Value = serde_cbor::from_slice(&v22_body).expect("value");
+    if let Value::Bytes(b) = at(&mut v, "turn_state") {
+        assert!(!b.is_empty(), "the case records chaining values");
+        b.truncate(b.len() - 1);
+    }
+    let bad = serde_cbor::to_vec(&v).expect("encode");
+    assert!(validate(&docs.v2_2, &bad).is_ok());
+    assert!(
+        root::decode(&seal(&bad), None).is_err(),
+        "a turn state of the wrong length is refused"
     );
     // What only the decoder can check: the stream digests hash, with the
     // header, to the result digest.

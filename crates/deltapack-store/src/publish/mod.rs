@@ -573,7 +573,7 @@ impl Store {
                         .as_ref()
                         .map(|(l, st)| {
                             result_state = Some(st.clone());
-                            l.streams.clone()
+                            (l.streams.clone(), st.clone())
                         }),
                     None => None,
                 };
@@ -585,7 +585,7 @@ impl Store {
                 .into();
                 self.encode_v2(
                     &meta,
-                    layers.as_deref(),
+                    layers.as_ref().map(|(l, st)| (l.as_slice(), st.as_ref())),
                     receipt.payload_len,
                     payload_digest,
                     entries,
@@ -791,7 +791,9 @@ impl Store {
                     )));
                 }
                 let want = s.result_snapshot_digest;
-                let (digest, state) = self.verify_base(ns, &b.context, &b.snapshot, want).await?;
+                let (digest, state) = self
+                    .verify_base(ns, &b.context, &b.snapshot, want, &root)
+                    .await?;
                 if digest != want {
                     return Err(mismatch(format!(
                         "the base root holds {want} but the given base snapshot is {digest}"
@@ -828,12 +830,23 @@ impl Store {
         ctx: &ContextDigest,
         snapshot: &Arc<Snapshot>,
         want: Digest,
+        root: &DecodedRoot,
     ) -> Result<(Digest, Option<Arc<DigestState>>)> {
         let key = (*ns, *ctx, want);
-        if let Ok(c) = self.inner.base_cache.lock() {
-            if c.holds(&key, snapshot) {
-                return Ok((want, c.state(&key)));
+        let held = match self.inner.base_cache.lock() {
+            Ok(c) if c.holds(&key, snapshot) => Some(c.state(&key)),
+            _ => None,
+        };
+        match held {
+            Some(Some(state)) => return Ok((want, Some(state))),
+            // Verified when handed out, but without a state (a restore does
+            // not build one): the root's recorded turn state, proven with
+            // about a page per stream, or none.
+            Some(None) => {
+                let state = self.resume_state(*ns, *ctx, root, snapshot).await;
+                return Ok((want, state));
             }
+            None => {}
         }
         let s = snapshot.clone();
         let layered = want.algorithm() == deltapack_format::Algorithm::Blake3Layers;
@@ -1106,7 +1119,7 @@ impl Store {
     pub(crate) fn encode_v2(
         &self,
         meta: &RootMeta,
-        layers: Option<&[layer_digest::StreamDigest]>,
+        layers: Option<(&[layer_digest::StreamDigest], &DigestState)>,
         payload_len: u64,
         payload_digest: Digest,
         entries: Vec<deltapack_format::ExtentEntry>,
@@ -1114,14 +1127,18 @@ impl Store {
     ) -> Result<Bytes> {
         let m = self.inner.config.max_extent_bytes;
         let mut manifest = match layers {
-            Some(l) => deltapack_format::ManifestV2::new_layered(
+            // A layered root records the result's turn state, so whoever
+            // holds the result later publishes the next turn without
+            // hashing it (`Store::turn_from`).
+            Some((l, state)) => deltapack_format::ManifestV2::new_layered(
                 meta,
                 l,
                 payload_len,
                 payload_digest,
                 m,
                 entries,
-            )?,
+            )?
+            .with_turn_state(&state.stored())?,
             None => {
                 deltapack_format::ManifestV2::new(meta, payload_len, payload_digest, m, entries)?
             }

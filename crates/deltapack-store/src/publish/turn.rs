@@ -31,7 +31,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use deltapack_format::delta::{DeltaHeader, DeltaLayout, DELTA_SCHEMA};
 use deltapack_format::layer_digest::{self, DigestState};
-use deltapack_format::root::RootMeta;
+use deltapack_format::root::{DecodedRoot, RootMeta};
 use deltapack_format::{
     BaseRef, CacheIdentity, ChainHints, ContextDigest, Digest, Namespace, Snapshot, SnapshotHeader,
 };
@@ -220,11 +220,20 @@ impl Store {
     /// example one just restored, or read from a file), to publish the
     /// next turns from their new pages.
     ///
-    /// The root must exist and carry a layered digest (a v2.2 root). The
-    /// snapshot is checked against it: a snapshot this handle published or
-    /// restored and the caller still holds (the same `Arc`) costs nothing
-    /// more than its digest state, which is kept when this handle computed
-    /// one; otherwise the snapshot is hashed once.
+    /// The root must exist and carry a layered digest (a v2.2 root). What
+    /// it costs:
+    /// * a snapshot this handle published (the same `Arc`): nothing, its
+    ///   digest state was kept;
+    /// * any other snapshot, restored or read from a file, under a root
+    ///   that records its turn state (every root written since the state
+    ///   was recorded): about one page per (group, layer) stream is hashed —
+    ///   each stream is finished from its last settled chunk with the
+    ///   snapshot's bytes and must give the root's stream digest. The
+    ///   settled pages before that point are not read: the next turn reuses
+    ///   them from the store, never from `snapshot`;
+    /// * otherwise (an older v2.2 root, or a snapshot that does not finish
+    ///   the recorded state) the snapshot is hashed once and must give the
+    ///   root's digest.
     pub async fn turn_from(
         &self,
         identity: &CacheIdentity,
@@ -238,16 +247,15 @@ impl Store {
             context,
             detail,
         };
-        let want = match self.read_root(&ns, &context).await? {
-            RootStatus::Found(root) => {
-                let s = root
-                    .summary()
-                    .ok_or_else(|| StoreError::Internal("summary".into()))?;
-                s.result_snapshot_digest
-            }
+        let root = match self.read_root(&ns, &context).await? {
+            RootStatus::Found(root) => root,
             RootStatus::Absent => return Err(mismatch("no root is published there".into())),
             RootStatus::Unusable(r) => return Err(mismatch(format!("the root is unusable: {r}"))),
         };
+        let want = root
+            .summary()
+            .ok_or_else(|| StoreError::Internal("summary".into()))?
+            .result_snapshot_digest;
         if want.algorithm() != deltapack_format::Algorithm::Blake3Layers {
             return Err(StoreError::Invalid(format!(
                 "the root of {context} names a {} snapshot digest, which does not extend; \
@@ -255,7 +263,31 @@ impl Store {
                 want.algorithm().as_str()
             )));
         }
-        let (digest, state) = self.verify_base(&ns, &context, snapshot, want).await?;
+        // A snapshot this handle published or restored: its kept state, or
+        // the root's turn state proven with about a page per stream.
+        let key = (ns, context, want);
+        let held = match self.inner.base_cache.lock() {
+            Ok(c) if c.holds(&key, snapshot) => Some(c.state(&key)),
+            _ => None,
+        };
+        if let Some(state) = held.flatten() {
+            return Ok(Turn::new(self, ns, context, state));
+        }
+        // Any snapshot (held or given as bytes): the root's turn state, if
+        // it records one and the snapshot finishes every stream from the
+        // state's point to the root's stream digests. That proves what the
+        // next turn depends on (each stream's last settled chunk and its
+        // unsettled pages); the settled pages before them are the root's by
+        // construction — a turn reuses them from the store, never from
+        // `snapshot` — so they need not be read.
+        if let Some(state) = self.resume_state(ns, context, &root, snapshot).await {
+            return Ok(Turn::new(self, ns, context, state));
+        }
+        // A root without a turn state (written before it was recorded), or
+        // one the snapshot does not finish: hashed once.
+        let (digest, state) = self
+            .verify_base(&ns, &context, snapshot, want, &root)
+            .await?;
         if digest != want {
             return Err(mismatch(format!(
                 "the root holds {want} but the given snapshot is {digest}"
@@ -279,6 +311,50 @@ impl Store {
             }
         };
         Ok(Turn::new(self, ns, context, state))
+    }
+
+    /// The digest state of `snapshot` (under the root `root` of `ctx`) from
+    /// the turn state the root records, proven by
+    /// [`DigestState::resume`]: each stream is finished from its state
+    /// point with `snapshot`'s bytes (about a page per stream) and must
+    /// give the root's stream digest. Kept for the handle's next
+    /// publications. `None` when the root records no turn state or the
+    /// snapshot does not finish it; the caller then hashes.
+    pub(super) async fn resume_state(
+        &self,
+        ns: Namespace,
+        ctx: ContextDigest,
+        root: &DecodedRoot,
+        snapshot: &Arc<Snapshot>,
+    ) -> Option<Arc<DigestState>> {
+        let DecodedRoot::V2(m) = root else {
+            return None;
+        };
+        let (stored, streams) = (m.stored_turn_state()?, m.layer_digests()?);
+        let want = m.result_snapshot_digest;
+        let s = snapshot.clone();
+        let hashed = layer_digest::resume_bytes(s.header());
+        let resumed =
+            tokio::task::spawn_blocking(move || DigestState::resume(&s, want, &streams, &stored))
+                .await;
+        Stats::add(&self.stats_ref().snapshot_bytes_hashed, hashed);
+        match resumed {
+            Ok(Ok(state)) => {
+                let state = Arc::new(state);
+                if let Ok(mut c) = self.inner.base_cache.lock() {
+                    c.put_state((ns, ctx, want), state.clone());
+                }
+                Some(state)
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(context = %ctx, error = %e, "the root's turn state does not resume; hashing");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(context = %ctx, error = %e, "turn state task failed; hashing");
+                None
+            }
+        }
     }
 
     /// Publishes the turn after `prev` from its new pages alone (see the
@@ -485,7 +561,7 @@ impl Store {
         };
         let root_bytes = self.encode_v2(
             &meta,
-            Some(&digests.streams),
+            Some((&digests.streams, &next)),
             receipt.payload_len,
             payload_digest,
             entries,

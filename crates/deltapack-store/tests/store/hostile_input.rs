@@ -592,6 +592,7 @@ async fn plausible_huge_v2_root_is_a_miss_without_committing_memory() {
         extents,
         chain: None,
         layers: None,
+        turn_state: None,
     };
     m.validate()
         .expect("the forged manifest is internally consistent");

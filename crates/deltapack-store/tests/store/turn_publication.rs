@@ -475,14 +475,18 @@ async fn new_turns_on_a_conversation_stored_with_the_old_digest() {
             "turn at {tokens}"
         );
     }
-    // A turn handle from a restored snapshot: hashed once, then warm.
+    // A turn handle from a restored snapshot: its root's recorded turn
+    // state, proven with about a page per stream, then warm.
     let seven = restored(&fresh, &id, FIXTURE_SEED, 7168).await;
     let h = hashed(&fresh);
     let handle = fresh
         .turn_from(&id, c(7168), &seven)
         .await
         .expect("turn_from");
-    assert!(hashed(&fresh) - h >= seven.encoded().len() as u64);
+    assert_eq!(
+        hashed(&fresh) - h,
+        layer_digest::resume_bytes(seven.header())
+    );
     let eight = turn(FIXTURE_SEED, 7680);
     let h = hashed(&fresh);
     let tail = handle.tail_of(&eight).expect("tail");
@@ -508,5 +512,184 @@ async fn new_turns_on_a_conversation_stored_with_the_old_digest() {
     match fresh.turn_from(&id, c(5120), &old).await {
         Err(StoreError::Invalid(m)) => assert!(m.contains("does not extend"), "{m}"),
         other => panic!("expected invalid input, got {other:?}"),
+    }
+}
+
+/// Every v2.2 root records its result's turn state, so a process that did
+/// not publish a turn — it restored it, or read it from a file — publishes
+/// the next one after hashing about a page per stream, not the turn: the
+/// recorded chaining values are finished with the caller's own last settled
+/// chunk and unsettled pages and must reach the root's stream digests. What
+/// that proves is exactly what the next turn depends on: a changed byte
+/// there is caught (the snapshot is then hashed whole, and refused); a
+/// changed byte in a settled page cannot reach the store, because a turn
+/// reuses settled pages from the store, never from the caller. A recorded
+/// state that does not finish (damaged) costs one full hash, nothing else.
+/// On the code before the turn state was recorded, `turn_from` hashed the
+/// whole snapshot in each of these cases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_that_did_not_publish_a_turn_resumes_its_recorded_state() {
+    let t = local(config());
+    let id = identity("resume");
+    let url = format!("file://{}", t._dir.as_ref().expect("dir").path().display());
+    let r = publish_base(
+        &t.store,
+        &id,
+        ctx(&id, SEED, 4096),
+        turn(SEED, 4096),
+        RootFormat::V2,
+    )
+    .await;
+    let mut prev = r.turn.expect("turn");
+    for tokens in [4608u64, 5120] {
+        let next = turn(SEED, tokens);
+        let tail = prev.tail_of(&next).expect("tail");
+        prev = t
+            .store
+            .publish_turn(&prev, turn_request(&id, tokens, tail))
+            .await
+            .expect("turn")
+            .turn
+            .expect("turn");
+    }
+    let five = turn(SEED, 5120);
+    let resume_cost = layer_digest::resume_bytes(five.header());
+    assert!(
+        resume_cost * 4 < five.encoded().len() as u64,
+        "the proof reads a small part of the snapshot ({resume_cost} of {} bytes)",
+        five.encoded().len()
+    );
+    // Recorded in the root, with the length its header calls for.
+    let root_path = t
+        ._dir
+        .as_ref()
+        .expect("dir")
+        .path()
+        .join(deltapack_store::keys::root_key(&id.namespace(), &ctx(&id, SEED, 5120)).as_ref());
+    let mut manifest =
+        match deltapack_format::root::decode(&std::fs::read(&root_path).expect("root"), None)
+            .expect("decode")
+        {
+            DecodedRoot::V2(m) => m,
+            other => panic!("{other:?}"),
+        };
+    assert!(
+        manifest.stored_turn_state().is_some(),
+        "a turn state is recorded"
+    );
+
+    // 1. A fresh process restores turn 5120 (composed from the store) and
+    //    publishes the next turn: tail-only, then a full snapshot.
+    let fresh = Store::open(&url, config()).expect("open");
+    let restored5 = restored(&fresh, &id, SEED, 5120).await;
+    let (h, reads) = (hashed(&fresh), fresh.stats().objects_read);
+    let handle = fresh
+        .turn_from(&id, ctx(&id, SEED, 5120), &restored5)
+        .await
+        .expect("turn_from");
+    assert_eq!(
+        hashed(&fresh) - h,
+        resume_cost,
+        "one page per stream, not the turn"
+    );
+    assert_eq!(fresh.stats().objects_read, reads, "no object read");
+    assert_eq!(handle.digest(), prev.digest());
+    let six = turn(SEED, 5632);
+    let tail = handle.tail_of(&six).expect("tail");
+    let h = hashed(&fresh);
+    let r6 = fresh
+        .publish_turn(&handle, turn_request(&id, 5632, tail.clone()))
+        .await
+        .expect("turn");
+    assert_eq!(hashed(&fresh) - h, tail.len() as u64);
+    assert_eq!(r6.snapshot_digest, v2_digest(&six));
+    // A full-snapshot delta on the restored Arc (another fresh process):
+    // the restored base is not hashed, only the proof and the new pages.
+    let other = Store::open(&url, config()).expect("open");
+    let restored6 = restored(&other, &id, SEED, 5632).await;
+    let seven = turn(SEED, 6144);
+    let h = hashed(&other);
+    let r7 = publish_delta(
+        &other,
+        &id,
+        ctx(&id, SEED, 6144),
+        seven.clone(),
+        ctx(&id, SEED, 5632),
+        restored6.clone(),
+        RootFormat::V2,
+    )
+    .await;
+    assert_eq!(r7.outcome, PublishOutcome::Created);
+    let new_pages = r6.turn.as_ref().expect("turn").tail_len(6144).expect("len");
+    assert_eq!(
+        hashed(&other) - h,
+        layer_digest::resume_bytes(restored6.header()) + new_pages,
+        "the base's recorded state is proven, the new pages hashed; the base is not"
+    );
+    assert_eq!(r7.snapshot_digest, v2_digest(&seven));
+
+    // 2. A fresh process given turn 5120 as bytes (not restored, not
+    //    published by it): the same small proof.
+    let cold = Store::open(&url, config()).expect("open");
+    let copy = |s: &Snapshot| Arc::new(Snapshot::from_encoded(s.encoded().to_vec()).expect("copy"));
+    let h = hashed(&cold);
+    let handle = cold
+        .turn_from(&id, ctx(&id, SEED, 5120), &copy(&five))
+        .await
+        .expect("turn_from bytes");
+    assert_eq!(hashed(&cold) - h, resume_cost);
+    assert_eq!(handle.digest(), prev.digest());
+
+    // 3. A changed byte in the last page of a layer (unsettled, read by the
+    //    proof): the proof fails, the snapshot is hashed whole and refused.
+    let payload_offset = five.encoded().len() - five.payload().len();
+    let layer0 = five.layer_range(0, 0).expect("layer range");
+    let mut bad = five.encoded().to_vec();
+    bad[payload_offset + layer0.end - 1] ^= 0x40;
+    let bad = Arc::new(Snapshot::from_encoded(bad).expect("bad"));
+    let h = hashed(&cold);
+    match cold.turn_from(&id, ctx(&id, SEED, 5120), &bad).await {
+        Err(StoreError::BaseMismatch { .. }) => {}
+        other => panic!("expected a base mismatch, got {other:?}"),
+    }
+    assert!(hashed(&cold) - h >= five.encoded().len() as u64);
+
+    // 4. A changed byte in a settled page (the first page of a layer): not
+    //    read, and harmless — the next turn reuses the stored page.
+    let mut settled = five.encoded().to_vec();
+    settled[payload_offset + layer0.start] ^= 0x40;
+    let settled = Arc::new(Snapshot::from_encoded(settled).expect("settled"));
+    let handle = cold
+        .turn_from(&id, ctx(&id, SEED, 5120), &settled)
+        .await
+        .expect("turn_from");
+    assert_eq!(handle.digest(), prev.digest());
+
+    // 5. A damaged recorded state: the proof fails, one full hash, and the
+    //    handle is as good as ever.
+    let ts = manifest.turn_state.as_mut().expect("turn state");
+    assert!(!ts.is_empty());
+    ts[7] ^= 1;
+    std::fs::write(
+        &root_path,
+        deltapack_format::root::encode_v2(&manifest, None).expect("encode"),
+    )
+    .expect("write root");
+    let damaged = Store::open(&url, config()).expect("open");
+    let h = hashed(&damaged);
+    let handle = damaged
+        .turn_from(&id, ctx(&id, SEED, 5120), &copy(&five))
+        .await
+        .expect("turn_from with a damaged state");
+    assert!(hashed(&damaged) - h >= five.encoded().len() as u64);
+    assert_eq!(handle.digest(), prev.digest());
+    // Every turn still restores bit-exactly from a fresh handle.
+    let last = Store::open(&url, config()).expect("open");
+    for (tokens, want) in [(5120u64, &five), (5632, &six), (6144, &seven)] {
+        assert_eq!(
+            restore_bytes(&last, &id, ctx(&id, SEED, tokens as usize)).await,
+            want.encoded(),
+            "turn at {tokens}"
+        );
     }
 }

@@ -56,8 +56,10 @@ pub(crate) struct PublishArgs {
     /// group and layer in payload order, the pages from the base's settled
     /// pages (those wholly below its boundary) to the new page count. Needs
     /// --tokens (the new boundary is their count) and --base-snapshot with
-    /// its tokens or context; the base is hashed once (a fresh process
-    /// holds no turn state), the tail only read and written.
+    /// its tokens or context; the base is proven against the turn state
+    /// its root records (about one page per layer read and hashed; the
+    /// whole base under a root written before turn states were recorded),
+    /// the tail only read and written.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["snapshot", "context", "format"], requires_all = ["tokens", "base_snapshot"])]
     tail: Option<PathBuf>,
     /// Publish as a delta against this (already published) base snapshot.

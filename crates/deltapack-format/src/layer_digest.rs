@@ -37,6 +37,12 @@
 //! * **Extension.** A stream's BLAKE3 state after its first `k` pages is all
 //!   that is needed to hash the stream with more pages after them
 //!   ([`DigestState`]): publishing turn N+1 hashes the new pages only.
+//! * **A state that can be written down.** That state is the chaining
+//!   values of the stream's complete subtrees plus its last raw chunk
+//!   ([`StreamState`]); a root records the chaining values
+//!   ([`StoredState`]), and a process holding the snapshot rebuilds and
+//!   proves the state by finishing every stream from that point
+//!   ([`DigestState::resume`], about one page per stream hashed).
 //! * **One layer alone.** A reader can check one (group, layer) stream
 //!   against the stream digests a root records, which the top digest
 //!   authenticates ([`combine`]).

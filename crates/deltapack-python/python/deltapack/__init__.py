@@ -731,8 +731,10 @@ class Store:
         """A :class:`Turn` for a snapshot already published under ``tokens``
         (e.g. the :class:`Restored` of a restore), to continue the
         conversation with :meth:`publish_turn`. Free for a snapshot this
-        handle published or restored (the same object); otherwise the
-        snapshot is hashed once."""
+        handle published (the same object); any other snapshot (restored,
+        read from a file) costs about one page per layer, proven against
+        the turn state the root records; under a root written before turn
+        states were recorded, the snapshot is hashed once."""
         return self._native.turn_from(identity, tokens, snapshot)
 
     # -- lookup and sizes ----------------------------------------------

@@ -62,6 +62,20 @@ def test_a_conversation_turn_by_turn_from_numpy_tails(tmp_path, ident, id_file, 
     again = store.restore(ident, all_ids[:3072])
     t2 = store.turn_from(ident, all_ids[:3072], again)
     assert t2.digest == turn.digest and t2.boundary == 3072
+    # A fresh handle (as a new process would be) restores the turn and
+    # continues it: the root's recorded turn state is proven with about a
+    # page per layer, the turn itself is not hashed.
+    fresh = deltapack.Store(url)
+    restored = fresh.restore(ident, all_ids[:3072])
+    before = fresh.stats()["process"]["snapshot_bytes_hashed"]
+    t3 = fresh.turn_from(ident, all_ids[:3072], restored)
+    hashed = fresh.stats()["process"]["snapshot_bytes_hashed"] - before
+    assert t3.digest == turn.digest
+    assert 0 < hashed < len(bytes(restored)) // 4, hashed
+    nxt4, ids4 = deltapack.synth(3328, "tiny", 7)
+    r = fresh.publish_turn(ident, ids4[:3328], t3, t3.tail_of(nxt4))
+    assert r["snapshot_digest"] == nxt4.digest
+    assert bytes(deltapack.Store(url).restore(ident, ids4[:3328])) == nxt4.tobytes()
 
 
 def test_bad_tails_are_bad_input_and_write_nothing(tmp_path, ident):

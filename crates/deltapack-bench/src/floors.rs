@@ -27,26 +27,13 @@ use deltapack_format::delta::{self, CopyOp, PageDelta};
 use deltapack_format::scatter::{self, Region, Span};
 use deltapack_format::{DecodedRoot, Digest, ExtentPlan, ManifestV2, Snapshot};
 use deltapack_store::{keys, RootStatus};
-use serde::{Deserialize, Serialize};
 
+use crate::job::{Acc, JobOutput, ReadFloor};
 use crate::measure::{median, ms, threads, CpuSample};
-use crate::runner::{Acc, JobOutput};
 use crate::workload::{evict, fresh_buffer, open_local, touched_buffer, Workload};
 
 /// Piece size of the floors' fused read → hash → copy loop (fits in L2).
 const PIECE: usize = 256 * 1024;
-
-/// Which read floor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub(crate) enum ReadFloor {
-    /// Read + hash + copy of the payload into a resident buffer.
-    Raw,
-    /// The spec floor, fresh result buffer.
-    Spec,
-    /// The spec floor, resident result buffer.
-    SpecTouched,
-}
 
 /// Reads the v2 delta manifest of the workload from a local store.
 pub(crate) async fn v2_manifest(dir: &Path, w: &Workload) -> Result<ManifestV2> {
@@ -234,7 +221,7 @@ pub(crate) async fn job_read_floor(
             }
         }
         out.times_ms.push(ms(t.elapsed()));
-        cpu.record(&mut out);
+        out.record_cpu(&cpu);
         out.put("read_hash_copy_ms", ms(t_read));
         out.put("objects", files.len());
         out.put("payload_bytes", m.payload_len);
@@ -292,7 +279,7 @@ pub(crate) fn write_floors(
         let t = Instant::now();
         let written = write(d)?;
         o.times_ms.push(ms(t.elapsed()));
-        cpu.record(&mut o);
+        o.record_cpu(&cpu);
         std::fs::remove_dir_all(d)?;
         o.put("files", files);
         o.put("payload_bytes", payload_bytes);

@@ -1,9 +1,10 @@
 //! What a child measures about itself: wall time, CPU time (its own and
-//! the machine's), resident memory and its peak.
+//! the machine's), resident memory and its peak; and the units and
+//! statistics of those figures (ms, the median). A leaf: it imports nothing
+//! from this crate (a job's result records a [`CpuSample`], not the other
+//! way round).
 
 use std::time::{Duration, Instant};
-
-use crate::runner::JobOutput;
 
 /// A field of `/proc/self/status` in bytes (`VmHWM`, `VmRSS`), 0 if unknown.
 pub(crate) fn proc_status(field: &str) -> u64 {
@@ -45,19 +46,31 @@ impl CpuSample {
         }
     }
 
-    /// Adds `cpu_ms` (this process) and `others_cores` (average cores other
-    /// processes kept busy) for the section since `self`.
-    pub(crate) fn record(&self, out: &mut JobOutput) {
+    /// The figures of the section since `self`: this process's CPU time and
+    /// the average cores other processes kept busy.
+    pub(crate) fn finish(&self) -> CpuFigures {
         let wall = self.at.elapsed().as_secs_f64();
         let own = own_cpu().saturating_sub(self.own).as_secs_f64();
         // USER_HZ is 100 on Linux.
         let busy = machine_busy_jiffies().saturating_sub(self.busy_jiffies) as f64 / 100.0;
-        out.put("cpu_ms", own * 1000.0);
-        if wall > 0.0 {
+        let others_cores = (wall > 0.0).then(|| {
             let cores = threads() as f64;
-            out.put("others_cores", ((busy - own) / wall).clamp(0.0, cores));
+            ((busy - own) / wall).clamp(0.0, cores)
+        });
+        CpuFigures {
+            cpu_ms: own * 1000.0,
+            others_cores,
         }
     }
+}
+
+/// What a [`CpuSample`] measured over its section.
+pub(crate) struct CpuFigures {
+    /// CPU time of this process (all threads), ms.
+    pub(crate) cpu_ms: f64,
+    /// Average cores other processes kept busy (`None` if no wall time
+    /// passed).
+    pub(crate) others_cores: Option<f64>,
 }
 
 /// User + system CPU time of this process (all threads).

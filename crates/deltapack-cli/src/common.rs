@@ -9,8 +9,6 @@ use deltapack_format::{CacheIdentity, ContextDigest, Snapshot};
 use deltapack_store::{Store, StoreConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 
-pub(crate) use crate::settings::{parse_duration, parse_size, ExtentArgs, KeyArgs, StoreArgs};
-
 /// The store `deltapack demo` uses when `--store` is not given: an embedded
 /// local store in the working directory. Every other command names its
 /// store explicitly (an operator command acting on a default store by

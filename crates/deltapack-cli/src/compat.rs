@@ -32,7 +32,8 @@ use object_store::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::common::{self, KeyArgs, StoreArgs};
+use crate::common;
+use crate::settings::{KeyArgs, StoreArgs};
 
 /// The `format` of the files `compat record` writes and `--expect` reads.
 pub(crate) const EXPECT_FORMAT: &str = "deltapack-compat-expect/1";
@@ -743,7 +744,7 @@ fn finish(what: &str, results: &[RootResult], refused: u64, json: bool) -> ExitC
     if failed == 0 {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(crate::EXIT_MISS)
+        ExitCode::from(crate::exit::EXIT_MISS)
     }
 }
 
@@ -1305,6 +1306,6 @@ pub(crate) async fn migrate_check(
     Ok(if failed == 0 {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(crate::EXIT_MISS)
+        ExitCode::from(crate::exit::EXIT_MISS)
     })
 }

@@ -32,7 +32,7 @@ use crate::synth::PresetArg;
 #[command(mut_arg("store", |a| a.required(false).default_value(common::DEMO_STORE)))]
 pub(crate) struct DemoArgs {
     #[command(flatten)]
-    store: common::StoreArgs,
+    store: crate::settings::StoreArgs,
     /// Model geometry.
     #[arg(long, value_enum, default_value = "default")]
     preset: PresetArg,
@@ -48,7 +48,7 @@ pub(crate) struct DemoArgs {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     #[command(flatten)]
-    extents: common::ExtentArgs,
+    extents: crate::settings::ExtentArgs,
     /// Machine-readable report.
     #[arg(long)]
     json: bool,
@@ -277,7 +277,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode> {
                 .with_context(|| format!("publishing turn {turn} as {}", lane.report.format))?;
             let after = store.stats();
             if receipt.outcome == PublishOutcome::Conflict {
-                return Err(crate::Conflict(format!(
+                return Err(crate::exit::Conflict(format!(
                     "conflict: the store already holds a different snapshot ({}) for turn {turn} of the {} demo conversation (context {}); use another --store",
                     receipt
                         .existing_snapshot_digest
@@ -418,7 +418,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode> {
                 );
             }
         }
-        return Ok(ExitCode::from(crate::EXIT_ERROR));
+        return Ok(ExitCode::from(crate::exit::EXIT_ERROR));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -44,10 +44,10 @@ pub(crate) fn kind(e: &anyhow::Error) -> &'static str {
         if cause.downcast_ref::<ConfigFileError>().is_some() {
             return "config";
         }
-        if cause.downcast_ref::<crate::Usage>().is_some() {
+        if cause.downcast_ref::<crate::exit::Usage>().is_some() {
             return "usage";
         }
-        if cause.downcast_ref::<crate::Conflict>().is_some() {
+        if cause.downcast_ref::<crate::exit::Conflict>().is_some() {
             return "conflict";
         }
         if cause.downcast_ref::<deltapack_format::Error>().is_some() {

@@ -14,7 +14,7 @@ use crate::common;
 #[derive(Debug, clap::Args)]
 pub(crate) struct InspectArgs {
     #[command(flatten)]
-    store: common::StoreArgs,
+    store: crate::settings::StoreArgs,
     /// Only this identity's namespace.
     #[arg(long, value_name = "FILE")]
     identity: Option<PathBuf>,
@@ -131,7 +131,7 @@ async fn detail(
             match found.as_slice() {
                 [] => {
                     crate::restore::print_miss(&MissReason::Absent, "", &ctx.hex(), json, None)?;
-                    return Ok(ExitCode::from(crate::EXIT_MISS));
+                    return Ok(ExitCode::from(crate::exit::EXIT_MISS));
                 }
                 [n] => *n,
                 _ => bail!(
@@ -147,11 +147,11 @@ async fn detail(
         RootStatus::Found(d) => *d,
         RootStatus::Absent => {
             crate::restore::print_miss(&MissReason::Absent, &ns.hex(), &ctx.hex(), json, None)?;
-            return Ok(ExitCode::from(crate::EXIT_MISS));
+            return Ok(ExitCode::from(crate::exit::EXIT_MISS));
         }
         RootStatus::Unusable(reason) => {
             crate::restore::print_miss(&reason, &ns.hex(), &ctx.hex(), json, None)?;
-            return Ok(ExitCode::from(crate::EXIT_MISS));
+            return Ok(ExitCode::from(crate::exit::EXIT_MISS));
         }
     };
     let v = root_detail(&root, key.as_ref(), root_bytes)?;

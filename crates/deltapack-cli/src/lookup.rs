@@ -20,7 +20,7 @@ use crate::common;
 #[derive(Debug, clap::Args)]
 pub(crate) struct LookupArgs {
     #[command(flatten)]
-    store: common::StoreArgs,
+    store: crate::settings::StoreArgs,
     /// Cache identity JSON file.
     #[arg(long, value_name = "FILE")]
     identity: PathBuf,
@@ -88,7 +88,7 @@ pub(crate) async fn run(args: LookupArgs) -> Result<ExitCode> {
                 );
                 println!("time      {:.1} ms", common::ms(elapsed));
             }
-            Ok(ExitCode::from(crate::EXIT_MISS))
+            Ok(ExitCode::from(crate::exit::EXIT_MISS))
         }
     }
 }

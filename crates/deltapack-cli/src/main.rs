@@ -26,6 +26,7 @@ mod common;
 mod compat;
 mod demo;
 mod errors;
+mod exit;
 mod inspect;
 mod lookup;
 mod ops;
@@ -41,26 +42,7 @@ use std::process::ExitCode;
 
 use clap::{ArgGroup, CommandFactory, FromArgMatches, Parser, Subcommand};
 
-/// Exit code of a miss (no usable state for the context).
-pub(crate) const EXIT_MISS: u8 = 3;
-/// Exit code of an error.
-pub(crate) const EXIT_ERROR: u8 = 1;
-/// Exit code of a usage error (as clap's).
-pub(crate) const EXIT_USAGE: u8 = 2;
-/// Exit code of a sweep that found damage (corrupt or missing objects).
-pub(crate) const EXIT_DAMAGE: u8 = 4;
-
-/// A publication that lost to an existing, different root (exit 1, error
-/// kind `conflict`).
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub(crate) struct Conflict(pub(crate) String);
-
-/// A usage error found after parsing (e.g. no store named by any source):
-/// exit 2 as clap's, error kind `usage`.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub(crate) struct Usage(pub(crate) String);
+use exit::{Usage, EXIT_ERROR, EXIT_USAGE};
 
 /// Authenticated macro-object delta store for paged prefix state.
 #[derive(Debug, Parser)]

@@ -8,7 +8,9 @@ use anyhow::Result;
 use deltapack_format::Namespace;
 use deltapack_store::{Ownership, PruneFilter, RemovalReport, Store};
 
-use crate::common::{self, human_bytes, print_json, StoreArgs};
+use crate::common::{self, human_bytes, print_json};
+use crate::exit::{Usage, EXIT_ERROR, EXIT_USAGE};
+use crate::settings::StoreArgs;
 
 /// Options every operator command shares: the store, and JSON output.
 #[derive(Debug, clap::Args)]
@@ -33,7 +35,7 @@ pub(crate) struct EvictArgs {
     s: OpArgs,
     /// Evict least recently used roots until the store fits this size, e.g.
     /// 40GiB (default: the `--budget`).
-    #[arg(long = "to", value_name = "SIZE", value_parser = crate::common::parse_size)]
+    #[arg(long = "to", value_name = "SIZE", value_parser = crate::settings::parse_size)]
     target: Option<u64>,
     /// Print the plan without changing anything.
     #[arg(long)]
@@ -80,7 +82,7 @@ pub(crate) struct PruneArgs {
     #[arg(long)]
     schema: Option<String>,
     /// Only roots not accessed for this long (e.g. 7d, 12h).
-    #[arg(long, value_name = "DURATION", value_parser = crate::common::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::settings::parse_duration)]
     idle: Option<Duration>,
     /// Print the plan without changing anything.
     #[arg(long)]
@@ -147,7 +149,7 @@ pub(crate) struct LedgerArgs {
     /// `adopt`: how long to wait, after taking the store over, for
     /// deletions the previous ledger's processes started just before (they
     /// re-check the binding before each batch and stop).
-    #[arg(long, value_name = "DURATION", value_parser = crate::common::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::settings::parse_duration)]
     fence: Option<Duration>,
     /// `adopt`: the previous ledger's processes are known to be stopped
     /// (its node is gone, its state directory lost): do not wait.
@@ -278,7 +280,7 @@ pub(crate) async fn clear(a: ClearArgs) -> Result<ExitCode> {
                 " of the store"
             }
         );
-        return Ok(ExitCode::from(crate::EXIT_USAGE));
+        return Ok(ExitCode::from(EXIT_USAGE));
     }
     let store = a.s.open()?;
     let plan = store
@@ -306,9 +308,7 @@ pub(crate) async fn invalidate(a: InvalidateArgs) -> Result<ExitCode> {
 
 pub(crate) async fn ledger(a: LedgerArgs) -> Result<ExitCode> {
     if a.action != "adopt" && (a.fence.is_some() || a.old_owner_gone) {
-        return Err(
-            crate::Usage("--fence and --old-owner-gone go with `ledger adopt`".into()).into(),
-        );
+        return Err(Usage("--fence and --old-owner-gone go with `ledger adopt`".into()).into());
     }
     let store = a.s.open()?;
     if a.action == "adopt" {
@@ -523,6 +523,6 @@ pub(crate) async fn migrate(a: MigrateArgs) -> Result<ExitCode> {
     Ok(if r.skipped.is_empty() {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(crate::EXIT_ERROR)
+        ExitCode::from(EXIT_ERROR)
     })
 }

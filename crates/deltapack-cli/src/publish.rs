@@ -38,7 +38,7 @@ impl FormatArg {
 #[command(group(ArgGroup::new("base_id").args(["base_context", "base_tokens"]).requires("base_snapshot")))]
 pub(crate) struct PublishArgs {
     #[command(flatten)]
-    store: common::StoreArgs,
+    store: crate::settings::StoreArgs,
     /// Cache identity JSON file (see `deltapack identity --example`).
     #[arg(long, value_name = "FILE")]
     identity: PathBuf,
@@ -75,7 +75,7 @@ pub(crate) struct PublishArgs {
     #[arg(long, value_enum, default_value = "v2")]
     format: FormatArg,
     #[command(flatten)]
-    extents: common::ExtentArgs,
+    extents: crate::settings::ExtentArgs,
     #[command(flatten)]
     chain: crate::settings::ChainArgs,
     /// Print the receipt as JSON.
@@ -230,7 +230,7 @@ fn report(args: &PublishArgs, receipt: PublishReceipt) -> Result<ExitCode> {
         print!("{}", receipt_text(&receipt));
     }
     if receipt.outcome == PublishOutcome::Conflict {
-        return Err(crate::Conflict(format!(
+        return Err(crate::exit::Conflict(format!(
             "conflict: context {} already holds {} (schema {}), this request's snapshot is {}; the existing root wins and nothing was written",
             receipt.context,
             receipt

@@ -16,7 +16,7 @@ use crate::common;
 #[command(group(ArgGroup::new("target").args(["context", "tokens"]).required(true)))]
 pub(crate) struct RestoreArgs {
     #[command(flatten)]
-    store: common::StoreArgs,
+    store: crate::settings::StoreArgs,
     /// Cache identity JSON file.
     #[arg(long, value_name = "FILE")]
     identity: PathBuf,
@@ -38,7 +38,7 @@ pub(crate) struct RestoreArgs {
     durable: bool,
     /// Give up (a deadline-exceeded miss) after this long, e.g. 500ms, 2s.
     #[arg(long, value_name = "DURATION", env = "DELTAPACK_DEADLINE",
-          value_parser = common::parse_duration, conflicts_with = "deadline_ms")]
+          value_parser = crate::settings::parse_duration, conflicts_with = "deadline_ms")]
     deadline: Option<Duration>,
     /// Deprecated: --deadline in milliseconds (kept for one release).
     #[arg(long, value_name = "N", hide = true)]
@@ -134,7 +134,7 @@ pub(crate) async fn run(args: RestoreArgs) -> Result<ExitCode> {
                 Some(elapsed),
                 to_stdout,
             )?;
-            Ok(ExitCode::from(crate::EXIT_MISS))
+            Ok(ExitCode::from(crate::exit::EXIT_MISS))
         }
     }
 }

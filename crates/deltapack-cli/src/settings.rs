@@ -648,7 +648,7 @@ impl Resolved {
     pub(crate) fn url(&self) -> Result<String> {
         match &self.url {
             Some(u) => Ok(u.clone()),
-            None => Err(crate::Usage(
+            None => Err(crate::exit::Usage(
                 "no store given: pass --store URL, set DELTAPACK_STORE, or put store = \"URL\" in the --config file"
                     .into(),
             )

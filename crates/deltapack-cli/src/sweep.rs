@@ -5,7 +5,8 @@ use std::process::ExitCode;
 use anyhow::{bail, Result};
 use deltapack_store::SweepOptions;
 
-use crate::common::{human_bytes, print_json, spinner, StoreArgs};
+use crate::common::{human_bytes, print_json, spinner};
+use crate::settings::StoreArgs;
 
 /// Arguments of `deltapack sweep`.
 #[derive(Debug, clap::Args)]
@@ -17,7 +18,7 @@ pub(crate) struct SweepArgs {
     #[arg(long, value_name = "N/M", value_parser = parse_subset)]
     subset: Option<(u8, u8)>,
     /// Pace verification to at most this size per second (e.g. 200MiB).
-    #[arg(long, value_name = "SIZE", value_parser = crate::common::parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = crate::settings::parse_size)]
     rate: Option<u64>,
     /// Report what would be done without changing anything.
     #[arg(long)]
@@ -91,7 +92,7 @@ pub(crate) async fn run(a: SweepArgs) -> Result<ExitCode> {
     }
     let damaged = !report.corrupt.is_empty() || !report.missing.is_empty();
     Ok(if damaged {
-        ExitCode::from(crate::EXIT_DAMAGE)
+        ExitCode::from(crate::exit::EXIT_DAMAGE)
     } else {
         ExitCode::SUCCESS
     })

@@ -18,7 +18,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::digest::{Digest, Namespace};
 use crate::error::{Error, Result};
-use crate::DEFAULT_CHUNK_TOKENS;
+
+/// Default admission geometry: snapshots are published at multiples of this
+/// many tokens.
+pub const DEFAULT_CHUNK_TOKENS: u32 = 256;
 
 /// BLAKE3 derive-key context for namespaces (frozen).
 pub const NAMESPACE_CONTEXT: &str = "deltapack 2026-11-30 cache identity namespace v1";

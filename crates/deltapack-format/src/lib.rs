@@ -62,7 +62,7 @@ pub use delta::{
 pub use digest::{Algorithm, ContextDigest, Digest, Namespace};
 pub use error::{Error, Result};
 pub use extent::{ExtentCodec, ExtentPlan, ExtentSpec, ExtentVerifier, PayloadHasher};
-pub use identity::CacheIdentity;
+pub use identity::{CacheIdentity, DEFAULT_CHUNK_TOKENS};
 pub use layer_digest::{DigestState, LayerDigests, StreamDigest};
 pub use layout::{GroupKind, LayerSpec, PageGroup, PageLayout};
 pub use root::{
@@ -71,10 +71,6 @@ pub use root::{
 };
 pub use scatter::Span;
 pub use snapshot::{Snapshot, SnapshotHeader};
-
-/// Default admission geometry: snapshots are published at multiples of this
-/// many tokens.
-pub const DEFAULT_CHUNK_TOKENS: u32 = 256;
 
 /// Production extent size for v2 roots (64 MiB).
 pub const DEFAULT_MAX_EXTENT_BYTES: u64 = 64 * 1024 * 1024;

@@ -290,7 +290,10 @@ impl Engine {
         let opts = options(timeout);
         Ok(
             match self.store.restore_into((ns, context), buf, opts).await? {
-                ds::RestoreIntoOutcome::Hit { len, digest } => RestoreInto::Hit { len, digest },
+                ds::RestoreIntoOutcome::Hit { len, digest } => RestoreInto::Hit {
+                    len,
+                    digest: digest.to_string(),
+                },
                 ds::RestoreIntoOutcome::Miss { reason } => {
                     RestoreInto::Miss(MissInfo::from(&reason))
                 }

@@ -192,7 +192,7 @@ fn open_ledger(kind: &BackendKind, url: Option<&str>) -> Result<(Ledger, Option<
         ),
         BackendKind::S3 { .. } => {
             let name = blake3::hash(identity.as_bytes()).to_hex();
-            let path = crate::state_dir()
+            let path = crate::paths::state_dir()
                 .join("ledgers")
                 .join(format!("{}.sqlite3", &name[..32]));
             (Ledger::open_file(&path)?, Some(identity))
@@ -255,7 +255,7 @@ impl Store {
     /// Which ledger ([`StoreConfig::ledger`](crate::StoreConfig::ledger)):
     /// a `sqlite://` or `postgres://` URL if given; otherwise the store's
     /// own file for `file://` stores, a SQLite file under the state
-    /// directory ([`crate::state_dir`]) for `s3://` stores, and an in-memory
+    /// directory ([`crate::paths::state_dir`]) for `s3://` stores, and an in-memory
     /// one for `memory://`. A ledger outside the store is bound to the
     /// first store that uses it (`meta.store`) and refuses any other: two
     /// buckets' accounts in one database would corrupt both.
@@ -671,77 +671,6 @@ impl Store {
         Ok(marked || recorded)
     }
 
-    /// Deletes condemned objects whose grace period has passed and that no
-    /// publication in progress protects. On local disk each file is removed
-    /// inside the ledger transaction that re-checks the object, so a
-    /// concurrent publisher (which protects objects before relying on them)
-    /// either sees the object gone and rewrites it, or protects it first.
-    #[tracing::instrument(level = "debug", name = "collect_garbage", skip_all, fields(
-        objects = tracing::field::Empty,
-        bytes = tracing::field::Empty,
-    ))]
-    pub async fn collect_garbage(&self) -> Result<(u64, u64)> {
-        let ledger = self.ledger().await?;
-        let mut fence = crate::ownership::OwnerFence::start(self, "collect garbage").await?;
-        // An object the ledger thinks unreferenced may be used by a root
-        // it has not seen yet (written by a process that died before
-        // recording it): reconcile first.
-        self.reconcile_ledger().await?;
-        let cutoff = now_ms().saturating_sub(self.config().grace.as_millis() as u64);
-        let (n, b) = match self.backend_kind() {
-            BackendKind::Local { root } => {
-                let root = root.clone();
-                ledger
-                    .run(move |l| {
-                        l.collect(cutoff, |key| match std::fs::remove_file(root.join(key)) {
-                            Ok(()) => true,
-                            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
-                        })
-                    })
-                    .await?
-            }
-            _ => {
-                // Claim, delete, finish: a publisher that protects a claimed
-                // key waits for the deletion and writes the object again.
-                let (mut n, mut b) = (0, 0);
-                let claimed = ledger.run(move |l| l.claim_due(cutoff)).await?;
-                for (i, (key, bytes)) in claimed.iter().enumerate() {
-                    // An adoption since the last check: stop, and hand the
-                    // claims not acted on back (the new owner decides).
-                    if let Err(e) = fence.check(self).await {
-                        let rest: Vec<String> =
-                            claimed[i..].iter().map(|(k, _)| k.clone()).collect();
-                        let _ = ledger
-                            .run(move |l| rest.iter().try_for_each(|k| l.finish_delete(k, false)))
-                            .await;
-                        return Err(e);
-                    }
-                    let (key, bytes) = (key.clone(), *bytes);
-                    let p = Path::from(key.as_str());
-                    let res = self.object_store().delete(&p).await;
-                    let deleted = matches!(res, Ok(()) | Err(object_store::Error::NotFound { .. }));
-                    let k = key.clone();
-                    ledger.run(move |l| l.finish_delete(&k, deleted)).await?;
-                    match res {
-                        Ok(()) | Err(object_store::Error::NotFound { .. }) => {
-                            n += 1;
-                            b += bytes;
-                        }
-                        Err(e) => return Err(StoreError::io(&p, e)),
-                    }
-                }
-                (n, b)
-            }
-        };
-        tracing::Span::current()
-            .record("objects", n)
-            .record("bytes", b);
-        if n > 0 {
-            tracing::info!(objects = n, bytes = b, "garbage collected");
-        }
-        Ok((n, b))
-    }
-
     /// The base graph of the roots the ledger knows.
     fn ledger_graph(rows: &[RootRow]) -> BaseGraph {
         let mut graph = BaseGraph::default();
@@ -885,12 +814,12 @@ impl Store {
                 c.clear();
             }
         }
-        let (n, b) = self.collect_garbage().await?;
-        report.deleted_objects = n;
-        report.deleted_bytes = b;
+        let gc = self.collect_garbage().await?;
+        report.deleted_objects = gc.objects;
+        report.deleted_bytes = gc.bytes;
         tracing::Span::current()
             .record("removed", report.roots.len())
-            .record("deleted_bytes", b);
+            .record("deleted_bytes", gc.bytes);
         Ok(report)
     }
 
@@ -958,17 +887,13 @@ impl Store {
     /// budget, counting every other publication's reservation: concurrent
     /// publications (in this process or any other sharing the ledger) can
     /// never together exceed a hard budget. It lasts until the publication
-    /// ends ([`crate::publish::ProtectGuard::finish`]), by which time its
+    /// ends ([`crate::gc::ProtectGuard::finish`]), by which time its
     /// root and objects are recorded and counted instead.
     #[tracing::instrument(level = "debug", name = "make_room", skip_all, fields(
         need,
         evicted = tracing::field::Empty,
     ))]
-    pub(crate) async fn make_room(
-        &self,
-        need: u64,
-        guard: &crate::publish::ProtectGuard,
-    ) -> Result<()> {
+    pub(crate) async fn make_room(&self, need: u64, guard: &crate::gc::ProtectGuard) -> Result<()> {
         let (budget, min_free) = (self.config().budget_bytes, self.config().min_free_bytes);
         if budget.is_none() && min_free.is_none() {
             return Ok(());

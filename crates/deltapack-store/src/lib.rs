@@ -101,14 +101,16 @@ mod capacity;
 mod config_file;
 mod error;
 mod fault;
+mod gc;
 pub mod keys;
 mod ledger;
 mod local;
 mod lookup;
 mod metrics;
-mod migrate;
+mod migrate_v1;
 mod options;
 mod ownership;
+mod paths;
 mod publish;
 mod restore;
 mod stats;
@@ -121,30 +123,14 @@ pub use backend::{is_storage_full, open as open_backend, Backend, BackendKind};
 pub use capacity::{free_space, Pin, PruneFilter, RemovalKind, RemovalPlan, RemovalReport};
 pub use config_file::{ConfigFile, ConfigFileError, FileChainPolicy, FileColdStart};
 pub use error::{MissReason, OpenError, Result, StoreError};
+pub use gc::GcReport;
 pub use keys::RootKey;
 pub use ledger::{ColdStart, LedgerError, LedgerImage, LedgerLocation, MergeReport, Totals};
 
-/// Where deltapack keeps local state that is not part of a store: the
-/// SQLite ledgers of `s3://` stores opened without a ledger URL
-/// (`<state dir>/ledgers/<hash of bucket/prefix>.sqlite3`).
-/// `$DELTAPACK_STATE_DIR` if set, else `$XDG_STATE_HOME/deltapack`, else
-/// `~/.local/state/deltapack`, else `deltapack-state` in the temp directory.
-pub fn state_dir() -> std::path::PathBuf {
-    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
-    if let Some(d) = env("DELTAPACK_STATE_DIR") {
-        return d.into();
-    }
-    if let Some(d) = env("XDG_STATE_HOME") {
-        return std::path::PathBuf::from(d).join("deltapack");
-    }
-    if let Some(h) = env("HOME") {
-        return std::path::PathBuf::from(h).join(".local/state/deltapack");
-    }
-    std::env::temp_dir().join("deltapack-state")
-}
 pub use lookup::{Lookup, LookupSource, LEDGER_RETRY, LOOKUP_PROBES_IN_FLIGHT};
-pub use migrate::{MigrationProof, MigrationReport};
+pub use migrate_v1::{MigrationProof, MigrationReport};
 pub use ownership::{AdoptReport, BindingStatus, BindingView, Ownership, DEFAULT_FENCE};
+pub use paths::state_dir;
 /// The `prometheus-client` crate this one registers its metrics with (see
 /// [`Store::register_metrics`]), re-exported so callers use the same version.
 pub use prometheus_client;

@@ -1,85 +1,20 @@
-//! The chain scenario's part of the report: per-N rows, scenario rows,
-//! targets and the `results.md` section (its plot is `plot::chain`).
+//! The chain scenario's part of the report: scenario rows, targets and the
+//! `results.md` section (its plot is `plot::chain`; its per-N rows and
+//! summary, [`ChainSummary`], are in [`super::types`]). Imports the report's
+//! types and units, never `report/mod.rs`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use serde::Serialize;
-
-use super::{mib, secs, FloorRef, Row, Scenario, Target};
-use crate::runner::Acc;
+use super::types::{ChainSummary, FloorRef, Row, Scenario, Target};
+use super::units::{mib, secs};
+use crate::job::Acc;
 
 /// Allowed slowdown of a chain restore over the flat one (local, warm).
 const LOCAL_RATIO_TARGET: f64 = 1.15;
 /// Allowed S3-like excess of a chain restore over the flat one, in GETs'
 /// latencies.
 const S3_LATENCIES_TARGET: f64 = 3.0;
-
-/// Per-N figures of the report (medians, ms).
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct ChainRow {
-    /// N.
-    pub(crate) turns: u32,
-    /// Tokens of the last turn's delta.
-    pub(crate) last_turn_tokens: u64,
-    /// Payload of the last turn's publication.
-    pub(crate) last_payload_bytes: u64,
-    /// Bytes of every object in the conversation's store.
-    pub(crate) store_bytes: u64,
-    /// Publication of the last turn.
-    pub(crate) publish_ms: Option<f64>,
-    /// Its durable write floor.
-    pub(crate) floor_write_ms: Option<f64>,
-    /// Restore, new buffer, local, warm.
-    pub(crate) warm_ms: Option<f64>,
-    /// `warm_ms` / the flat root's.
-    pub(crate) warm_ratio: Option<f64>,
-    /// `restore_into`, local, warm.
-    pub(crate) into_ms: Option<f64>,
-    /// `into_ms` / the flat root's.
-    pub(crate) into_ratio: Option<f64>,
-    /// Restore, S3-like.
-    pub(crate) s3like_ms: Option<f64>,
-    /// `s3like_ms` − the flat root's.
-    pub(crate) s3like_minus_flat_ms: Option<f64>,
-    /// The same in GET latencies.
-    pub(crate) s3like_minus_flat_latencies: Option<f64>,
-    /// Largest peak memory (VmHWM − start) of the three restores.
-    pub(crate) peak_bytes: Option<u64>,
-    /// `peak_bytes` / the bound.
-    pub(crate) peak_over_bound: Option<f64>,
-}
-
-/// The chain part of the report.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct ChainSummary {
-    /// Tokens of the final snapshot (every N).
-    pub(crate) final_tokens: u64,
-    /// Tokens per chunk.
-    pub(crate) chunk_tokens: u64,
-    /// Bytes of the final snapshot.
-    pub(crate) result_bytes: u64,
-    /// Its digest.
-    pub(crate) result_digest: String,
-    /// Extent size M.
-    pub(crate) extent_bytes: u64,
-    /// S3-like latency per GET.
-    pub(crate) latency_ms: u64,
-    /// result + 4 × M + M.
-    pub(crate) bound_bytes: u64,
-    /// The N that ran.
-    pub(crate) turns: Vec<u32>,
-    /// Conversation lengths asked for but not run, and why.
-    pub(crate) skipped: Vec<String>,
-    /// The flat root's restore, new buffer.
-    pub(crate) flat_warm_ms: Option<f64>,
-    /// The flat root's `restore_into`.
-    pub(crate) flat_into_ms: Option<f64>,
-    /// The flat root's restore, S3-like.
-    pub(crate) flat_s3like_ms: Option<f64>,
-    /// One row per N.
-    pub(crate) rows: Vec<ChainRow>,
-}
 
 /// Group, label and floor of a chain scenario id.
 pub(crate) fn describe(

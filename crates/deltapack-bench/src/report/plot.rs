@@ -4,8 +4,8 @@
 
 use anyhow::{anyhow, Result};
 
-use super::chain::ChainSummary;
-use super::{secs, Report, Scenario};
+use super::types::{ChainSummary, Report, Scenario};
+use super::units::secs;
 use crate::workload::MIB;
 
 /// Horizontal bars: every scenario's median time, its floor as a black

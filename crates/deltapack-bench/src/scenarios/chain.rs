@@ -29,72 +29,29 @@
 //! `chain-n{N}-s3like`, `chain-n{N}-floor-write`, `chain-n{N}-publish`.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use deltapack_format::{ContextDigest, Digest, Snapshot};
 use deltapack_store::{PublishOutcome, RootStatus, Store};
-use serde::{Deserialize, Serialize};
 
 use super::publish::timed_publish;
-use super::restore::{measure, timed_drop, Expected, Source};
+use super::restore::{measure, timed_drop, Expected};
+use crate::args::BenchArgs;
 use crate::floors::{fastest_write_floor, payload_chunks, write_floors};
+use crate::job::{Acc, ChainMode, ChainPublishSpec, ChainRestoreSpec, Job, JobOutput, Source};
 use crate::measure::{median, ms};
-use crate::report::chain::{ChainRow, ChainSummary};
-use crate::runner::{child, round_robin, Acc, Job, JobOutput};
+use crate::report::{ChainRow, ChainSummary};
+use crate::runner::{child, round_robin};
 use crate::workload::{
     clone_store, fan_out, objects_bytes, open_local_with, synth_at, turn_request, warm_page_cache,
     Conversation, Workload, SEED,
 };
-use crate::BenchArgs;
 
 /// Conversation lengths measured by default (256 only where it fits).
 const DEFAULT_TURNS: [u32; 5] = [1, 4, 16, 64, 256];
-
-/// How a chain restore child reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub(crate) enum Mode {
-    /// `Store::restore`, local, warm page cache.
-    Warm,
-    /// `Store::restore_into` a resident caller buffer, local, warm.
-    Into,
-    /// `Store::restore` through the S3-like emulation.
-    S3like,
-}
-
-impl Mode {
-    /// The scenario id's suffix.
-    pub(crate) fn suffix(self) -> &'static str {
-        match self {
-            Mode::Warm => "warm",
-            Mode::Into => "warm-into",
-            Mode::S3like => "s3like",
-        }
-    }
-}
-
-/// A chain restore job.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct RestoreSpec {
-    c: Conversation,
-    dir: PathBuf,
-    mode: Mode,
-    latency_ms: u64,
-    result_bytes: u64,
-    result_digest: String,
-}
-
-/// A chain publication job.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct PublishSpec {
-    c: Conversation,
-    keep: PathBuf,
-    scratch: PathBuf,
-    rounds: u32,
-}
 
 // ------------------------------------------------------------------ children
 
@@ -121,7 +78,7 @@ async fn chain_depth(store: &Store, mut ctx: ContextDigest) -> Result<u32> {
 /// Publishes turns 1..N−1 once, then, round by round, the durable write
 /// floor of the last turn's payload and the timed publication of the last
 /// turn into a clone of that store. The last round's store is kept.
-pub(crate) async fn job_publish(s: PublishSpec) -> Result<JobOutput> {
+pub(crate) async fn job_publish(s: ChainPublishSpec) -> Result<JobOutput> {
     let c = s.c;
     let n = c.turns;
     let bounds = c.boundaries()?;
@@ -237,7 +194,7 @@ pub(crate) async fn job_publish(s: PublishSpec) -> Result<JobOutput> {
 }
 
 /// A fresh child restoring the last turn: no base cache, page cache warm.
-pub(crate) async fn job_restore(s: RestoreSpec) -> Result<JobOutput> {
+pub(crate) async fn job_restore(s: ChainRestoreSpec) -> Result<JobOutput> {
     let mut out = JobOutput::default();
     let dir = s.dir.clone();
     let warmed = tokio::task::spawn_blocking(move || warm_page_cache(&dir))
@@ -245,8 +202,8 @@ pub(crate) async fn job_restore(s: RestoreSpec) -> Result<JobOutput> {
         .context("page cache task")??;
     out.put("warmed_bytes", warmed);
     let source = match s.mode {
-        Mode::Warm | Mode::Into => Source::Warm { dir: s.dir.clone() },
-        Mode::S3like => Source::Throttled {
+        ChainMode::Warm | ChainMode::Into => Source::Warm { dir: s.dir.clone() },
+        ChainMode::S3like => Source::Throttled {
             dir: s.dir.clone(),
             latency_ms: s.latency_ms,
         },
@@ -263,7 +220,7 @@ pub(crate) async fn job_restore(s: RestoreSpec) -> Result<JobOutput> {
             .context("the flat conversation's result digest")?,
         len: s.result_bytes,
     };
-    if let Some(r) = measure(&store, ns, ctx, s.mode == Mode::Into, &want, &mut out).await? {
+    if let Some(r) = measure(&store, ns, ctx, s.mode == ChainMode::Into, &want, &mut out).await? {
         timed_drop(r, &mut out);
     }
     out.put("result_bytes", s.result_bytes);
@@ -320,7 +277,7 @@ pub(crate) async fn run(
         let keep = work.join(format!("chain-n{n}"));
         let mut o = child(
             &Job::ChainPublish {
-                spec: PublishSpec {
+                spec: ChainPublishSpec {
                     c: Conversation::new(n, &w),
                     keep: keep.clone(),
                     scratch: scratch.clone(),
@@ -363,8 +320,8 @@ pub(crate) async fn run(
             bail!("the {n}-turn conversation does not end in the flat snapshot");
         }
     }
-    let job = |n: u32, mode: Mode| Job::ChainRestore {
-        spec: RestoreSpec {
+    let job = |n: u32, mode: ChainMode| Job::ChainRestore {
+        spec: ChainRestoreSpec {
             c: Conversation::new(n, &w),
             dir: stores[&n].clone(),
             mode,
@@ -376,7 +333,10 @@ pub(crate) async fn run(
     // Two blocks (local, S3-like); in each, one repetition of every
     // scenario per round.
     let mut blocks: Vec<Vec<(String, Job)>> = Vec::new();
-    for modes in [&[Mode::Warm, Mode::Into][..], &[Mode::S3like][..]] {
+    for modes in [
+        &[ChainMode::Warm, ChainMode::Into][..],
+        &[ChainMode::S3like][..],
+    ] {
         let mut plan = Vec::new();
         for &mode in modes {
             plan.push((format!("chain-flat-{}", mode.suffix()), job(1, mode)));
@@ -406,7 +366,7 @@ pub(crate) async fn run(
             let warm = m(&format!("chain-n{n}-warm"));
             let into = m(&format!("chain-n{n}-warm-into"));
             let s3 = m(&format!("chain-n{n}-s3like"));
-            let peak = [Mode::Warm, Mode::Into, Mode::S3like]
+            let peak = [ChainMode::Warm, ChainMode::Into, ChainMode::S3like]
                 .iter()
                 .filter_map(|mode| accs.get(&format!("chain-n{n}-{}", mode.suffix())))
                 .map(|a| a.peak.saturating_sub(a.baseline))

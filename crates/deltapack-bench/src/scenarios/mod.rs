@@ -23,13 +23,13 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
-pub(crate) use self::restore::Source;
-use crate::floors::{fastest_write_floor, ReadFloor};
+use crate::args::{BenchArgs, Suite};
+use crate::floors::fastest_write_floor;
+use crate::job::{Acc, Job, JobOutput, ReadFloor, Source};
 use crate::report::{self, machine, mib, Machine, Report};
-use crate::runner::{child, pin_exe, round_robin, set_wait_idle, Acc, Job, JobOutput};
+use crate::runner::{child, pin_exe, round_robin, set_wait_idle};
 use crate::shaped::Shaping;
 use crate::workload::{s3_child_url, unique, Fmt, Workload};
-use crate::{BenchArgs, Suite};
 
 /// Runs a suite: the scenarios in a fresh work dir (removed afterwards
 /// unless `--keep`), then the report files under `--out` and the report on

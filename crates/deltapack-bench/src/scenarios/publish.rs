@@ -16,8 +16,8 @@ use futures::TryStreamExt;
 use object_store::{ObjectMeta, ObjectStoreExt};
 
 use crate::floors::{payload_chunks, write_floors};
+use crate::job::JobOutput;
 use crate::measure::{ms, proc_status, reset_peak, CpuSample};
-use crate::runner::JobOutput;
 use crate::scenarios::restore::put_shaped_counters;
 use crate::shaped::{shaped_memory_store, Shaping};
 use crate::workload::{fan_out, fresh_buffer, open_local, open_store, Fmt, Workload};
@@ -37,7 +37,7 @@ pub(crate) async fn timed_publish(
     let t = Instant::now();
     let receipt = store.publish(request()?).await?;
     out.times_ms.push(ms(t.elapsed()));
-    cpu.record(&mut out);
+    out.record_cpu(&cpu);
     out.peak = proc_status("VmHWM");
     out.put("encode_ms", ms(receipt.encode_time));
     out.put("write_ms", ms(receipt.write_time));

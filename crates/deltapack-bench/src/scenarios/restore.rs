@@ -3,80 +3,18 @@
 //! buffer or a caller's resident one. The timed restore itself
 //! ([`measure`]) is shared with the chain scenario.
 
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Result};
 use deltapack_format::{ContextDigest, Digest, Namespace};
 use deltapack_store::{
-    RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored, RootStatus, Store, StoreConfig,
+    RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored, RootStatus, Store,
 };
-use serde::{Deserialize, Serialize};
 
+use crate::job::{JobOutput, Source};
 use crate::measure::{ms, CpuSample};
-use crate::runner::JobOutput;
-use crate::s3like::throttled_store;
-use crate::shaped::{shaped_local_store, Shaper, Shaping};
-use crate::workload::{evict, open_local_with, open_store, touched_buffer, Fmt, Workload};
-
-/// Where a restore reads from.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
-pub(crate) enum Source {
-    /// Local store, page cache warm.
-    Warm {
-        /// The store's directory.
-        dir: PathBuf,
-    },
-    /// Local store, its files evicted from the page cache before each run.
-    Cold {
-        /// The store's directory.
-        dir: PathBuf,
-    },
-    /// Local files through `object_store` with a per-GET latency.
-    Throttled {
-        /// The store's directory.
-        dir: PathBuf,
-        /// Latency per GET.
-        latency_ms: u64,
-    },
-    /// Local files through the bandwidth-shaped S3 emulation.
-    Shaped {
-        /// The store's directory.
-        dir: PathBuf,
-        /// Latency, per-connection and aggregate caps.
-        shaping: Shaping,
-    },
-    /// A real S3-compatible store.
-    S3 {
-        /// Its URL.
-        url: String,
-    },
-}
-
-impl Source {
-    /// Opens the store this source reads.
-    pub(crate) fn open(&self, config: StoreConfig) -> Result<Store> {
-        Ok(self.open_probed(config)?.0)
-    }
-
-    /// Opens the store this source reads, with the shaper of a shaped one
-    /// (its counters; shaping can be switched off for untimed set-up).
-    pub(crate) fn open_probed(&self, config: StoreConfig) -> Result<(Store, Option<Arc<Shaper>>)> {
-        Ok(match self {
-            Source::Warm { dir } | Source::Cold { dir } => (open_local_with(dir, config)?, None),
-            Source::Throttled { dir, latency_ms } => {
-                (throttled_store(dir, *latency_ms, config)?, None)
-            }
-            Source::Shaped { dir, shaping } => {
-                let (store, shaper) = shaped_local_store(dir, *shaping, config)?;
-                (store, Some(shaper))
-            }
-            Source::S3 { url } => (open_store(url, config)?, None),
-        })
-    }
-}
+use crate::shaped::Shaper;
+use crate::workload::{evict, touched_buffer, Fmt, Workload};
 
 /// The snapshot a timed restore must produce.
 pub(crate) struct Expected {
@@ -112,9 +50,9 @@ pub(crate) async fn measure(
             .restore_into((ns, ctx), &mut buf, RestoreOptions::default())
             .await?;
         out.times_ms.push(ms(t.elapsed()));
-        cpu.record(out);
+        out.record_cpu(&cpu);
         match outcome {
-            RestoreIntoOutcome::Hit { digest, .. } if digest == want.digest.to_string() => {}
+            RestoreIntoOutcome::Hit { digest, .. } if digest == want.digest => {}
             RestoreIntoOutcome::Hit { .. } => bail!("restore_into returned the wrong snapshot"),
             RestoreIntoOutcome::Miss { reason } => bail!("restore_into missed: {reason}"),
         }
@@ -128,7 +66,7 @@ pub(crate) async fn measure(
         let t = Instant::now();
         let outcome = store.restore((ns, ctx), RestoreOptions::default()).await?;
         out.times_ms.push(ms(t.elapsed()));
-        cpu.record(out);
+        out.record_cpu(&cpu);
         let r = match outcome {
             RestoreOutcome::Hit(r) => r,
             RestoreOutcome::Miss(m) => bail!("restore missed: {m}"),

@@ -8,9 +8,9 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 
 use crate::floors::{extent_files, v2_manifest};
+use crate::job::JobOutput;
 use crate::measure::median;
 use crate::report::ZstdRow;
-use crate::runner::JobOutput;
 use crate::workload::Workload;
 
 /// Zero-heavy pages: `valid` of every 256-slot page of the default preset

@@ -20,7 +20,7 @@
 
 use std::time::Duration;
 
-use super::LedgerError;
+use super::error::LedgerError;
 
 /// A value crossing the engine boundary.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -26,7 +26,7 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
 
-use super::LedgerError;
+use super::error::LedgerError;
 
 /// How the connection to the ledger is secured (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

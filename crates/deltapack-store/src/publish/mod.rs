@@ -20,26 +20,32 @@
 //!    Losing that race to another writer is resolved as in step 2.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use deltapack_format::layer_digest;
 use deltapack_format::root::{self, RootMeta, MAX_CHAIN_HINTS};
 use deltapack_format::{
     BaseRef, CacheIdentity, ChainHints, ContextDigest, DecodedRoot, DeltaLayout, Digest,
-    DigestState, ExtentPlan, LayerDigests, Namespace, Snapshot,
+    DigestState, ExtentPlan, Namespace, Snapshot,
 };
-use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt};
 use object_store::PutPayload;
-use serde::Serialize;
 
+mod payload;
+mod receipt;
+mod request;
 mod turn;
 
-pub use turn::{Turn, TurnRequest};
+pub(crate) use payload::Payload;
+use payload::{slice_parts, split_payload, LateDigest};
+pub(crate) use receipt::{CheckedBase, ResultDigest};
+pub use receipt::{PublishOutcome, PublishReceipt, Turn};
+pub use request::{BaseInput, PublishRequest, RootFormat, TurnRequest};
 
 use crate::backend::{put_create, BackendKind, PutOutcome};
 use crate::error::{Result, StoreError};
+use crate::gc::{AbortOnDrop, ProtectGuard};
 use crate::keys;
 use crate::stats::Stats;
 use crate::store::{RootStatus, Store};
@@ -47,163 +53,6 @@ use object_store::ObjectStoreExt;
 
 /// Most object payloads written (and held) at once by one publication.
 pub const PUBLISH_BATCH: usize = 2;
-
-/// Which root schema to write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
-#[serde(rename_all = "lowercase")]
-#[non_exhaustive]
-pub enum RootFormat {
-    /// `deltapack-page-delta-manifest/v2`: ordered extents (production).
-    #[default]
-    V2,
-    /// Legacy `…/v1`: one SHA-256 object per logical chunk (fixtures,
-    /// benchmarks, migration tests).
-    V1,
-}
-
-impl RootFormat {
-    /// Short name: `v2` or `v1` (as in the CLI's `--format`).
-    pub fn name(&self) -> &'static str {
-        match self {
-            RootFormat::V2 => "v2",
-            RootFormat::V1 => "v1",
-        }
-    }
-
-    /// The schema string its roots carry (a delta chain written as v2 may
-    /// carry the v2.1 minor version; see the receipt's `schema`).
-    pub fn schema(&self) -> &'static str {
-        match self {
-            RootFormat::V2 => root::SCHEMA_V2,
-            RootFormat::V1 => root::SCHEMA_V1,
-        }
-    }
-}
-
-/// The base of a delta publication.
-#[derive(Debug, Clone)]
-pub struct BaseInput {
-    /// Context of the base root (same namespace).
-    pub context: ContextDigest,
-    /// The base snapshot bytes the caller holds; must match the base root.
-    pub snapshot: Arc<Snapshot>,
-}
-
-/// A publication request.
-#[derive(Debug, Clone)]
-pub struct PublishRequest {
-    /// Identity (gives the namespace and `chunk_tokens`).
-    pub identity: CacheIdentity,
-    /// Context being published.
-    pub context: ContextDigest,
-    /// The result snapshot.
-    pub snapshot: Arc<Snapshot>,
-    /// Base for a delta; `None` publishes a flat snapshot (a base root).
-    pub base: Option<BaseInput>,
-    /// Root schema.
-    pub format: RootFormat,
-}
-
-/// How a publication ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PublishOutcome {
-    /// This call created the root.
-    Created,
-    /// A root with the same result snapshot already existed (idempotent).
-    AlreadyPresent,
-    /// A root with a *different* snapshot exists; it wins, nothing changed.
-    Conflict,
-}
-
-/// What a publication did.
-#[derive(Debug, Clone, Serialize)]
-#[non_exhaustive]
-pub struct PublishReceipt {
-    /// Outcome.
-    pub outcome: PublishOutcome,
-    /// Namespace.
-    pub namespace: Namespace,
-    /// Context.
-    pub context: ContextDigest,
-    /// BLAKE3 of the root object now stored under the context.
-    pub root_digest: Option<Digest>,
-    /// Schema of the root now stored under the context.
-    pub schema: String,
-    /// Result snapshot digest of this request.
-    pub snapshot_digest: Digest,
-    /// Result snapshot digest of the existing root (on conflict).
-    pub existing_snapshot_digest: Option<Digest>,
-    /// Payload length (snapshot or delta).
-    pub payload_len: u64,
-    /// Objects created.
-    pub objects_written: u64,
-    /// Objects that already existed.
-    pub objects_reused: u64,
-    /// Bytes created (objects + root).
-    pub bytes_written: u64,
-    /// Time building the payload (delta encoding).
-    pub encode_time: Duration,
-    /// Time hashing and writing objects and the root.
-    pub write_time: Duration,
-    /// Total time.
-    pub total_time: Duration,
-    /// The request named a base but the chain policy
-    /// ([`crate::ChainPolicy`]) published the result as a flat root.
-    pub rebased: bool,
-    /// Deltas between this root and its flat root (0 for a flat root).
-    pub chain_depth: u32,
-    /// The handle to publish the next turn from (layered roots only; see
-    /// [`Store::publish_turn`]).
-    #[serde(skip)]
-    pub turn: Option<Turn>,
-}
-
-impl PublishReceipt {
-    /// A receipt with nothing done yet.
-    pub(crate) fn empty(
-        namespace: Namespace,
-        context: ContextDigest,
-        snapshot_digest: Digest,
-    ) -> Self {
-        PublishReceipt {
-            outcome: PublishOutcome::Created,
-            namespace,
-            context,
-            root_digest: None,
-            schema: root::SCHEMA_V2.into(),
-            snapshot_digest,
-            existing_snapshot_digest: None,
-            payload_len: 0,
-            objects_written: 0,
-            objects_reused: 0,
-            bytes_written: 0,
-            encode_time: Duration::ZERO,
-            write_time: Duration::ZERO,
-            total_time: Duration::ZERO,
-            rebased: false,
-            chain_depth: 0,
-            turn: None,
-        }
-    }
-}
-
-/// A delta's base, checked against its root.
-pub(crate) struct CheckedBase {
-    /// The reference the delta's root records.
-    pub(crate) base: BaseRef,
-    /// The chain below the base (see [`Store::chain_below`]).
-    pub(crate) below: Option<(Vec<BaseRef>, u64)>,
-    /// The base's digest state, when its digest is layered and known.
-    pub(crate) state: Option<Arc<DigestState>>,
-}
-
-/// A result's snapshot digest as a publication computes it: the digest,
-/// and for a layered one its stream digests and state.
-pub(crate) struct ResultDigest {
-    pub(crate) digest: Digest,
-    pub(crate) layered: Option<(LayerDigests, Arc<DigestState>)>,
-}
 
 /// One object to write: its key and its stored bytes (possibly in parts).
 struct PendingObject {
@@ -278,6 +127,26 @@ impl Store {
         req: PublishRequest,
         progress: &(dyn Fn(u64, u64) + Send + Sync),
     ) -> Result<PublishReceipt> {
+        // The publication's lease ends before this returns, on every path:
+        // a guard merely dropped ends it on a blocking thread later, and a
+        // sweep or collection started right after a failed publication
+        // would still see its objects protected.
+        let mut guard = None;
+        let out = self.publish_guarded(req, progress, &mut guard).await;
+        if let Some(g) = guard.take() {
+            g.finish().await;
+        }
+        out
+    }
+
+    /// [`Store::publish_uncounted`] with the publication's lease in `slot`,
+    /// which the caller ends.
+    async fn publish_guarded(
+        &self,
+        req: PublishRequest,
+        progress: &(dyn Fn(u64, u64) + Send + Sync),
+        slot: &mut Option<ProtectGuard>,
+    ) -> Result<PublishReceipt> {
         let start = Instant::now();
         let id = &req.identity;
         id.validate()?;
@@ -300,12 +169,10 @@ impl Store {
         // removal claim is refused) until this publication ends, by when
         // the delta is recorded and names its base. A base already claimed
         // for removal is waited for, and then found gone.
-        let mut early_guard = None;
         if let Some(b) = &req.base {
-            let g = ProtectGuard::new(self).await?;
+            let g = slot.insert(ProtectGuard::new(self).await?);
             g.protect(vec![keys::root_key(&ns, &b.context).to_string()])
                 .await?;
-            early_guard = Some(g);
         }
         let checked = match &req.base {
             None => None,
@@ -472,7 +339,7 @@ impl Store {
                         state,
                     );
                 }
-                if let Some(g) = early_guard.take() {
+                if let Some(g) = slot.take() {
                     g.finish().await;
                 }
                 receipt.total_time = start.elapsed();
@@ -533,11 +400,11 @@ impl Store {
         };
         // Upper bound of what this publication adds: the payload (objects
         // already present are not subtracted) and a generous root estimate.
-        let guard = match early_guard {
-            Some(g) => g,
-            None => ProtectGuard::new(self).await?,
+        let guard = match slot {
+            Some(g) => &*g,
+            None => &*slot.insert(ProtectGuard::new(self).await?),
         };
-        self.make_room(receipt.payload_len + 4096 + 256 * objects, &guard)
+        self.make_room(receipt.payload_len + 4096 + 256 * objects, guard)
             .await?;
 
         let t_write = Instant::now();
@@ -545,7 +412,7 @@ impl Store {
         let root_bytes = match req.format {
             RootFormat::V2 => {
                 let (entries, payload_digest) = self
-                    .write_v2(payload, &mut receipt, progress, &guard)
+                    .write_v2(payload, &mut receipt, progress, guard)
                     .await?;
                 receipt.snapshot_digest = match &digest {
                     Some(_) => snapshot_digest().await?,
@@ -595,7 +462,7 @@ impl Store {
             RootFormat::V1 => {
                 let whole = payload.assemble().await?;
                 let (chunks, payload_digest) = self
-                    .write_v1(&req, whole, &mut receipt, progress, &guard)
+                    .write_v1(&req, whole, &mut receipt, progress, guard)
                     .await?;
                 receipt.snapshot_digest = match &digest {
                     Some(_) => snapshot_digest().await?,
@@ -619,7 +486,9 @@ impl Store {
             Some(&req.snapshot),
         )
         .await?;
-        guard.finish().await;
+        if let Some(g) = slot.take() {
+            g.finish().await;
+        }
         receipt.write_time = t_write.elapsed();
         receipt.total_time = start.elapsed();
         if receipt.outcome != PublishOutcome::Conflict {
@@ -1324,80 +1193,6 @@ impl Store {
     }
 }
 
-/// `payload` cut into parts of `part_bytes` (the last one shorter), each a
-/// list of zero-copy slices of the payload's buffers.
-fn split_payload(payload: &PutPayload, part_bytes: u64) -> Vec<PutPayload> {
-    let buffers: Vec<Bytes> = payload.iter().cloned().collect();
-    let len = payload.content_length() as u64;
-    let part_bytes = part_bytes.max(1);
-    (0..len.div_ceil(part_bytes))
-        .map(|i| {
-            let r = i * part_bytes..((i + 1) * part_bytes).min(len);
-            slice_parts(&buffers, r).into_iter().collect()
-        })
-        .collect()
-}
-
-/// The result digest of a delta publication, computed while extents are
-/// written.
-type LateDigest = Shared<BoxFuture<'static, std::result::Result<Arc<ResultDigest>, String>>>;
-
-/// The encoded delta header, available once the result digest is.
-type LateHeader = Shared<BoxFuture<'static, std::result::Result<Bytes, String>>>;
-
-/// A payload to write as extents: its bytes as parts, in order (slices of
-/// the caller's snapshot, not copies). With `header`, `parts[0]` is a
-/// stand-in of the right length for bytes that arrive late.
-pub(crate) struct Payload {
-    parts: Vec<Bytes>,
-    header: Option<LateHeader>,
-}
-
-impl From<Bytes> for Payload {
-    fn from(b: Bytes) -> Self {
-        Payload {
-            parts: vec![b],
-            header: None,
-        }
-    }
-}
-
-impl Payload {
-    fn len(&self) -> u64 {
-        self.parts.iter().map(|p| p.len() as u64).sum()
-    }
-
-    /// The payload in one buffer (the legacy v1 writer needs it).
-    async fn assemble(mut self) -> Result<Bytes> {
-        if let Some(h) = self.header.take() {
-            self.parts[0] = h.await.map_err(StoreError::Internal)?;
-        }
-        if self.parts.len() == 1 {
-            return Ok(self.parts.remove(0));
-        }
-        tokio::task::spawn_blocking(move || Bytes::from(self.parts.concat()))
-            .await
-            .map_err(|e| StoreError::task("assemble", e))
-    }
-}
-
-/// The parts covering payload bytes `r` (zero-copy slices).
-fn slice_parts(parts: &[Bytes], r: std::ops::Range<u64>) -> Vec<Bytes> {
-    let mut out = Vec::new();
-    let mut at = 0u64;
-    for p in parts {
-        let (lo, hi) = (at, at + p.len() as u64);
-        at = hi;
-        if hi <= r.start || lo >= r.end {
-            continue;
-        }
-        let a = r.start.max(lo) - lo;
-        let b = r.end.min(hi) - lo;
-        out.push(p.slice(a as usize..b as usize));
-    }
-    out
-}
-
 /// The root metadata of a publication request.
 fn result_meta(req: &PublishRequest, base: Option<BaseRef>, digest: Digest) -> RootMeta {
     RootMeta {
@@ -1480,175 +1275,6 @@ fn prepare_extent(
             payload: raw.into_iter().collect(),
         },
     ))
-}
-
-/// Protects the objects a publication writes or reuses from garbage
-/// collection until the publication ends (its root is recorded, or it
-/// fails); protections also expire on their own if the process dies.
-pub(crate) struct ProtectGuard {
-    store: Store,
-    /// The publication's id in the ledger (a database sequence).
-    owner: Option<i64>,
-    until: u64,
-    /// Renews the publication's lease while it runs.
-    renewer: Option<tokio::task::JoinHandle<()>>,
-}
-
-/// How long a publication's reservation lasts without renewal: a killed
-/// publisher's reserved bytes come back within this time. Renewed every
-/// third of it.
-const PUBLICATION_LEASE: Duration = Duration::from_secs(10);
-
-impl ProtectGuard {
-    pub(crate) async fn new(store: &Store) -> Result<Self> {
-        let ledger = store.ledger().await?;
-        let now = crate::ledger::now_ms();
-        let until = now
-            + store
-                .config()
-                .grace
-                .max(Duration::from_secs(3600))
-                .as_millis() as u64;
-        let lease = |now: u64| now + PUBLICATION_LEASE.as_millis() as u64;
-        let owner = ledger.run(move |l| l.begin_publication(lease(now))).await?;
-        let renewing = ledger.clone();
-        let renewer = tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(PUBLICATION_LEASE / 3).await;
-                let until = lease(crate::ledger::now_ms());
-                if let Err(e) = renewing
-                    .run(move |l| l.renew_publication(owner, until))
-                    .await
-                {
-                    tracing::warn!(error = %e, "could not renew a publication's lease");
-                }
-            }
-        });
-        Ok(ProtectGuard {
-            store: store.clone(),
-            owner: Some(owner),
-            until,
-            renewer: Some(renewer),
-        })
-    }
-
-    /// The publication's ledger id.
-    pub(crate) fn id(&self) -> i64 {
-        self.owner.unwrap_or(-1)
-    }
-
-    async fn protect(&self, keys: Vec<String>) -> Result<()> {
-        self.protector().protect(keys).await
-    }
-
-    /// A handle that protects keys for this publication from another task
-    /// (it does not end the publication).
-    fn protector(&self) -> Protector {
-        Protector {
-            ledger: self.store.inner.ledger.get().cloned(),
-            owner: self.owner,
-            until: self.until,
-        }
-    }
-
-    /// Ends the publication: its protections and its reservation go.
-    pub(crate) async fn finish(mut self) {
-        if let Some(r) = self.renewer.take() {
-            r.abort();
-        }
-        let (Some(l), Some(owner)) = (self.store.inner.ledger.get(), self.owner.take()) else {
-            return;
-        };
-        if let Err(e) = l.run(move |l| l.end_publication(owner)).await {
-            tracing::warn!(error = %e, "could not drop publication protections");
-        }
-    }
-}
-
-/// A task aborted when its handle goes (a publication that fails stops its
-/// extent producer, which would otherwise protect keys after the end).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// Protects keys for one publication (see [`ProtectGuard`]); cheap to clone
-/// into a task.
-#[derive(Clone)]
-pub(crate) struct Protector {
-    ledger: Option<crate::ledger::Ledger>,
-    owner: Option<i64>,
-    until: u64,
-}
-
-impl Protector {
-    /// Protects `keys` from garbage collection until the publication ends;
-    /// returns once none of them is being deleted by a collector (a key
-    /// that was is gone by then, and the caller writes it again).
-    pub(crate) async fn protect(&self, keys: Vec<String>) -> Result<()> {
-        let (Some(l), Some(owner)) = (self.ledger.as_ref(), self.owner) else {
-            return Ok(());
-        };
-        let until = self.until;
-        let mut claimed = match l.run(move |l| l.protect(owner, &keys, until)).await {
-            Ok(c) => c,
-            Err(e) => {
-                // A ledger that cannot be written (full disk) cannot run a
-                // collection either, so publishing on is safe; the grace
-                // period still protects against other processes' sweeps.
-                tracing::warn!(error = %e, "could not record publication protections");
-                return Ok(());
-            }
-        };
-        // Objects a collector (of any node) is deleting right now: never
-        // relied upon. Wait until each deletion is over; the caller then
-        // writes the object again (create-if-absent finds it gone).
-        let start = Instant::now();
-        let mut pause = Duration::from_millis(5);
-        while !claimed.is_empty() {
-            if start.elapsed() > crate::ledger::DELETING_LEASE + Duration::from_secs(5) {
-                return Err(StoreError::Internal(format!(
-                    "{} objects stayed claimed for deletion longer than the claim lease",
-                    claimed.len()
-                )));
-            }
-            tracing::debug!(
-                objects = claimed.len(),
-                "waiting for a collector's deletion"
-            );
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(100));
-            claimed = l.run(move |l| l.deleting(&claimed)).await?;
-        }
-        Ok(())
-    }
-}
-
-/// A publication that fails (or is cancelled) ends here: on a blocking
-/// thread if a runtime is there, else in place. Protections left behind by
-/// a dead process expire on their own.
-impl Drop for ProtectGuard {
-    fn drop(&mut self) {
-        if let Some(r) = self.renewer.take() {
-            r.abort();
-        }
-        let (Some(l), Some(owner)) = (self.store.inner.ledger.get(), self.owner.take()) else {
-            return;
-        };
-        let l = l.clone();
-        let end = move || {
-            if let Err(e) = l.end_publication(owner) {
-                tracing::warn!(error = %e, "could not drop publication protections");
-            }
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(h) => drop(h.spawn_blocking(end)),
-            Err(_) => end(),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -36,152 +36,14 @@ use deltapack_format::{
     BaseRef, CacheIdentity, ChainHints, ContextDigest, Digest, Namespace, Snapshot, SnapshotHeader,
 };
 
-use super::{Payload, ProtectGuard, PublishOutcome, PublishReceipt};
+use super::payload::Payload;
+use super::receipt::{PublishOutcome, PublishReceipt, Turn};
+use super::request::TurnRequest;
 use crate::error::{Result, StoreError};
+use crate::gc::ProtectGuard;
 use crate::keys;
 use crate::stats::Stats;
 use crate::store::{RootStatus, Store};
-
-/// A published turn, kept to publish the next one from its new pages
-/// alone ([`Store::publish_turn`]).
-///
-/// Holds no page bytes: the turn's header, its layered snapshot digest and
-/// one BLAKE3 state (about 2 KiB) per (group, layer) stream. Cheap to
-/// clone. Valid for the store and namespace it was made in.
-#[derive(Clone)]
-pub struct Turn {
-    store: Arc<str>,
-    namespace: Namespace,
-    context: ContextDigest,
-    state: Arc<DigestState>,
-}
-
-impl std::fmt::Debug for Turn {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Turn")
-            .field("store", &self.store)
-            .field("context", &self.context)
-            .field("boundary", &self.boundary())
-            .field("digest", &self.digest())
-            .finish()
-    }
-}
-
-impl Turn {
-    pub(crate) fn new(
-        store: &Store,
-        namespace: Namespace,
-        context: ContextDigest,
-        state: Arc<DigestState>,
-    ) -> Self {
-        Turn {
-            store: store.turn_tag(),
-            namespace,
-            context,
-            state,
-        }
-    }
-
-    /// Namespace of the turn's root.
-    pub fn namespace(&self) -> Namespace {
-        self.namespace
-    }
-
-    /// Context of the turn's root.
-    pub fn context(&self) -> ContextDigest {
-        self.context
-    }
-
-    /// Tokens the turn covers.
-    pub fn boundary(&self) -> u64 {
-        self.state.header().boundary
-    }
-
-    /// The turn's snapshot digest (`blake3-layers:`).
-    pub fn digest(&self) -> Digest {
-        self.state.digest()
-    }
-
-    /// The turn's snapshot header (layout, boundary, pages per group).
-    pub fn header(&self) -> &SnapshotHeader {
-        self.state.header()
-    }
-
-    /// Pages per group the next turn keeps from this one: its tail starts
-    /// there in every layer of the group.
-    pub fn kept_pages(&self) -> &[u64] {
-        self.state.settled()
-    }
-
-    /// Bytes of the tail a next turn at `boundary` tokens must give: for
-    /// every group, for every layer, the pages from [`Turn::kept_pages`] to
-    /// the group's page count at `boundary`.
-    pub fn tail_len(&self, boundary: u64) -> Result<u64> {
-        let h = SnapshotHeader::new(self.header().layout.clone(), boundary);
-        h.validate()?;
-        let mut n = 0u64;
-        for ((g, &count), &kept) in h
-            .layout
-            .groups
-            .iter()
-            .zip(&h.block_counts)
-            .zip(self.kept_pages())
-        {
-            let pages = count.checked_sub(kept).ok_or_else(|| {
-                StoreError::Invalid(format!(
-                    "boundary {boundary} holds fewer pages than the previous turn keeps"
-                ))
-            })?;
-            n = n
-                .checked_add(g.page_bytes().saturating_mul(pages))
-                .ok_or_else(|| StoreError::Invalid("tail length overflows".into()))?;
-        }
-        Ok(n)
-    }
-}
-
-impl Turn {
-    /// The tail of `next` (a full snapshot of the turn after this one) as
-    /// [`Store::publish_turn`] takes it: every layer's pages from
-    /// [`Turn::kept_pages`] on, copied into one buffer. For callers that
-    /// hold full snapshots; a serving engine gives its new pages directly.
-    pub fn tail_of(&self, next: &Snapshot) -> Result<Bytes> {
-        if next.layout() != &self.header().layout {
-            return Err(StoreError::Invalid(
-                "the snapshot's layout is not the turn's".into(),
-            ));
-        }
-        let want = self.tail_len(next.boundary())?;
-        let mut out = Vec::with_capacity(usize::try_from(want).unwrap_or(0));
-        for (gi, g) in next.layout().groups.iter().enumerate() {
-            let kept = self.kept_pages()[gi];
-            for (li, l) in g.layers.iter().enumerate() {
-                let r = next
-                    .layer_range(gi, li)
-                    .ok_or_else(|| StoreError::Internal("layer range".into()))?;
-                let skip = (kept * l.bytes_per_page) as usize;
-                out.extend_from_slice(&next.payload()[r.start + skip.min(r.len())..r.end]);
-            }
-        }
-        Ok(Bytes::from(out))
-    }
-}
-
-/// The next turn of a conversation, as [`Store::publish_turn`] takes it.
-#[derive(Debug, Clone)]
-pub struct TurnRequest {
-    /// Identity (the same namespace as the previous turn's).
-    pub identity: CacheIdentity,
-    /// Context of the new boundary (its token prefix).
-    pub context: ContextDigest,
-    /// The new boundary in tokens: above the previous turn's, a multiple of
-    /// `chunk_tokens`.
-    pub boundary: u64,
-    /// The new pages, [`Turn::tail_len`] bytes: for each group, for each
-    /// layer (payload order), the pages from the previous turn's
-    /// [`Turn::kept_pages`] to the new page count. Held, not copied.
-    pub tail: Bytes,
-}
 
 impl Store {
     /// What identifies this store in a [`Turn`].
@@ -369,7 +231,15 @@ impl Store {
     /// `prev`'s root is gone or names another snapshot.
     pub async fn publish_turn(&self, prev: &Turn, req: TurnRequest) -> Result<PublishReceipt> {
         let start = Instant::now();
-        let out = self.publish_turn_uncounted(prev, req, start).await;
+        // The lease ends before this returns, on every path (see
+        // `publish_uncounted`).
+        let mut guard = None;
+        let out = self
+            .publish_turn_uncounted(prev, req, start, &mut guard)
+            .await;
+        if let Some(g) = guard.take() {
+            g.finish().await;
+        }
         let seconds = start.elapsed().as_secs_f64();
         let schema = deltapack_format::root::SCHEMA_V2_2;
         match &out {
@@ -395,6 +265,7 @@ impl Store {
         prev: &Turn,
         req: TurnRequest,
         start: Instant,
+        slot: &mut Option<ProtectGuard>,
     ) -> Result<PublishReceipt> {
         let id = &req.identity;
         id.validate()?;
@@ -438,7 +309,7 @@ impl Store {
         // As for any delta: only the store's ledger publishes, and the base
         // root is protected before it is read.
         self.require_owner("publish").await?;
-        let guard = ProtectGuard::new(self).await?;
+        let guard = &*slot.insert(ProtectGuard::new(self).await?);
         guard
             .protect(vec![keys::root_key(&ns, &prev.context).to_string()])
             .await?;
@@ -454,7 +325,6 @@ impl Store {
                     .summary()
                     .ok_or_else(|| StoreError::Internal("summary".into()))?;
                 if s.result_snapshot_digest != prev.digest() || s.boundary != old {
-                    guard.finish().await;
                     return Err(mismatch(format!(
                         "the previous turn's root holds {} at {} tokens, the handle {} at {old}",
                         s.result_snapshot_digest,
@@ -465,11 +335,9 @@ impl Store {
                 self.chain_below(&root).await?
             }
             RootStatus::Absent => {
-                guard.finish().await;
                 return Err(mismatch("the previous turn's root is gone".into()));
             }
             RootStatus::Unusable(r) => {
-                guard.finish().await;
                 return Err(mismatch(format!(
                     "the previous turn's root is unusable: {r}"
                 )));
@@ -524,7 +392,6 @@ impl Store {
                     self.ledger_touch(&ns, &req.context).await;
                     receipt.turn = Some(Turn::new(self, ns, req.context, Arc::new(next)));
                 }
-                guard.finish().await;
                 receipt.outcome = done;
                 receipt.total_time = start.elapsed();
                 return Ok(receipt);
@@ -532,11 +399,11 @@ impl Store {
         }
 
         let objects = receipt.payload_len.div_ceil(self.config().max_extent_bytes);
-        self.make_room(receipt.payload_len + 4096 + 256 * objects, &guard)
+        self.make_room(receipt.payload_len + 4096 + 256 * objects, guard)
             .await?;
         let t_write = Instant::now();
         let (entries, payload_digest) = self
-            .write_v2(payload, &mut receipt, &|_, _| {}, &guard)
+            .write_v2(payload, &mut receipt, &|_, _| {}, guard)
             .await?;
         let base = BaseRef {
             namespace: ns,
@@ -569,7 +436,9 @@ impl Store {
         )?;
         self.create_root(&ns, &req.context, root_bytes, &mut receipt, None)
             .await?;
-        guard.finish().await;
+        if let Some(g) = slot.take() {
+            g.finish().await;
+        }
         receipt.write_time = t_write.elapsed();
         receipt.total_time = start.elapsed();
         if receipt.outcome == PublishOutcome::Conflict {

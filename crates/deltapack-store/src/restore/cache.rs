@@ -7,11 +7,16 @@ use std::sync::{Arc, Weak};
 use deltapack_format::{ContextDigest, Digest, DigestState, Namespace, Snapshot};
 use futures::future::{BoxFuture, Shared};
 
+use super::outcome::RestoreOutcome;
 use crate::error::StoreError;
+
+/// A restore's outcome and the schema of its root, if the root was read
+/// (the `schema` label of its metrics).
+pub(crate) type Flight = (RestoreOutcome, Option<&'static str>);
 
 /// A restore in flight, awaited by every caller of the same root.
 pub(crate) type SharedRestore =
-    Shared<BoxFuture<'static, std::result::Result<super::Flight, Arc<StoreError>>>>;
+    Shared<BoxFuture<'static, std::result::Result<Flight, Arc<StoreError>>>>;
 
 /// Verified snapshots a delta restore may start from.
 ///

@@ -54,7 +54,7 @@ mod outcome;
 pub(crate) mod reassembly;
 
 use crate::fault::{FaultKind, ObjectFault};
-use cache::SharedRestore;
+use cache::{Flight, SharedRestore};
 pub use outcome::{RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored};
 
 /// Most workers of a local-disk restore (one per core, up to this) and
@@ -62,10 +62,6 @@ pub use outcome::{RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored};
 /// extents at once as their ranges fill
 /// [`crate::StoreConfig::ranges_in_flight`].
 pub const RESTORE_IN_FLIGHT: usize = 4;
-
-/// A restore's outcome and the schema of its root, if the root was read
-/// (the `schema` label of its metrics).
-pub(crate) type Flight = (RestoreOutcome, Option<&'static str>);
 
 type Inner = std::result::Result<Flight, Arc<StoreError>>;
 
@@ -333,7 +329,7 @@ impl Store {
                 self.record_restore(start, Some(r.schema), Ok((r.boundary, r.result_len)));
                 Ok(RestoreIntoOutcome::Hit {
                     len: r.result_len,
-                    digest: r.want.to_string(),
+                    digest: r.want,
                 })
             }
             Err(failed) => {
@@ -368,7 +364,7 @@ impl Store {
                 buf.copy_from_slice(enc);
                 Ok(RestoreIntoOutcome::Hit {
                     len: enc.len() as u64,
-                    digest: r.digest.to_string(),
+                    digest: r.digest,
                 })
             }
         }

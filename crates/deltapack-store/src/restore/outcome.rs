@@ -62,8 +62,8 @@ pub enum RestoreIntoOutcome {
     Hit {
         /// Bytes written.
         len: u64,
-        /// Snapshot digest.
-        digest: String,
+        /// Snapshot digest (its text form in JSON, as before).
+        digest: Digest,
     },
     /// The buffer's contents are unspecified.
     Miss {

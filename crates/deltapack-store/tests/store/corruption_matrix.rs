@@ -176,7 +176,7 @@ async fn check_restores(h: &Handles, w: &World, bad: &Bad, what: &str) {
             .expect("restore_into never errors on damage");
         match (&into, want) {
             (RestoreIntoOutcome::Hit { digest, .. }, "hit") => {
-                assert_eq!(*digest, w.roots[r].2.to_string(), "{what}");
+                assert_eq!(*digest, w.roots[r].2, "{what}");
                 assert_eq!(
                     Digest::blake3(&buf),
                     w.roots[r].2,

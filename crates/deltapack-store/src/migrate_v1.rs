@@ -26,10 +26,11 @@ use object_store::ObjectStoreExt;
 use serde::Serialize;
 
 use crate::error::{Result, StoreError};
+use crate::gc::ProtectGuard;
 use crate::keys;
 use crate::ledger::{now_ms, RootEntry};
 use crate::local::Replaced;
-use crate::publish::{ProtectGuard, PublishReceipt};
+use crate::publish::PublishReceipt;
 use crate::restore::RestoreOutcome;
 use crate::store::{RootStatus, Store};
 
@@ -153,46 +154,50 @@ impl Store {
                 base: m.base,
             };
             let mut receipt = PublishReceipt::empty(ns, ctx, m.result_snapshot_digest);
+            // The lease ends before the next root, on every path (a guard
+            // merely dropped ends it later, on a blocking thread).
             let guard = ProtectGuard::new(self).await?;
-            let payload_len = payload.len() as u64;
-            let (entries, payload_digest) = self
-                .write_v2(
-                    Bytes::from(payload).into(),
-                    &mut receipt,
-                    &|_, _| {},
-                    &guard,
-                )
-                .await?;
-            let new_root =
-                self.encode_v2(&meta, None, payload_len, payload_digest, entries, None)?;
-            let v2 = match root::decode(&new_root, self.inner.mac_key.as_ref())? {
-                DecodedRoot::V2(v2) => v2,
-                _ => return Err(StoreError::Internal("migrated root is not v2".into())),
-            };
-            if v2.payload_digest != m.payload_digest
-                || v2.result_snapshot_digest != m.result_snapshot_digest
-            {
-                return Err(StoreError::Internal(format!(
-                    "{key}: migration changed a digest"
-                )));
-            }
-            // 3. Replace atomically, only if the root still holds the bytes
-            //    read at the start: an eviction, invalidation or
-            //    republication in between wins, and is never undone.
-            let root_len = new_root.len() as u64;
-            match self
-                .replace_root_if_unchanged(&key, &raw, new_root.clone())
-                .await?
-            {
-                Replaced::Yes => {}
-                Replaced::Changed => {
-                    report
-                        .skipped
-                        .push(format!("{key}: changed during migration"));
-                    continue;
+            let written: Result<_> = async {
+                let payload_len = payload.len() as u64;
+                let (entries, payload_digest) = self
+                    .write_v2(
+                        Bytes::from(payload).into(),
+                        &mut receipt,
+                        &|_, _| {},
+                        &guard,
+                    )
+                    .await?;
+                let new_root =
+                    self.encode_v2(&meta, None, payload_len, payload_digest, entries, None)?;
+                let v2 = match root::decode(&new_root, self.inner.mac_key.as_ref())? {
+                    DecodedRoot::V2(v2) => v2,
+                    _ => return Err(StoreError::Internal("migrated root is not v2".into())),
+                };
+                if v2.payload_digest != m.payload_digest
+                    || v2.result_snapshot_digest != m.result_snapshot_digest
+                {
+                    return Err(StoreError::Internal(format!(
+                        "{key}: migration changed a digest"
+                    )));
                 }
+                // 3. Replace atomically, only if the root still holds the bytes
+                //    read at the start: an eviction, invalidation or
+                //    republication in between wins, and is never undone.
+                let root_len = new_root.len() as u64;
+                let replaced = self
+                    .replace_root_if_unchanged(&key, &raw, new_root.clone())
+                    .await?;
+                Ok((replaced, new_root, v2, root_len))
             }
+            .await;
             guard.finish().await;
+            let (replaced, new_root, v2, root_len) = written?;
+            if let Replaced::Changed = replaced {
+                report
+                    .skipped
+                    .push(format!("{key}: changed during migration"));
+                continue;
+            }
             // 4. Ledger: the v1 chunks are condemned, the extents recorded.
             let ledger = self.ledger().await?;
             let entry = DecodedRoot::V2(v2.clone())

@@ -1,0 +1,89 @@
+//! A payload as the writer sees it: ordered zero-copy parts of the
+//! caller's bytes, cut into extents and multipart parts.
+//!
+//! Never copies a part except where the legacy v1 writer needs one buffer
+//! (`Payload::assemble`).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::future::{BoxFuture, Shared};
+use object_store::PutPayload;
+
+use super::receipt::ResultDigest;
+use crate::error::{Result, StoreError};
+
+/// `payload` cut into parts of `part_bytes` (the last one shorter), each a
+/// list of zero-copy slices of the payload's buffers.
+pub(super) fn split_payload(payload: &PutPayload, part_bytes: u64) -> Vec<PutPayload> {
+    let buffers: Vec<Bytes> = payload.iter().cloned().collect();
+    let len = payload.content_length() as u64;
+    let part_bytes = part_bytes.max(1);
+    (0..len.div_ceil(part_bytes))
+        .map(|i| {
+            let r = i * part_bytes..((i + 1) * part_bytes).min(len);
+            slice_parts(&buffers, r).into_iter().collect()
+        })
+        .collect()
+}
+
+/// The result digest of a delta publication, computed while extents are
+/// written.
+pub(super) type LateDigest =
+    Shared<BoxFuture<'static, std::result::Result<Arc<ResultDigest>, String>>>;
+
+/// The encoded delta header, available once the result digest is.
+pub(super) type LateHeader = Shared<BoxFuture<'static, std::result::Result<Bytes, String>>>;
+
+/// A payload to write as extents: its bytes as parts, in order (slices of
+/// the caller's snapshot, not copies). With `header`, `parts[0]` is a
+/// stand-in of the right length for bytes that arrive late.
+pub(crate) struct Payload {
+    pub(super) parts: Vec<Bytes>,
+    pub(super) header: Option<LateHeader>,
+}
+
+impl From<Bytes> for Payload {
+    fn from(b: Bytes) -> Self {
+        Payload {
+            parts: vec![b],
+            header: None,
+        }
+    }
+}
+
+impl Payload {
+    pub(super) fn len(&self) -> u64 {
+        self.parts.iter().map(|p| p.len() as u64).sum()
+    }
+
+    /// The payload in one buffer (the legacy v1 writer needs it).
+    pub(super) async fn assemble(mut self) -> Result<Bytes> {
+        if let Some(h) = self.header.take() {
+            self.parts[0] = h.await.map_err(StoreError::Internal)?;
+        }
+        if self.parts.len() == 1 {
+            return Ok(self.parts.remove(0));
+        }
+        tokio::task::spawn_blocking(move || Bytes::from(self.parts.concat()))
+            .await
+            .map_err(|e| StoreError::task("assemble", e))
+    }
+}
+
+/// The parts covering payload bytes `r` (zero-copy slices).
+pub(super) fn slice_parts(parts: &[Bytes], r: std::ops::Range<u64>) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut at = 0u64;
+    for p in parts {
+        let (lo, hi) = (at, at + p.len() as u64);
+        at = hi;
+        if hi <= r.start || lo >= r.end {
+            continue;
+        }
+        let a = r.start.max(lo) - lo;
+        let b = r.end.min(hi) - lo;
+        out.push(p.slice(a as usize..b as usize));
+    }
+    out
+}

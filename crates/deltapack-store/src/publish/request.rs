@@ -1,0 +1,83 @@
+//! What a publication is asked to do: the request types.
+//!
+//! Owns [`PublishRequest`], [`BaseInput`], [`RootFormat`] and
+//! [`TurnRequest`]. Pure data: nothing here reads, writes or hashes.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use deltapack_format::root::{self};
+use deltapack_format::*;
+use serde::Serialize;
+
+/// Which root schema to write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum RootFormat {
+    /// `deltapack-page-delta-manifest/v2`: ordered extents (production).
+    #[default]
+    V2,
+    /// Legacy `…/v1`: one SHA-256 object per logical chunk (fixtures,
+    /// benchmarks, migration tests).
+    V1,
+}
+
+impl RootFormat {
+    /// Short name: `v2` or `v1` (as in the CLI's `--format`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            RootFormat::V2 => "v2",
+            RootFormat::V1 => "v1",
+        }
+    }
+
+    /// The schema string its roots carry (a delta chain written as v2 may
+    /// carry the v2.1 minor version; see the receipt's `schema`).
+    pub fn schema(&self) -> &'static str {
+        match self {
+            RootFormat::V2 => root::SCHEMA_V2,
+            RootFormat::V1 => root::SCHEMA_V1,
+        }
+    }
+}
+
+/// The base of a delta publication.
+#[derive(Debug, Clone)]
+pub struct BaseInput {
+    /// Context of the base root (same namespace).
+    pub context: ContextDigest,
+    /// The base snapshot bytes the caller holds; must match the base root.
+    pub snapshot: Arc<Snapshot>,
+}
+
+/// A publication request.
+#[derive(Debug, Clone)]
+pub struct PublishRequest {
+    /// Identity (gives the namespace and `chunk_tokens`).
+    pub identity: CacheIdentity,
+    /// Context being published.
+    pub context: ContextDigest,
+    /// The result snapshot.
+    pub snapshot: Arc<Snapshot>,
+    /// Base for a delta; `None` publishes a flat snapshot (a base root).
+    pub base: Option<BaseInput>,
+    /// Root schema.
+    pub format: RootFormat,
+}
+
+/// The next turn of a conversation, as [`Store::publish_turn`](crate::Store::publish_turn) takes it.
+#[derive(Debug, Clone)]
+pub struct TurnRequest {
+    /// Identity (the same namespace as the previous turn's).
+    pub identity: CacheIdentity,
+    /// Context of the new boundary (its token prefix).
+    pub context: ContextDigest,
+    /// The new boundary in tokens: above the previous turn's, a multiple of
+    /// `chunk_tokens`.
+    pub boundary: u64,
+    /// The new pages, [`Turn::tail_len`](crate::Turn::tail_len) bytes: for each group, for each
+    /// layer (payload order), the pages from the previous turn's
+    /// [`Turn::kept_pages`](crate::Turn::kept_pages) to the new page count. Held, not copied.
+    pub tail: Bytes,
+}

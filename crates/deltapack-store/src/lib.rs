@@ -98,10 +98,12 @@
 mod backend;
 mod base_graph;
 mod capacity;
+mod config;
 mod config_file;
 mod error;
 mod fault;
 mod gc;
+mod holds;
 pub mod keys;
 mod ledger;
 mod local;
@@ -112,6 +114,8 @@ mod options;
 mod ownership;
 mod paths;
 mod publish;
+mod reconcile;
+mod removal;
 mod restore;
 mod stats;
 mod store;
@@ -120,13 +124,16 @@ pub mod units;
 mod write_behind;
 
 pub use backend::{is_storage_full, open as open_backend, Backend, BackendKind};
-pub use capacity::{free_space, Pin, PruneFilter, RemovalKind, RemovalPlan, RemovalReport};
+pub use capacity::free_space;
 pub use config_file::{ConfigFile, ConfigFileError, FileChainPolicy, FileColdStart};
 pub use error::{MissReason, OpenError, Result, StoreError};
 pub use gc::GcReport;
+pub use holds::Pin;
 pub use keys::RootKey;
 pub use ledger::{ColdStart, LedgerError, LedgerImage, LedgerLocation, MergeReport, Totals};
+pub use removal::{PruneFilter, RemovalKind, RemovalPlan, RemovalReport};
 
+pub use config::{ChainPolicy, StoreConfig};
 pub use lookup::{Lookup, LookupSource, LEDGER_RETRY, LOOKUP_PROBES_IN_FLIGHT};
 pub use migrate_v1::{MigrationProof, MigrationReport};
 pub use ownership::{AdoptReport, BindingStatus, BindingView, Ownership, DEFAULT_FENCE};
@@ -141,7 +148,6 @@ pub use publish::{
 pub use restore::{
     RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored, RESTORE_IN_FLIGHT,
 };
-pub use stats::{StatsReport, StatsSnapshot};
-pub use store::{ChainPolicy, RootInfo, RootStatus, Store, StoreConfig};
+pub use store::{RootInfo, RootStatus, Store};
 pub use sweep::{SweepOptions, SweepReport};
 pub use write_behind::{WriteBehind, WriteBehindReport};

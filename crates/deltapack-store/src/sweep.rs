@@ -661,7 +661,7 @@ impl Store {
         let ok = tokio::task::spawn_blocking(move || match check {
             Check::V1 { digest } => Digest::sha256(&bytes) == digest,
             Check::V2 { plan, index, entry } => {
-                crate::restore::reassembly::verify_extent(&plan, index, &entry, bytes).is_ok()
+                crate::restore::read::verify_extent(&plan, index, &entry, bytes).is_ok()
             }
         })
         .await

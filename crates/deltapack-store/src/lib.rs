@@ -130,7 +130,10 @@ pub use error::{MissReason, OpenError, Result, StoreError};
 pub use gc::GcReport;
 pub use holds::Pin;
 pub use keys::RootKey;
-pub use ledger::{ColdStart, LedgerError, LedgerImage, LedgerLocation, MergeReport, Totals};
+pub use ledger::{
+    ColdStart, ImageHold, ImageObject, ImageRoot, LedgerError, LedgerImage, LedgerLocation,
+    MergeReport, Totals,
+};
 pub use removal::{PruneFilter, RemovalKind, RemovalPlan, RemovalReport};
 
 pub use config::{ChainPolicy, StoreConfig};

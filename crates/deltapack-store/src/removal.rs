@@ -500,16 +500,16 @@ impl Store {
                 group.iter().map(|c| (c.0.hex(), c.1.hex())).collect();
             let mut mine: HashMap<&str, usize> = HashMap::new();
             for root in &image.roots {
-                if names.contains(&(root.0.clone(), root.1.clone())) {
-                    freed += root.6;
-                    for k in &root.7 {
+                if names.contains(&(root.namespace.clone(), root.context.clone())) {
+                    freed += root.root_bytes;
+                    for k in &root.objects {
                         *mine.entry(k.as_str()).or_default() += 1;
                     }
                 }
             }
-            for (key, bytes, refs, _) in &image.objects {
-                if mine.get(key.as_str()).copied().unwrap_or(0) as u64 == *refs && *refs > 0 {
-                    freed += bytes;
+            for o in &image.objects {
+                if mine.get(o.key.as_str()).copied().unwrap_or(0) as u64 == o.refs && o.refs > 0 {
+                    freed += o.bytes;
                 }
             }
             live = live.saturating_sub(freed);

@@ -14,28 +14,63 @@ use super::error::LedgerError;
 use super::handle::Ledger;
 use super::roots::{hexpair, record_in, RootEntry};
 
-/// One root of a [`LedgerImage`]: namespace, context, schema, kind,
-/// boundary, base `(namespace, context)`, root bytes, sorted object keys.
-pub(crate) type ImageRoot = (
-    String,
-    String,
-    String,
-    String,
-    u64,
-    Option<(String, String)>,
-    u64,
-    Vec<String>,
-);
+/// One root of a [`LedgerImage`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct ImageRoot {
+    /// Namespace (hex).
+    pub namespace: String,
+    /// Context (hex).
+    pub context: String,
+    /// Root schema.
+    pub schema: String,
+    /// `snapshot` or `delta`.
+    pub kind: String,
+    /// Result boundary in tokens.
+    pub boundary: u64,
+    /// Base `(namespace, context)` (hex), for a delta.
+    pub base: Option<(String, String)>,
+    /// Size of the root object.
+    pub root_bytes: u64,
+    /// Keys of the objects it references, sorted.
+    pub objects: Vec<String>,
+}
+
+/// One object of a [`LedgerImage`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct ImageObject {
+    /// Object key.
+    pub key: String,
+    /// Stored bytes.
+    pub bytes: u64,
+    /// Roots referencing it.
+    pub refs: u64,
+    /// Whether it is condemned (awaiting deletion).
+    pub condemned: bool,
+}
+
+/// One hold of a [`LedgerImage`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct ImageHold {
+    /// Hold name.
+    pub name: String,
+    /// Namespace (hex).
+    pub namespace: String,
+    /// Context (hex).
+    pub context: String,
+}
 
 /// The comparable content of a ledger (everything but access times).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LedgerImage {
     /// Roots with their references, sorted.
     pub roots: Vec<ImageRoot>,
-    /// Objects `(key, bytes, reference count, condemned?)`, sorted.
-    pub objects: Vec<(String, u64, u64, bool)>,
-    /// Holds `(name, namespace, context)`, sorted.
-    pub holds: Vec<(String, String, String)>,
+    /// Objects, sorted by key.
+    pub objects: Vec<ImageObject>,
+    /// Holds, sorted.
+    pub holds: Vec<ImageHold>,
 }
 
 /// How far the clocks of a fleet's nodes may disagree. A tombstone this
@@ -279,7 +314,16 @@ impl Ledger {
                 let mut keys = refs.remove(&(ns.clone(), ctx.clone())).unwrap_or_default();
                 keys.sort();
                 let base = r.opt_text(5)?.zip(r.opt_text(6)?);
-                roots.push((ns, ctx, r.text(2)?, r.text(3)?, r.u64(4)?, base, r.u64(7)?, keys));
+                roots.push(ImageRoot {
+                    namespace: ns,
+                    context: ctx,
+                    schema: r.text(2)?,
+                    kind: r.text(3)?,
+                    boundary: r.u64(4)?,
+                    base,
+                    root_bytes: r.u64(7)?,
+                    objects: keys,
+                });
             }
             let objects = db
                 .query(
@@ -287,12 +331,25 @@ impl Ledger {
                     &[],
                 )?
                 .iter()
-                .map(|r| Ok((r.text(0)?, r.u64(1)?, r.u64(2)?, r.opt_i64(3)?.is_some())))
+                .map(|r| {
+                    Ok(ImageObject {
+                        key: r.text(0)?,
+                        bytes: r.u64(1)?,
+                        refs: r.u64(2)?,
+                        condemned: r.opt_i64(3)?.is_some(),
+                    })
+                })
                 .collect::<Result<_, LedgerError>>()?;
             let holds = db
                 .query("SELECT name, ns, ctx FROM holds ORDER BY name, ns, ctx", &[])?
                 .iter()
-                .map(|r| Ok((r.text(0)?, r.text(1)?, r.text(2)?)))
+                .map(|r| {
+                    Ok(ImageHold {
+                        name: r.text(0)?,
+                        namespace: r.text(1)?,
+                        context: r.text(2)?,
+                    })
+                })
                 .collect::<Result<_, LedgerError>>()?;
             Ok(LedgerImage { roots, objects, holds })
         })

@@ -66,7 +66,7 @@ pub use error::LedgerError;
 pub(crate) use handle::{now_ms, Ledger};
 pub use handle::{ColdStart, LedgerLocation};
 pub(crate) use merge::Listing;
-pub use merge::{LedgerImage, MergeReport};
+pub use merge::{ImageHold, ImageObject, ImageRoot, LedgerImage, MergeReport};
 pub use objects::Totals;
 pub(crate) use roots::{RootEntry, RootRow};
 

@@ -37,6 +37,52 @@ async fn referenced_and_present(s: &Store) -> (BTreeSet<String>, BTreeSet<String
     (referenced, present)
 }
 
+/// A store over `backend` whose storage refuses every operation after the
+/// `n`th (a crash).
+fn crashing_after(backend: &Backend, n: u64) -> Store {
+    let faulty = Arc::new(Faulty::new(
+        backend.store.clone(),
+        FaultPlan {
+            crash_after: Some(n),
+            ..Default::default()
+        },
+    ));
+    wrapped(
+        Backend {
+            store: faulty,
+            kind: backend.kind.clone(),
+        },
+        config(),
+    )
+}
+
+/// Publishes `result` as a delta on `base` (context `cb`) at context `cr`.
+async fn publish_on(
+    s: &Store,
+    id: &deltapack_format::CacheIdentity,
+    (cb, base): (
+        deltapack_format::ContextDigest,
+        Arc<deltapack_format::Snapshot>,
+    ),
+    (cr, result): (
+        deltapack_format::ContextDigest,
+        Arc<deltapack_format::Snapshot>,
+    ),
+    format: RootFormat,
+) -> deltapack_store::Result<deltapack_store::PublishReceipt> {
+    s.publish(PublishRequest {
+        identity: id.clone(),
+        context: cr,
+        snapshot: result,
+        base: Some(BaseInput {
+            context: cb,
+            snapshot: base,
+        }),
+        format,
+    })
+    .await
+}
+
 async fn crash_sweep(
     make: &dyn Fn() -> Option<(Backend, Option<tempfile::TempDir>)>,
     format: RootFormat,
@@ -73,32 +119,15 @@ async fn crash_sweep(
         };
         let plain = wrapped(backend.clone(), config());
         publish_base(&plain, &id, cb, base.clone(), RootFormat::V2).await;
-        let faulty = Arc::new(Faulty::new(
-            backend.store.clone(),
-            FaultPlan {
-                crash_after: Some(n),
-                ..Default::default()
-            },
-        ));
-        let crashing = wrapped(
-            Backend {
-                store: faulty,
-                kind: backend.kind.clone(),
-            },
-            config(),
-        );
-        let r = crashing
-            .publish(PublishRequest {
-                identity: id.clone(),
-                context: cr,
-                snapshot: result.clone(),
-                base: Some(BaseInput {
-                    context: cb,
-                    snapshot: base.clone(),
-                }),
-                format,
-            })
-            .await;
+        let crashing = crashing_after(&backend, n);
+        let r = publish_on(
+            &crashing,
+            &id,
+            (cb, base.clone()),
+            (cr, result.clone()),
+            format,
+        )
+        .await;
         assert_eq!(r.is_ok(), n >= total, "crash after {n} of {total}: {r:?}");
 
         // Reopen (no faults): restorable or absent, nothing dangling.
@@ -192,32 +221,15 @@ async fn a_failed_publication_ends_its_lease_before_it_returns() {
         let plain = wrapped(backend.clone(), config());
         publish_base(&plain, &id, cb, base.clone(), RootFormat::V2).await;
         // Crash at the first object write after the reservation.
-        let faulty = Arc::new(Faulty::new(
-            backend.store.clone(),
-            FaultPlan {
-                crash_after: Some(3),
-                ..Default::default()
-            },
-        ));
-        let crashing = wrapped(
-            Backend {
-                store: faulty,
-                kind: backend.kind.clone(),
-            },
-            config(),
-        );
-        let r = crashing
-            .publish(PublishRequest {
-                identity: id.clone(),
-                context: cr,
-                snapshot: result.clone(),
-                base: Some(BaseInput {
-                    context: cb,
-                    snapshot: base.clone(),
-                }),
-                format: RootFormat::V2,
-            })
-            .await;
+        let crashing = crashing_after(&backend, 3);
+        let r = publish_on(
+            &crashing,
+            &id,
+            (cb, base.clone()),
+            (cr, result.clone()),
+            RootFormat::V2,
+        )
+        .await;
         assert!(r.is_err(), "round {round}: the crash fails the publication");
         // Read the ledger file at once, on this thread: nothing of the
         // failed publication may be left to end later.

@@ -13,23 +13,16 @@
 //! and the number of refused writes is reported.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 use std::path::{Component, Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use deltapack_format::root::{self, DecodedRoot, RootSummary};
 use deltapack_format::{ContextDigest, Digest, ExtentCodec, ExtentPlan, Namespace, Snapshot};
-use deltapack_store::{keys, Backend, BackendKind, RestoreOutcome, Store, StoreConfig};
-use futures::stream::BoxStream;
-use futures::StreamExt;
+use deltapack_store::{keys, Backend, BackendKind, Refusals, RestoreOutcome, Store, StoreConfig};
 use object_store::path::Path as ObjPath;
-use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult,
-};
+use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
 
 use crate::common;
@@ -150,103 +143,12 @@ pub(crate) async fn run(a: CompatArgs) -> Result<ExitCode> {
 // ---------------------------------------------------------------------
 // Read-only store handles.
 
-/// An object store that serves reads and refuses (and counts) writes.
-#[derive(Debug)]
-struct ReadOnly {
-    inner: Arc<dyn ObjectStore>,
-    refused: Arc<AtomicU64>,
-}
-
-impl fmt::Display for ReadOnly {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ReadOnly({})", self.inner)
-    }
-}
-
-impl ReadOnly {
-    fn refuse(&self, what: &str, location: &ObjPath) -> object_store::Error {
-        self.refused.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(%location, "read-only check: refused a {what}");
-        object_store::Error::NotSupported {
-            source: format!("{what} of {location}: this store handle is read-only").into(),
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl ObjectStore for ReadOnly {
-    async fn put_opts(
-        &self,
-        location: &ObjPath,
-        _payload: PutPayload,
-        _opts: PutOptions,
-    ) -> object_store::Result<PutResult> {
-        Err(self.refuse("put", location))
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &ObjPath,
-        _opts: PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        Err(self.refuse("multipart put", location))
-    }
-
-    async fn get_opts(
-        &self,
-        location: &ObjPath,
-        options: GetOptions,
-    ) -> object_store::Result<GetResult> {
-        self.inner.get_opts(location, options).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, object_store::Result<ObjPath>>,
-    ) -> BoxStream<'static, object_store::Result<ObjPath>> {
-        let refused = self.refused.clone();
-        locations
-            .map(move |l| {
-                let l = l?;
-                refused.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(location = %l, "read-only check: refused a delete");
-                Err(object_store::Error::NotSupported {
-                    source: format!("delete of {l}: this store handle is read-only").into(),
-                })
-            })
-            .boxed()
-    }
-
-    fn list(
-        &self,
-        prefix: Option<&ObjPath>,
-    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    async fn list_with_delimiter(
-        &self,
-        prefix: Option<&ObjPath>,
-    ) -> object_store::Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(
-        &self,
-        _from: &ObjPath,
-        to: &ObjPath,
-        _options: CopyOptions,
-    ) -> object_store::Result<()> {
-        Err(self.refuse("copy", to))
-    }
-}
-
 /// A store handle that cannot write: see the module docs. Returns the
 /// handle and the count of writes it refused.
 ///
 /// A local store must exist (a mistyped path is an error, not an empty
 /// store created on the spot); no staging file is cleaned up.
-pub(crate) fn open_read_only(url: &str, config: StoreConfig) -> Result<(Store, Arc<AtomicU64>)> {
+pub(crate) fn open_read_only(url: &str, config: StoreConfig) -> Result<(Store, Refusals)> {
     let inner: Arc<dyn ObjectStore> = if url.starts_with("s3://") || url.starts_with("memory:") {
         deltapack_store::open_backend(url)
             .with_context(|| format!("cannot open store {url}"))?
@@ -269,14 +171,11 @@ pub(crate) fn open_read_only(url: &str, config: StoreConfig) -> Result<(Store, A
                 .with_context(|| format!("cannot open store {url}"))?,
         )
     };
-    let refused = Arc::new(AtomicU64::new(0));
-    let backend = Backend {
-        store: Arc::new(ReadOnly {
-            inner,
-            refused: refused.clone(),
-        }),
+    let (backend, refused) = Backend {
+        store: inner,
         kind: BackendKind::Memory,
-    };
+    }
+    .read_only();
     let config = config
         .with_ledger(Some("sqlite://:memory:".into()))
         .with_cold_start(deltapack_store::ColdStart::Load)
@@ -296,7 +195,7 @@ struct Handles {
     plain: Store,
     keyed: Option<Store>,
     key: Option<[u8; 32]>,
-    refused: Vec<Arc<AtomicU64>>,
+    refused: Vec<Refusals>,
 }
 
 impl Handles {
@@ -321,7 +220,7 @@ impl Handles {
     }
 
     fn refused(&self) -> u64 {
-        self.refused.iter().map(|r| r.load(Ordering::Relaxed)).sum()
+        self.refused.iter().map(Refusals::count).sum()
     }
 }
 
@@ -1289,7 +1188,7 @@ pub(crate) async fn migrate_check(
             );
         }
     }
-    let refused = refused.load(Ordering::Relaxed);
+    let refused = refused.count();
     let mut line = format!(
         "migrate --check (nothing written): {} v1 roots, {} proven, {failed} would not migrate identically",
         proofs.len(),

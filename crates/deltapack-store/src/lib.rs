@@ -114,6 +114,7 @@ mod options;
 mod ownership;
 mod paths;
 mod publish;
+mod read_only;
 mod reconcile;
 mod removal;
 mod restore;
@@ -121,6 +122,7 @@ mod stats;
 mod store;
 mod sweep;
 pub mod units;
+pub mod wrap;
 mod write_behind;
 
 pub use backend::{is_storage_full, open as open_backend, Backend, BackendKind};
@@ -148,6 +150,7 @@ pub use publish::{
     BaseInput, PublishOutcome, PublishReceipt, PublishRequest, RootFormat, Turn, TurnRequest,
     PUBLISH_BATCH,
 };
+pub use read_only::Refusals;
 pub use restore::{
     RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored, RESTORE_IN_FLIGHT,
 };

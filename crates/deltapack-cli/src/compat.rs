@@ -19,10 +19,12 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use deltapack_format::root::{self, DecodedRoot, RootSummary};
-use deltapack_format::{ContextDigest, Digest, ExtentCodec, ExtentPlan, Namespace, Snapshot};
-use deltapack_store::{keys, Backend, BackendKind, Refusals, RestoreOutcome, Store, StoreConfig};
+use deltapack_format::{ContextDigest, Digest, Namespace, Snapshot};
+use deltapack_store::{
+    keys, Backend, BackendKind, ObjectKey, Refusals, RestoreOutcome, Store, StoreConfig,
+};
 use object_store::path::Path as ObjPath;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::ObjectStore;
 use serde::{Deserialize, Serialize};
 
 use crate::common;
@@ -314,13 +316,14 @@ async fn check_root(
 ) -> Result<(RootResult, Option<Checked>)> {
     let mut r = RootResult::new(&ns, &ctx);
     let key = keys::root_key(&ns, &ctx);
-    let raw = match h.plain.object_store().get(&key).await {
-        Ok(g) => g.bytes().await.with_context(|| format!("reading {key}"))?,
-        Err(object_store::Error::NotFound { .. }) => {
-            r.fail("read", "the root was listed but is gone");
-            return Ok((r, None));
-        }
-        Err(e) => return Err(e).with_context(|| format!("reading {key}")),
+    let Some(raw) = h
+        .plain
+        .raw_root((ns, ctx))
+        .await
+        .with_context(|| format!("reading {key}"))?
+    else {
+        r.fail("read", "the root was listed but is gone");
+        return Ok((r, None));
     };
     // Decode: envelope, body hash, schema, MAC (with a key).
     let keyed = root::has_mac(&raw);
@@ -398,17 +401,22 @@ async fn check_root(
             return Ok((r, None));
         }
     }
-    // Every referenced object, on its own.
-    if let Some((object, detail)) = check_objects(&h.plain, &decoded).await? {
-        r.object = Some(object);
-        r.fail("object", detail);
-        return Ok((r, None));
-    }
-    // Restore, bit-exactly.
+    // Every referenced object, on its own, by the store that restores it.
     let store = match (keyed, &h.keyed) {
         (true, Some(k)) => k,
         _ => &h.plain,
     };
+    let verdict = store.verify_root((ns, ctx)).await?;
+    if let Some(m) = verdict.unusable.as_ref() {
+        r.fail("decode", m.to_string());
+        return Ok((r, None));
+    }
+    if let Some((object, check)) = verdict.first_failure() {
+        r.object = Some(object.to_string());
+        r.fail("object", check.to_string());
+        return Ok((r, None));
+    }
+    // Restore, bit-exactly.
     let want = summary.result_snapshot_digest;
     let snapshot = match store.restore((ns, ctx), Default::default()).await? {
         RestoreOutcome::Hit(hit) => {
@@ -452,9 +460,8 @@ async fn check_root(
             hit.snapshot
         }
         RestoreOutcome::Miss(m) => {
-            let detail = m.to_string();
-            r.object = object_named_in(&detail);
-            r.fail("restore", detail);
+            r.object = m.object().map(ToString::to_string);
+            r.fail("restore", m.to_string());
             return Ok((r, None));
         }
     };
@@ -472,96 +479,6 @@ async fn check_root(
             snapshot: Some(snapshot),
         }),
     ))
-}
-
-/// Fetches and verifies every object a root references (size, stored
-/// digest, decompression, extent name or SHA-256); the first that fails,
-/// as `(object key, what failed)`.
-async fn check_objects(store: &Store, decoded: &DecodedRoot) -> Result<Option<(String, String)>> {
-    let fetch = |key: ObjPath, len: u64| async move {
-        match store.object_store().get(&key).await {
-            Ok(g) => {
-                let b = g.bytes().await.with_context(|| format!("reading {key}"))?;
-                if b.len() as u64 != len {
-                    return Ok(Err(format!("is {} bytes, the root says {len}", b.len())));
-                }
-                Ok(Ok(b))
-            }
-            Err(object_store::Error::NotFound { .. }) => Ok(Err("missing".to_string())),
-            Err(e) => Err(anyhow::Error::new(e).context(format!("reading {key}"))),
-        }
-    };
-    match decoded {
-        DecodedRoot::V2(m) => {
-            let plan = match ExtentPlan::new(m.payload_len, m.max_extent_bytes) {
-                Ok(p) => p,
-                Err(e) => return Ok(Some((String::new(), format!("extent plan: {e}")))),
-            };
-            for (i, e) in m.extents.iter().enumerate() {
-                let key = keys::object_key(&e.object_digest());
-                let stored = match fetch(key.clone(), e.stored_len).await? {
-                    Ok(b) => b,
-                    Err(what) => return Ok(Some((key.to_string(), what))),
-                };
-                let e = *e;
-                let verdict =
-                    tokio::task::spawn_blocking(move || -> std::result::Result<(), String> {
-                        let raw = match e.codec {
-                            ExtentCodec::Raw => stored.to_vec(),
-                            ExtentCodec::Zstd => {
-                                let found = Digest::blake3(&stored);
-                                if Some(found) != e.stored_digest {
-                                    return Err(format!("stored digest is {found}"));
-                                }
-                                deltapack_format::extent::decompress(&stored, e.raw_len)
-                                    .map_err(|x| x.to_string())?
-                            }
-                        };
-                        let name = plan
-                            .name(i as u64, &raw, false)
-                            .map_err(|x| x.to_string())?;
-                        if name != e.raw_digest {
-                            return Err(format!(
-                                "extent {i} hashes to {name}, its name is {}",
-                                e.raw_digest
-                            ));
-                        }
-                        Ok(())
-                    })
-                    .await
-                    .context("object check task")?;
-                if let Err(what) = verdict {
-                    return Ok(Some((key.to_string(), what)));
-                }
-            }
-        }
-        DecodedRoot::V1(m) => {
-            for c in &m.chunks {
-                let key = keys::object_key(&c.digest);
-                let stored = match fetch(key.clone(), c.bytes).await? {
-                    Ok(b) => b,
-                    Err(what) => return Ok(Some((key.to_string(), what))),
-                };
-                let found = Digest::sha256(&stored);
-                if found != c.digest {
-                    return Ok(Some((key.to_string(), format!("hashes to {found}"))));
-                }
-            }
-        }
-        DecodedRoot::Incompatible { .. } => {}
-    }
-    Ok(None)
-}
-
-/// The object key a restore's miss names (e.g. a base's damaged extent),
-/// if it names one.
-fn object_named_in(detail: &str) -> Option<String> {
-    let start = detail.find("objects/")?;
-    let key: String = detail[start..]
-        .chars()
-        .take_while(|c| c.is_ascii_alphanumeric() || *c == '/')
-        .collect();
-    keys::parse_object_key(&ObjPath::from(key.as_str())).map(|_| key)
 }
 
 /// Every root of the store, sorted.
@@ -1069,13 +986,10 @@ async fn write_set(
             if written_objects.insert(okey.to_string()) {
                 let bytes = source
                     .plain
-                    .object_store()
-                    .get(&okey)
+                    .raw_object(&ObjectKey(*d))
                     .await
                     .with_context(|| format!("reading {okey}"))?
-                    .bytes()
-                    .await
-                    .with_context(|| format!("reading {okey}"))?;
+                    .with_context(|| format!("{okey} is missing"))?;
                 write_file(&store_dir, &okey, &bytes)?;
             }
         }

@@ -6,7 +6,6 @@ use std::process::ExitCode;
 use anyhow::{bail, Result};
 use deltapack_format::{ContextDigest, DecodedRoot, Namespace};
 use deltapack_store::{keys, MissReason, RootInfo, RootStatus, Store};
-use object_store::ObjectStoreExt;
 use serde_json::{json, Value};
 
 use crate::common;
@@ -142,7 +141,7 @@ async fn detail(
         }
     };
     let key = keys::root_key(&ns, &ctx);
-    let root_bytes = store.object_store().head(&key).await.ok().map(|m| m.size);
+    let root_bytes = store.root_size((ns, ctx)).await.ok().flatten();
     let root = match store.peek_root(&ns, &ctx).await? {
         RootStatus::Found(d) => *d,
         RootStatus::Absent => {

@@ -7,6 +7,9 @@
 
 use deltapack_format::{ContextDigest, Namespace};
 
+use crate::keys::ObjectKey;
+use crate::verify::ObjectCheck;
+
 /// Why a restore did not produce a snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(tag = "reason", rename_all = "kebab-case")]
@@ -16,7 +19,13 @@ pub enum MissReason {
     Absent,
     /// A root or object failed verification, is missing, or is inconsistent.
     Corrupt {
-        /// What was damaged (root or object key and the check that failed).
+        /// The damaged object, when one object is to blame.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        object: Option<ObjectKey>,
+        /// The check it failed, when an object's check failed.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        check: Option<ObjectCheck>,
+        /// What was damaged, in words (root or object key and the check).
         what: String,
     },
     /// The root's envelope version or schema is unknown to this reader.
@@ -26,6 +35,9 @@ pub enum MissReason {
     },
     /// The delta's base root could not be restored.
     BaseMissing {
+        /// The base's damaged or missing object, when one is to blame.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        object: Option<ObjectKey>,
         /// Why the base did not restore.
         detail: String,
     },
@@ -39,6 +51,42 @@ pub enum MissReason {
 }
 
 impl MissReason {
+    /// A `corrupt` miss.
+    pub(crate) fn corrupt(
+        object: Option<ObjectKey>,
+        check: Option<ObjectCheck>,
+        what: impl Into<String>,
+    ) -> Self {
+        MissReason::Corrupt {
+            object,
+            check,
+            what: what.into(),
+        }
+    }
+
+    /// A `corrupt` miss blamed on no single object.
+    pub(crate) fn damaged(what: impl Into<String>) -> Self {
+        MissReason::corrupt(None, None, what)
+    }
+
+    /// A `base-missing` miss blamed on no single object.
+    pub(crate) fn base_missing(detail: impl Into<String>) -> Self {
+        MissReason::BaseMissing {
+            object: None,
+            detail: detail.into(),
+        }
+    }
+
+    /// The object a `corrupt` or `base-missing` miss blames, if any.
+    pub fn object(&self) -> Option<&ObjectKey> {
+        match self {
+            MissReason::Corrupt { object, .. } | MissReason::BaseMissing { object, .. } => {
+                object.as_ref()
+            }
+            _ => None,
+        }
+    }
+
     /// Short stable label (`absent`, `corrupt`, …) for metrics.
     pub fn label(&self) -> &'static str {
         match self {
@@ -56,9 +104,9 @@ impl std::fmt::Display for MissReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             MissReason::Absent => write!(f, "absent"),
-            MissReason::Corrupt { what } => write!(f, "corrupt: {what}"),
+            MissReason::Corrupt { what, .. } => write!(f, "corrupt: {what}"),
             MissReason::Incompatible { detail } => write!(f, "incompatible: {detail}"),
-            MissReason::BaseMissing { detail } => write!(f, "base-missing: {detail}"),
+            MissReason::BaseMissing { detail, .. } => write!(f, "base-missing: {detail}"),
             MissReason::DeadlineExceeded => write!(f, "deadline-exceeded"),
             MissReason::Unauthenticated { detail } => write!(f, "unauthenticated: {detail}"),
         }

@@ -11,7 +11,9 @@
 
 use object_store::path::Path;
 
-use crate::error::StoreError;
+use crate::error::{MissReason, StoreError};
+use crate::keys::ObjectKey;
+use crate::verify::ObjectCheck;
 
 /// What went wrong with one object.
 #[derive(Debug)]
@@ -40,6 +42,8 @@ pub(crate) struct ObjectFault {
     /// *different* wrong bytes were damaged in transit at least once, so
     /// they prove nothing about the bytes at rest (see [`Proof`]).
     pub(crate) found: Option<deltapack_format::Digest>,
+    /// The check the object failed, typed (when one did).
+    pub(crate) check: Option<ObjectCheck>,
 }
 
 impl ObjectFault {
@@ -53,6 +57,7 @@ impl ObjectFault {
             what: what.into(),
             in_base: false,
             found: None,
+            check: None,
         }
     }
 
@@ -64,6 +69,35 @@ impl ObjectFault {
             what: format!("{key}: {what}"),
             in_base: false,
             found: None,
+            check: None,
+        }
+    }
+
+    /// The object at `key` failed `check` (missing or corrupt by its kind).
+    pub(crate) fn failed(key: &Path, check: ObjectCheck) -> Self {
+        ObjectFault::of(key, check.kind(), &check).with_check(check)
+    }
+
+    /// This fault, naming the check the object failed (its words stay).
+    pub(crate) fn with_check(mut self, check: ObjectCheck) -> Self {
+        if let ObjectCheck::Name { found, .. } = &check {
+            self.found = Some(*found);
+        }
+        self.check = Some(check);
+        self
+    }
+
+    /// The miss this fault is for the caller: `base-missing` when it lies
+    /// in a base, else `corrupt`; either names the object and the check.
+    pub(crate) fn miss(&self) -> MissReason {
+        let object = self.key.as_ref().and_then(ObjectKey::from_path);
+        if self.in_base {
+            MissReason::BaseMissing {
+                object,
+                detail: self.what.clone(),
+            }
+        } else {
+            MissReason::corrupt(object, self.check.clone(), self.what.clone())
         }
     }
 
@@ -71,9 +105,7 @@ impl ObjectFault {
     /// failure (not the object's fault).
     pub(crate) fn backend(key: &Path, x: object_store::Error) -> Self {
         match x {
-            object_store::Error::NotFound { .. } => {
-                ObjectFault::of(key, FaultKind::Missing, "object is missing")
-            }
+            object_store::Error::NotFound { .. } => ObjectFault::failed(key, ObjectCheck::Missing),
             x => {
                 let what = x.to_string();
                 ObjectFault::of(key, FaultKind::Io(Box::new(StoreError::io(key, x))), what)
@@ -89,6 +121,7 @@ impl ObjectFault {
             what: "deadline exceeded".into(),
             in_base: false,
             found: None,
+            check: None,
         }
     }
 

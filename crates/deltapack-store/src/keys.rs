@@ -60,6 +60,36 @@ impl From<(&CacheIdentity, ContextDigest)> for RootKey {
     }
 }
 
+/// Names one stored object by its content address (a v2 extent's BLAKE3
+/// object digest, a v1 chunk's SHA-256). Its text form is its store key,
+/// `objects/<algorithm>/<hh>/<hex>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectKey(pub Digest);
+
+impl ObjectKey {
+    /// The key the object is stored under.
+    pub fn path(&self) -> Path {
+        object_key(&self.0)
+    }
+
+    /// The object stored under `p`, if `p` is an object key.
+    pub fn from_path(p: &Path) -> Option<Self> {
+        parse_object_key(p).map(ObjectKey)
+    }
+}
+
+impl std::fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.path())
+    }
+}
+
+impl serde::Serialize for ObjectKey {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 /// Key of the object named by `d`.
 pub fn object_key(d: &Digest) -> Path {
     let hex = d.hex();

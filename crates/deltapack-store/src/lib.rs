@@ -114,6 +114,7 @@ mod options;
 mod ownership;
 mod paths;
 mod publish;
+mod raw;
 mod read_only;
 mod reconcile;
 mod removal;
@@ -122,6 +123,7 @@ mod stats;
 mod store;
 mod sweep;
 pub mod units;
+mod verify;
 pub mod wrap;
 mod write_behind;
 
@@ -131,7 +133,7 @@ pub use config_file::{ConfigFile, ConfigFileError, FileChainPolicy, FileColdStar
 pub use error::{MissReason, OpenError, Result, StoreError};
 pub use gc::GcReport;
 pub use holds::Pin;
-pub use keys::RootKey;
+pub use keys::{ObjectKey, RootKey};
 pub use ledger::{
     ColdStart, ImageHold, ImageObject, ImageRoot, LedgerError, LedgerImage, LedgerLocation,
     MergeReport, Totals,
@@ -156,4 +158,5 @@ pub use restore::{
 };
 pub use store::{RootInfo, RootStatus, Store};
 pub use sweep::{SweepOptions, SweepReport};
+pub use verify::{ObjectCheck, ObjectVerdict, RootVerdict};
 pub use write_behind::{WriteBehind, WriteBehindReport};

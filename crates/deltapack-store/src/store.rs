@@ -19,6 +19,7 @@ use crate::fault::{FaultKind, ObjectFault};
 use crate::keys;
 use crate::restore::cache::{BaseCache, SharedRestore};
 use crate::stats::Stats;
+use crate::verify::ObjectCheck;
 
 /// Largest root object accepted from storage (envelope header + body + MAC).
 pub(crate) const MAX_ROOT_OBJECT: u64 = root::ENVELOPE_HEADER_LEN as u64 + root::MAX_ROOT_BODY + 32;
@@ -313,7 +314,11 @@ impl Store {
                 key,
                 FaultKind::Corrupt,
                 format!("is {} bytes, expected {expected_len}", got.meta.size),
-            ));
+            )
+            .with_check(ObjectCheck::Size {
+                expected: expected_len,
+                found: got.meta.size,
+            }));
         }
         let bytes = got
             .bytes()
@@ -324,7 +329,11 @@ impl Store {
                 key,
                 FaultKind::Corrupt,
                 format!("returned {} bytes, expected {expected_len}", bytes.len()),
-            ));
+            )
+            .with_check(ObjectCheck::Size {
+                expected: expected_len,
+                found: bytes.len() as u64,
+            }));
         }
         Stats::add(&self.inner.stats.objects_read, 1);
         Stats::add(&self.inner.stats.bytes_read, bytes.len() as u64);
@@ -423,11 +432,7 @@ impl Store {
                 "root {key} is {} bytes, limit {MAX_ROOT_OBJECT}",
                 got.meta.size
             );
-            return Ok((
-                RootStatus::Unusable(MissReason::Corrupt { what }),
-                true,
-                None,
-            ));
+            return Ok((RootStatus::Unusable(MissReason::damaged(what)), true, None));
         }
         let bytes = got.bytes().await.map_err(|e| StoreError::io(&key, e))?;
         let (status, damaged) = self.judge_root(&key, ns, ctx, &bytes, ancestors)?;
@@ -467,7 +472,7 @@ impl Store {
                         s.context.hex()
                     );
                     tracing::warn!(%what, "refusing misplaced root");
-                    (RootStatus::Unusable(MissReason::Corrupt { what }), true)
+                    (RootStatus::Unusable(MissReason::damaged(what)), true)
                 } else {
                     (RootStatus::Found(Box::new(decoded)), false)
                 }
@@ -479,7 +484,7 @@ impl Store {
             Err(e) => {
                 let what = format!("root {key}: {e}");
                 tracing::warn!(%what, "corrupt root");
-                (RootStatus::Unusable(MissReason::Corrupt { what }), true)
+                (RootStatus::Unusable(MissReason::damaged(what)), true)
             }
         })
     }

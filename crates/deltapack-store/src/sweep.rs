@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use bytes::Bytes;
 use std::time::{Duration, Instant, SystemTime};
 
-use deltapack_format::{ContextDigest, DecodedRoot, Digest, ExtentPlan, Namespace};
+use deltapack_format::{ContextDigest, DecodedRoot, Namespace};
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::ObjectStoreExt;
@@ -38,6 +38,7 @@ use crate::fault::{FaultKind, ObjectFault, Proof};
 use crate::keys;
 use crate::ledger::Ledger;
 use crate::store::{RootStatus, Store};
+use crate::verify::{check_object, Expected};
 
 /// Staging files younger than this are never removed, whatever the grace:
 /// a writer (in this or another process) may be about to link one into
@@ -91,19 +92,6 @@ pub struct SweepReport {
     pub dry_run: bool,
 }
 
-/// How to verify one object on its own.
-#[derive(Debug, Clone)]
-enum Check {
-    V2 {
-        plan: ExtentPlan,
-        index: u64,
-        entry: deltapack_format::ExtentEntry,
-    },
-    V1 {
-        digest: Digest,
-    },
-}
-
 /// What the sweep concluded about one object.
 enum Verdict {
     /// It verifies.
@@ -117,8 +105,7 @@ enum Verdict {
 }
 
 struct Referenced {
-    stored_len: u64,
-    check: Check,
+    want: Expected,
     roots: BTreeSet<RootId>,
 }
 
@@ -228,43 +215,19 @@ impl Store {
             };
             refs.live.insert((ns, ctx), bytes);
             let objects = &mut refs.objects;
-            let mut add = |key: Path, stored_len: u64, check: Check| {
+            for want in Expected::of_root(&root)? {
                 objects
-                    .entry(key)
+                    .entry(want.object().path())
                     .or_insert_with(|| Referenced {
-                        stored_len,
-                        check,
+                        want,
                         roots: BTreeSet::new(),
                     })
                     .roots
                     .insert((ns, ctx));
-            };
+            }
             let base = match &root {
-                DecodedRoot::V2(m) => {
-                    let plan = ExtentPlan::new(m.payload_len, m.max_extent_bytes)?;
-                    for (i, e) in m.extents.iter().enumerate() {
-                        add(
-                            keys::object_key(&e.object_digest()),
-                            e.stored_len,
-                            Check::V2 {
-                                plan,
-                                index: i as u64,
-                                entry: *e,
-                            },
-                        );
-                    }
-                    m.base
-                }
-                DecodedRoot::V1(m) => {
-                    for c in &m.chunks {
-                        add(
-                            keys::object_key(&c.digest),
-                            c.bytes,
-                            Check::V1 { digest: c.digest },
-                        );
-                    }
-                    m.base
-                }
+                DecodedRoot::V2(m) => m.base,
+                DecodedRoot::V1(m) => m.base,
                 DecodedRoot::Incompatible { .. } => None,
             };
             if let Some(b) = base {
@@ -312,7 +275,7 @@ impl Store {
             }
             let verdict = self.verify_object(key, r).await?;
             report.checked += 1;
-            report.checked_bytes += r.stored_len;
+            report.checked_bytes += r.want.stored_len();
             match verdict {
                 Verdict::Intact => {}
                 Verdict::Corrupt => {
@@ -653,27 +616,23 @@ impl Store {
         key: &Path,
         r: &Referenced,
     ) -> Result<std::result::Result<(), ObjectFault>> {
-        let bytes = match self.fetch_exact(key, r.stored_len).await {
+        let bytes = match self.fetch_exact(key, r.want.stored_len()).await {
             Ok(b) => b,
             Err(f) => return Ok(Err(f)),
         };
-        let check = r.check.clone();
-        let ok = tokio::task::spawn_blocking(move || match check {
-            Check::V1 { digest } => Digest::sha256(&bytes) == digest,
-            Check::V2 { plan, index, entry } => {
-                crate::restore::read::verify_extent(&plan, index, &entry, bytes).is_ok()
+        let want = r.want.clone();
+        let checked = tokio::task::spawn_blocking(move || check_object(&want, bytes).err())
+            .await
+            .map_err(|e| StoreError::task("verify", e))?;
+        Ok(match checked {
+            None => Ok(()),
+            Some(c) => {
+                // The sweep's proof rule counts two failed checks of the
+                // same object, whatever bytes each read saw.
+                let mut f = ObjectFault::of(key, FaultKind::Corrupt, "does not match its name");
+                f.check = Some(c);
+                Err(f)
             }
-        })
-        .await
-        .map_err(|e| StoreError::task("verify", e))?;
-        Ok(if ok {
-            Ok(())
-        } else {
-            Err(ObjectFault::of(
-                key,
-                FaultKind::Corrupt,
-                "does not match its name",
-            ))
         })
     }
 }

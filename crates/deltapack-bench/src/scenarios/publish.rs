@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use deltapack_format::{delta, ExtentPlan, Snapshot};
-use deltapack_store::{PublishOutcome, PublishReceipt, PublishRequest, Store, StoreConfig};
+use deltapack_store::{PublishOutcome, PublishReceipt, PublishRequest, Store};
 use futures::TryStreamExt;
 use object_store::{ObjectMeta, ObjectStoreExt};
 
@@ -199,8 +199,9 @@ pub(crate) async fn job_s3_publish(w: Workload, url_v2: &str, url_v1: &str) -> R
 pub(crate) async fn job_s3_cleanup(urls: &[String]) -> Result<JobOutput> {
     let mut deleted = 0u64;
     for url in urls {
-        let store = open_store(url, StoreConfig::default())?;
-        let os = store.object_store().clone();
+        let os = deltapack_store::open_backend(url)
+            .with_context(|| format!("cannot open {url}"))?
+            .store;
         let metas: Vec<ObjectMeta> = os.list(None).try_collect().await?;
         for m in metas {
             os.delete(&m.location).await?;

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use deltapack_format::{BaseRef, Snapshot};
-use object_store::path::Path;
 use object_store::ObjectStoreExt;
 
 use super::outcome::{RestoreOutcome, RESTORE_IN_FLIGHT};
@@ -17,6 +16,7 @@ use crate::fault::{FaultKind, ObjectFault};
 use crate::keys::{self};
 use crate::stats::Stats;
 use crate::store::{RootStatus, Store};
+use crate::verify::{check_object, Expected};
 
 impl Store {
     /// Rebuilds a resolved v2 root (flat or chain) into `into` or a new
@@ -122,19 +122,22 @@ impl Store {
         visited: Visited,
     ) -> Result<std::result::Result<Arc<Snapshot>, MissReason>> {
         let gone = |detail: String| {
-            Ok(Err(MissReason::BaseMissing {
-                detail: format!("base {}: {detail}", b.context),
-            }))
+            Ok(Err(MissReason::base_missing(format!(
+                "base {}: {detail}",
+                b.context
+            ))))
         };
         if visited.contains(&(b.namespace, b.context)) {
-            return Ok(Err(MissReason::Corrupt {
-                what: format!("the base chain loops back to {}", b.context),
-            }));
+            return Ok(Err(MissReason::damaged(format!(
+                "the base chain loops back to {}",
+                b.context
+            ))));
         }
         if visited.len() >= self.config().max_base_depth {
-            return Ok(Err(MissReason::Corrupt {
-                what: format!("base chain deeper than {}", self.config().max_base_depth),
-            }));
+            return Ok(Err(MissReason::damaged(format!(
+                "base chain deeper than {}",
+                self.config().max_base_depth
+            ))));
         }
         if let Some(s) = self.cached_base(&b).await? {
             return Ok(Ok(s));
@@ -177,7 +180,10 @@ impl Store {
                 Ok(Ok(r.snapshot))
             }
             RestoreOutcome::Hit(r) => gone(format!("restores to {}", r.digest)),
-            RestoreOutcome::Miss(m) => gone(m.to_string()),
+            RestoreOutcome::Miss(m) => Ok(Err(MissReason::BaseMissing {
+                object: m.object().copied(),
+                detail: format!("base {}: {m}", b.context),
+            })),
         }
     }
     /// Fetches and verifies one object; quarantines it if damaged. `Err`
@@ -185,10 +191,10 @@ impl Store {
     /// corrupt object.
     pub(super) async fn fetch_verified(
         &self,
-        key: Path,
-        stored_len: u64,
-        verify: impl Fn(Bytes) -> std::result::Result<Bytes, String> + Send + Sync + Clone + 'static,
+        want: Expected,
     ) -> Result<std::result::Result<Bytes, ObjectFault>> {
+        let key = want.object().path();
+        let stored_len = want.stored_len();
         // A bad read may be damage in transit (a proxy, a flaky link) rather
         // than at rest: the object is quarantined only if it fails its
         // check twice (the quarantine rule, `Proof`).
@@ -196,13 +202,13 @@ impl Store {
         loop {
             let fault = match self.fetch_exact(&key, stored_len).await {
                 Ok(bytes) => {
-                    let v = verify.clone();
-                    let checked = tokio::task::spawn_blocking(move || v(bytes))
+                    let w = want.clone();
+                    let checked = tokio::task::spawn_blocking(move || check_object(&w, bytes))
                         .await
                         .map_err(|e| StoreError::task("verify", e))?;
                     match checked {
                         Ok(b) => return Ok(Ok(b)),
-                        Err(what) => ObjectFault::of(&key, FaultKind::Corrupt, what),
+                        Err(c) => ObjectFault::failed(&key, c),
                     }
                 }
                 Err(f) => f,

@@ -410,8 +410,10 @@ impl Store {
                 })
                 .await
                 .map_err(|e| StoreError::task("reconstruction", e))?
-                .map_err(|e| MissReason::Corrupt {
-                    what: format!("reconstruction of {ns}/{ctx} failed verification: {e}"),
+                .map_err(|e| {
+                    MissReason::damaged(format!(
+                        "reconstruction of {ns}/{ctx} failed verification: {e}"
+                    ))
                 })
             }
             what => {
@@ -475,22 +477,15 @@ impl Store {
     /// object) or an error (the backend failed).
     async fn damage_outcome(&self, d: reassembly::ObjectFault) -> Result<MissReason> {
         use reassembly::FaultKind;
-        let miss = |what: String| {
-            if d.in_base {
-                MissReason::BaseMissing { detail: what }
-            } else {
-                MissReason::Corrupt { what }
-            }
-        };
         match d.kind {
             FaultKind::Deadline => Ok(MissReason::DeadlineExceeded),
             FaultKind::Io(e) => Err(*e),
-            FaultKind::Missing => Ok(miss(d.what)),
+            FaultKind::Missing => Ok(d.miss()),
             FaultKind::Corrupt => {
                 if let Some(key) = &d.key {
                     self.quarantine(key).await;
                 }
-                Ok(miss(d.what))
+                Ok(d.miss())
             }
         }
     }

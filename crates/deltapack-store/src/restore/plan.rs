@@ -114,14 +114,12 @@ impl Store {
         };
         let limit = self.config().max_restore_bytes;
         if summary.payload_len > limit || summary.result_snapshot_len > limit {
-            return Ok(Err(MissReason::Corrupt {
-                what: format!(
+            return Ok(Err(MissReason::damaged(format!(
                     "root {} declares {} payload / {} result bytes, above this store's restore limit {limit}",
                     keys::root_key(&ns, &ctx),
                     summary.payload_len,
                     summary.result_snapshot_len
-                ),
-            }));
+            ))));
         }
         visited.push((ns, ctx));
         let what = match root {
@@ -174,11 +172,12 @@ impl Store {
             "read the chain's roots"
         );
         let mut deltas = vec![top];
-        let corrupt = |what: String| Ok(Err(MissReason::Corrupt { what }));
+        let corrupt = |what: String| Ok(Err(MissReason::damaged(what)));
         let gone = |b: &BaseRef, detail: String| {
-            Ok(Err(MissReason::BaseMissing {
-                detail: format!("base {}: {detail}", b.context),
-            }))
+            Ok(Err(MissReason::base_missing(format!(
+                "base {}: {detail}",
+                b.context
+            ))))
         };
         let bottom = loop {
             let Some(b) = deltas.last().and_then(|m| m.base) else {

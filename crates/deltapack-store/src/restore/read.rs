@@ -23,6 +23,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 
 pub(crate) use crate::fault::{FaultKind, ObjectFault};
 use crate::keys;
+use crate::verify::{check_extent, unpack_zstd, ObjectCheck};
 
 /// Piece size of the fused read → hash → copy loop.
 pub(crate) const PIECE: usize = 256 * 1024;
@@ -248,8 +249,7 @@ pub(crate) fn read_extent(
     let absorbed = match (source, e.codec) {
         (_, ExtentCodec::Zstd) => {
             let stored = read_all(source, e)?;
-            let raw = verify_zstd(e, &stored)
-                .map_err(|w| ObjectFault::of(&key, FaultKind::Corrupt, w))?;
+            let raw = unpack_zstd(e, &stored).map_err(|c| ObjectFault::failed(&key, c))?;
             let mut pos = 0usize;
             absorb(
                 plan,
@@ -289,18 +289,19 @@ pub(crate) fn read_extent(
             return read_ranges_verified(remote, plan, index, e, region, header, deadline)
         }
     };
-    absorbed.map_err(|x| absorb_fault(&key, x))
+    absorbed.map_err(|x| absorb_fault(&key, e, x))
 }
 
 /// The fault an absorb error of the object at `key` is.
-fn absorb_fault(key: &Path, x: AbsorbError) -> ObjectFault {
+fn absorb_fault(key: &Path, e: &ExtentEntry, x: AbsorbError) -> ObjectFault {
     match x {
         AbsorbError::Deadline => ObjectFault::deadline(),
         AbsorbError::Bad(w) => ObjectFault::of(key, FaultKind::Corrupt, w),
         AbsorbError::Wrong(found, w) => {
-            let mut f = ObjectFault::of(key, FaultKind::Corrupt, w);
-            f.found = Some(found);
-            f
+            ObjectFault::of(key, FaultKind::Corrupt, w).with_check(ObjectCheck::Name {
+                expected: e.raw_digest,
+                found,
+            })
         }
         AbsorbError::Plan(w) => ObjectFault::plain(format!("{key}: {w}")),
         // A read error (EIO, EACCES, a dropped connection) proves nothing
@@ -372,9 +373,14 @@ pub(crate) fn read_ranges_verified(
         .merge_ranges(index, remote.range_bytes, &names)
         .map_err(|x| ObjectFault::plain(x.to_string()))?;
     if name != e.raw_digest {
-        let mut f = bad(format!("extent {index} name {name} != {}", e.raw_digest));
-        f.found = Some(name);
-        return Err(f);
+        return Err(
+            bad(format!("extent {index} name {name} != {}", e.raw_digest)).with_check(
+                ObjectCheck::Name {
+                    expected: e.raw_digest,
+                    found: name,
+                },
+            ),
+        );
     }
     if sink.into_inner().differs {
         // The extent is what its name says, so the header the plan was
@@ -516,11 +522,7 @@ pub(crate) fn open_local(root: &FsPath, key: &Path, e: &ExtentEntry) -> Result<F
     let file = match File::open(root.join(key.as_ref())) {
         Ok(f) => f,
         Err(x) if x.kind() == std::io::ErrorKind::NotFound => {
-            return Err(ObjectFault::of(
-                key,
-                FaultKind::Missing,
-                "object is missing",
-            ))
+            return Err(ObjectFault::failed(key, ObjectCheck::Missing))
         }
         Err(x) => return Err(ObjectFault::io(key, "open", x)),
     };
@@ -533,7 +535,11 @@ pub(crate) fn open_local(root: &FsPath, key: &Path, e: &ExtentEntry) -> Result<F
             key,
             FaultKind::Corrupt,
             format!("object is {size} bytes, expected {}", e.stored_len),
-        ));
+        )
+        .with_check(ObjectCheck::Size {
+            expected: e.stored_len,
+            found: size,
+        }));
     }
     Ok(file)
 }
@@ -551,7 +557,11 @@ fn remote_result(
             key,
             FaultKind::Corrupt,
             format!("object is {} bytes, expected {}", g.meta.size, e.stored_len),
-        )),
+        )
+        .with_check(ObjectCheck::Size {
+            expected: e.stored_len,
+            found: g.meta.size,
+        })),
         Err(x) => Err(ObjectFault::backend(key, x)),
     }
 }
@@ -580,7 +590,11 @@ fn read_all(source: &Source, e: &ExtentEntry) -> Result<Bytes, ObjectFault> {
             &key,
             FaultKind::Corrupt,
             format!("read {} bytes, expected {}", bytes.len(), e.stored_len),
-        ));
+        )
+        .with_check(ObjectCheck::Size {
+            expected: e.stored_len,
+            found: bytes.len() as u64,
+        }));
     }
     Ok(bytes)
 }
@@ -592,8 +606,7 @@ fn read_prefix(source: &Source, e: &ExtentEntry, len: usize) -> Result<Vec<u8>, 
     match (source, e.codec) {
         (_, ExtentCodec::Zstd) => {
             let stored = read_all(source, e)?;
-            let mut raw = verify_zstd(e, &stored)
-                .map_err(|w| ObjectFault::of(&key, FaultKind::Corrupt, w))?;
+            let mut raw = unpack_zstd(e, &stored).map_err(|c| ObjectFault::failed(&key, c))?;
             raw.truncate(len);
             Ok(raw)
         }
@@ -679,8 +692,12 @@ pub(crate) fn blame(
             Ok(b) => b,
             Err(d) => return Some(d),
         };
-        if let Err(w) = verify_extent(plan, i as u64, e, stored) {
-            return Some(ObjectFault::of(&key, FaultKind::Corrupt, w));
+        if let Err(c) = check_extent(plan, i as u64, e, stored) {
+            let what = match c {
+                ObjectCheck::Name { .. } => format!("extent {i} {c}"),
+                _ => c.to_string(),
+            };
+            return Some(ObjectFault::of(&key, c.kind(), what).with_check(c));
         }
     }
     None
@@ -698,35 +715,4 @@ pub(crate) fn read_at(f: &File, buf: &mut [u8], pos: u64) -> std::io::Result<usi
     let mut f = f;
     f.seek(SeekFrom::Start(pos))?;
     f.read(buf)
-}
-
-/// Verifies one extent's stored bytes (zstd: stored digest, then bounded
-/// decompression) against its raw name and returns the raw bytes. The one
-/// place the blame pass and the sweep check an extent on its own.
-pub(crate) fn verify_extent(
-    plan: &ExtentPlan,
-    index: u64,
-    e: &ExtentEntry,
-    stored: bytes::Bytes,
-) -> Result<bytes::Bytes, String> {
-    let raw = match e.codec {
-        ExtentCodec::Raw => stored,
-        ExtentCodec::Zstd => bytes::Bytes::from(verify_zstd(e, &stored)?),
-    };
-    let name = plan.name(index, &raw, false).map_err(|x| x.to_string())?;
-    if name != e.raw_digest {
-        return Err(format!("extent {index} name {name} != {}", e.raw_digest));
-    }
-    Ok(raw)
-}
-
-/// Checks a zstd extent's stored digest and decompresses it within its
-/// declared raw length.
-pub(crate) fn verify_zstd(e: &ExtentEntry, stored: &[u8]) -> Result<Vec<u8>, String> {
-    let want = e.stored_digest.ok_or("zstd extent without stored digest")?;
-    let found = Digest::blake3(stored);
-    if found != want {
-        return Err(format!("stored digest {found} != {want}"));
-    }
-    deltapack_format::extent::decompress(stored, e.raw_len).map_err(|x| x.to_string())
 }

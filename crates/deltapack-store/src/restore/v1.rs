@@ -4,13 +4,13 @@
 //! Never writes; a v1 root is migrated only by `migrate_v1.rs`.
 
 use deltapack_format::snapshot::digest_of_encoding;
-use deltapack_format::{Digest, ManifestV1};
+use deltapack_format::ManifestV1;
 use futures::{FutureExt, StreamExt};
 
 use super::outcome::RESTORE_IN_FLIGHT;
 use crate::error::{MissReason, Result, StoreError};
-use crate::keys::{self};
 use crate::store::Store;
+use crate::verify::Expected;
 
 impl Store {
     pub(crate) async fn fetch_v1(
@@ -26,22 +26,17 @@ impl Store {
         {
             Ok(p) => p,
             Err(what) => {
-                return Ok(Err(MissReason::Corrupt {
-                    what: format!("v1 root declares an unusable payload: {what}"),
-                }))
+                return Ok(Err(MissReason::damaged(format!(
+                    "v1 root declares an unusable payload: {what}"
+                ))))
             }
         };
         let ranges = deltapack_format::root::v1_chunk_ranges(m.payload_len, m.chunks.len() as u64);
         let mut stream = futures::stream::iter(m.chunks.iter().copied().zip(ranges))
             .map(|(c, r)| {
-                let key = keys::object_key(&c.digest);
-                self.fetch_verified(key, c.bytes, move |b| {
-                    let found = Digest::sha256(&b);
-                    if found == c.digest {
-                        Ok(b)
-                    } else {
-                        Err(format!("SHA-256 {found} != {}", c.digest))
-                    }
+                self.fetch_verified(Expected::V1 {
+                    digest: c.digest,
+                    len: c.bytes,
                 })
                 .map(move |x| x.map(|x| (r, x)))
             })
@@ -51,7 +46,7 @@ impl Store {
             match x {
                 Ok(b) => payload[r.start as usize..r.end as usize].copy_from_slice(&b),
                 Err(fault) => {
-                    return Ok(Err(MissReason::Corrupt { what: fault.what }));
+                    return Ok(Err(fault.miss()));
                 }
             }
         }
@@ -63,9 +58,9 @@ impl Store {
         .await
         .map_err(|e| StoreError::task("hash", e))?;
         if found != want {
-            return Ok(Err(MissReason::Corrupt {
-                what: format!("v1 payload digest {found} != {want}"),
-            }));
+            return Ok(Err(MissReason::damaged(format!(
+                "v1 payload digest {found} != {want}"
+            ))));
         }
         Ok(Ok(payload))
     }

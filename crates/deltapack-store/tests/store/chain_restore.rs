@@ -366,7 +366,7 @@ async fn broken_links_are_misses() {
     let saved = std::fs::read(dir(&t).join(mid.as_ref())).expect("root");
     std::fs::remove_file(dir(&t).join(mid.as_ref())).expect("rm");
     match restore(&fresh(&t.store, cfg()), &conv.id, top).await {
-        RestoreOutcome::Miss(MissReason::BaseMissing { detail }) => {
+        RestoreOutcome::Miss(MissReason::BaseMissing { detail, .. }) => {
             assert!(detail.contains("absent"), "{detail}")
         }
         other => panic!("expected base-missing, got {other:?}"),
@@ -440,7 +440,7 @@ async fn cycles_and_self_bases_are_corrupt_misses_not_hangs() {
     relink(&t, &conv, c3, c3, 256);
     for _ in 0..2 {
         match restore(&fresh(&t.store, unbounded(1024)), &conv.id, c3).await {
-            RestoreOutcome::Miss(MissReason::Corrupt { what }) => {
+            RestoreOutcome::Miss(MissReason::Corrupt { what, .. }) => {
                 assert!(what.contains("loops"), "{what}")
             }
             other => panic!("expected corrupt, got {other:?}"),
@@ -828,7 +828,7 @@ async fn deep_chains_restore_and_the_depth_limit_holds() {
     );
     let shallow = unbounded(1024).with_max_base_depth(10);
     match restore(&fresh(&t.store, shallow), &conv.id, top).await {
-        RestoreOutcome::Miss(MissReason::Corrupt { what }) => {
+        RestoreOutcome::Miss(MissReason::Corrupt { what, .. }) => {
             assert!(what.contains("deeper"), "{what}")
         }
         other => panic!("expected corrupt, got {other:?}"),

@@ -161,7 +161,7 @@ impl Target {
             .await;
         let took = t0.elapsed();
         let what = match out {
-            Ok(RestoreOutcome::Miss(MissReason::Corrupt { what })) => what,
+            Ok(RestoreOutcome::Miss(MissReason::Corrupt { what, .. })) => what,
             Ok(RestoreOutcome::Miss(other)) => panic!("{case}: expected corrupt, got miss {other}"),
             Ok(RestoreOutcome::Hit(_)) => panic!("{case}: a hostile root restored as a hit"),
             Err(e) => panic!("{case}: restore returned an error instead of a miss: {e}"),
@@ -966,7 +966,7 @@ async fn delta_rebuilding_other_bytes_than_its_result_is_corrupt() {
             .await
             .expect("restore")
         {
-            RestoreOutcome::Miss(MissReason::Corrupt { what }) => {
+            RestoreOutcome::Miss(MissReason::Corrupt { what, .. }) => {
                 assert!(what.contains("reconstructed result"), "{what}")
             }
             other => panic!("expected a corrupt miss, got {other:?}"),
@@ -978,7 +978,7 @@ async fn delta_rebuilding_other_bytes_than_its_result_is_corrupt() {
             .expect("restore_into")
         {
             RestoreIntoOutcome::Miss {
-                reason: MissReason::Corrupt { what },
+                reason: MissReason::Corrupt { what, .. },
             } => assert!(what.contains("reconstructed result"), "{what}"),
             other => panic!("expected a corrupt miss, got {other:?}"),
         }

@@ -31,6 +31,7 @@ mod multipart_publication;
 mod quarantine_needs_proof;
 mod ranged_reads;
 mod restore_into_contract;
+mod root_verification;
 mod s3_faults;
 mod turn_publication;
 mod write_behind;

@@ -8,7 +8,7 @@
 use deltapack_format::{ContextDigest, Namespace};
 
 use crate::keys::ObjectKey;
-use crate::verify::ObjectCheck;
+use crate::object_check::ObjectCheck;
 
 /// Why a restore did not produce a snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

@@ -13,7 +13,7 @@ use object_store::path::Path;
 
 use crate::error::{MissReason, StoreError};
 use crate::keys::ObjectKey;
-use crate::verify::ObjectCheck;
+use crate::object_check::ObjectCheck;
 
 /// What went wrong with one object.
 #[derive(Debug)]
@@ -142,6 +142,16 @@ impl ObjectFault {
         match self.kind {
             FaultKind::Io(e) => Err(*e),
             _ => Ok(self),
+        }
+    }
+}
+
+impl ObjectCheck {
+    /// The fault kind of this failure: the object's absence, or damage.
+    pub(crate) fn kind(&self) -> FaultKind {
+        match self {
+            ObjectCheck::Missing => FaultKind::Missing,
+            _ => FaultKind::Corrupt,
         }
     }
 }

@@ -110,6 +110,7 @@ mod local;
 mod lookup;
 mod metrics;
 mod migrate_v1;
+mod object_check;
 mod options;
 mod ownership;
 mod paths;
@@ -143,6 +144,7 @@ pub use removal::{PruneFilter, RemovalKind, RemovalPlan, RemovalReport};
 pub use config::{ChainPolicy, StoreConfig};
 pub use lookup::{Lookup, LookupSource, LEDGER_RETRY, LOOKUP_PROBES_IN_FLIGHT};
 pub use migrate_v1::{MigrationProof, MigrationReport};
+pub use object_check::ObjectCheck;
 pub use ownership::{AdoptReport, BindingStatus, BindingView, Ownership, DEFAULT_FENCE};
 pub use paths::state_dir;
 /// The `prometheus-client` crate this one registers its metrics with (see
@@ -158,5 +160,5 @@ pub use restore::{
 };
 pub use store::{RootInfo, RootStatus, Store};
 pub use sweep::{SweepOptions, SweepReport};
-pub use verify::{ObjectCheck, ObjectVerdict, RootVerdict};
+pub use verify::{ObjectVerdict, RootVerdict};
 pub use write_behind::{WriteBehind, WriteBehindReport};

@@ -17,9 +17,9 @@ use crate::config::StoreConfig;
 use crate::error::{MissReason, Result, StoreError};
 use crate::fault::{FaultKind, ObjectFault};
 use crate::keys;
+use crate::object_check::ObjectCheck;
 use crate::restore::cache::{BaseCache, SharedRestore};
 use crate::stats::Stats;
-use crate::verify::ObjectCheck;
 
 /// Largest root object accepted from storage (envelope header + body + MAC).
 pub(crate) const MAX_ROOT_OBJECT: u64 = root::ENVELOPE_HEADER_LEN as u64 + root::MAX_ROOT_BODY + 32;

@@ -23,7 +23,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use deltapack_format::layer_digest;
 use deltapack_format::root::{self, RootMeta};
 use deltapack_format::{BaseRef, ChainHints, DeltaLayout, Digest, DigestState};
 use futures::FutureExt;
@@ -31,6 +30,7 @@ use futures::FutureExt;
 mod base;
 mod commit;
 mod payload;
+mod plan;
 mod receipt;
 mod request;
 mod turn;
@@ -138,16 +138,10 @@ impl Store {
     ) -> Result<PublishReceipt> {
         let start = Instant::now();
         let id = &req.identity;
-        id.validate()?;
-        let ns = id.namespace();
-        let ct = u64::from(id.chunk_tokens);
         let snap = &req.snapshot;
         let boundary = snap.boundary();
-        if boundary == 0 || boundary % ct != 0 {
-            return Err(StoreError::Invalid(format!(
-                "boundary {boundary} is not a positive multiple of chunk_tokens {ct}"
-            )));
-        }
+        plan::validate(id, boundary)?;
+        let ns = id.namespace();
         // Only the store's own ledger may publish: a publication relies on
         // objects it finds present, which another ledger may be collecting.
         self.require_owner("publish").await?;
@@ -168,7 +162,7 @@ impl Store {
             Some(b) => Some(self.check_base(&ns, id, b, snap).await?),
         };
         // v2 roots carry the layered digest (v2.2) when the layout allows.
-        let layered = req.format == RootFormat::V2 && layer_digest::supported(snap.header());
+        let layered = plan::layered(req.format, snap.header());
         // Lay a delta out now (the header's length does not depend on the
         // result digest, so a stand-in serves): its size decides, with the
         // chain below the base, whether the chain policy rebases.
@@ -178,44 +172,23 @@ impl Store {
         if let (Some(b), Some(CheckedBase { base: r, below, .. })) = (&req.base, &checked) {
             let (base, result, chunk) = (b.snapshot.clone(), snap.clone(), id.chunk_tokens);
             let base_digest = r.snapshot_digest;
-            // A stand-in for the result digest, of the kind the root will
-            // record (the header's length depends on the kind only).
-            let alg = if layered {
-                deltapack_format::Algorithm::Blake3Layers
-            } else {
-                deltapack_format::Algorithm::Blake3
-            };
-            let stand_in = Digest::new(alg, [0; 32]);
+            let stand_in = plan::stand_in_digest(layered);
             let l = tokio::task::spawn_blocking(move || {
                 DeltaLayout::new(chunk, &base, &result, base_digest, stand_in)
             })
             .await
             .map_err(|e| StoreError::task("delta layout", e))??;
             let delta_len = l.header_bytes()?.len() as u64 + l.tails_len();
-            if req.format == RootFormat::V2 {
-                match below {
-                    Some((ancestors, bytes)) => {
-                        let hints = ChainHints {
-                            ancestors: ancestors.clone(),
-                            payload_bytes: bytes + delta_len,
-                            // Filled in once the result digest is known.
-                            delta_header: Vec::new(),
-                        };
-                        rebased = self.config().chain.rebases(
-                            hints.ancestors.len() as u64 + 1,
-                            hints.payload_bytes,
-                            snap.encoded().len() as u64,
-                        );
-                        chain = Some(hints);
-                    }
-                    // The chain below the base cannot be followed to a flat
-                    // root: a delta on it could never be restored.
-                    None => rebased = true,
-                }
-            }
+            let decided = plan::decide_chain(
+                req.format,
+                below.as_ref(),
+                delta_len,
+                snap.encoded().len() as u64,
+                &self.config().chain,
+            );
+            (rebased, chain) = (decided.rebased, decided.chain);
             if rebased {
                 tracing::info!(context = %req.context, "chain policy: publishing flat");
-                chain = None;
             } else {
                 layout = Some(l);
             }
@@ -383,18 +356,17 @@ impl Store {
         receipt.payload_len = payload.len();
 
         // Capacity first: evict or refuse before anything is written.
-        let objects = match req.format {
-            RootFormat::V2 => receipt.payload_len.div_ceil(self.config().max_extent_bytes),
-            RootFormat::V1 => boundary / ct,
-        };
-        // Upper bound of what this publication adds: the payload (objects
-        // already present are not subtracted) and a generous root estimate.
         let guard = match slot {
             Some(g) => &*g,
             None => &*slot.insert(ProtectGuard::new(self).await?),
         };
-        self.make_room(receipt.payload_len + 4096 + 256 * objects, guard)
-            .await?;
+        let room = plan::room_needed(
+            req.format,
+            receipt.payload_len,
+            self.config().max_extent_bytes,
+            boundary / u64::from(id.chunk_tokens),
+        );
+        self.make_room(room, guard).await?;
 
         let t_write = Instant::now();
         let mut result_state: Option<Arc<DigestState>> = None;
@@ -433,12 +405,7 @@ impl Store {
                         }),
                     None => None,
                 };
-                receipt.schema = match (&layers, &chain) {
-                    (Some(_), _) => root::SCHEMA_V2_2,
-                    (None, Some(_)) => root::SCHEMA_V2_1,
-                    (None, None) => root::SCHEMA_V2,
-                }
-                .into();
+                receipt.schema = plan::v2_schema(layers.is_some(), chain.is_some()).into();
                 self.encode_v2(
                     &meta,
                     layers.as_ref().map(|(l, st)| (l.as_slice(), st.as_ref())),

@@ -398,9 +398,13 @@ impl Store {
             }
         }
 
-        let objects = receipt.payload_len.div_ceil(self.config().max_extent_bytes);
-        self.make_room(receipt.payload_len + 4096 + 256 * objects, guard)
-            .await?;
+        let room = super::plan::room_needed(
+            super::RootFormat::V2,
+            receipt.payload_len,
+            self.config().max_extent_bytes,
+            0,
+        );
+        self.make_room(room, guard).await?;
         let t_write = Instant::now();
         let (entries, payload_digest) = self
             .write_v2(payload, &mut receipt, &|_, _| {}, guard)

@@ -23,7 +23,8 @@ use object_store::{ObjectStore, ObjectStoreExt};
 
 pub(crate) use crate::fault::{FaultKind, ObjectFault};
 use crate::keys;
-use crate::verify::{check_extent, unpack_zstd, ObjectCheck};
+use crate::object_check::ObjectCheck;
+use crate::verify::{check_extent, unpack_zstd};
 
 /// Piece size of the fused read → hash → copy loop.
 pub(crate) const PIECE: usize = 256 * 1024;

@@ -43,7 +43,7 @@ pub(crate) struct ObjectFault {
     /// they prove nothing about the bytes at rest (see [`Proof`]).
     pub(crate) found: Option<deltapack_format::Digest>,
     /// The check the object failed, typed (when one did).
-    pub(crate) check: Option<ObjectCheck>,
+    pub(crate) check: Option<Box<ObjectCheck>>,
 }
 
 impl ObjectFault {
@@ -83,7 +83,7 @@ impl ObjectFault {
         if let ObjectCheck::Name { found, .. } = &check {
             self.found = Some(*found);
         }
-        self.check = Some(check);
+        self.check = Some(Box::new(check));
         self
     }
 
@@ -97,7 +97,7 @@ impl ObjectFault {
                 detail: self.what.clone(),
             }
         } else {
-            MissReason::corrupt(object, self.check.clone(), self.what.clone())
+            MissReason::corrupt(object, self.check.as_deref().cloned(), self.what.clone())
         }
     }
 

@@ -630,7 +630,7 @@ impl Store {
                 // The sweep's proof rule counts two failed checks of the
                 // same object, whatever bytes each read saw.
                 let mut f = ObjectFault::of(key, FaultKind::Corrupt, "does not match its name");
-                f.check = Some(c);
+                f.check = Some(Box::new(c));
                 Err(f)
             }
         })

@@ -256,7 +256,12 @@ impl Store {
             Ok(stored) => tokio::task::spawn_blocking(move || check_object(&want, stored).err())
                 .await
                 .map_err(|e| crate::StoreError::task("verify", e))?,
-            Err(fault) => Some(fault.into_error()?.check.unwrap_or(ObjectCheck::Missing)),
+            Err(fault) => Some(
+                fault
+                    .into_error()?
+                    .check
+                    .map_or(ObjectCheck::Missing, |c| *c),
+            ),
         };
         Ok(ObjectVerdict { object, failed })
     }

@@ -24,8 +24,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use deltapack_format::root::{self, RootMeta};
-use deltapack_format::{BaseRef, ChainHints, DeltaLayout, Digest, DigestState};
-use futures::FutureExt;
+use deltapack_format::{BaseRef, DeltaLayout, Digest, DigestState};
 
 mod base;
 mod commit;
@@ -33,6 +32,7 @@ mod payload;
 mod plan;
 mod receipt;
 mod request;
+mod shape;
 mod turn;
 mod write;
 
@@ -40,9 +40,9 @@ pub use write::PUBLISH_BATCH;
 
 use payload::LateDigest;
 pub(crate) use payload::Payload;
-pub(crate) use receipt::{CheckedBase, ResultDigest};
 pub use receipt::{PublishOutcome, PublishReceipt, Turn};
 pub use request::{BaseInput, PublishRequest, RootFormat, TurnRequest};
+use shape::Shape;
 
 use crate::error::{Result, StoreError};
 use crate::gc::ProtectGuard;
@@ -129,7 +129,9 @@ impl Store {
     }
 
     /// [`Store::publish_uncounted`] with the publication's lease in `slot`,
-    /// which the caller ends.
+    /// which the caller ends. The steps of the module docs, in order; the
+    /// decisions are `plan.rs`'s, the shape of what is written
+    /// `shape.rs`'s.
     async fn publish_guarded(
         &self,
         req: PublishRequest,
@@ -137,10 +139,8 @@ impl Store {
         slot: &mut Option<ProtectGuard>,
     ) -> Result<PublishReceipt> {
         let start = Instant::now();
-        let id = &req.identity;
-        let snap = &req.snapshot;
-        let boundary = snap.boundary();
-        plan::validate(id, boundary)?;
+        let (id, snap) = (&req.identity, &req.snapshot);
+        plan::validate(id, snap.boundary())?;
         let ns = id.namespace();
         // Only the store's own ledger may publish: a publication relies on
         // objects it finds present, which another ledger may be collecting.
@@ -161,151 +161,21 @@ impl Store {
             None => None,
             Some(b) => Some(self.check_base(&ns, id, b, snap).await?),
         };
-        // v2 roots carry the layered digest (v2.2) when the layout allows.
-        let layered = plan::layered(req.format, snap.header());
-        // Lay a delta out now (the header's length does not depend on the
-        // result digest, so a stand-in serves): its size decides, with the
-        // chain below the base, whether the chain policy rebases.
-        let mut layout: Option<DeltaLayout> = None;
-        let mut chain: Option<ChainHints> = None;
-        let mut rebased = false;
-        if let (Some(b), Some(CheckedBase { base: r, below, .. })) = (&req.base, &checked) {
-            let (base, result, chunk) = (b.snapshot.clone(), snap.clone(), id.chunk_tokens);
-            let base_digest = r.snapshot_digest;
-            let stand_in = plan::stand_in_digest(layered);
-            let l = tokio::task::spawn_blocking(move || {
-                DeltaLayout::new(chunk, &base, &result, base_digest, stand_in)
-            })
-            .await
-            .map_err(|e| StoreError::task("delta layout", e))??;
-            let delta_len = l.header_bytes()?.len() as u64 + l.tails_len();
-            let decided = plan::decide_chain(
-                req.format,
-                below.as_ref(),
-                delta_len,
-                snap.encoded().len() as u64,
-                &self.config().chain,
-            );
-            (rebased, chain) = (decided.rebased, decided.chain);
-            if rebased {
-                tracing::info!(context = %req.context, "chain policy: publishing flat");
-            } else {
-                layout = Some(l);
-            }
-        }
-        let (base_ref, base_state) = match checked.filter(|_| !rebased) {
-            Some(c) => (Some(c.base), c.state),
-            None => (None, None),
-        };
-        let base_in = req.base.as_ref().filter(|_| !rebased);
-        // The result digest starts now on blocking threads and is awaited
-        // only where it is needed: a delta's header (written last, see
-        // `write_v2`), an existing root's comparison, the root. A layered
-        // digest extends the base's state when the result keeps the base's
-        // settled pages (compared byte for byte by the delta's layout), so
-        // only the new pages are hashed; otherwise the whole result is
-        // hashed. A flat snapshot's `blake3:` digest is its payload digest,
-        // which the extent names give for free.
-        let reused = layout.as_ref().map(|l| l.header.reused_pages.clone());
-        let digest: Option<LateDigest> = (layered || base_ref.is_some()).then(|| {
-            let s = snap.clone();
-            let stats = self.clone();
-            // Hashing runs beside the extent writes, whose copy and naming
-            // threads need a core too.
-            let h = tokio::task::spawn_blocking(move || {
-                let extend = base_state.filter(|st| {
-                    reused.as_ref().is_some_and(|r| {
-                        r.iter().zip(st.settled()).all(|(have, need)| have >= need)
-                    })
-                });
-                let out = if !layered {
-                    Stats::add(
-                        &stats.stats_ref().snapshot_bytes_hashed,
-                        s.encoded().len() as u64,
-                    );
-                    ResultDigest {
-                        digest: Digest::blake3(s.encoded()),
-                        layered: None,
-                    }
-                } else {
-                    let (d, st) = match &extend {
-                        Some(st) => {
-                            let tail =
-                                s.payload().len() as u64 - settled_bytes(s.header(), st.settled());
-                            Stats::add(&stats.stats_ref().snapshot_bytes_hashed, tail);
-                            st.extend_to(&s)
-                        }
-                        None => {
-                            Stats::add(
-                                &stats.stats_ref().snapshot_bytes_hashed,
-                                s.encoded().len() as u64,
-                            );
-                            DigestState::capture(&s)
-                        }
-                    }
-                    .map_err(|e| e.to_string())?;
-                    ResultDigest {
-                        digest: d.snapshot,
-                        layered: Some((d, Arc::new(st))),
-                    }
-                };
-                Ok::<_, String>(Arc::new(out))
-            });
-            async move { h.await.map_err(|e| format!("digest task: {e}"))? }
-                .boxed()
-                .shared()
-        });
-        let snapshot_digest = || async {
-            match &digest {
-                Some(d) => d
-                    .clone()
-                    .await
-                    .map(|r| r.digest)
-                    .map_err(StoreError::Internal),
-                None => {
-                    let s = snap.clone();
-                    tokio::task::spawn_blocking(move || s.digest())
-                        .await
-                        .map_err(|e| StoreError::task("digest", e))
-                }
-            }
-        };
+        let mut shape = self.shape(&req, checked).await?;
+        // The result digest starts now and is awaited only where it is
+        // needed: a delta's header (written last, see `write_v2`), an
+        // existing root's comparison, the root.
+        let digest = self.start_digest(snap, &shape);
 
         // An existing root decides the outcome without writing anything.
         if !matches!(self.read_root(&ns, &req.context).await?, RootStatus::Absent) {
-            let mut receipt = PublishReceipt::empty(ns, req.context, snapshot_digest().await?);
-            if req.format == RootFormat::V1 {
-                receipt.schema = root::SCHEMA_V1.into();
-            }
-            if let Some(done) = self
-                .existing_outcome(&ns, &req.context, &mut receipt, Some(&req.snapshot))
-                .await?
-            {
-                if done == PublishOutcome::AlreadyPresent {
-                    self.ledger_touch(&ns, &req.context).await;
-                    // The caller's snapshot is the one the root names: a
-                    // delta on it (the same `Arc`) is not hashed again.
-                    let state = match &digest {
-                        Some(d) => d
-                            .clone()
-                            .await
-                            .ok()
-                            .and_then(|r| r.layered.as_ref().map(|(_, st)| st.clone())),
-                        None => None,
-                    };
-                    receipt.turn = self.remember_published(
-                        ns,
-                        req.context,
-                        receipt.snapshot_digest,
-                        &req.snapshot,
-                        state,
-                    );
-                }
+            if let Some(done) = self.onto_existing(&req, digest.as_ref()).await? {
                 if let Some(g) = slot.take() {
                     g.finish().await;
                 }
+                let mut receipt = done;
                 receipt.total_time = start.elapsed();
-                return Ok(done_receipt(receipt, done));
+                return Ok(receipt);
             }
         }
         // Until the digest is known the receipt carries a placeholder; it is
@@ -317,40 +187,18 @@ impl Store {
         // The base must not be evicted while its delta is being published
         // (the ledger protection above covers every node; the pin keeps it
         // out of this process's eviction plans too).
+        let base_in = req.base.as_ref().filter(|_| !shape.rebased);
         let _base_pin = base_in.map(|b| self.pin(ns, b.context));
 
         // The payload as parts of the caller's snapshot: nothing is copied.
         let t_encode = Instant::now();
         let whole = snap.encoded_bytes();
-        let mut header_template = None;
-        let payload = match (layout, &digest) {
+        let (payload, header_template) = match (shape.layout.take(), &digest) {
             (Some(layout), Some(d)) => {
-                let stand_in = Bytes::from(layout.header_bytes()?);
-                let mut parts = vec![stand_in.clone()];
-                parts.extend(layout.tails.iter().map(|r| whole.slice(r.clone())));
-                header_template = Some(layout.header.clone());
-                let (d, mut late) = (d.clone(), layout.header);
-                let header = async move {
-                    late.result_digest = d.await?.digest;
-                    let bytes = DeltaLayout {
-                        header: late,
-                        tails: Vec::new(),
-                    }
-                    .header_bytes()
-                    .map_err(|e| e.to_string())?;
-                    if bytes.len() != stand_in.len() {
-                        return Err("the delta header changed length".to_string());
-                    }
-                    Ok(Bytes::from(bytes))
-                }
-                .boxed()
-                .shared();
-                Payload {
-                    parts,
-                    header: Some(header),
-                }
+                let (p, h) = shape::delta_payload(layout, d, &whole)?;
+                (p, Some(h))
             }
-            _ => Payload::from(whole),
+            _ => (Payload::from(whole), None),
         };
         receipt.encode_time = t_encode.elapsed();
         receipt.payload_len = payload.len();
@@ -364,84 +212,37 @@ impl Store {
             req.format,
             receipt.payload_len,
             self.config().max_extent_bytes,
-            boundary / u64::from(id.chunk_tokens),
+            snap.boundary() / u64::from(id.chunk_tokens),
         );
         self.make_room(room, guard).await?;
 
         let t_write = Instant::now();
-        let mut result_state: Option<Arc<DigestState>> = None;
-        let root_bytes = match req.format {
+        let to_write = ToWrite {
+            payload,
+            digest: digest.as_ref(),
+            header_template,
+        };
+        let (root_bytes, result_state) = match req.format {
             RootFormat::V2 => {
-                let (entries, payload_digest) = self
-                    .write_v2(payload, &mut receipt, progress, guard)
-                    .await?;
-                receipt.snapshot_digest = match &digest {
-                    Some(_) => snapshot_digest().await?,
-                    None => payload_digest,
-                };
-                let meta = result_meta(&req, base_ref, receipt.snapshot_digest);
-                if let (Some(c), Some(h)) = (chain.as_mut(), header_template.take()) {
-                    c.delta_header = DeltaLayout {
-                        header: deltapack_format::DeltaHeader {
-                            result_digest: receipt.snapshot_digest,
-                            ..h
-                        },
-                        tails: Vec::new(),
-                    }
-                    .header_bytes()?;
-                }
-                receipt.chain_depth = chain.as_ref().map_or(0, |c| c.ancestors.len() as u32 + 1);
-                receipt.rebased = rebased;
-                let layers = match &digest {
-                    Some(d) => d
-                        .clone()
-                        .await
-                        .map_err(StoreError::Internal)?
-                        .layered
-                        .as_ref()
-                        .map(|(l, st)| {
-                            result_state = Some(st.clone());
-                            (l.streams.clone(), st.clone())
-                        }),
-                    None => None,
-                };
-                receipt.schema = plan::v2_schema(layers.is_some(), chain.is_some()).into();
-                self.encode_v2(
-                    &meta,
-                    layers.as_ref().map(|(l, st)| (l.as_slice(), st.as_ref())),
-                    receipt.payload_len,
-                    payload_digest,
-                    entries,
-                    chain,
-                )?
+                self.write_root_v2(&req, shape, to_write, &mut receipt, progress, guard)
+                    .await?
             }
             RootFormat::V1 => {
-                let whole = payload.assemble().await?;
-                let (chunks, payload_digest) = self
-                    .write_v1(&req, whole, &mut receipt, progress, guard)
+                let bytes = self
+                    .write_root_v1(
+                        &req,
+                        shape.base_ref,
+                        to_write,
+                        &mut receipt,
+                        progress,
+                        guard,
+                    )
                     .await?;
-                receipt.snapshot_digest = match &digest {
-                    Some(_) => snapshot_digest().await?,
-                    None => payload_digest,
-                };
-                let meta = result_meta(&req, base_ref, receipt.snapshot_digest);
-                let manifest = deltapack_format::ManifestV1::new(
-                    &meta,
-                    receipt.payload_len,
-                    payload_digest,
-                    chunks,
-                )?;
-                Bytes::from(root::encode_v1(&manifest, self.inner.mac_key.as_ref())?)
+                (bytes, None)
             }
         };
-        self.create_root(
-            &ns,
-            &req.context,
-            root_bytes,
-            &mut receipt,
-            Some(&req.snapshot),
-        )
-        .await?;
+        self.create_root(&ns, &req.context, root_bytes, &mut receipt, Some(snap))
+            .await?;
         if let Some(g) = slot.take() {
             g.finish().await;
         }
@@ -454,11 +255,10 @@ impl Store {
                 ns,
                 req.context,
                 receipt.snapshot_digest,
-                &req.snapshot,
+                snap,
                 result_state,
             );
-        }
-        if receipt.outcome == PublishOutcome::Conflict {
+        } else {
             Stats::add(&self.stats_ref().conflicts, 1);
         }
         tracing::info!(
@@ -471,6 +271,128 @@ impl Store {
         );
         Ok(receipt)
     }
+
+    /// The receipt of a publication onto an existing root, if the root
+    /// decides it: the same result is idempotent success (recorded as an
+    /// access), another is a conflict. `None`: the root went away (or was
+    /// damaged and quarantined), publish as if it were absent.
+    async fn onto_existing(
+        &self,
+        req: &PublishRequest,
+        digest: Option<&LateDigest>,
+    ) -> Result<Option<PublishReceipt>> {
+        let (ns, snap) = (req.identity.namespace(), &req.snapshot);
+        let found = shape::snapshot_digest(digest, snap).await?;
+        let mut receipt = PublishReceipt::empty(ns, req.context, found);
+        if req.format == RootFormat::V1 {
+            receipt.schema = root::SCHEMA_V1.into();
+        }
+        let Some(done) = self
+            .existing_outcome(&ns, &req.context, &mut receipt, Some(snap))
+            .await?
+        else {
+            return Ok(None);
+        };
+        if done == PublishOutcome::AlreadyPresent {
+            self.ledger_touch(&ns, &req.context).await;
+            // The caller's snapshot is the one the root names: a delta on
+            // it (the same `Arc`) is not hashed again.
+            let state = shape::result_state(digest).await.ok().flatten();
+            receipt.turn =
+                self.remember_published(ns, req.context, receipt.snapshot_digest, snap, state);
+        }
+        receipt.outcome = done;
+        Ok(Some(receipt))
+    }
+
+    /// Writes a v2 payload's extents and encodes its root (v2, v2.1 with
+    /// chain hints, v2.2 with the layered digest); returns the root's
+    /// bytes and the result's digest state.
+    async fn write_root_v2(
+        &self,
+        req: &PublishRequest,
+        shape: Shape,
+        to_write: ToWrite<'_>,
+        receipt: &mut PublishReceipt,
+        progress: &(dyn Fn(u64, u64) + Send + Sync),
+        guard: &ProtectGuard,
+    ) -> Result<(Bytes, Option<Arc<DigestState>>)> {
+        let (entries, payload_digest) = self
+            .write_v2(to_write.payload, receipt, progress, guard)
+            .await?;
+        receipt.snapshot_digest = match to_write.digest {
+            Some(d) => shape::snapshot_digest(Some(d), &req.snapshot).await?,
+            None => payload_digest,
+        };
+        let meta = result_meta(req, shape.base_ref, receipt.snapshot_digest);
+        let mut chain = shape.chain;
+        if let (Some(c), Some(h)) = (chain.as_mut(), to_write.header_template) {
+            c.delta_header = DeltaLayout {
+                header: deltapack_format::DeltaHeader {
+                    result_digest: receipt.snapshot_digest,
+                    ..h
+                },
+                tails: Vec::new(),
+            }
+            .header_bytes()?;
+        }
+        receipt.chain_depth = chain.as_ref().map_or(0, |c| c.ancestors.len() as u32 + 1);
+        receipt.rebased = shape.rebased;
+        let layers = match to_write.digest {
+            Some(d) => d
+                .clone()
+                .await
+                .map_err(StoreError::Internal)?
+                .layered
+                .as_ref()
+                .map(|(l, st)| (l.streams.clone(), st.clone())),
+            None => None,
+        };
+        receipt.schema = plan::v2_schema(layers.is_some(), chain.is_some()).into();
+        let bytes = self.encode_v2(
+            &meta,
+            layers.as_ref().map(|(l, st)| (l.as_slice(), st.as_ref())),
+            receipt.payload_len,
+            payload_digest,
+            entries,
+            chain,
+        )?;
+        Ok((bytes, layers.map(|(_, st)| st)))
+    }
+}
+
+impl Store {
+    /// Writes a legacy v1 payload's chunk objects and encodes its root.
+    async fn write_root_v1(
+        &self,
+        req: &PublishRequest,
+        base_ref: Option<BaseRef>,
+        to_write: ToWrite<'_>,
+        receipt: &mut PublishReceipt,
+        progress: &(dyn Fn(u64, u64) + Send + Sync),
+        guard: &ProtectGuard,
+    ) -> Result<Bytes> {
+        let whole = to_write.payload.assemble().await?;
+        let (chunks, payload_digest) = self.write_v1(req, whole, receipt, progress, guard).await?;
+        receipt.snapshot_digest = match to_write.digest {
+            Some(d) => shape::snapshot_digest(Some(d), &req.snapshot).await?,
+            None => payload_digest,
+        };
+        let meta = result_meta(req, base_ref, receipt.snapshot_digest);
+        let manifest =
+            deltapack_format::ManifestV1::new(&meta, receipt.payload_len, payload_digest, chunks)?;
+        let bytes = root::encode_v1(&manifest, self.inner.mac_key.as_ref())?;
+        Ok(Bytes::from(bytes))
+    }
+}
+
+/// What the write step takes from the shaping step besides the shape: the
+/// payload, the started result digest and a delta's header (its digest
+/// filled in once known, for the root's chain hints).
+struct ToWrite<'a> {
+    payload: Payload,
+    digest: Option<&'a LateDigest>,
+    header_template: Option<deltapack_format::DeltaHeader>,
 }
 
 /// The root metadata of a publication request.
@@ -484,22 +406,6 @@ fn result_meta(req: &PublishRequest, base: Option<BaseRef>, digest: Digest) -> R
         result_snapshot_len: req.snapshot.encoded().len() as u64,
         base,
     }
-}
-
-/// The payload bytes of a snapshot that lie in the first `settled[g]`
-/// pages of every group.
-fn settled_bytes(h: &deltapack_format::SnapshotHeader, settled: &[u64]) -> u64 {
-    h.layout
-        .groups
-        .iter()
-        .zip(settled)
-        .map(|(g, &k)| g.page_bytes() * k)
-        .sum()
-}
-
-fn done_receipt(mut r: PublishReceipt, outcome: PublishOutcome) -> PublishReceipt {
-    r.outcome = outcome;
-    r
 }
 
 #[cfg(test)]

@@ -233,10 +233,8 @@ impl From<crate::ledger::LedgerError> for StoreError {
     /// [`StoreError::LedgerUnavailable`]; anything else keeps the ledger's
     /// error as its source.
     fn from(e: crate::ledger::LedgerError) -> Self {
-        if let crate::ledger::LedgerError::Sqlite(rusqlite::Error::SqliteFailure(f, _)) = &e {
-            if f.code == rusqlite::ErrorCode::DiskFull {
-                return StoreError::Capacity(format!("no space left for the ledger: {e}"));
-            }
+        if e.sqlite_code() == Some(rusqlite::ErrorCode::DiskFull) {
+            return StoreError::Capacity(format!("no space left for the ledger: {e}"));
         }
         if e.is_unavailable() {
             return StoreError::LedgerUnavailable(e);

@@ -136,8 +136,8 @@ pub use gc::GcReport;
 pub use holds::Pin;
 pub use keys::{ObjectKey, RootKey};
 pub use ledger::{
-    ColdStart, ImageHold, ImageObject, ImageRoot, LedgerError, LedgerImage, LedgerLocation,
-    MergeReport, Totals,
+    ColdStart, EngineError, ImageHold, ImageObject, ImageRoot, LedgerError, LedgerImage,
+    LedgerLocation, MergeReport, Totals,
 };
 pub use removal::{PruneFilter, RemovalKind, RemovalPlan, RemovalReport};
 

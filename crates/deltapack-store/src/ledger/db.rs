@@ -454,9 +454,8 @@ impl Db {
     /// Whether the error means "another writer holds the lock; try again".
     pub(crate) fn is_busy(e: &LedgerError) -> bool {
         matches!(
-            e,
-            LedgerError::Sqlite(rusqlite::Error::SqliteFailure(f, _))
-                if matches!(f.code, rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+            e.sqlite_code(),
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
         )
     }
 }

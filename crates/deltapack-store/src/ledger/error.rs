@@ -3,13 +3,15 @@
 //! Owns [`LedgerError`] and what callers may ask of it (is the database
 //! unavailable?). Imports nothing else of the ledger.
 
-/// Errors of the ledger database.
+/// Errors of the ledger database. Its public shape names no type of the
+/// database drivers: an engine's own error is the [`EngineError`]'s
+/// `source()`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LedgerError {
     /// SQLite failed.
     #[error("ledger database: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    Sqlite(EngineError),
     /// The database could not be created.
     #[error("ledger at {path}: {source}")]
     Io {
@@ -20,7 +22,7 @@ pub enum LedgerError {
     },
     /// PostgreSQL failed (connection, statement).
     #[error("ledger database (PostgreSQL): {0}")]
-    Postgres(#[from] postgres::Error),
+    Postgres(EngineError),
     /// A ledger URL that cannot be used.
     #[error("ledger URL {0}")]
     Url(String),
@@ -37,7 +39,59 @@ pub enum LedgerError {
     Task(String),
 }
 
+/// A failure of one of the ledger's database engines. It displays as the
+/// engine's error does, and that error is its `source()`.
+#[derive(Debug)]
+pub struct EngineError(Engine);
+
+#[derive(Debug)]
+enum Engine {
+    Sqlite(rusqlite::Error),
+    Postgres(postgres::Error),
+}
+
+impl std::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Engine::Sqlite(e) => e.fmt(f),
+            Engine::Postgres(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for EngineError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.0 {
+            Engine::Sqlite(e) => Some(e),
+            Engine::Postgres(e) => Some(e),
+        }
+    }
+}
+
+impl From<rusqlite::Error> for LedgerError {
+    fn from(e: rusqlite::Error) -> Self {
+        LedgerError::Sqlite(EngineError(Engine::Sqlite(e)))
+    }
+}
+
+impl From<postgres::Error> for LedgerError {
+    fn from(e: postgres::Error) -> Self {
+        LedgerError::Postgres(EngineError(Engine::Postgres(e)))
+    }
+}
+
 impl LedgerError {
+    /// SQLite's result code, for a SQLite failure.
+    pub(crate) fn sqlite_code(&self) -> Option<rusqlite::ErrorCode> {
+        match self {
+            LedgerError::Sqlite(EngineError(Engine::Sqlite(rusqlite::Error::SqliteFailure(
+                f,
+                _,
+            )))) => Some(f.code),
+            _ => None,
+        }
+    }
+
     /// Whether the ledger could not be reached at all (as opposed to
     /// answering with an error): a connection refused, reset or timed out,
     /// a closed PostgreSQL connection, a statement cancelled by its
@@ -46,7 +100,7 @@ impl LedgerError {
     pub fn is_unavailable(&self) -> bool {
         use std::io::ErrorKind as K;
         match self {
-            LedgerError::Postgres(e) => {
+            LedgerError::Postgres(EngineError(Engine::Postgres(e))) => {
                 if e.is_closed() {
                     return true;
                 }
@@ -77,16 +131,18 @@ impl LedgerError {
                 // A connect that timed out carries no I/O error.
                 e.to_string().contains("timeout") || e.to_string().contains("timed out")
             }
-            LedgerError::Sqlite(rusqlite::Error::SqliteFailure(f, _)) => matches!(
-                f.code,
-                rusqlite::ErrorCode::CannotOpen
-                    | rusqlite::ErrorCode::NotADatabase
-                    | rusqlite::ErrorCode::DatabaseBusy
-                    | rusqlite::ErrorCode::DatabaseLocked
-                    | rusqlite::ErrorCode::SystemIoFailure
-                    | rusqlite::ErrorCode::PermissionDenied
-                    | rusqlite::ErrorCode::DatabaseCorrupt
-            ),
+            LedgerError::Sqlite(_) => self.sqlite_code().is_some_and(|code| {
+                matches!(
+                    code,
+                    rusqlite::ErrorCode::CannotOpen
+                        | rusqlite::ErrorCode::NotADatabase
+                        | rusqlite::ErrorCode::DatabaseBusy
+                        | rusqlite::ErrorCode::DatabaseLocked
+                        | rusqlite::ErrorCode::SystemIoFailure
+                        | rusqlite::ErrorCode::PermissionDenied
+                        | rusqlite::ErrorCode::DatabaseCorrupt
+                )
+            }),
             LedgerError::Io { .. } | LedgerError::Task(_) => true,
             _ => false,
         }

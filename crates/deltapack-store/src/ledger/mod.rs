@@ -62,7 +62,7 @@ mod schema;
 mod tls;
 
 pub(crate) use claims::DELETING_LEASE;
-pub use error::LedgerError;
+pub use error::{EngineError, LedgerError};
 pub(crate) use handle::{now_ms, Ledger};
 pub use handle::{ColdStart, LedgerLocation};
 pub(crate) use merge::Listing;

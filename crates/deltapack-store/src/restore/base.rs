@@ -41,18 +41,17 @@ impl Store {
             _ => source.threads(RESTORE_IN_FLIGHT),
         };
         let chain_threads = source.threads(self.config().chain_gets_in_flight.max(1));
+        let ctx = |threads| super::read::ReadCtx {
+            source: &source,
+            threads,
+            deadline,
+            tally,
+        };
         let pass = |into: Option<&mut [u8]>, deferred: bool| match what {
-            Plan::Flat(m) => super::reassembly::restore_flat(&source, m, into, threads, deadline),
-            Plan::Chain { bottom, deltas } => super::compose::restore_chain(
-                &source,
-                bottom,
-                deltas,
-                into,
-                chain_threads,
-                deadline,
-                deferred,
-                tally,
-            ),
+            Plan::Flat(m) => super::reassembly::restore_flat(ctx(threads), m, into),
+            Plan::Chain { bottom, deltas } => {
+                super::compose::restore_chain(ctx(chain_threads), bottom, deltas, into, deferred)
+            }
             Plan::V1 { .. } => Err(super::reassembly::ObjectFault::plain(
                 "internal: a v1 root reached the v2 rebuild",
             )),

@@ -51,8 +51,8 @@ use deltapack_format::scatter::{self, Span};
 use deltapack_format::{Digest, ExtentCodec, ExtentPlan, ManifestV2, Snapshot, SnapshotHeader};
 
 use super::read::{
-    blame, open_local, read_at, read_extent, read_header_prefix, read_range_unverified, FaultKind,
-    HeaderCheck, ObjectFault, ReadTally, Sink, Source, PIECE,
+    blame, open_local, read_at, read_extent, read_header_prefix, read_range_unverified, ExtentAt,
+    FaultKind, HeaderCheck, ObjectFault, ReadCtx, Sink, Source, PIECE,
 };
 use super::reassembly::{Dest, Output};
 use super::result::{ResultHash, SharedDest};
@@ -153,17 +153,19 @@ fn pool<T: Send>(threads: usize, n: usize, f: impl Fn(usize) -> T + Sync) -> Vec
 /// once and makes no second attempt: the caller decides whether a failure
 /// is worth a second pass (see `Store`'s restore). What it reads is added
 /// to `tally`.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn restore_chain(
-    source: &Source,
+    ctx: ReadCtx<'_>,
     bottom: &Bottom,
     deltas: &[ManifestV2],
     into: Option<&mut [u8]>,
-    threads: usize,
-    deadline: Option<Instant>,
     allow_deferred: bool,
-    tally: &ReadTally,
 ) -> Result<Output, ObjectFault> {
+    let ReadCtx {
+        source,
+        threads,
+        tally,
+        ..
+    } = ctx;
     let Some(top) = deltas.last() else {
         return Err(ObjectFault::plain("a chain needs at least one delta"));
     };
@@ -300,8 +302,8 @@ pub(crate) fn restore_chain(
     let bytes = result.bytes();
     let dest = SharedDest::new(bytes);
     let deferred = allow_deferred && deltas.iter().all(|m| m.chain.is_some());
-    let ctx = Pass {
-        source,
+    let pass = Pass {
+        ctx,
         levels: &levels,
         plans: &plans,
         items: &items,
@@ -316,13 +318,10 @@ pub(crate) fn restore_chain(
             Bottom::Flat(_) => None,
         },
         top_level: deltas.len() - 1,
-        threads,
-        deadline,
         suspect: std::sync::atomic::AtomicBool::new(false),
-        tally,
     };
     let pass_started = Instant::now();
-    let first = ctx.run(deferred);
+    let first = pass.run(deferred);
     tracing::debug!(
         deferred,
         ok = first.is_ok(),
@@ -335,7 +334,7 @@ pub(crate) fn restore_chain(
         Err(PassError::Mismatch(what)) if !deferred => return Err(ObjectFault::plain(what)),
         Err(PassError::Mismatch(what)) => {
             tracing::warn!(%what, "deferred chain pass failed its result digest; verifying every extent");
-            match ctx.run(false) {
+            match pass.run(false) {
                 Ok(()) => {}
                 Err(PassError::Fault(d)) => return Err(d),
                 Err(PassError::Mismatch(what)) => return Err(ObjectFault::plain(what)),
@@ -360,7 +359,8 @@ enum PassError {
 
 /// Everything one pass over the work items needs.
 struct Pass<'a, 'p> {
-    source: &'a Source,
+    /// The source, workers, deadline and tally of the pass.
+    ctx: ReadCtx<'a>,
     levels: &'a [&'p ManifestV2],
     plans: &'a [ExtentPlan],
     items: &'a [Item<'p>],
@@ -372,13 +372,9 @@ struct Pass<'a, 'p> {
     want: Digest,
     memory_src: Option<&'a [u8]>,
     top_level: usize,
-    threads: usize,
-    deadline: Option<Instant>,
     /// Set by a deferred pass that found a stored delta header unlike the
     /// one its root recorded: the pass fails, and a verified one follows.
     suspect: std::sync::atomic::AtomicBool,
-    /// What the pass read from the source.
-    tally: &'a ReadTally,
 }
 
 impl Pass<'_, '_> {
@@ -405,7 +401,7 @@ impl Pass<'_, '_> {
         let failures: Mutex<Vec<ObjectFault>> = Mutex::new(Vec::new());
         let hashed: Mutex<Vec<(u64, Digest)>> = Mutex::new(done);
         std::thread::scope(|sc| {
-            for _ in 0..self.threads.max(1).min(items.len().max(1)) {
+            for _ in 0..self.ctx.threads.max(1).min(items.len().max(1)) {
                 sc.spawn(|| {
                     let mut scratch = vec![0u8; PIECE];
                     let mut done = Vec::new();
@@ -480,7 +476,14 @@ impl Pass<'_, '_> {
     ) -> Result<(), ObjectFault> {
         let (level, index, spans, header) = match item {
             Item::Memory(span) => {
-                return copy_memory(self.memory_src, *span, self.dest, hash, done, self.deadline)
+                return copy_memory(
+                    self.memory_src,
+                    *span,
+                    self.dest,
+                    hash,
+                    done,
+                    self.ctx.deadline,
+                )
             }
             Item::Extent {
                 level,
@@ -501,17 +504,13 @@ impl Pass<'_, '_> {
         // roots, not from these bytes. zstd extents are decoded whole, so
         // they are checked by name either way.
         if !(deferred && e.codec == ExtentCodec::Raw) {
-            self.tally.add(e.stored_len);
-            return read_extent(
-                self.source,
-                &self.plans[level],
+            self.ctx.tally.add(e.stored_len);
+            let at = ExtentAt {
+                plan: &self.plans[level],
                 index,
-                e,
-                &mut sink,
-                header,
-                self.deadline,
-                scratch,
-            );
+                entry: e,
+            };
+            return read_extent(&self.ctx, at, &mut sink, header, scratch);
         }
         // The delta header bytes this extent holds must be the ones its root
         // recorded (the plan's source): a difference makes the pass suspect,
@@ -529,24 +528,15 @@ impl Pass<'_, '_> {
             }
             _ => None,
         };
-        let header_differs = match self.source {
+        let header_differs = match self.ctx.source {
             Source::Local(root) => {
                 let mut n = stored_header.map_or(0, |h| h.len() as u64);
                 for s in spans {
                     let (lo, hi) = (s.src.max(e.offset), s.src_end().min(e.offset + e.raw_len));
                     n += hi.saturating_sub(lo);
                 }
-                self.tally.add(n);
-                place_local_unverified(
-                    root,
-                    e,
-                    spans,
-                    stored_header,
-                    self.dest,
-                    hash,
-                    sink.done,
-                    self.deadline,
-                )?
+                self.ctx.tally.add(n);
+                self.place_local_unverified(root, e, spans, stored_header, hash, sink.done)?
             }
             Source::Remote(remote) => {
                 // One ranged GET from the header (if this extent holds part
@@ -557,14 +547,14 @@ impl Pass<'_, '_> {
                     (None, Some(h)) => (e.offset, e.offset + h.len() as u64),
                     (None, None) => return Ok(()),
                 };
-                self.tally.add(end - start);
+                self.ctx.tally.add(end - start);
                 let mut check = HeaderCheck {
                     inner: &mut sink,
                     header: stored_header.unwrap_or(&[]),
                     at: e.offset,
                     differs: false,
                 };
-                read_range_unverified(remote, e, start..end, &mut check, self.deadline)?;
+                read_range_unverified(remote, e, start..end, &mut check, self.ctx.deadline)?;
                 check.differs
             }
         };
@@ -575,64 +565,65 @@ impl Pass<'_, '_> {
     }
 }
 
-/// Reads the bytes of `spans` inside `range` of one local raw extent
-/// straight into the result (no staging copy) without checking the
-/// extent's name (see [`Pass::run`]), a piece at a time so that the result
-/// blocks it completes are hashed while they are still in cache.
-#[allow(clippy::too_many_arguments)]
-fn place_local_unverified(
-    root: &std::path::Path,
-    e: &deltapack_format::root::ExtentEntry,
-    spans: &[Span],
-    stored_header: Option<&[u8]>,
-    dest: &SharedDest,
-    hash: &ResultHash,
-    done: &mut Vec<(u64, Digest)>,
-    deadline: Option<Instant>,
-) -> Result<bool, ObjectFault> {
-    let key = crate::keys::object_key(&e.object_digest());
-    let file = open_local(root, &key, e)?;
-    let read_exact = |buf: &mut [u8], pos: u64| -> Result<(), ObjectFault> {
-        let mut got = 0usize;
-        while got < buf.len() {
-            let k = read_at(&file, &mut buf[got..], pos + got as u64)
-                .map_err(|x| ObjectFault::io(&key, "read", x))?;
-            if k == 0 {
-                return Err(ObjectFault::of(
-                    &key,
-                    FaultKind::Corrupt,
-                    "object ended early (it shrank while being read)",
-                ));
+impl Pass<'_, '_> {
+    /// Reads the bytes of `spans` inside `range` of one local raw extent
+    /// straight into the result (no staging copy) without checking the
+    /// extent's name (see [`Pass::run`]), a piece at a time so that the result
+    /// blocks it completes are hashed while they are still in cache.
+    fn place_local_unverified(
+        &self,
+        root: &std::path::Path,
+        e: &deltapack_format::root::ExtentEntry,
+        spans: &[Span],
+        stored_header: Option<&[u8]>,
+        hash: &ResultHash,
+        done: &mut Vec<(u64, Digest)>,
+    ) -> Result<bool, ObjectFault> {
+        let (dest, deadline) = (self.dest, self.ctx.deadline);
+        let key = crate::keys::object_key(&e.object_digest());
+        let file = open_local(root, &key, e)?;
+        let read_exact = |buf: &mut [u8], pos: u64| -> Result<(), ObjectFault> {
+            let mut got = 0usize;
+            while got < buf.len() {
+                let k = read_at(&file, &mut buf[got..], pos + got as u64)
+                    .map_err(|x| ObjectFault::io(&key, "read", x))?;
+                if k == 0 {
+                    return Err(ObjectFault::of(
+                        &key,
+                        FaultKind::Corrupt,
+                        "object ended early (it shrank while being read)",
+                    ));
+                }
+                got += k;
             }
-            got += k;
+            Ok(())
+        };
+        let mut header_differs = false;
+        if let Some(h) = stored_header {
+            let mut stored = vec![0u8; h.len()];
+            read_exact(&mut stored, 0)?;
+            header_differs = stored != h;
         }
-        Ok(())
-    };
-    let mut header_differs = false;
-    if let Some(h) = stored_header {
-        let mut stored = vec![0u8; h.len()];
-        read_exact(&mut stored, 0)?;
-        header_differs = stored != h;
-    }
-    let (start, end) = (e.offset, e.offset + e.raw_len);
-    for s in spans {
-        let (lo, hi) = (s.src.max(start), s.src_end().min(end));
-        let mut at = lo;
-        while at < hi {
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(ObjectFault::deadline());
+        let (start, end) = (e.offset, e.offset + e.raw_len);
+        for s in spans {
+            let (lo, hi) = (s.src.max(start), s.src_end().min(end));
+            let mut at = lo;
+            while at < hi {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Err(ObjectFault::deadline());
+                }
+                let n = (hi - at).min(PIECE as u64);
+                let dst = s.dst + (at - s.src);
+                // SAFETY: these result bytes belong to this span, and the span
+                // to this work item alone.
+                let buf = unsafe { dest.slice_mut(dst..dst + n) };
+                read_exact(buf, at - e.offset)?;
+                hash.wrote(dest, dst, n, done);
+                at += n;
             }
-            let n = (hi - at).min(PIECE as u64);
-            let dst = s.dst + (at - s.src);
-            // SAFETY: these result bytes belong to this span, and the span
-            // to this work item alone.
-            let buf = unsafe { dest.slice_mut(dst..dst + n) };
-            read_exact(buf, at - e.offset)?;
-            hash.wrote(dest, dst, n, done);
-            at += n;
         }
+        Ok(header_differs)
     }
-    Ok(header_differs)
 }
 
 /// Plans one link of the chain from its header bytes, checked against its

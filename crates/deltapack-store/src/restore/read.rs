@@ -88,6 +88,32 @@ impl Remote {
     }
 }
 
+/// What one restore pass reads with: where the bytes come from, how many
+/// workers, the deadline, and where the bytes read are counted.
+#[derive(Clone, Copy)]
+pub(crate) struct ReadCtx<'a> {
+    /// Where extent bytes come from.
+    pub(crate) source: &'a Source,
+    /// Worker threads of the pass.
+    pub(crate) threads: usize,
+    /// Past this instant the pass fails with a deadline fault.
+    pub(crate) deadline: Option<Instant>,
+    /// What the pass read.
+    pub(crate) tally: &'a ReadTally,
+}
+
+/// One extent of a root: its plan (the root's extent geometry), its index
+/// and its manifest entry.
+#[derive(Clone, Copy)]
+pub(crate) struct ExtentAt<'a> {
+    /// The root's extent plan.
+    pub(crate) plan: &'a ExtentPlan,
+    /// The extent's index in the root.
+    pub(crate) index: u64,
+    /// Its manifest entry.
+    pub(crate) entry: &'a ExtentEntry,
+}
+
 /// Objects and bytes one rebuild read from its source, added up by the
 /// workers of its passes (a chain reads only part of its extents, so the
 /// manifests' sizes would overstate it).
@@ -169,17 +195,19 @@ enum AbsorbError {
 /// Hashes and places one extent's raw bytes, pulled from `next` in pieces
 /// of `scratch`'s size, checking the delta header bytes the plan was made
 /// from.
-#[allow(clippy::too_many_arguments)]
 fn absorb(
-    plan: &ExtentPlan,
-    index: u64,
-    e: &ExtentEntry,
+    at: ExtentAt<'_>,
     region: &mut dyn Sink,
     header: Option<&[u8]>,
     deadline: Option<Instant>,
     mut next: impl FnMut(&mut [u8]) -> std::io::Result<usize>,
     scratch: &mut [u8],
 ) -> Result<(), AbsorbError> {
+    let ExtentAt {
+        plan,
+        index,
+        entry: e,
+    } = at;
     let mut h = plan.hasher(index);
     let mut off = e.offset;
     let end = e.offset + e.raw_len;
@@ -232,18 +260,21 @@ fn absorb(
     Ok(())
 }
 
-/// Reads one extent from `source` through the fused loop into `region`.
-#[allow(clippy::too_many_arguments)]
+/// Reads one extent from the pass's source through the fused loop into
+/// `region`.
 pub(crate) fn read_extent(
-    source: &Source,
-    plan: &ExtentPlan,
-    index: u64,
-    e: &ExtentEntry,
+    ctx: &ReadCtx<'_>,
+    at: ExtentAt<'_>,
     region: &mut dyn Sink,
     header: Option<&[u8]>,
-    deadline: Option<Instant>,
     scratch: &mut [u8],
 ) -> Result<(), ObjectFault> {
+    let (source, deadline) = (ctx.source, ctx.deadline);
+    let ExtentAt {
+        plan,
+        index,
+        entry: e,
+    } = at;
     let key = keys::object_key(&e.object_digest());
     // Where the bytes come from: a positioned-read closure over a file, or
     // the chunks of a GET body.
@@ -253,9 +284,7 @@ pub(crate) fn read_extent(
             let raw = unpack_zstd(e, &stored).map_err(|c| ObjectFault::failed(&key, c))?;
             let mut pos = 0usize;
             absorb(
-                plan,
-                index,
-                e,
+                at,
                 region,
                 header,
                 deadline,
@@ -272,9 +301,7 @@ pub(crate) fn read_extent(
             let file = open_local(root, &key, e)?;
             let mut pos = 0u64;
             absorb(
-                plan,
-                index,
-                e,
+                at,
                 region,
                 header,
                 deadline,

@@ -30,12 +30,11 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::Instant;
 
 use deltapack_format::scatter::{self, Region, Span};
 use deltapack_format::{Digest, ExtentPlan, ManifestV2, Snapshot};
 
-use super::read::{read_extent, Source, PIECE};
+use super::read::{read_extent, ExtentAt, ReadCtx, PIECE};
 pub(crate) use crate::fault::{FaultKind, ObjectFault, Proof};
 
 /// The result buffer: allocated here, or the caller's.
@@ -106,12 +105,11 @@ pub(crate) fn zeroed_buffer(len: usize) -> Result<Vec<u8>, String> {
 /// digest. `Err(damage)` is a miss (or, for [`FaultKind::Io`], an error).
 /// Delta roots go through `compose::restore_chain`.
 pub(crate) fn restore_flat(
-    source: &Source,
+    ctx: ReadCtx<'_>,
     m: &ManifestV2,
     into: Option<&mut [u8]>,
-    threads: usize,
-    deadline: Option<Instant>,
 ) -> Result<Output, ObjectFault> {
+    let threads = ctx.threads;
     if m.base.is_some() {
         return Err(ObjectFault::plain(
             "internal: a delta root reached the flat restore",
@@ -157,16 +155,12 @@ pub(crate) fn restore_flat(
                     // rest (the quarantine rule, `Proof`).
                     let mut proof = Proof::default();
                     let r = loop {
-                        match read_extent(
-                            source,
-                            &plan,
-                            i as u64,
-                            e,
-                            &mut region,
-                            None,
-                            deadline,
-                            &mut scratch,
-                        ) {
+                        let at = ExtentAt {
+                            plan: &plan,
+                            index: i as u64,
+                            entry: e,
+                        };
+                        match read_extent(&ctx, at, &mut region, None, &mut scratch) {
                             Ok(()) => break Ok(()),
                             Err(d) => {
                                 tracing::warn!(what = %d.what, "extent read failed");

@@ -12,7 +12,7 @@ use object_store::ObjectStoreExt;
 
 use crate::backend::put_create;
 use crate::error::{Result, StoreError};
-use crate::keys;
+use crate::keys::{self, HoldName};
 use crate::store::{RootStatus, Store};
 
 /// A root protected from eviction while this guard lives (in-process).
@@ -35,18 +35,17 @@ impl Drop for Pin {
     }
 }
 
-pub(crate) fn valid_hold_name(name: &str) -> Result<()> {
-    if keys::valid_hold_name(name) {
-        Ok(())
-    } else {
-        Err(StoreError::Invalid(format!(
+/// `name` as a hold name, or the caller's error.
+pub(crate) fn hold_name(name: &str) -> Result<HoldName> {
+    HoldName::new(name).ok_or_else(|| {
+        StoreError::Invalid(format!(
             "hold name {name:?}: use 1–64 characters [A-Za-z0-9._-], not starting with '.'"
-        )))
-    }
+        ))
+    })
 }
 
 impl Store {
-    pub(crate) async fn list_holds(&self) -> Result<Vec<(String, Namespace, ContextDigest)>> {
+    pub(crate) async fn list_holds(&self) -> Result<Vec<(HoldName, Namespace, ContextDigest)>> {
         let prefix = Path::from(keys::HOLDS);
         let metas: Vec<object_store::ObjectMeta> = self
             .object_store()
@@ -81,7 +80,7 @@ impl Store {
 
     /// Places a named, persistent hold on a root (it must exist).
     pub async fn hold(&self, name: &str, ns: Namespace, ctx: ContextDigest) -> Result<()> {
-        valid_hold_name(name)?;
+        let name = &hold_name(name)?;
         self.require_owner("hold").await?;
         if !matches!(self.peek_root(&ns, &ctx).await?, RootStatus::Found(_)) {
             return Err(StoreError::Invalid(format!(
@@ -101,7 +100,7 @@ impl Store {
 
     /// Releases a named hold. Returns whether it existed.
     pub async fn release(&self, name: &str, ns: Namespace, ctx: ContextDigest) -> Result<bool> {
-        valid_hold_name(name)?;
+        let name = &hold_name(name)?;
         self.require_owner("release").await?;
         let marker = keys::hold_key(name, &ns, &ctx);
         // Whether the hold existed: its marker (the source of truth) or the

@@ -116,10 +116,33 @@ pub fn quarantine_key(original: &Path) -> Path {
     Path::from(format!("{QUARANTINE}/{original}"))
 }
 
+/// The name of a hold: 1–64 characters of `[A-Za-z0-9._-]`, not starting
+/// with a dot, so it is exactly one safe path segment. Only
+/// [`HoldName::new`] makes one, so every hold key built from it is safe.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HoldName(String);
+
+impl HoldName {
+    /// `name` as a hold name, if it is a valid one (see [`valid_hold_name`]).
+    pub fn new(name: &str) -> Option<Self> {
+        valid_hold_name(name).then(|| HoldName(name.to_string()))
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for HoldName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// Key of the marker by which the hold `name` keeps `(namespace, context)`
-/// from eviction. `name` must already be validated (see
-/// [`valid_hold_name`]).
-pub fn hold_key(name: &str, ns: &Namespace, ctx: &ContextDigest) -> Path {
+/// from eviction.
+pub fn hold_key(name: &HoldName, ns: &Namespace, ctx: &ContextDigest) -> Path {
     Path::from(format!("{HOLDS}/{name}/{}/{}", ns.hex(), ctx.hex()))
 }
 
@@ -134,14 +157,15 @@ pub fn valid_hold_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
-/// Parses a hold marker key back into `(name, namespace, context)`.
-pub fn parse_hold_key(p: &Path) -> Option<(String, Namespace, ContextDigest)> {
+/// Parses a hold marker key back into `(name, namespace, context)`; `None`
+/// for anything else, a name that is not a valid hold name included.
+pub fn parse_hold_key(p: &Path) -> Option<(HoldName, Namespace, ContextDigest)> {
     let parts: Vec<_> = p.parts().collect();
     if parts.len() != 4 || parts[0].as_ref() != HOLDS {
         return None;
     }
     Some((
-        parts[1].as_ref().to_string(),
+        HoldName::new(parts[1].as_ref())?,
         parts[2].as_ref().parse().ok()?,
         parts[3].as_ref().parse().ok()?,
     ))
@@ -192,8 +216,16 @@ mod tests {
         assert_eq!(parse_root_key(&root_key(&ns, &ctx)), Some((ns, ctx)));
         assert_eq!(parse_object_key(&Path::from("objects/blake3/zz/abc")), None);
         assert_eq!(quarantine_key(&k).as_ref(), format!("quarantine/{k}"));
-        let h = hold_key("pinned-demo", &ns, &ctx);
-        assert_eq!(parse_hold_key(&h), Some(("pinned-demo".into(), ns, ctx)));
+        let name = HoldName::new("pinned-demo").expect("valid");
+        let h = hold_key(&name, &ns, &ctx);
+        assert_eq!(parse_hold_key(&h), Some((name, ns, ctx)));
+        assert_eq!(HoldName::new(".x"), None);
+        let stray = Path::from(format!("holds/.x/{}/{}", ns.hex(), ctx.hex()));
+        assert_eq!(
+            parse_hold_key(&stray),
+            None,
+            "a marker with an invalid name"
+        );
         assert!(valid_hold_name("a.b_c-1") && !valid_hold_name(".x") && !valid_hold_name("a/b"));
     }
 }

@@ -134,7 +134,7 @@ pub use config_file::{ConfigFile, ConfigFileError, FileChainPolicy, FileColdStar
 pub use error::{MissReason, OpenError, Result, StoreError};
 pub use gc::GcReport;
 pub use holds::Pin;
-pub use keys::{ObjectKey, RootKey};
+pub use keys::{HoldName, ObjectKey, RootKey};
 pub use ledger::{
     ColdStart, EngineError, ImageHold, ImageObject, ImageRoot, LedgerError, LedgerImage,
     LedgerLocation, MergeReport, Totals,

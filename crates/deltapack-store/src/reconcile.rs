@@ -212,7 +212,12 @@ impl Store {
             .iter()
             .filter_map(|m| keys::parse_root_key(&m.location).map(|(n, c)| (n, c, m.size)))
             .collect();
-        let holds = self.list_holds().await?;
+        let holds: Vec<_> = self
+            .list_holds()
+            .await?
+            .into_iter()
+            .map(|(name, ns, ctx)| (name.as_str().to_string(), ns, ctx))
+            .collect();
         let objects: Vec<object_store::ObjectMeta> = self
             .object_store()
             .list(Some(&Path::from(keys::OBJECTS)))

@@ -10,7 +10,8 @@
 use deltapack_format::root;
 use deltapack_format::{Algorithm, BaseRef, CacheIdentity, ChainHints, Digest, SnapshotHeader};
 
-use super::request::RootFormat;
+use super::receipt::Turn;
+use super::request::{RootFormat, TurnRequest};
 use crate::config::ChainPolicy;
 use crate::error::{Result, StoreError};
 
@@ -24,6 +25,49 @@ pub(super) fn validate(identity: &CacheIdentity, boundary: u64) -> Result<()> {
         return Err(StoreError::Invalid(format!(
             "boundary {boundary} is not a positive multiple of chunk_tokens {ct}"
         )));
+    }
+    Ok(())
+}
+
+/// Checks a turn request against the previous turn's handle before
+/// anything is read: the same store (`store_tag`) and namespace, a new
+/// context, a boundary above the previous one and a multiple of the chunk
+/// size, and a tail of exactly the new pages' length.
+pub(super) fn validate_turn(prev: &Turn, req: &TurnRequest, store_tag: &str) -> Result<()> {
+    let id = &req.identity;
+    id.validate()?;
+    let ns = id.namespace();
+    let bad = |m: String| Err(StoreError::Invalid(m));
+    if *prev.store != *store_tag {
+        return bad(format!(
+            "the previous turn was published in {}, not in this store ({store_tag})",
+            prev.store
+        ));
+    }
+    if prev.namespace != ns {
+        return bad(format!(
+            "the previous turn lies in namespace {}, the request's identity is {ns}",
+            prev.namespace
+        ));
+    }
+    if req.context == prev.context {
+        return bad("the new turn's context is the previous turn's".into());
+    }
+    let ct = u64::from(id.chunk_tokens);
+    let (old, new) = (prev.boundary(), req.boundary);
+    if new <= old || new % ct != 0 {
+        return bad(format!(
+            "boundary {new} must be above the previous turn's {old} and a multiple of {ct}"
+        ));
+    }
+    let want = prev.tail_len(new)?;
+    if req.tail.len() as u64 != want {
+        return bad(format!(
+            "the tail is {} bytes; a turn from {old} to {new} tokens needs {want} \
+             (every layer's pages from the previous turn's kept pages {:?} on)",
+            req.tail.len(),
+            prev.kept_pages()
+        ));
     }
     Ok(())
 }

@@ -268,41 +268,9 @@ impl Store {
         slot: &mut Option<ProtectGuard>,
     ) -> Result<PublishReceipt> {
         let id = &req.identity;
-        id.validate()?;
+        super::plan::validate_turn(prev, &req, &self.turn_tag())?;
         let ns = id.namespace();
-        let bad = |m: String| Err(StoreError::Invalid(m));
-        if prev.store != self.turn_tag() {
-            return bad(format!(
-                "the previous turn was published in {}, not in this store ({})",
-                prev.store,
-                self.turn_tag()
-            ));
-        }
-        if prev.namespace != ns {
-            return bad(format!(
-                "the previous turn lies in namespace {}, the request's identity is {ns}",
-                prev.namespace
-            ));
-        }
-        if req.context == prev.context {
-            return bad("the new turn's context is the previous turn's".into());
-        }
-        let ct = u64::from(id.chunk_tokens);
         let (old, new) = (prev.boundary(), req.boundary);
-        if new <= old || new % ct != 0 {
-            return bad(format!(
-                "boundary {new} must be above the previous turn's {old} and a multiple of {ct}"
-            ));
-        }
-        let want = prev.tail_len(new)?;
-        if req.tail.len() as u64 != want {
-            return bad(format!(
-                "the tail is {} bytes; a turn from {old} to {new} tokens needs {want} \
-                 (every layer's pages from the previous turn's kept pages {:?} on)",
-                req.tail.len(),
-                prev.kept_pages()
-            ));
-        }
         let result_header = SnapshotHeader::new(prev.header().layout.clone(), new);
         let result_len = result_header.encoded_len()?;
 
@@ -314,35 +282,7 @@ impl Store {
             .protect(vec![keys::root_key(&ns, &prev.context).to_string()])
             .await?;
         let _base_pin = self.pin(ns, prev.context);
-        let mismatch = |detail: String| StoreError::BaseMismatch {
-            namespace: ns,
-            context: prev.context,
-            detail,
-        };
-        let below = match self.read_root(&ns, &prev.context).await? {
-            RootStatus::Found(root) => {
-                let s = root
-                    .summary()
-                    .ok_or_else(|| StoreError::Internal("summary".into()))?;
-                if s.result_snapshot_digest != prev.digest() || s.boundary != old {
-                    return Err(mismatch(format!(
-                        "the previous turn's root holds {} at {} tokens, the handle {} at {old}",
-                        s.result_snapshot_digest,
-                        s.boundary,
-                        prev.digest()
-                    )));
-                }
-                self.chain_below(&root).await?
-            }
-            RootStatus::Absent => {
-                return Err(mismatch("the previous turn's root is gone".into()));
-            }
-            RootStatus::Unusable(r) => {
-                return Err(mismatch(format!(
-                    "the previous turn's root is unusable: {r}"
-                )));
-            }
-        };
+        let below = self.previous_turn_root(prev).await?;
 
         // The new turn's digest, from the tail alone.
         let t_encode = Instant::now();
@@ -463,6 +403,39 @@ impl Store {
             "published a turn"
         );
         Ok(receipt)
+    }
+}
+
+impl Store {
+    /// Checks that the previous turn's root still holds what its handle
+    /// says, and returns the chain below it (see [`Store::chain_below`]).
+    async fn previous_turn_root(&self, prev: &Turn) -> Result<Option<(Vec<BaseRef>, u64)>> {
+        let (ns, old) = (prev.namespace, prev.boundary());
+        let mismatch = |detail: String| StoreError::BaseMismatch {
+            namespace: ns,
+            context: prev.context,
+            detail,
+        };
+        match self.read_root(&ns, &prev.context).await? {
+            RootStatus::Found(root) => {
+                let s = root
+                    .summary()
+                    .ok_or_else(|| StoreError::Internal("summary".into()))?;
+                if s.result_snapshot_digest != prev.digest() || s.boundary != old {
+                    return Err(mismatch(format!(
+                        "the previous turn's root holds {} at {} tokens, the handle {} at {old}",
+                        s.result_snapshot_digest,
+                        s.boundary,
+                        prev.digest()
+                    )));
+                }
+                self.chain_below(&root).await
+            }
+            RootStatus::Absent => Err(mismatch("the previous turn's root is gone".into())),
+            RootStatus::Unusable(r) => Err(mismatch(format!(
+                "the previous turn's root is unusable: {r}"
+            ))),
+        }
     }
 }
 

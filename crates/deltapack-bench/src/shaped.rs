@@ -64,6 +64,7 @@ use anyhow::{Context, Result};
 use deltapack_store::{Backend, BackendKind, Store, StoreConfig};
 
 use crate::s3like::{StreamedObjects, BODY_CHUNK};
+use deltapack_store::wrap::{Intercept, ReadHead, Wrapped};
 
 /// The shaping parameters: first-byte latency, per-connection and aggregate
 /// bandwidth (bytes are 10⁶ per MB throughout).
@@ -301,22 +302,16 @@ pub(crate) struct ShapedStore {
 
 impl ShapedStore {
     /// Shapes `inner` with `shaping`.
-    pub(crate) fn new(inner: Arc<dyn ObjectStore>, shaping: Shaping) -> ShapedStore {
-        ShapedStore {
+    pub(crate) fn new(inner: Arc<dyn ObjectStore>, shaping: Shaping) -> Wrapped<ShapedStore> {
+        Wrapped(ShapedStore {
             inner,
             shaper: Shaper::new(shaping),
-        }
+        })
     }
 
     /// The shared shaper (its counters).
     pub(crate) fn shaper(&self) -> Arc<Shaper> {
         self.shaper.clone()
-    }
-}
-
-impl std::fmt::Display for ShapedStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ShapedStore({})", self.inner)
     }
 }
 
@@ -354,7 +349,15 @@ impl MultipartUpload for ShapedUpload {
 }
 
 #[async_trait]
-impl ObjectStore for ShapedStore {
+impl Intercept for ShapedStore {
+    fn inner(&self) -> &Arc<dyn ObjectStore> {
+        &self.inner
+    }
+
+    fn name(&self) -> &str {
+        "ShapedStore"
+    }
+
     async fn put_opts(
         &self,
         location: &ObjPath,
@@ -387,26 +390,12 @@ impl ObjectStore for ShapedStore {
         let head = options.head;
         self.shaper.first_byte().await;
         let r = self.inner.get_opts(location, options).await?;
-        let (meta, range, attributes, extensions) = (
-            r.meta.clone(),
-            r.range.clone(),
-            r.attributes.clone(),
-            r.extensions.clone(),
-        );
+        let reply = ReadHead::of(&r);
         let body: BoxStream<'static, object_store::Result<Bytes>> = if head {
             futures::stream::empty().boxed()
         } else {
-            let inner = match r.payload {
-                GetResultPayload::Stream(s) => s,
-                file @ GetResultPayload::File(..) => GetResult {
-                    payload: file,
-                    meta: meta.clone(),
-                    range: range.clone(),
-                    attributes: attributes.clone(),
-                    extensions: extensions.clone(),
-                }
-                .into_stream(),
-            };
+            // A stream as it is; a file's bytes as object_store streams them.
+            let inner = r.into_stream();
             match self.shaper.connect() {
                 None => inner,
                 Some(conn) => {
@@ -423,34 +412,7 @@ impl ObjectStore for ShapedStore {
                 }
             }
         };
-        Ok(GetResult {
-            payload: GetResultPayload::Stream(body),
-            meta,
-            range,
-            attributes,
-            extensions,
-        })
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, object_store::Result<ObjPath>>,
-    ) -> BoxStream<'static, object_store::Result<ObjPath>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(
-        &self,
-        prefix: Option<&ObjPath>,
-    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    async fn list_with_delimiter(
-        &self,
-        prefix: Option<&ObjPath>,
-    ) -> object_store::Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
+        Ok(reply.stream(body))
     }
 
     async fn copy_opts(
@@ -475,12 +437,7 @@ pub(crate) fn shaped_local_store(
 ) -> Result<(Store, Arc<Shaper>)> {
     let local = object_store::local::LocalFileSystem::new_with_prefix(dir)
         .with_context(|| format!("opening {}", dir.display()))?;
-    let shaped = ShapedStore::new(
-        Arc::new(StreamedObjects {
-            inner: Arc::new(local),
-        }),
-        shaping,
-    );
+    let shaped = ShapedStore::new(Arc::new(StreamedObjects::over(Arc::new(local))), shaping);
     let shaper = shaped.shaper();
     let store = Store::from_backend(
         Backend {

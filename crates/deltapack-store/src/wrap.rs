@@ -11,13 +11,17 @@
 //! layer that intercepts `get_opts` also sees every ranged read.
 
 use std::fmt;
+use std::ops::{Deref, Range};
 use std::sync::Arc;
 
+use bytes::Bytes;
 use futures::stream::BoxStream;
+use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+    Attributes, CopyOptions, Extensions, GetOptions, GetResult, GetResultPayload, ListResult,
+    MultipartUpload, ObjectMeta, ObjectStore, PutMultipartOptions, PutOptions, PutPayload,
+    PutResult, Result,
 };
 
 /// A layer in front of an object store: every method forwards to
@@ -92,6 +96,15 @@ impl<I: Intercept> Wrapped<I> {
     }
 }
 
+/// The layer's own methods (its counters, its plan) through the store.
+impl<I> Deref for Wrapped<I> {
+    type Target = I;
+
+    fn deref(&self) -> &I {
+        &self.0
+    }
+}
+
 impl<I: Intercept> fmt::Display for Wrapped<I> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}({})", self.0.name(), self.0.inner())
@@ -138,6 +151,55 @@ impl<I: Intercept> ObjectStore for Wrapped<I> {
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
         self.0.copy_opts(from, to, options).await
+    }
+}
+
+/// A read's answer without its body: what a layer keeps when it serves a
+/// body of its own (re-chunked, counted, delayed or damaged) under the
+/// inner store's metadata.
+#[derive(Debug, Clone)]
+pub struct ReadHead {
+    /// [`GetResult::meta`].
+    pub meta: ObjectMeta,
+    /// [`GetResult::range`].
+    pub range: Range<u64>,
+    /// [`GetResult::attributes`].
+    pub attributes: Attributes,
+    /// [`GetResult::extensions`].
+    pub extensions: Extensions,
+}
+
+impl ReadHead {
+    /// The head of `r` (its body stays in `r`).
+    pub fn of(r: &GetResult) -> ReadHead {
+        ReadHead {
+            meta: r.meta.clone(),
+            range: r.range.clone(),
+            attributes: r.attributes.clone(),
+            extensions: r.extensions.clone(),
+        }
+    }
+
+    /// The head of `r` and its whole body, read.
+    pub async fn read(r: GetResult) -> Result<(ReadHead, Bytes)> {
+        let head = ReadHead::of(&r);
+        Ok((head, r.bytes().await?))
+    }
+
+    /// The answer with `body` as its streamed body.
+    pub fn stream(self, body: BoxStream<'static, Result<Bytes>>) -> GetResult {
+        GetResult {
+            payload: GetResultPayload::Stream(body),
+            meta: self.meta,
+            range: self.range,
+            attributes: self.attributes,
+            extensions: self.extensions,
+        }
+    }
+
+    /// The answer with `body` as its one chunk.
+    pub fn once(self, body: Bytes) -> GetResult {
+        self.stream(futures::stream::once(async move { Ok(body) }).boxed())
     }
 }
 

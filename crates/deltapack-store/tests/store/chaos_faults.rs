@@ -54,7 +54,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::faults::{FaultPlan, Faulty, TransientCounts};
+use crate::common::faults::{FaultPlan, Faulty, FaultyStore, TransientCounts};
 use crate::common::*;
 use deltapack_format::{CacheIdentity, ContextDigest, Snapshot};
 use deltapack_store::{
@@ -170,7 +170,7 @@ impl World {
 
     /// A store handle reading through `faulty`: never the local fast path,
     /// so every read meets the injector.
-    fn through(&self, faulty: &Arc<Faulty>) -> Store {
+    fn through(&self, faulty: &Arc<FaultyStore>) -> Store {
         let kind = match &self.raw.kind {
             BackendKind::Local { .. } => BackendKind::Memory,
             k => k.clone(),

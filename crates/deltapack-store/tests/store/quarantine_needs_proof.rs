@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use crate::common::faults::{FaultPlan, Faulty};
+use crate::common::faults::{FaultPlan, Faulty, FaultyStore};
 use crate::common::*;
 use deltapack_store::{
     keys, Backend, BackendKind, RestoreOutcome, RootFormat, Store, SweepOptions,
@@ -21,7 +21,7 @@ use deltapack_store::{
 use object_store::ObjectStoreExt;
 
 struct World {
-    faulty: Arc<Faulty>,
+    faulty: Arc<FaultyStore>,
     store: Store,
     id: deltapack_format::CacheIdentity,
     turns: Vec<(

@@ -1,7 +1,8 @@
-//! A fault-injecting `ObjectStore`: forwards every trait method to a real
-//! backend, and can fail the Nth operation, fail a fraction of operations,
-//! add latency, return truncated or bit-flipped bodies, or "crash" — refuse
-//! every operation after the Nth, as if the process had died there.
+//! A fault-injecting `ObjectStore` layer ([`Intercept`]): forwards every
+//! trait method to a real backend, and can fail the Nth operation, fail a
+//! fraction of operations, add latency, return truncated or bit-flipped
+//! bodies, or "crash" — refuse every operation after the Nth, as if the
+//! process had died there.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,12 +10,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use deltapack_store::wrap::{Intercept, ReadHead, Wrapped};
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use object_store::path::Path;
 use object_store::{
-    CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
-    ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
 };
 
 /// What to inject.
@@ -169,7 +171,7 @@ impl Race {
     }
 }
 
-/// The wrapper.
+/// The fault layer; [`Faulty::new`] puts it in front of a store.
 #[derive(Debug)]
 pub(crate) struct Faulty {
     inner: Arc<dyn ObjectStore>,
@@ -178,12 +180,6 @@ pub(crate) struct Faulty {
     injected: AtomicU64,
     race_armed: std::sync::atomic::AtomicBool,
     transient: Mutex<Transient>,
-}
-
-impl fmt::Display for Faulty {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Faulty({})", self.inner)
-    }
 }
 
 fn splitmix(mut z: u64) -> u64 {
@@ -199,16 +195,20 @@ fn injected(op: &str, n: u64) -> object_store::Error {
     }
 }
 
+/// A store behind a [`Faulty`] layer (the layer's methods through `Deref`).
+pub(crate) type FaultyStore = Wrapped<Faulty>;
+
 impl Faulty {
-    pub(crate) fn new(inner: Arc<dyn ObjectStore>, plan: FaultPlan) -> Self {
-        Faulty {
+    /// `inner` behind a fault layer that follows `plan`.
+    pub(crate) fn new(inner: Arc<dyn ObjectStore>, plan: FaultPlan) -> FaultyStore {
+        Wrapped(Faulty {
             inner,
             plan: Mutex::new(plan),
             ops: AtomicU64::new(0),
             injected: AtomicU64::new(0),
             race_armed: std::sync::atomic::AtomicBool::new(false),
             transient: Mutex::new(Transient::default()),
-        }
+        })
     }
 
     /// What the random transient faults injected so far.
@@ -337,7 +337,15 @@ impl Faulty {
 }
 
 #[async_trait::async_trait]
-impl ObjectStore for Faulty {
+impl Intercept for Faulty {
+    fn inner(&self) -> &Arc<dyn ObjectStore> {
+        &self.inner
+    }
+
+    fn name(&self) -> &str {
+        "Faulty"
+    }
+
     async fn put_opts(
         &self,
         location: &Path,
@@ -349,7 +357,7 @@ impl ObjectStore for Faulty {
         {
             return Err(object_store::Error::NotImplemented {
                 operation: "conditional overwrite".into(),
-                implementer: self.to_string(),
+                implementer: format!("Faulty({})", self.inner),
             });
         }
         if matches!(opts.mode, object_store::PutMode::Create) {
@@ -437,13 +445,8 @@ impl ObjectStore for Faulty {
         if !damage && race.is_none() {
             return Ok(r);
         }
-        let (meta, range, attributes, extensions) = (
-            r.meta.clone(),
-            r.range.clone(),
-            r.attributes.clone(),
-            r.extensions.clone(),
-        );
-        let mut b = r.bytes().await?.to_vec();
+        let (reply, b) = ReadHead::read(r).await?;
+        let mut b = b.to_vec();
         match race {
             Some(Race::Delete(key)) => {
                 object_store::ObjectStoreExt::delete(&*self.inner, &key).await?
@@ -454,16 +457,7 @@ impl ObjectStore for Faulty {
             None => {}
         }
         if !damage {
-            let body = Bytes::from(b);
-            return Ok(GetResult {
-                payload: GetResultPayload::Stream(
-                    futures::stream::once(async move { Ok(body) }).boxed(),
-                ),
-                meta,
-                range,
-                attributes,
-                extensions,
-            });
+            return Ok(reply.once(Bytes::from(b)));
         }
         if plan.truncate_bodies {
             b.pop();
@@ -477,16 +471,7 @@ impl ObjectStore for Faulty {
             b[i] ^= 1 << ((z >> 56) % 8);
         }
         self.injected.fetch_add(1, Ordering::SeqCst);
-        let body = Bytes::from(b);
-        Ok(GetResult {
-            payload: GetResultPayload::Stream(
-                futures::stream::once(async move { Ok(body) }).boxed(),
-            ),
-            meta,
-            range,
-            attributes,
-            extensions,
-        })
+        Ok(reply.once(Bytes::from(b)))
     }
 
     fn delete_stream(

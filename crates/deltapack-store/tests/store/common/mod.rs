@@ -188,7 +188,10 @@ pub(crate) fn wrapped(backend: Backend, config: StoreConfig) -> Store {
 
 /// A handle on `raw` through a fault wrapper (no faults planned yet), and
 /// the wrapper, whose plan the test sets when the moment comes.
-pub(crate) fn faulty_handle(raw: &Backend, config: StoreConfig) -> (Arc<faults::Faulty>, Store) {
+pub(crate) fn faulty_handle(
+    raw: &Backend,
+    config: StoreConfig,
+) -> (Arc<faults::FaultyStore>, Store) {
     let faulty = Arc::new(faults::Faulty::new(
         raw.store.clone(),
         faults::FaultPlan::default(),

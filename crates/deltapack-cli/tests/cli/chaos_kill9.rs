@@ -44,7 +44,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::common::{deltapack, expect_code, wait_or_kill, Ended, Rng};
+use crate::common::{deltapack, expect_code, wait_or_kill, words, Ended, Rng};
 
 /// A process still running after this long is a hang: it is killed and the
 /// test fails.
@@ -798,9 +798,7 @@ fn publishers_restorers_sweeps_and_gc_killed_at_random_lose_nothing() {
     .expect("json");
     let rebuilt: serde_json::Value = serde_json::from_str(&expect_code(
         &dir,
-        &[
-            "ledger", "rebuild", "--store", &store, "--json", "--grace", "0s",
-        ],
+        &words(&format!("ledger rebuild --store {store} --json --grace 0s")),
         0,
     ))
     .expect("json");

@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::common::expect_code;
+use crate::common::{expect_code, words};
 
 /// The secret of the fixture sets' keyed roots (fixtures/README.md).
 const FIXTURE_SECRET: &str = "deltapack-fixture-secret-2026-11";
@@ -351,16 +351,9 @@ fn record_then_expect_round_trips_and_a_wrong_digest_fails() {
     let exp_s = exp.to_str().expect("utf-8");
     let before = listing(&w.set(set));
     w.run(
-        &[
-            "compat",
-            "record",
-            "--store",
-            &store,
-            "--out",
-            exp_s,
-            "--root-key-file",
-            &key,
-        ],
+        &words(&format!(
+            "compat record --store {store} --out {exp_s} --root-key-file {key}"
+        )),
         0,
     );
     let recorded: serde_json::Value =
@@ -378,17 +371,9 @@ fn record_then_expect_round_trips_and_a_wrong_digest_fails() {
     }
     assert_eq!(roots.len(), 8);
     let out = w.run(
-        &[
-            "compat",
-            "check",
-            "--store",
-            &store,
-            "--expect",
-            exp_s,
-            "--root-key-file",
-            &key,
-            "--json",
-        ],
+        &words(&format!(
+            "compat check --store {store} --expect {exp_s} --root-key-file {key} --json"
+        )),
         0,
     );
     assert!(
@@ -530,14 +515,9 @@ fn freeze_writes_a_set_that_compat_fixtures_passes() {
     );
     assert!(frozen.join("expected.json").is_file());
     let out = w.run(
-        &[
-            "compat",
-            "fixtures",
-            frozen_s,
-            "--root-key-file",
-            &key,
-            "--json",
-        ],
+        &words(&format!(
+            "compat fixtures {frozen_s} --root-key-file {key} --json"
+        )),
         0,
     );
     let got = lines(&out);

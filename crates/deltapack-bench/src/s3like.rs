@@ -75,13 +75,7 @@ fn chunked(
 
 #[async_trait::async_trait]
 impl Intercept for StreamedObjects {
-    fn inner(&self) -> &Arc<dyn ObjectStore> {
-        &self.inner
-    }
-
-    fn name(&self) -> &str {
-        "StreamedObjects"
-    }
+    deltapack_store::layer_basics!("StreamedObjects");
 
     async fn get_opts(
         &self,

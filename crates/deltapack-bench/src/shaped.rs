@@ -350,13 +350,7 @@ impl MultipartUpload for ShapedUpload {
 
 #[async_trait]
 impl Intercept for ShapedStore {
-    fn inner(&self) -> &Arc<dyn ObjectStore> {
-        &self.inner
-    }
-
-    fn name(&self) -> &str {
-        "ShapedStore"
-    }
+    deltapack_store::layer_basics!("ShapedStore");
 
     async fn put_opts(
         &self,

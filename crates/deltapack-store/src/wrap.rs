@@ -85,6 +85,30 @@ pub trait Intercept: fmt::Debug + Send + Sync + 'static {
     }
 }
 
+/// The two methods every layer writes the same way, inside its
+/// `impl Intercept`: [`Intercept::inner`] is the layer's `inner` field (an
+/// `Arc<dyn ObjectStore>`) and [`Intercept::name`] is the given name.
+///
+/// ```ignore
+/// #[async_trait::async_trait]
+/// impl Intercept for CountGets {
+///     deltapack_store::layer_basics!("CountGets");
+///     // the overridden methods
+/// }
+/// ```
+#[macro_export]
+macro_rules! layer_basics {
+    ($name:literal) => {
+        fn inner(&self) -> &::std::sync::Arc<dyn ::object_store::ObjectStore> {
+            &self.inner
+        }
+
+        fn name(&self) -> &str {
+            $name
+        }
+    };
+}
+
 /// An [`Intercept`] layer as an [`ObjectStore`].
 #[derive(Debug)]
 pub struct Wrapped<I>(pub I);
@@ -219,12 +243,8 @@ mod tests {
 
     #[async_trait::async_trait]
     impl Intercept for CountGets {
-        fn inner(&self) -> &Arc<dyn ObjectStore> {
-            &self.inner
-        }
-        fn name(&self) -> &str {
-            "CountGets"
-        }
+        crate::layer_basics!("CountGets");
+
         async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
             self.gets.fetch_add(1, Ordering::SeqCst);
             self.inner.get_opts(location, options).await

@@ -124,13 +124,7 @@ fn enospc() -> object_store::Error {
 
 #[async_trait::async_trait]
 impl Intercept for SmallDisk {
-    fn inner(&self) -> &Arc<dyn ObjectStore> {
-        &self.inner
-    }
-
-    fn name(&self) -> &str {
-        "SmallDisk"
-    }
+    deltapack_store::layer_basics!("SmallDisk");
 
     async fn put_opts(
         &self,

@@ -178,13 +178,7 @@ impl MultipartUpload for Upload {
 
 #[async_trait::async_trait]
 impl Intercept for Counting {
-    fn inner(&self) -> &Arc<dyn ObjectStore> {
-        &self.inner
-    }
-
-    fn name(&self) -> &str {
-        "Counting"
-    }
+    deltapack_store::layer_basics!("Counting");
 
     async fn put_multipart_opts(
         &self,

@@ -107,13 +107,7 @@ impl Ranges {
 
 #[async_trait::async_trait]
 impl Intercept for Ranges {
-    fn inner(&self) -> &Arc<dyn ObjectStore> {
-        &self.inner
-    }
-
-    fn name(&self) -> &str {
-        "Ranges"
-    }
+    deltapack_store::layer_basics!("Ranges");
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
         let object = location.as_ref().starts_with("objects/") && !options.head;

@@ -338,13 +338,7 @@ impl Faulty {
 
 #[async_trait::async_trait]
 impl Intercept for Faulty {
-    fn inner(&self) -> &Arc<dyn ObjectStore> {
-        &self.inner
-    }
-
-    fn name(&self) -> &str {
-        "Faulty"
-    }
+    deltapack_store::layer_basics!("Faulty");
 
     async fn put_opts(
         &self,

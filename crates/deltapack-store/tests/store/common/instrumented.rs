@@ -111,13 +111,7 @@ fn bump_max(cur: usize, max: &AtomicUsize) {
 
 #[async_trait::async_trait]
 impl Intercept for Instrumented {
-    fn inner(&self) -> &Arc<dyn ObjectStore> {
-        &self.inner
-    }
-
-    fn name(&self) -> &str {
-        "Instrumented"
-    }
+    deltapack_store::layer_basics!("Instrumented");
 
     async fn put_opts(
         &self,

@@ -46,14 +46,7 @@ async fn object_keys(s: &Store, id: &CacheIdentity, ctx: &ContextDigest) -> Vec<
 }
 
 async fn get(s: &Store, key: &Path) -> Vec<u8> {
-    s.object_store()
-        .get(key)
-        .await
-        .expect("get")
-        .bytes()
-        .await
-        .expect("bytes")
-        .to_vec()
+    stored(s.object_store(), key).await.to_vec()
 }
 
 async fn put(s: &Store, key: &Path, bytes: Vec<u8>) {

@@ -215,16 +215,7 @@ impl World {
                 f.sync_all().expect("fsync");
             }
             None => {
-                let mut b = self
-                    .raw
-                    .store
-                    .get(key)
-                    .await
-                    .expect("get")
-                    .bytes()
-                    .await
-                    .expect("bytes")
-                    .to_vec();
+                let mut b = stored(&self.raw.store, key).await.to_vec();
                 let at = rng.below(b.len() as u64) as usize;
                 b[at] ^= 1 << rng.below(8);
                 self.raw.store.put(key, b.into()).await.expect("put");

@@ -33,15 +33,7 @@ async fn keys_of(
 }
 
 async fn flip(s: &Store, key: &Path) {
-    let mut b = s
-        .object_store()
-        .get(key)
-        .await
-        .expect("get")
-        .bytes()
-        .await
-        .expect("bytes")
-        .to_vec();
+    let mut b = stored(s.object_store(), key).await.to_vec();
     let n = b.len() / 2;
     b[n] ^= 0x80;
     s.object_store()
@@ -122,14 +114,7 @@ async fn sweep_suite(t: TestStore) {
     assert!(s.object_store().head(&orphan).await.is_ok());
 
     // Grace keeps the young orphan.
-    let graced = s
-        .sweep(
-            &SweepOptions::default()
-                .with_grace(Duration::from_secs(3600))
-                .with_dry_run(true),
-        )
-        .await
-        .expect("sweep");
+    let graced = dry_sweep(s).await;
     assert_eq!(graced.orphans_in_grace, 1);
     assert_eq!(graced.orphans_deleted, 0);
 
@@ -286,15 +271,7 @@ async fn sweep_does_not_quarantine_a_root_republished_after_it_read_it() {
         let rk = keys::root_key(&id.namespace(), &kr);
         let mut flat_root = Bytes::new();
         for m in listed {
-            let body = other
-                .store
-                .object_store()
-                .get(&m.location)
-                .await
-                .expect("get")
-                .bytes()
-                .await
-                .expect("bytes");
+            let body = stored(other.store.object_store(), &m.location).await;
             if m.location == rk {
                 flat_root = body;
             } else {

@@ -294,7 +294,6 @@ async fn a_root_removed_or_replaced_during_migration_is_not_brought_back() {
 async fn migration_refuses_a_backend_without_conditional_overwrite() {
     use common::faults::FaultPlan;
     use deltapack_store::{keys, StoreError};
-    use object_store::ObjectStoreExt;
 
     let raw = raw_backend("memory://");
     let (faulty, s) = faulty_handle(&raw, config());
@@ -302,14 +301,7 @@ async fn migration_refuses_a_backend_without_conditional_overwrite() {
     let (c, snap) = (ctx(&id, 84, 2048), turn(84, 2048));
     publish_base(&s, &id, c, snap.clone(), RootFormat::V1).await;
     let key = keys::root_key(&id.namespace(), &c);
-    let before = raw
-        .store
-        .get(&key)
-        .await
-        .expect("root")
-        .bytes()
-        .await
-        .expect("body");
+    let before = stored(&raw.store, &key).await;
     faulty.set_plan(FaultPlan {
         updates_unsupported: true,
         ..Default::default()
@@ -320,14 +312,7 @@ async fn migration_refuses_a_backend_without_conditional_overwrite() {
         }
         other => panic!("expected an Unsupported error, got {other:?}"),
     }
-    let after = raw
-        .store
-        .get(&key)
-        .await
-        .expect("root")
-        .bytes()
-        .await
-        .expect("body");
+    let after = stored(&raw.store, &key).await;
     assert_eq!(before, after, "root untouched");
     assert_eq!(restore_bytes(&s, &id, c).await, snap.encoded());
 }

@@ -175,16 +175,7 @@ async fn damage_at_rest_is_still_quarantined() {
         other => panic!("{other:?}"),
     };
     let key = keys::object_key(&m.extents[m.extents.len() - 1].object_digest());
-    let mut bytes = w
-        .store
-        .object_store()
-        .get(&key)
-        .await
-        .expect("get")
-        .bytes()
-        .await
-        .expect("bytes")
-        .to_vec();
+    let mut bytes = stored(w.store.object_store(), &key).await.to_vec();
     bytes[0] ^= 0x80;
     w.store
         .object_store()

@@ -34,7 +34,6 @@ use crate::common::*;
 use deltapack_format::{CacheIdentity, ContextDigest, Snapshot};
 use deltapack_store::{
     BaseInput, PublishOutcome, PublishRequest, RestoreOutcome, RootFormat, Store, StoreError,
-    SweepOptions,
 };
 
 // ------------------------------------------------------------ the proxy
@@ -471,14 +470,7 @@ async fn publish_and_restore_under_random_faults() {
             ),
         }
     }
-    let sweep = direct
-        .sweep(
-            &SweepOptions::default()
-                .with_grace(Duration::from_secs(3600))
-                .with_dry_run(true),
-        )
-        .await
-        .expect("sweep");
+    let sweep = dry_sweep(&direct).await;
     let quarantined = through.stats().quarantined;
 
     eprintln!(

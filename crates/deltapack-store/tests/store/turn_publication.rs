@@ -18,7 +18,6 @@ use deltapack_store::{
     BaseInput, PublishOutcome, PublishRequest, RestoreOutcome, RootFormat, Store, StoreConfig,
     StoreError, Turn, TurnRequest,
 };
-use object_store::ObjectStoreExt;
 
 const SEED: u64 = 29;
 
@@ -420,14 +419,7 @@ async fn new_turns_on_a_conversation_stored_with_the_old_digest() {
     assert_eq!(r.outcome, PublishOutcome::Created);
     assert_eq!(r.schema, SCHEMA_V2_2);
     let key = deltapack_store::keys::root_key(&id.namespace(), &c(6144));
-    let bytes = store
-        .object_store()
-        .get(&key)
-        .await
-        .expect("root")
-        .bytes()
-        .await
-        .expect("bytes");
+    let bytes = stored(store.object_store(), &key).await;
     match deltapack_format::root::decode(&bytes, None).expect("decode") {
         DecodedRoot::V2(m) => {
             let b = m.base.expect("base");

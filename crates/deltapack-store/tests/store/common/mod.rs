@@ -299,6 +299,30 @@ pub(crate) async fn restore_bytes(
     }
 }
 
+/// The bytes stored under `key` (the test fails if they cannot be read).
+pub(crate) async fn stored(
+    os: &dyn object_store::ObjectStore,
+    key: &object_store::path::Path,
+) -> bytes::Bytes {
+    object_store::ObjectStoreExt::get(os, key)
+        .await
+        .expect("get")
+        .bytes()
+        .await
+        .expect("bytes")
+}
+
+/// A dry-run sweep with an hour's grace: what it finds, nothing changed.
+pub(crate) async fn dry_sweep(s: &Store) -> deltapack_store::SweepReport {
+    s.sweep(
+        &deltapack_store::SweepOptions::default()
+            .with_grace(std::time::Duration::from_secs(3600))
+            .with_dry_run(true),
+    )
+    .await
+    .expect("sweep")
+}
+
 /// Copies a directory tree (e.g. a fixture store into a temp dir).
 pub(crate) fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     for e in std::fs::read_dir(from).expect("read_dir") {

@@ -203,13 +203,7 @@ impl Scenario {
                 ctx(&self.id, c, DELTA_TOKENS as usize),
             );
             let reqs = [
-                PublishRequest {
-                    identity: self.id.clone(),
-                    context: ca,
-                    snapshot: a.clone(),
-                    base: None,
-                    format,
-                },
+                flat(&self.id, ca, &a, format),
                 PublishRequest {
                     identity: self.id.clone(),
                     context: cb,
@@ -501,13 +495,7 @@ async fn every_failure_point_is_clean() {
                 },
                 config(),
             );
-            let req = PublishRequest {
-                identity: id.clone(),
-                context: c,
-                snapshot: snap.clone(),
-                base: None,
-                format,
-            };
+            let req = flat(&id, c, &snap, format);
             match store.publish(req.clone()).await {
                 Ok(r) => assert_eq!(r.outcome, PublishOutcome::Created),
                 Err(e) => {

@@ -389,14 +389,7 @@ async fn a_collector_and_a_publisher_racing_on_one_object_lose_nothing() {
                         (b2.clone(), id2.clone(), snap2.clone(), slot2.clone());
                     Box::pin(async move {
                         let h = tokio::spawn(async move {
-                            b2.publish(deltapack_store::PublishRequest {
-                                identity: id2,
-                                context: c,
-                                snapshot: snap2,
-                                base: None,
-                                format: RootFormat::V2,
-                            })
-                            .await
+                            b2.publish(flat(&id2, c, &snap2, RootFormat::V2)).await
                         });
                         let _ = tokio::time::timeout(Duration::from_secs(2), async {
                             while !h.is_finished() {

@@ -51,14 +51,7 @@ async fn eviction_racing_a_republication_keeps_the_new_roots_objects() {
                         (s2.clone(), id2.clone(), snap2.clone(), slot2.clone());
                     Box::pin(async move {
                         let h = tokio::spawn(async move {
-                            s2.publish(PublishRequest {
-                                identity: id2,
-                                context: c,
-                                snapshot: snap2,
-                                base: None,
-                                format: RootFormat::V2,
-                            })
-                            .await
+                            s2.publish(flat(&id2, c, &snap2, RootFormat::V2)).await
                         });
                         let _ = tokio::time::timeout(Duration::from_secs(2), async {
                             while !h.is_finished() {
@@ -299,13 +292,7 @@ async fn rebuild_during_a_publication_keeps_the_new_root() {
                     let (b2, id2, snap2b) = (b2.clone(), id2.clone(), snap2b.clone());
                     Box::pin(async move {
                         let r = b2
-                            .publish(PublishRequest {
-                                identity: id2,
-                                context: c2,
-                                snapshot: snap2b,
-                                base: None,
-                                format: RootFormat::V2,
-                            })
+                            .publish(flat(&id2, c2, &snap2b, RootFormat::V2))
                             .await
                             .expect("the other node's publication");
                         assert_eq!(r.outcome, PublishOutcome::Created);

@@ -400,13 +400,7 @@ async fn interrupted(
     let c = ctx(&id, seed, 6144);
     arm(&seen);
     let err = s
-        .publish(deltapack_store::PublishRequest {
-            identity: id.clone(),
-            context: c,
-            snapshot: snap.clone(),
-            base: None,
-            format: RootFormat::V2,
-        })
+        .publish(flat(&id, c, &snap, RootFormat::V2))
         .await
         .expect_err("a failed upload fails the publication");
     let msg = err.to_string();

@@ -199,6 +199,17 @@ fn injected(op: &str, n: u64) -> object_store::Error {
 pub(crate) type FaultyStore = Wrapped<Faulty>;
 
 impl Faulty {
+    /// `inner` with `latency` added to every operation, and no faults.
+    pub(crate) fn slowed(inner: Arc<dyn ObjectStore>, latency: Duration) -> Arc<FaultyStore> {
+        Arc::new(Faulty::new(
+            inner,
+            FaultPlan {
+                latency,
+                ..Default::default()
+            },
+        ))
+    }
+
     /// `inner` behind a fault layer that follows `plan`.
     pub(crate) fn new(inner: Arc<dyn ObjectStore>, plan: FaultPlan) -> FaultyStore {
         Wrapped(Faulty {

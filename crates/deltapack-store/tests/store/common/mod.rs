@@ -238,6 +238,22 @@ pub(crate) fn ctx(id: &CacheIdentity, seed: u64, tokens: usize) -> ContextDigest
         .digest(&synth::tokens(seed, tokens))
 }
 
+/// A request to publish `snap` flat (no base) under `ctx`.
+pub(crate) fn flat(
+    id: &CacheIdentity,
+    ctx: ContextDigest,
+    snap: &Arc<Snapshot>,
+    format: RootFormat,
+) -> PublishRequest {
+    PublishRequest {
+        identity: id.clone(),
+        context: ctx,
+        snapshot: snap.clone(),
+        base: None,
+        format,
+    }
+}
+
 /// Publishes a flat snapshot.
 pub(crate) async fn publish_base(
     store: &Store,
@@ -247,13 +263,7 @@ pub(crate) async fn publish_base(
     format: RootFormat,
 ) -> PublishReceipt {
     store
-        .publish(PublishRequest {
-            identity: id.clone(),
-            context: ctx,
-            snapshot: snap,
-            base: None,
-            format,
-        })
+        .publish(flat(id, ctx, &snap, format))
         .await
         .expect("publish base")
 }

@@ -396,10 +396,7 @@ async fn a_root_lost_to_a_writer_whose_root_then_vanished_is_not_an_internal_err
 
     for name in ["memory", "local"] {
         let dir = tempfile::tempdir().expect("tmp");
-        let url = match name {
-            "local" => format!("file://{}", dir.path().display()),
-            _ => "memory://".to_string(),
-        };
+        let url = scratch_url(name, &dir);
         let raw = raw_backend(&url);
         let faulty = Arc::new(Faulty::new(
             raw.store.clone(),

@@ -6,11 +6,13 @@ pub(crate) mod instrumented;
 
 use std::sync::Arc;
 
+use object_store::path::Path;
+
 use deltapack_format::synth::{self, Preset};
 use deltapack_format::{CacheIdentity, ContextDigest, ContextHasher, Snapshot};
 use deltapack_store::{
-    open_backend, Backend, BaseInput, PublishReceipt, PublishRequest, RootFormat, Store,
-    StoreConfig,
+    keys, open_backend, Backend, BaseInput, PublishReceipt, PublishRequest, RootFormat, RootStatus,
+    Store, StoreConfig,
 };
 
 /// The repository's top folder (where `fixtures/` and `tests/tools/` live).
@@ -47,6 +49,57 @@ pub(crate) fn in_own_process(test: &str) -> bool {
         String::from_utf8_lossy(&out.stderr)
     );
     false
+}
+
+/// A seeded SplitMix64 stream: test randomness that a seed reproduces.
+pub(crate) struct Rng(pub(crate) u64);
+
+impl Rng {
+    /// The next value.
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A value in `0..n` (`0` for `n = 0`).
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// True with probability `p`.
+    pub(crate) fn chance(&mut self, p: f64) -> bool {
+        (self.next() as f64 / u64::MAX as f64) < p
+    }
+
+    /// A value between `lo` and `hi`.
+    pub(crate) fn fraction(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * (self.next() as f64 / u64::MAX as f64)
+    }
+}
+
+/// A scratch backend by name: `"local"` (a `file://` store in `dir`) or
+/// anything else (`memory://`).
+pub(crate) fn scratch_url(name: &str, dir: &tempfile::TempDir) -> String {
+    match name {
+        "local" => format!("file://{}", dir.path().display()),
+        _ => "memory://".to_string(),
+    }
+}
+
+/// The object keys `c`'s root (in `id`'s namespace) lists.
+pub(crate) async fn object_keys(s: &Store, id: &CacheIdentity, c: &ContextDigest) -> Vec<Path> {
+    let RootStatus::Found(r) = s.read_root(&id.namespace(), c).await.expect("read") else {
+        panic!("root")
+    };
+    r.summary()
+        .expect("summary")
+        .objects
+        .iter()
+        .map(|(d, _)| keys::object_key(d))
+        .collect()
 }
 
 /// Extent size used by tests: small, so tiny snapshots span several extents.

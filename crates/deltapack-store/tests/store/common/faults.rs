@@ -128,6 +128,56 @@ impl fmt::Debug for Hook {
     }
 }
 
+/// Where a republishing hook leaves its republication's task once it ran.
+pub(crate) type Slot = Arc<
+    Mutex<
+        Option<tokio::task::JoinHandle<deltapack_store::Result<deltapack_store::PublishReceipt>>>,
+    >,
+>;
+
+/// A delete hook on `prefix` (run `before` the delete, or right after it)
+/// in which another handle, `s`, republishes `snap` flat under `c`: the
+/// republication is given up to 2 s to finish inside the window, and its
+/// task is left in the returned slot.
+pub(crate) fn republish_on_delete(
+    prefix: &'static str,
+    before: bool,
+    s: &deltapack_store::Store,
+    id: &deltapack_format::CacheIdentity,
+    c: deltapack_format::ContextDigest,
+    snap: &Arc<deltapack_format::Snapshot>,
+) -> (Hook, Slot) {
+    let slot: Slot = Arc::new(Mutex::new(None));
+    let (s2, id2, snap2, slot2) = (s.clone(), id.clone(), snap.clone(), slot.clone());
+    let hook = Hook {
+        prefix,
+        before,
+        fired: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        run: Arc::new(move || {
+            let (s2, id2, snap2, slot2) = (s2.clone(), id2.clone(), snap2.clone(), slot2.clone());
+            Box::pin(async move {
+                let h = tokio::spawn(async move {
+                    s2.publish(super::flat(
+                        &id2,
+                        c,
+                        &snap2,
+                        deltapack_store::RootFormat::V2,
+                    ))
+                    .await
+                });
+                let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                    while !h.is_finished() {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                })
+                .await;
+                *slot2.lock().expect("slot") = Some(h);
+            })
+        }),
+    };
+    (hook, slot)
+}
+
 /// What the random transient faults (`flip_fraction`, `get_fail_fraction`,
 /// `slow_get_fraction`) injected so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -26,8 +26,8 @@ use crate::common::*;
 use deltapack_format::{CacheIdentity, ContextDigest, Snapshot};
 use deltapack_store::wrap::{Intercept, Wrapped};
 use deltapack_store::{
-    keys, Backend, BackendKind, BaseInput, MissReason, PublishOutcome, PublishRequest,
-    RestoreOutcome, RootFormat, Store, StoreError, SweepOptions,
+    keys, Backend, BackendKind, MissReason, PublishOutcome, PublishRequest, RestoreOutcome,
+    RootFormat, Store, StoreError, SweepOptions,
 };
 use object_store::memory::InMemory;
 use object_store::path::Path;
@@ -204,16 +204,7 @@ impl Scenario {
             );
             let reqs = [
                 flat(&self.id, ca, &a, format),
-                PublishRequest {
-                    identity: self.id.clone(),
-                    context: cb,
-                    snapshot: b.clone(),
-                    base: Some(BaseInput {
-                        context: ca,
-                        snapshot: a.clone(),
-                    }),
-                    format,
-                },
+                delta(&self.id, cb, &b, ca, &a, format),
             ];
             for req in reqs {
                 match self.store.publish(req.clone()).await {

@@ -321,6 +321,25 @@ pub(crate) async fn publish_base(
         .expect("publish base")
 }
 
+/// A request to publish `snap` as a delta on `base` (published under
+/// `base_ctx`).
+pub(crate) fn delta(
+    id: &CacheIdentity,
+    ctx: ContextDigest,
+    snap: &Arc<Snapshot>,
+    base_ctx: ContextDigest,
+    base: &Arc<Snapshot>,
+    format: RootFormat,
+) -> PublishRequest {
+    PublishRequest {
+        base: Some(BaseInput {
+            context: base_ctx,
+            snapshot: base.clone(),
+        }),
+        ..flat(id, ctx, snap, format)
+    }
+}
+
 /// Publishes a delta.
 pub(crate) async fn publish_delta(
     store: &Store,
@@ -332,16 +351,7 @@ pub(crate) async fn publish_delta(
     format: RootFormat,
 ) -> PublishReceipt {
     store
-        .publish(PublishRequest {
-            identity: id.clone(),
-            context: ctx,
-            snapshot: snap,
-            base: Some(BaseInput {
-                context: base_ctx,
-                snapshot: base,
-            }),
-            format,
-        })
+        .publish(delta(id, ctx, &snap, base_ctx, &base, format))
         .await
         .expect("publish delta")
 }

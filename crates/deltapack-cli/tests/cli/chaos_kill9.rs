@@ -517,57 +517,20 @@ fn publishers_restorers_sweeps_and_gc_killed_at_random_lose_nothing() {
     let held = &turns[HELD];
     expect_code(
         &dir,
-        &[
-            "publish",
-            "--store",
-            &store,
-            "--identity",
-            "id.json",
-            "--tokens",
-            &held[0].tok,
-            "--snapshot",
-            &held[0].snap,
-            "--max-extent-bytes",
-            "4096",
-        ],
+        &words(&format!("publish --store {store} --identity id.json --tokens {} --snapshot {} --max-extent-bytes 4096", held[0].tok, held[0].snap)),
         0,
     );
     expect_code(
         &dir,
-        &[
-            "publish",
-            "--store",
-            &store,
-            "--identity",
-            "id.json",
-            "--tokens",
-            &held[1].tok,
-            "--snapshot",
-            &held[1].snap,
-            "--base-snapshot",
-            &held[0].snap,
-            "--base-tokens",
-            &held[0].tok,
-            "--format",
-            "v1",
-            "--max-extent-bytes",
-            "4096",
-        ],
+        &words(&format!("publish --store {store} --identity id.json --tokens {} --snapshot {} --base-snapshot {} --base-tokens {} --format v1 --max-extent-bytes 4096", held[1].tok, held[1].snap, held[0].snap, held[0].tok)),
         0,
     );
     expect_code(
         &dir,
-        &[
-            "hold",
-            "--store",
-            &store,
-            "--name",
-            "chaos-sentinel",
-            "--identity",
-            "id.json",
-            "--context",
-            &held[1].context,
-        ],
+        &words(&format!(
+            "hold --store {store} --name chaos-sentinel --identity id.json --context {}",
+            held[1].context
+        )),
         0,
     );
 

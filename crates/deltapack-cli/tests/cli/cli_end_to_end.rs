@@ -11,7 +11,7 @@
 
 use std::path::PathBuf;
 
-use crate::common::{conversation, expect_code, Cli};
+use crate::common::{conversation, expect_code, words, Cli};
 
 fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}):\n{text}"))
@@ -31,22 +31,8 @@ fn publish_restore_inspect_corrupt_and_demo() {
         "publish --store {s} --identity id.json --tokens a.tok --snapshot a.snap --json"
     )));
     assert_eq!(base["outcome"], "created");
-    let delta_args = [
-        "publish",
-        "--store",
-        s,
-        "--identity",
-        "id.json",
-        "--tokens",
-        "b.tok",
-        "--snapshot",
-        "b.snap",
-        "--base-snapshot",
-        "a.snap",
-        "--base-tokens",
-        "a.tok",
-        "--json",
-    ];
+    let delta_args_line = format!("publish --store {s} --identity id.json --tokens b.tok --snapshot b.snap --base-snapshot a.snap --base-tokens a.tok --json");
+    let delta_args = words(&delta_args_line);
     let delta = json(&expect_code(dir, &delta_args, 0));
     assert_eq!(delta["outcome"], "created");
     // A delta records its chain and its layered digest (v2.2): here one

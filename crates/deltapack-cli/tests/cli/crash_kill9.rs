@@ -179,18 +179,7 @@ fn publish_killed_at_random_moments_never_tears() {
     let mut restorable = 0;
     for v in 0..variants {
         let out = bin()
-            .args([
-                "restore",
-                "--store",
-                &store,
-                "--identity",
-                "id.json",
-                "--tokens",
-                &format!("r{v}.tok"),
-                "--out",
-                &format!("out{v}.snap"),
-                "--json",
-            ])
+            .args(words(&format!("restore --store {store} --identity id.json --tokens r{v}.tok --out out{v}.snap --json")))
             .current_dir(dir)
             .output()
             .expect("restore");

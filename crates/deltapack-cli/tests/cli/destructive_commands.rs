@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use crate::common::{conversation, expect_code, Cli};
+use crate::common::{conversation, expect_code, words, Cli};
 
 /// Every file below `dir`, sorted.
 fn files(dir: &Path) -> Vec<String> {
@@ -43,33 +43,13 @@ fn only_clear_with_yes_empties_a_store() {
 
     // No command accepts a cold-start policy that deletes: a usage error
     // (exit 2) before the store is opened, and nothing changes.
-    let restore = [
-        "restore",
-        "--store",
-        s,
-        "--identity",
-        "id.json",
-        "--tokens",
-        "a.tok",
-        "--out",
-        "r.snap",
-        "--cold-start",
-        "clear",
-    ];
+    let restore_line = format!(
+        "restore --store {s} --identity id.json --tokens a.tok --out r.snap --cold-start clear"
+    );
+    let restore = words(&restore_line);
     expect_code(dir, &restore, 2);
-    let publish = [
-        "publish",
-        "--store",
-        s,
-        "--identity",
-        "id.json",
-        "--tokens",
-        "a.tok",
-        "--snapshot",
-        "a.snap",
-        "--cold-start",
-        "clear",
-    ];
+    let publish_line = format!("publish --store {s} --identity id.json --tokens a.tok --snapshot a.snap --cold-start clear");
+    let publish = words(&publish_line);
     expect_code(dir, &publish, 2);
     Cli(dir).code(2, format!("stats --store {s} --cold-start clear"));
     assert_eq!(
@@ -78,19 +58,10 @@ fn only_clear_with_yes_empties_a_store() {
         "refused commands change nothing"
     );
     // The policies that do not delete still work.
-    let restore_rebuild = [
-        "restore",
-        "--store",
-        s,
-        "--identity",
-        "id.json",
-        "--tokens",
-        "a.tok",
-        "--out",
-        "r.snap",
-        "--cold-start",
-        "rebuild",
-    ];
+    let restore_rebuild_line = format!(
+        "restore --store {s} --identity id.json --tokens a.tok --out r.snap --cold-start rebuild"
+    );
+    let restore_rebuild = words(&restore_rebuild_line);
     expect_code(dir, &restore_rebuild, 0);
     assert_eq!(files(&dir.join("store")), before);
 

@@ -42,18 +42,10 @@ fn lookup_and_restore_answer_from_the_store_when_the_ledger_is_unreadable() {
         d,
         &words(&format!("publish --store {store} --ledger {ledger} --identity id.json --tokens a.tok --snapshot a.snap")),
     );
-    let lookup = [
-        "lookup",
-        "--store",
-        &store,
-        "--ledger",
-        &ledger,
-        "--identity",
-        "id.json",
-        "--tokens",
-        "b.tok",
-        "--json",
-    ];
+    let lookup_line = format!(
+        "lookup --store {store} --ledger {ledger} --identity id.json --tokens b.tok --json"
+    );
+    let lookup = words(&lookup_line);
     let up: serde_json::Value = serde_json::from_str(&ok(d, &lookup)).expect("json");
     assert_eq!(up["outcome"], "hit", "{up}");
     assert_eq!(up["source"], "ledger", "{up}");

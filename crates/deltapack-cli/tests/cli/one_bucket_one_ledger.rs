@@ -80,30 +80,13 @@ fn two_default_ledgers_on_one_bucket_lose_nothing() {
         &sa,
         &words("synth --preset tiny --tokens 2048 --seed 3 --out t.snap --tokens-out t.tok"),
     );
-    let publish = [
-        "publish",
-        "--store",
-        &store,
-        "--identity",
-        "id.json",
-        "--tokens",
-        "t.tok",
-        "--snapshot",
-        "t.snap",
-        "--json",
-    ];
-    let restore = [
-        "restore",
-        "--store",
-        &store,
-        "--identity",
-        "id.json",
-        "--tokens",
-        "t.tok",
-        "--out",
-        "r.snap",
-        "--json",
-    ];
+    let publish_line = format!(
+        "publish --store {store} --identity id.json --tokens t.tok --snapshot t.snap --json"
+    );
+    let publish = words(&publish_line);
+    let restore_line =
+        format!("restore --store {store} --identity id.json --tokens t.tok --out r.snap --json");
+    let restore = words(&restore_line);
     // A publishes, then evicts everything (objects condemned, grace 2 s).
     ok(d, &sa, &publish);
     ok(

@@ -3,6 +3,7 @@
 
 pub(crate) mod faults;
 pub(crate) mod instrumented;
+pub(crate) mod pg;
 
 use std::sync::Arc;
 
@@ -165,31 +166,7 @@ fn unique() -> String {
 /// database `.ci/run` starts), if `DELTAPACK_TEST_POSTGRES` is set. In CI a
 /// missing server is a failure, not a skip.
 pub(crate) fn postgres_ledger_url() -> Option<String> {
-    let base = match std::env::var("DELTAPACK_TEST_POSTGRES") {
-        Ok(u) if !u.is_empty() => u,
-        _ => {
-            assert!(
-                std::env::var("CI").map(|v| v != "true").unwrap_or(true),
-                "CI=true but DELTAPACK_TEST_POSTGRES is not set"
-            );
-            eprintln!("DELTAPACK_TEST_POSTGRES not set: skipping the PostgreSQL ledger (run `bash .ci/run` for the full suite)");
-            return None;
-        }
-    };
-    let schema = format!("t_{}", unique().replace('-', "_"));
-    // The blocking client runs its own runtime: not on an async worker.
-    std::thread::scope(|sc| {
-        sc.spawn(|| {
-            let mut c = postgres::Client::connect(&base, postgres::NoTls)
-                .expect("connect to the test PostgreSQL");
-            c.batch_execute(&format!("CREATE SCHEMA {schema}"))
-                .expect("create schema");
-        })
-        .join()
-        .expect("create schema");
-    });
-    let sep = if base.contains('?') { '&' } else { '?' };
-    Some(format!("{base}{sep}options=-c%20search_path%3D{schema}"))
+    pg::fresh_schema(&format!("t_{}", unique().replace('-', "_")))
 }
 
 /// The URL of a fresh, empty S3 prefix, if the server is configured.

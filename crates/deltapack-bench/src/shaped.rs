@@ -748,6 +748,17 @@ mod tests {
     use object_store::memory::InMemory;
     use object_store::{GetRange, ObjectStoreExt};
 
+    /// The whole body of `key` in `store`.
+    async fn whole(store: &dyn ObjectStore, key: &ObjPath) -> Bytes {
+        store
+            .get(key)
+            .await
+            .expect("get")
+            .bytes()
+            .await
+            .expect("body")
+    }
+
     /// Simulates `conns` connections that each move `per_conn` bytes in
     /// `chunk`-byte pieces, every connection asking for its next piece the
     /// moment the previous one is through (virtual time, no sleeping).
@@ -918,13 +929,7 @@ mod tests {
         // GET: the body is paced at C (the body arrives as one chunk from
         // InMemory: it is held until its time has come).
         let t = Instant::now();
-        let body = store
-            .get(&key)
-            .await
-            .expect("get")
-            .bytes()
-            .await
-            .expect("body");
+        let body = whole(&store, &key).await;
         assert_eq!(body.len(), len);
         assert!(t.elapsed().as_secs_f64() >= min, "{:?}", t.elapsed());
         // Four concurrent ranged GETs of a quarter each: one connection
@@ -964,13 +969,7 @@ mod tests {
         let min_parts = 0.010 + (len as f64 - 2.0 * BODY_CHUNK as f64) / 8e6;
         assert!(t.elapsed().as_secs_f64() >= min_parts, "{:?}", t.elapsed());
         up.complete().await.expect("complete");
-        let m = store
-            .get(&ObjPath::from("m"))
-            .await
-            .expect("get m")
-            .bytes()
-            .await
-            .expect("m");
+        let m = whole(&store, &ObjPath::from("m")).await;
         assert_eq!(m.len(), len);
         assert!(m[..len / 2].iter().all(|&b| b == 1) && m[len / 2..].iter().all(|&b| b == 2));
         let [requests, down, up_bytes, conns, max_open] = sh.counters();
@@ -984,13 +983,7 @@ mod tests {
         // Shaping off: requests pass through and are not counted.
         sh.set_enabled(false);
         let before = sh.counters();
-        let body = store
-            .get(&key)
-            .await
-            .expect("get")
-            .bytes()
-            .await
-            .expect("body");
+        let body = whole(&store, &key).await;
         assert_eq!(body.len(), len);
         assert_eq!(sh.counters(), before);
     }

@@ -358,7 +358,6 @@ async fn minimum_free_space_is_kept() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuild_racing_a_publication_does_not_lose_its_objects() {
     use common::faults::Faulty;
-    use deltapack_store::Backend;
 
     let dir = tempfile::tempdir().expect("tmp");
     let url = format!("file://{}", dir.path().display());
@@ -377,11 +376,9 @@ async fn a_rebuild_racing_a_publication_does_not_lose_its_objects() {
     }
     let raw = raw_backend(&url);
     let slow = Faulty::slowed(raw.store.clone(), Duration::from_millis(400));
-    let rebuilding = wrapped(
-        Backend {
-            store: slow.clone(),
-            kind: raw.kind.clone(),
-        },
+    let rebuilding = through(
+        &raw,
+        slow.clone(),
         cfg.clone().with_cold_start(ColdStart::Rebuild),
     );
     let rebuild = tokio::spawn(async move {

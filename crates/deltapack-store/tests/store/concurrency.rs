@@ -405,13 +405,7 @@ async fn a_root_lost_to_a_writer_whose_root_then_vanished_is_not_an_internal_err
                 ..Default::default()
             },
         ));
-        let s = wrapped(
-            Backend {
-                store: faulty,
-                kind: raw.kind.clone(),
-            },
-            config(),
-        );
+        let s = through(&raw, faulty, config());
         let id = identity("create-race-vanished");
         let (c, snap) = (ctx(&id, 57, 2048), turn(57, 2048));
         let out = s.publish(flat(&id, c, &snap, RootFormat::V2)).await;

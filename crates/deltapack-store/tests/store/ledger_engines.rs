@@ -144,16 +144,15 @@ async fn two_nodes_sharing_a_postgres_ledger_never_collect_each_others_objects()
     let deleted = a.collect_garbage().await.expect("A collects").objects;
     assert_eq!(deleted, 0, "A deleted objects B's new root uses");
     let fresh = Store::open(&bucket, cfg).expect("node C");
-    assert_eq!(
-        restore_bytes(&fresh, &id, c).await,
-        snap.encoded(),
-        "node A's collector deleted objects node B's root uses"
-    );
-    assert_eq!(
-        a.ledger_image().await.expect("image"),
-        b.ledger_image().await.expect("image"),
-        "the nodes see different ledgers"
-    );
+    assert_kept(
+        &fresh,
+        (&id, c),
+        &snap,
+        "node A's collector deleted objects node B's root uses",
+        [&a, &b],
+        "the nodes see different ledgers",
+    )
+    .await;
 }
 
 /// The budget is the fleet's: two nodes (handles with root locks of their

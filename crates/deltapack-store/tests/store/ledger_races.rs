@@ -77,16 +77,15 @@ async fn eviction_racing_a_republication_keeps_the_new_roots_objects() {
         s.collect_garbage().await.expect("gc");
 
         let fresh = wrapped(raw.clone(), config());
-        assert_eq!(
-            restore_bytes(&fresh, &id, c).await,
-            snap.encoded(),
-            "{url}: the republished root lost objects to the eviction"
-        );
-        assert_eq!(
-            s.ledger_image().await.expect("image"),
-            fresh.ledger_image().await.expect("rebuilt image"),
-            "{url}: the ledger disagrees with a rebuild from the store"
-        );
+        assert_kept(
+            &fresh,
+            (&id, c),
+            &snap,
+            &format!("{url}: the republished root lost objects to the eviction"),
+            [&s, &fresh],
+            &format!("{url}: the ledger disagrees with a rebuild from the store"),
+        )
+        .await;
     }
 }
 
@@ -370,13 +369,7 @@ async fn opening_a_persisted_ledger_does_not_wait_for_a_listing() {
             ..Default::default()
         },
     ));
-    let s = wrapped(
-        Backend {
-            store: faulty,
-            kind: raw.kind.clone(),
-        },
-        config(),
-    );
+    let s = through(&raw, faulty, config());
     let limit = Duration::from_secs(60);
     let totals = tokio::time::timeout(limit, s.ledger_totals())
         .await
@@ -458,13 +451,7 @@ async fn removal_plans_wait_for_the_background_reconciliation() {
                 ..Default::default()
             },
         ));
-        let node = wrapped(
-            Backend {
-                store: faulty,
-                kind: raw.kind.clone(),
-            },
-            config().with_ledger(Some(fresh)),
-        );
+        let node = through(&raw, faulty, config().with_ledger(Some(fresh)));
         let plan = node.evict_plan(0).await.expect("plan");
         assert_eq!(
             plan.roots().len(),

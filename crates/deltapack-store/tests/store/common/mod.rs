@@ -216,6 +216,41 @@ pub(crate) fn wrapped(backend: Backend, config: StoreConfig) -> Store {
     Store::from_backend(backend, config).expect("store")
 }
 
+/// A handle on `raw`'s bucket through `layer` (a wrapper of `raw.store`),
+/// keeping `raw`'s kind.
+pub(crate) fn through(
+    raw: &Backend,
+    layer: Arc<dyn object_store::ObjectStore>,
+    config: StoreConfig,
+) -> Store {
+    wrapped(
+        Backend {
+            store: layer,
+            kind: raw.kind.clone(),
+        },
+        config,
+    )
+}
+
+/// `reader` restores `c` to exactly `snap` (else the test fails with
+/// `lost`), and the two handles of `pair` hold the same ledger image (else
+/// `differ`).
+pub(crate) async fn assert_kept(
+    reader: &Store,
+    (id, c): (&CacheIdentity, ContextDigest),
+    snap: &Snapshot,
+    lost: &str,
+    pair: [&Store; 2],
+    differ: &str,
+) {
+    assert_eq!(restore_bytes(reader, id, c).await, snap.encoded(), "{lost}");
+    assert_eq!(
+        pair[0].ledger_image().await.expect("image"),
+        pair[1].ledger_image().await.expect("image"),
+        "{differ}"
+    );
+}
+
 /// A handle on `raw` through a fault wrapper (no faults planned yet), and
 /// the wrapper, whose plan the test sets when the moment comes.
 pub(crate) fn faulty_handle(
@@ -226,13 +261,7 @@ pub(crate) fn faulty_handle(
         raw.store.clone(),
         faults::FaultPlan::default(),
     ));
-    let s = wrapped(
-        Backend {
-            store: faulty.clone(),
-            kind: raw.kind.clone(),
-        },
-        config,
-    );
+    let s = through(raw, faulty.clone(), config);
     (faulty, s)
 }
 

@@ -57,22 +57,18 @@ impl Counters {
         self.object_bytes.load(Ordering::SeqCst)
     }
     pub(crate) fn gets_of_roots(&self) -> usize {
-        self.gets
-            .lock()
-            .map(|g| {
-                g.iter()
-                    .filter(|(k, _)| k.starts_with("roots/"))
-                    .map(|(_, v)| *v)
-                    .sum()
-            })
-            .unwrap_or(0)
+        self.gets_under("roots/")
     }
     pub(crate) fn gets_of_objects(&self) -> usize {
+        self.gets_under("objects/")
+    }
+    /// GETs of keys under `prefix`.
+    fn gets_under(&self, prefix: &str) -> usize {
         self.gets
             .lock()
             .map(|g| {
                 g.iter()
-                    .filter(|(k, _)| k.starts_with("objects/"))
+                    .filter(|(k, _)| k.starts_with(prefix))
                     .map(|(_, v)| *v)
                     .sum()
             })

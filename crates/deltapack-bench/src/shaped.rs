@@ -64,6 +64,7 @@ use anyhow::{Context, Result};
 use deltapack_store::{Backend, BackendKind, Store, StoreConfig};
 
 use crate::s3like::{StreamedObjects, BODY_CHUNK};
+use deltapack_store::wrap::{Intercept, ReadHead, Wrapped};
 
 /// The shaping parameters: first-byte latency, per-connection and aggregate
 /// bandwidth (bytes are 10⁶ per MB throughout).
@@ -301,22 +302,16 @@ pub(crate) struct ShapedStore {
 
 impl ShapedStore {
     /// Shapes `inner` with `shaping`.
-    pub(crate) fn new(inner: Arc<dyn ObjectStore>, shaping: Shaping) -> ShapedStore {
-        ShapedStore {
+    pub(crate) fn new(inner: Arc<dyn ObjectStore>, shaping: Shaping) -> Wrapped<ShapedStore> {
+        Wrapped(ShapedStore {
             inner,
             shaper: Shaper::new(shaping),
-        }
+        })
     }
 
     /// The shared shaper (its counters).
     pub(crate) fn shaper(&self) -> Arc<Shaper> {
         self.shaper.clone()
-    }
-}
-
-impl std::fmt::Display for ShapedStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ShapedStore({})", self.inner)
     }
 }
 
@@ -354,7 +349,9 @@ impl MultipartUpload for ShapedUpload {
 }
 
 #[async_trait]
-impl ObjectStore for ShapedStore {
+impl Intercept for ShapedStore {
+    deltapack_store::layer_basics!("ShapedStore");
+
     async fn put_opts(
         &self,
         location: &ObjPath,
@@ -387,26 +384,12 @@ impl ObjectStore for ShapedStore {
         let head = options.head;
         self.shaper.first_byte().await;
         let r = self.inner.get_opts(location, options).await?;
-        let (meta, range, attributes, extensions) = (
-            r.meta.clone(),
-            r.range.clone(),
-            r.attributes.clone(),
-            r.extensions.clone(),
-        );
+        let reply = ReadHead::of(&r);
         let body: BoxStream<'static, object_store::Result<Bytes>> = if head {
             futures::stream::empty().boxed()
         } else {
-            let inner = match r.payload {
-                GetResultPayload::Stream(s) => s,
-                file @ GetResultPayload::File(..) => GetResult {
-                    payload: file,
-                    meta: meta.clone(),
-                    range: range.clone(),
-                    attributes: attributes.clone(),
-                    extensions: extensions.clone(),
-                }
-                .into_stream(),
-            };
+            // A stream as it is; a file's bytes as object_store streams them.
+            let inner = r.into_stream();
             match self.shaper.connect() {
                 None => inner,
                 Some(conn) => {
@@ -423,34 +406,7 @@ impl ObjectStore for ShapedStore {
                 }
             }
         };
-        Ok(GetResult {
-            payload: GetResultPayload::Stream(body),
-            meta,
-            range,
-            attributes,
-            extensions,
-        })
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, object_store::Result<ObjPath>>,
-    ) -> BoxStream<'static, object_store::Result<ObjPath>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(
-        &self,
-        prefix: Option<&ObjPath>,
-    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    async fn list_with_delimiter(
-        &self,
-        prefix: Option<&ObjPath>,
-    ) -> object_store::Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
+        Ok(reply.stream(body))
     }
 
     async fn copy_opts(
@@ -475,12 +431,7 @@ pub(crate) fn shaped_local_store(
 ) -> Result<(Store, Arc<Shaper>)> {
     let local = object_store::local::LocalFileSystem::new_with_prefix(dir)
         .with_context(|| format!("opening {}", dir.display()))?;
-    let shaped = ShapedStore::new(
-        Arc::new(StreamedObjects {
-            inner: Arc::new(local),
-        }),
-        shaping,
-    );
+    let shaped = ShapedStore::new(Arc::new(StreamedObjects::over(Arc::new(local))), shaping);
     let shaper = shaped.shaper();
     let store = Store::from_backend(
         Backend {
@@ -797,6 +748,17 @@ mod tests {
     use object_store::memory::InMemory;
     use object_store::{GetRange, ObjectStoreExt};
 
+    /// The whole body of `key` in `store`.
+    async fn whole(store: &dyn ObjectStore, key: &ObjPath) -> Bytes {
+        store
+            .get(key)
+            .await
+            .expect("get")
+            .bytes()
+            .await
+            .expect("body")
+    }
+
     /// Simulates `conns` connections that each move `per_conn` bytes in
     /// `chunk`-byte pieces, every connection asking for its next piece the
     /// moment the previous one is through (virtual time, no sleeping).
@@ -967,13 +929,7 @@ mod tests {
         // GET: the body is paced at C (the body arrives as one chunk from
         // InMemory: it is held until its time has come).
         let t = Instant::now();
-        let body = store
-            .get(&key)
-            .await
-            .expect("get")
-            .bytes()
-            .await
-            .expect("body");
+        let body = whole(&store, &key).await;
         assert_eq!(body.len(), len);
         assert!(t.elapsed().as_secs_f64() >= min, "{:?}", t.elapsed());
         // Four concurrent ranged GETs of a quarter each: one connection
@@ -1013,13 +969,7 @@ mod tests {
         let min_parts = 0.010 + (len as f64 - 2.0 * BODY_CHUNK as f64) / 8e6;
         assert!(t.elapsed().as_secs_f64() >= min_parts, "{:?}", t.elapsed());
         up.complete().await.expect("complete");
-        let m = store
-            .get(&ObjPath::from("m"))
-            .await
-            .expect("get m")
-            .bytes()
-            .await
-            .expect("m");
+        let m = whole(&store, &ObjPath::from("m")).await;
         assert_eq!(m.len(), len);
         assert!(m[..len / 2].iter().all(|&b| b == 1) && m[len / 2..].iter().all(|&b| b == 2));
         let [requests, down, up_bytes, conns, max_open] = sh.counters();
@@ -1033,13 +983,7 @@ mod tests {
         // Shaping off: requests pass through and are not counted.
         sh.set_enabled(false);
         let before = sh.counters();
-        let body = store
-            .get(&key)
-            .await
-            .expect("get")
-            .bytes()
-            .await
-            .expect("body");
+        let body = whole(&store, &key).await;
         assert_eq!(body.len(), len);
         assert_eq!(sh.counters(), before);
     }

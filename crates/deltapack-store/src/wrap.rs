@@ -11,13 +11,17 @@
 //! layer that intercepts `get_opts` also sees every ranged read.
 
 use std::fmt;
+use std::ops::{Deref, Range};
 use std::sync::Arc;
 
+use bytes::Bytes;
 use futures::stream::BoxStream;
+use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+    Attributes, CopyOptions, Extensions, GetOptions, GetResult, GetResultPayload, ListResult,
+    MultipartUpload, ObjectMeta, ObjectStore, PutMultipartOptions, PutOptions, PutPayload,
+    PutResult, Result,
 };
 
 /// A layer in front of an object store: every method forwards to
@@ -81,6 +85,30 @@ pub trait Intercept: fmt::Debug + Send + Sync + 'static {
     }
 }
 
+/// The two methods every layer writes the same way, inside its
+/// `impl Intercept`: [`Intercept::inner`] is the layer's `inner` field (an
+/// `Arc<dyn ObjectStore>`) and [`Intercept::name`] is the given name.
+///
+/// ```ignore
+/// #[async_trait::async_trait]
+/// impl Intercept for CountGets {
+///     deltapack_store::layer_basics!("CountGets");
+///     // the overridden methods
+/// }
+/// ```
+#[macro_export]
+macro_rules! layer_basics {
+    ($name:literal) => {
+        fn inner(&self) -> &::std::sync::Arc<dyn ::object_store::ObjectStore> {
+            &self.inner
+        }
+
+        fn name(&self) -> &str {
+            $name
+        }
+    };
+}
+
 /// An [`Intercept`] layer as an [`ObjectStore`].
 #[derive(Debug)]
 pub struct Wrapped<I>(pub I);
@@ -89,6 +117,15 @@ impl<I: Intercept> Wrapped<I> {
     /// The layer as a shareable store.
     pub fn arc(layer: I) -> Arc<dyn ObjectStore> {
         Arc::new(Wrapped(layer))
+    }
+}
+
+/// The layer's own methods (its counters, its plan) through the store.
+impl<I> Deref for Wrapped<I> {
+    type Target = I;
+
+    fn deref(&self) -> &I {
+        &self.0
     }
 }
 
@@ -141,6 +178,55 @@ impl<I: Intercept> ObjectStore for Wrapped<I> {
     }
 }
 
+/// A read's answer without its body: what a layer keeps when it serves a
+/// body of its own (re-chunked, counted, delayed or damaged) under the
+/// inner store's metadata.
+#[derive(Debug, Clone)]
+pub struct ReadHead {
+    /// [`GetResult::meta`].
+    pub meta: ObjectMeta,
+    /// [`GetResult::range`].
+    pub range: Range<u64>,
+    /// [`GetResult::attributes`].
+    pub attributes: Attributes,
+    /// [`GetResult::extensions`].
+    pub extensions: Extensions,
+}
+
+impl ReadHead {
+    /// The head of `r` (its body stays in `r`).
+    pub fn of(r: &GetResult) -> ReadHead {
+        ReadHead {
+            meta: r.meta.clone(),
+            range: r.range.clone(),
+            attributes: r.attributes.clone(),
+            extensions: r.extensions.clone(),
+        }
+    }
+
+    /// The head of `r` and its whole body, read.
+    pub async fn read(r: GetResult) -> Result<(ReadHead, Bytes)> {
+        let head = ReadHead::of(&r);
+        Ok((head, r.bytes().await?))
+    }
+
+    /// The answer with `body` as its streamed body.
+    pub fn stream(self, body: BoxStream<'static, Result<Bytes>>) -> GetResult {
+        GetResult {
+            payload: GetResultPayload::Stream(body),
+            meta: self.meta,
+            range: self.range,
+            attributes: self.attributes,
+            extensions: self.extensions,
+        }
+    }
+
+    /// The answer with `body` as its one chunk.
+    pub fn once(self, body: Bytes) -> GetResult {
+        self.stream(futures::stream::once(async move { Ok(body) }).boxed())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,12 +243,8 @@ mod tests {
 
     #[async_trait::async_trait]
     impl Intercept for CountGets {
-        fn inner(&self) -> &Arc<dyn ObjectStore> {
-            &self.inner
-        }
-        fn name(&self) -> &str {
-            "CountGets"
-        }
+        crate::layer_basics!("CountGets");
+
         async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
             self.gets.fetch_add(1, Ordering::SeqCst);
             self.inner.get_opts(location, options).await

@@ -259,11 +259,7 @@ async fn measure(a: &LedgerDownArgs, work: &Path) -> Result<ExitCode> {
         restore_down_over_up: ratio,
         stored_bytes,
     };
-    std::fs::create_dir_all(&a.out)?;
-    std::fs::write(
-        a.out.join("results.json"),
-        serde_json::to_string_pretty(&results)?,
-    )?;
+    super::write_results_json(&a.out, &results)?;
     let mut md = format!(
         "# Lookup and restore with the ledger up and down\n\n\
          Request of {} tokens ({} candidate boundaries), stored root at {} tokens, \

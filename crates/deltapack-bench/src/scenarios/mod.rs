@@ -31,6 +31,17 @@ use crate::runner::{child, pin_exe, round_robin, set_wait_idle};
 use crate::shaped::Shaping;
 use crate::workload::{s3_child_url, unique, Fmt, Workload};
 
+/// Writes a study's `results.json` (pretty-printed) into `out`, creating
+/// the directory.
+pub(crate) fn write_results_json(out: &Path, results: &impl serde::Serialize) -> Result<()> {
+    std::fs::create_dir_all(out)?;
+    std::fs::write(
+        out.join("results.json"),
+        serde_json::to_string_pretty(results)?,
+    )?;
+    Ok(())
+}
+
 /// Runs a suite: the scenarios in a fresh work dir (removed afterwards
 /// unless `--keep`), then the report files under `--out` and the report on
 /// stdout.

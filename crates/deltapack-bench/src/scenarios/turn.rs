@@ -605,11 +605,7 @@ async fn measure(a: &TurnArgs, work: &Path, cli: Option<&Path>) -> Result<ExitCo
         rows,
         tail_ratio_longest_over_shortest: spread,
     };
-    std::fs::create_dir_all(&a.out)?;
-    std::fs::write(
-        a.out.join("results.json"),
-        serde_json::to_string_pretty(&results)?,
-    )?;
+    super::write_results_json(&a.out, &results)?;
     let mut md = format!(
         "# Publishing one more turn\n\n\
          Default preset, local disk, medians of {}; each row's floor is the durable write of \

@@ -44,7 +44,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::common::{deltapack, expect_code, wait_or_kill, Ended, Rng};
+use crate::common::{deltapack, expect_code, wait_or_kill, words, Ended, Rng};
 
 /// A process still running after this long is a hang: it is killed and the
 /// test fails.
@@ -235,12 +235,10 @@ fn publisher(sh: &Shared, me: usize, seed: u64) {
             }
             if with_base {
                 let b = &sh.turns[lane][t - 1];
-                args.extend(strings(&[
-                    "--base-snapshot",
-                    &b.snap,
-                    "--base-tokens",
-                    &b.tok,
-                ]));
+                args.extend(strings(&words(&format!(
+                    "--base-snapshot {} --base-tokens {}",
+                    b.snap, b.tok
+                ))));
             }
             let ran = launch(
                 sh,
@@ -311,18 +309,10 @@ fn restorer(sh: &Shared, me: usize, seed: u64) {
         let f = &sh.turns[lane][t];
         let deadline = rng.chance(0.1);
         let out = format!("work/r{me}-{n}.snap");
-        let mut args = strings(&[
-            "restore",
-            "--store",
-            &sh.store,
-            "--identity",
-            "id.json",
-            "--tokens",
-            &f.tok,
-            "--out",
-            &out,
-            "--json",
-        ]);
+        let mut args = strings(&words(&format!(
+            "restore --store {} --identity id.json --tokens {} --out {out} --json",
+            sh.store, f.tok
+        )));
         if deadline {
             args.extend(strings(&["--deadline", "15ms"]));
         }
@@ -412,22 +402,25 @@ fn collector(sh: &Shared, me: usize, seed: u64) {
                 let to = (60_000 + rng.below(140_000)).to_string();
                 (
                     "evict",
-                    strings(&[
-                        "evict", "--store", &sh.store, "--to", &to, "--grace", "0s", "--json",
-                    ]),
+                    strings(&words(&format!(
+                        "evict --store {} --to {to} --grace 0s --json",
+                        sh.store
+                    ))),
                 )
             }
             5..=7 => (
                 "prune",
-                strings(&[
-                    "prune", "--store", &sh.store, "--idle", "3s", "--grace", "0s", "--json",
-                ]),
+                strings(&words(&format!(
+                    "prune --store {} --idle 3s --grace 0s --json",
+                    sh.store
+                ))),
             ),
             _ => (
                 "ledger-rebuild",
-                strings(&[
-                    "ledger", "rebuild", "--store", &sh.store, "--grace", "0s", "--json",
-                ]),
+                strings(&words(&format!(
+                    "ledger rebuild --store {} --grace 0s --json",
+                    sh.store
+                ))),
             ),
         };
         let Ran::Exited(code, _, stderr) = launch(sh, kind, &args, &mut rng, &format!("g{me}-{n}"))
@@ -503,19 +496,11 @@ fn publishers_restorers_sweeps_and_gc_killed_at_random_lose_nothing() {
             let (snap, tok) = (format!("l{lane}t{t}.snap"), format!("l{lane}t{t}.tok"));
             expect_code(
                 &dir,
-                &[
-                    "synth",
-                    "--preset",
-                    "tiny",
-                    "--tokens",
-                    &(1024 * (t + 1)).to_string(),
-                    "--seed",
-                    &(100 + lane).to_string(),
-                    "--out",
-                    &snap,
-                    "--tokens-out",
-                    &tok,
-                ],
+                &words(&format!(
+                    "synth --preset tiny --tokens {} --seed {} --out {snap} --tokens-out {tok}",
+                    1024 * (t + 1),
+                    100 + lane
+                )),
                 0,
             );
             v.push(TurnFiles {
@@ -532,57 +517,20 @@ fn publishers_restorers_sweeps_and_gc_killed_at_random_lose_nothing() {
     let held = &turns[HELD];
     expect_code(
         &dir,
-        &[
-            "publish",
-            "--store",
-            &store,
-            "--identity",
-            "id.json",
-            "--tokens",
-            &held[0].tok,
-            "--snapshot",
-            &held[0].snap,
-            "--max-extent-bytes",
-            "4096",
-        ],
+        &words(&format!("publish --store {store} --identity id.json --tokens {} --snapshot {} --max-extent-bytes 4096", held[0].tok, held[0].snap)),
         0,
     );
     expect_code(
         &dir,
-        &[
-            "publish",
-            "--store",
-            &store,
-            "--identity",
-            "id.json",
-            "--tokens",
-            &held[1].tok,
-            "--snapshot",
-            &held[1].snap,
-            "--base-snapshot",
-            &held[0].snap,
-            "--base-tokens",
-            &held[0].tok,
-            "--format",
-            "v1",
-            "--max-extent-bytes",
-            "4096",
-        ],
+        &words(&format!("publish --store {store} --identity id.json --tokens {} --snapshot {} --base-snapshot {} --base-tokens {} --format v1 --max-extent-bytes 4096", held[1].tok, held[1].snap, held[0].snap, held[0].tok)),
         0,
     );
     expect_code(
         &dir,
-        &[
-            "hold",
-            "--store",
-            &store,
-            "--name",
-            "chaos-sentinel",
-            "--identity",
-            "id.json",
-            "--context",
-            &held[1].context,
-        ],
+        &words(&format!(
+            "hold --store {store} --name chaos-sentinel --identity id.json --context {}",
+            held[1].context
+        )),
         0,
     );
 
@@ -739,18 +687,7 @@ fn publishers_restorers_sweeps_and_gc_killed_at_random_lose_nothing() {
             let out_file = format!("work/final-{lane}-{t}.snap");
             let out = deltapack(
                 &dir,
-                &[
-                    "restore",
-                    "--store",
-                    &store,
-                    "--identity",
-                    "id.json",
-                    "--tokens",
-                    &f.tok,
-                    "--out",
-                    &out_file,
-                    "--json",
-                ],
+                &words(&format!("restore --store {store} --identity id.json --tokens {} --out {out_file} --json", f.tok)),
             );
             match out.status.code() {
                 Some(0) => {
@@ -798,9 +735,7 @@ fn publishers_restorers_sweeps_and_gc_killed_at_random_lose_nothing() {
     .expect("json");
     let rebuilt: serde_json::Value = serde_json::from_str(&expect_code(
         &dir,
-        &[
-            "ledger", "rebuild", "--store", &store, "--json", "--grace", "0s",
-        ],
+        &words(&format!("ledger rebuild --store {store} --json --grace 0s")),
         0,
     ))
     .expect("json");

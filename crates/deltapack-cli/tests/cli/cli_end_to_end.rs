@@ -11,7 +11,7 @@
 
 use std::path::PathBuf;
 
-use crate::common::expect_code;
+use crate::common::{conversation, expect_code, words, Cli};
 
 fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}):\n{text}"))
@@ -22,66 +22,17 @@ fn publish_restore_inspect_corrupt_and_demo() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
     let store_dir = dir.join("store");
-    let store = format!("file://{}", store_dir.display());
+    // Identity and two turns of one tiny conversation.
+    let store = conversation(dir, &[("a", 7, 2048), ("b", 7, 4096)]);
     let s = store.as_str();
 
-    // Identity and two turns of one tiny conversation.
-    let id = expect_code(dir, &["identity", "--example"], 0);
-    std::fs::write(dir.join("id.json"), id).expect("write id.json");
-    for (n, name) in [("2048", "a"), ("4096", "b")] {
-        expect_code(
-            dir,
-            &[
-                "synth",
-                "--preset",
-                "tiny",
-                "--seed",
-                "7",
-                "--tokens",
-                n,
-                "--out",
-                &format!("{name}.snap"),
-                "--tokens-out",
-                &format!("{name}.tok"),
-            ],
-            0,
-        );
-    }
-
     // Base (v2) via --tokens, then the delta against it.
-    let base = json(&expect_code(
-        dir,
-        &[
-            "publish",
-            "--store",
-            s,
-            "--identity",
-            "id.json",
-            "--tokens",
-            "a.tok",
-            "--snapshot",
-            "a.snap",
-            "--json",
-        ],
-        0,
-    ));
+    let base = json(&Cli(dir).ok(format!(
+        "publish --store {s} --identity id.json --tokens a.tok --snapshot a.snap --json"
+    )));
     assert_eq!(base["outcome"], "created");
-    let delta_args = [
-        "publish",
-        "--store",
-        s,
-        "--identity",
-        "id.json",
-        "--tokens",
-        "b.tok",
-        "--snapshot",
-        "b.snap",
-        "--base-snapshot",
-        "a.snap",
-        "--base-tokens",
-        "a.tok",
-        "--json",
-    ];
+    let delta_args_line = format!("publish --store {s} --identity id.json --tokens b.tok --snapshot b.snap --base-snapshot a.snap --base-tokens a.tok --json");
+    let delta_args = words(&delta_args_line);
     let delta = json(&expect_code(dir, &delta_args, 0));
     assert_eq!(delta["outcome"], "created");
     // A delta records its chain and its layered digest (v2.2): here one
@@ -97,19 +48,9 @@ fn publish_restore_inspect_corrupt_and_demo() {
     longer.extend((0..300u32).flat_map(|t| (t + 11).to_le_bytes()));
     std::fs::write(dir.join("longer.tok"), &longer).expect("write longer.tok");
     let lookup = |tok: &str, code: i32| {
-        json(&expect_code(
-            dir,
-            &[
-                "lookup",
-                "--store",
-                s,
-                "--identity",
-                "id.json",
-                "--tokens",
-                tok,
-                "--json",
-            ],
+        json(&Cli(dir).code(
             code,
+            format!("lookup --store {s} --identity id.json --tokens {tok} --json"),
         ))
     };
     let hit = lookup("longer.tok", 0);
@@ -125,22 +66,9 @@ fn publish_restore_inspect_corrupt_and_demo() {
     assert_eq!(lookup("other.tok", 3)["outcome"], "miss");
 
     // Restore to a file: bit-exact.
-    let restored = json(&expect_code(
-        dir,
-        &[
-            "restore",
-            "--store",
-            s,
-            "--identity",
-            "id.json",
-            "--tokens",
-            "b.tok",
-            "--out",
-            "restored.snap",
-            "--json",
-        ],
-        0,
-    ));
+    let restored = json(&Cli(dir).ok(format!(
+        "restore --store {s} --identity id.json --tokens b.tok --out restored.snap --json"
+    )));
     assert_eq!(restored["outcome"], "hit");
     assert_eq!(
         std::fs::read(dir.join("restored.snap")).expect("restored file"),
@@ -154,46 +82,13 @@ fn publish_restore_inspect_corrupt_and_demo() {
     assert_eq!(again["outcome"], "already-present");
 
     // A v1 root of another context (another conversation).
-    expect_code(
-        dir,
-        &[
-            "synth",
-            "--preset",
-            "tiny",
-            "--seed",
-            "8",
-            "--tokens",
-            "1024",
-            "--out",
-            "c.snap",
-            "--tokens-out",
-            "c.tok",
-        ],
-        0,
-    );
-    let v1 = json(&expect_code(
-        dir,
-        &[
-            "publish",
-            "--store",
-            s,
-            "--identity",
-            "id.json",
-            "--tokens",
-            "c.tok",
-            "--snapshot",
-            "c.snap",
-            "--format",
-            "v1",
-            "--json",
-        ],
-        0,
-    ));
+    Cli(dir).ok("synth --preset tiny --seed 8 --tokens 1024 --out c.snap --tokens-out c.tok");
+    let v1 = json(&Cli(dir).ok(format!("publish --store {s} --identity id.json --tokens c.tok --snapshot c.snap --format v1 --json")));
     assert_eq!(v1["outcome"], "created");
     assert_eq!(v1["schema"], "deltapack-page-delta-manifest/v1");
 
     // inspect --json lists all three roots.
-    let roots = json(&expect_code(dir, &["inspect", "--store", s, "--json"], 0));
+    let roots = json(&Cli(dir).ok(format!("inspect --store {s} --json")));
     let roots = roots.as_array().expect("inspect --json is an array");
     assert_eq!(roots.len(), 3, "{roots:?}");
     let schemas: Vec<&str> = roots.iter().filter_map(|r| r["schema"].as_str()).collect();
@@ -209,11 +104,7 @@ fn publish_restore_inspect_corrupt_and_demo() {
 
     // Corrupt the delta's stored object: flip one byte of the file that
     // `inspect --context` names (the largest file under objects/blake3).
-    let detail = json(&expect_code(
-        dir,
-        &["inspect", "--store", s, "--context", &delta_ctx, "--json"],
-        0,
-    ));
+    let detail = json(&Cli(dir).ok(format!("inspect --store {s} --context {delta_ctx} --json")));
     let objects = detail["objects"].as_array().expect("objects");
     let victim: PathBuf = objects
         .iter()
@@ -227,22 +118,7 @@ fn publish_restore_inspect_corrupt_and_demo() {
     bytes[mid] ^= 0x01;
     std::fs::write(&victim, bytes).expect("write corrupted object");
     let _ = std::fs::remove_file(dir.join("restored.snap"));
-    let miss = json(&expect_code(
-        dir,
-        &[
-            "restore",
-            "--store",
-            s,
-            "--identity",
-            "id.json",
-            "--context",
-            &delta_ctx,
-            "--out",
-            "restored.snap",
-            "--json",
-        ],
-        3,
-    ));
+    let miss = json(&Cli(dir).code(3, format!("restore --store {s} --identity id.json --context {delta_ctx} --out restored.snap --json")));
     assert_eq!(miss["reason"], "corrupt", "{miss}");
     assert!(
         !dir.join("restored.snap").exists(),
@@ -251,32 +127,16 @@ fn publish_restore_inspect_corrupt_and_demo() {
 
     // Unknown context: absent.
     let zeros = "0".repeat(64);
-    let absent = json(&expect_code(
-        dir,
-        &[
-            "restore",
-            "--store",
-            s,
-            "--identity",
-            "id.json",
-            "--context",
-            &zeros,
-            "--out",
-            "x.snap",
-            "--json",
-        ],
+    let absent = json(&Cli(dir).code(
         3,
+        format!("restore --store {s} --identity id.json --context {zeros} --out x.snap --json"),
     ));
     assert_eq!(absent["reason"], "absent");
 
     // The restore quarantined the damaged object; the sweep finds the delta
     // root now needs a missing object, invalidates it (exit 4), and a second
     // sweep (`verify` alias) is clean.
-    let sweep = json(&expect_code(
-        dir,
-        &["sweep", "--store", s, "--grace", "0s", "--json"],
-        4,
-    ));
+    let sweep = json(&Cli(dir).code(4, format!("sweep --store {s} --grace 0s --json")));
     assert_eq!(
         sweep["missing"].as_array().map(Vec::len),
         Some(1),
@@ -284,11 +144,7 @@ fn publish_restore_inspect_corrupt_and_demo() {
     );
     let invalidated = sweep["invalidated_roots"].to_string();
     assert!(invalidated.contains(&delta_ctx), "{sweep}");
-    let clean = json(&expect_code(
-        dir,
-        &["verify", "--store", s, "--grace", "0s", "--json"],
-        0,
-    ));
+    let clean = json(&Cli(dir).ok(format!("verify --store {s} --grace 0s --json")));
     assert_eq!(
         clean["corrupt"].as_array().map(Vec::len),
         Some(0),
@@ -301,26 +157,13 @@ fn publish_restore_inspect_corrupt_and_demo() {
     );
 
     // Usage error: missing --store.
-    expect_code(
-        dir,
-        &[
-            "restore",
-            "--identity",
-            "id.json",
-            "--context",
-            &zeros,
-            "--out",
-            "x.snap",
-        ],
+    Cli(dir).code(
         2,
+        format!("restore --identity id.json --context {zeros} --out x.snap"),
     );
 
     // The demo, end to end on its own store.
     let demo_store = format!("file://{}", dir.join("demo").display());
-    let out = expect_code(
-        dir,
-        &["demo", "--preset", "tiny", "--store", &demo_store],
-        0,
-    );
+    let out = Cli(dir).ok(format!("demo --preset tiny --store {demo_store}"));
     assert!(out.contains("verified"), "{out}");
 }

@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::common::expect_code;
+use crate::common::{expect_code, words};
 
 /// The secret of the fixture sets' keyed roots (fixtures/README.md).
 const FIXTURE_SECRET: &str = "deltapack-fixture-secret-2026-11";
@@ -140,14 +140,10 @@ fn fixture_sets_pass_and_are_not_changed() {
         let dir = w.set(set);
         let before = listing(&dir);
         let out = w.run(
-            &[
-                "compat",
-                "fixtures",
-                dir.to_str().expect("utf-8"),
-                "--root-key-file",
-                &key,
-                "--json",
-            ],
+            &words(&format!(
+                "compat fixtures {} --root-key-file {key} --json",
+                dir.to_str().expect("utf-8")
+            )),
             0,
         );
         let got = lines(&out);
@@ -166,14 +162,10 @@ fn fixture_sets_pass_and_are_not_changed() {
             assert_eq!(g["mac"], mac, "{g}");
         }
         let out = w.run(
-            &[
-                "compat",
-                "check",
-                "--store",
-                &w.store(set),
-                "--root-key-file",
-                &key,
-            ],
+            &words(&format!(
+                "compat check --store {} --root-key-file {key}",
+                w.store(set)
+            )),
             0,
         );
         assert!(
@@ -211,15 +203,10 @@ fn a_flipped_object_byte_names_the_root_and_the_object() {
         let object = store_key(&store_dir, &victim);
         let before = listing(&w.set(set));
         let out = w.run(
-            &[
-                "compat",
-                "check",
-                "--store",
-                &w.store(set),
-                "--root-key-file",
-                &key,
-                "--json",
-            ],
+            &words(&format!(
+                "compat check --store {} --root-key-file {key} --json",
+                w.store(set)
+            )),
             3,
         );
         let got = lines(&out);
@@ -244,14 +231,10 @@ fn a_flipped_object_byte_names_the_root_and_the_object() {
         assert!(got.iter().any(|r| r["status"] == "ok"), "{out}");
         // The fixture check blames the same object.
         let out = w.run(
-            &[
-                "compat",
-                "fixtures",
-                w.set(set).to_str().expect("utf-8"),
-                "--root-key-file",
-                &key,
-                "--json",
-            ],
+            &words(&format!(
+                "compat fixtures {} --root-key-file {key} --json",
+                w.set(set).to_str().expect("utf-8")
+            )),
             3,
         );
         assert!(
@@ -263,16 +246,11 @@ fn a_flipped_object_byte_names_the_root_and_the_object() {
         // A baseline is never recorded over a failing root.
         let out_file = w.dir().join(format!("{set}-expect.json"));
         w.run(
-            &[
-                "compat",
-                "record",
-                "--store",
-                &w.store(set),
-                "--out",
-                out_file.to_str().expect("utf-8"),
-                "--root-key-file",
-                &key,
-            ],
+            &words(&format!(
+                "compat record --store {} --out {} --root-key-file {key}",
+                w.store(set),
+                out_file.to_str().expect("utf-8")
+            )),
             3,
         );
         assert!(!out_file.exists(), "record wrote a failing baseline");
@@ -297,15 +275,11 @@ fn a_flipped_root_byte_names_the_root() {
     let root = store_key(&store_dir, &victim);
     let before = listing(&w.set(set));
     let out = w.run(
-        &[
-            "compat",
-            "check",
-            "--store",
-            &w.store(set),
-            "--root-key-file",
-            &w.key(),
-            "--json",
-        ],
+        &words(&format!(
+            "compat check --store {} --root-key-file {} --json",
+            w.store(set),
+            w.key()
+        )),
         3,
     );
     let got = lines(&out);
@@ -323,14 +297,11 @@ fn a_flipped_root_byte_names_the_root() {
     );
     // The text output names it too.
     let out = w.run(
-        &[
-            "compat",
-            "check",
-            "--store",
-            &w.store(set),
-            "--root-key-file",
-            &w.key(),
-        ],
+        &words(&format!(
+            "compat check --store {} --root-key-file {}",
+            w.store(set),
+            w.key()
+        )),
         3,
     );
     let ctx = Path::new(&root).file_name().expect("ctx").to_string_lossy();
@@ -351,16 +322,9 @@ fn record_then_expect_round_trips_and_a_wrong_digest_fails() {
     let exp_s = exp.to_str().expect("utf-8");
     let before = listing(&w.set(set));
     w.run(
-        &[
-            "compat",
-            "record",
-            "--store",
-            &store,
-            "--out",
-            exp_s,
-            "--root-key-file",
-            &key,
-        ],
+        &words(&format!(
+            "compat record --store {store} --out {exp_s} --root-key-file {key}"
+        )),
         0,
     );
     let recorded: serde_json::Value =
@@ -378,17 +342,9 @@ fn record_then_expect_round_trips_and_a_wrong_digest_fails() {
     }
     assert_eq!(roots.len(), 8);
     let out = w.run(
-        &[
-            "compat",
-            "check",
-            "--store",
-            &store,
-            "--expect",
-            exp_s,
-            "--root-key-file",
-            &key,
-            "--json",
-        ],
+        &words(&format!(
+            "compat check --store {store} --expect {exp_s} --root-key-file {key} --json"
+        )),
         0,
     );
     assert!(
@@ -412,17 +368,10 @@ fn record_then_expect_round_trips_and_a_wrong_digest_fails() {
     let bad = w.dir().join("wrong.json");
     std::fs::write(&bad, serde_json::to_vec_pretty(&wrong).expect("json")).expect("write");
     let out = w.run(
-        &[
-            "compat",
-            "check",
-            "--store",
-            &store,
-            "--expect",
-            bad.to_str().expect("utf-8"),
-            "--root-key-file",
-            &key,
-            "--json",
-        ],
+        &words(&format!(
+            "compat check --store {store} --expect {} --root-key-file {key} --json",
+            bad.to_str().expect("utf-8")
+        )),
         3,
     );
     let failed: Vec<_> = lines(&out)
@@ -444,17 +393,10 @@ fn record_then_expect_round_trips_and_a_wrong_digest_fails() {
     });
     std::fs::write(&bad, serde_json::to_vec_pretty(&extra).expect("json")).expect("write");
     let out = w.run(
-        &[
-            "compat",
-            "check",
-            "--store",
-            &store,
-            "--expect",
-            bad.to_str().expect("utf-8"),
-            "--root-key-file",
-            &key,
-            "--json",
-        ],
+        &words(&format!(
+            "compat check --store {store} --expect {} --root-key-file {key} --json",
+            bad.to_str().expect("utf-8")
+        )),
         3,
     );
     assert!(
@@ -467,25 +409,19 @@ fn record_then_expect_round_trips_and_a_wrong_digest_fails() {
     // A file that is not an expect file is an error (exit 1), not a pass.
     std::fs::write(&bad, br#"{"roots": {}}"#).expect("write");
     w.run(
-        &[
-            "compat",
-            "check",
-            "--store",
-            &store,
-            "--expect",
-            bad.to_str().expect("utf-8"),
-        ],
+        &words(&format!(
+            "compat check --store {store} --expect {}",
+            bad.to_str().expect("utf-8")
+        )),
         1,
     );
     // An unreachable store is an error too.
     let missing = w.dir().join("no-such-store");
     w.run(
-        &[
-            "compat",
-            "check",
-            "--store",
-            missing.to_str().expect("utf-8"),
-        ],
+        &words(&format!(
+            "compat check --store {}",
+            missing.to_str().expect("utf-8")
+        )),
         1,
     );
     assert!(!missing.exists(), "a check must not create a store");
@@ -515,29 +451,18 @@ fn freeze_writes_a_set_that_compat_fixtures_passes() {
     let frozen_s = frozen.to_str().expect("utf-8");
     let identity = w.set(set).join("inputs/identity-chain.json");
     w.run(
-        &[
-            "compat",
-            "freeze",
-            frozen_s,
-            "--store",
-            &w.store(set),
-            "--root-key-file",
-            &key,
-            "--identity",
-            identity.to_str().expect("utf-8"),
-        ],
+        &words(&format!(
+            "compat freeze {frozen_s} --store {} --root-key-file {key} --identity {}",
+            w.store(set),
+            identity.to_str().expect("utf-8")
+        )),
         0,
     );
     assert!(frozen.join("expected.json").is_file());
     let out = w.run(
-        &[
-            "compat",
-            "fixtures",
-            frozen_s,
-            "--root-key-file",
-            &key,
-            "--json",
-        ],
+        &words(&format!(
+            "compat fixtures {frozen_s} --root-key-file {key} --json"
+        )),
         0,
     );
     let got = lines(&out);
@@ -580,15 +505,10 @@ fn freeze_writes_a_set_that_compat_fixtures_passes() {
     // A second freeze into the non-empty directory is refused.
     let frozen_before = listing(&frozen);
     w.run(
-        &[
-            "compat",
-            "freeze",
-            frozen_s,
-            "--store",
-            &w.store(set),
-            "--root-key-file",
-            &key,
-        ],
+        &words(&format!(
+            "compat freeze {frozen_s} --store {} --root-key-file {key}",
+            w.store(set)
+        )),
         1,
     );
     assert!(

@@ -10,6 +10,7 @@
 //! key named and nothing opened; and the store URL itself may come from any
 //! of the three.
 
+use crate::common::words;
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -99,15 +100,7 @@ fn flag_beats_env_beats_file_beats_default() {
     ];
     let v = ok_json(
         dir,
-        &[
-            "config",
-            "show",
-            "--budget",
-            "2GiB",
-            "--part-bytes",
-            "6MiB",
-            "--json",
-        ],
+        &words("config show --budget 2GiB --part-bytes 6MiB --json"),
         &env,
     );
     assert_eq!(setting(&v, "parts-in-flight"), ("9".into(), "env".into()));
@@ -181,19 +174,9 @@ fn bad_files_and_units_are_refused_and_nothing_is_opened() {
     // Units on flags: accepted with units, usage errors (exit 2) without.
     let v = ok_json(
         dir,
-        &[
-            "config",
-            "show",
-            "--store",
-            &store,
-            "--budget",
-            "1.5TB",
-            "--grace",
-            "1h30m",
-            "--min-free",
-            "10GiB",
-            "--json",
-        ],
+        &words(&format!(
+            "config show --store {store} --budget 1.5TB --grace 1h30m --min-free 10GiB --json"
+        )),
         &[],
     );
     assert_eq!(setting(&v, "budget").0, "1.4 TiB (1500000000000 bytes)");

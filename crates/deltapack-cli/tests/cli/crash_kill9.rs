@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::mix;
+use crate::common::{mix, words};
 
 fn bin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_deltapack"));
@@ -48,52 +48,22 @@ fn publish_killed_at_random_moments_never_tears() {
     // 4 KiB extents so a publication takes many fsync'd writes).
     run_ok(
         dir,
-        &[
-            "synth",
-            "--preset",
-            "tiny",
-            "--tokens",
-            "2048",
-            "--seed",
-            "9",
-            "--out",
-            "base.snap",
-            "--tokens-out",
-            "base.tok",
-        ],
+        &words("synth --preset tiny --tokens 2048 --seed 9 --out base.snap --tokens-out base.tok"),
     );
     run_ok(
         dir,
-        &[
-            "publish",
-            "--store",
-            &store,
-            "--identity",
-            "id.json",
-            "--tokens",
-            "base.tok",
-            "--snapshot",
-            "base.snap",
-        ],
+        &words(&format!(
+            "publish --store {store} --identity id.json --tokens base.tok --snapshot base.snap"
+        )),
     );
     let variants = 8u64;
     for v in 0..variants {
         let n = (16384 + 2048 * v).to_string();
         run_ok(
             dir,
-            &[
-                "synth",
-                "--preset",
-                "tiny",
-                "--tokens",
-                &n,
-                "--seed",
-                "9",
-                "--out",
-                &format!("r{v}.snap"),
-                "--tokens-out",
-                &format!("r{v}.tok"),
-            ],
+            &words(&format!(
+                "synth --preset tiny --tokens {n} --seed 9 --out r{v}.snap --tokens-out r{v}.tok"
+            )),
         );
     }
     let publish_args = |v: u64| -> Vec<String> {
@@ -128,17 +98,9 @@ fn publish_killed_at_random_moments_never_tears() {
     timing_args[2] = scratch.clone();
     run_ok(
         dir,
-        &[
-            "publish",
-            "--store",
-            &scratch,
-            "--identity",
-            "id.json",
-            "--tokens",
-            "base.tok",
-            "--snapshot",
-            "base.snap",
-        ],
+        &words(&format!(
+            "publish --store {scratch} --identity id.json --tokens base.tok --snapshot base.snap"
+        )),
     );
     let t = Instant::now();
     let targs: Vec<&str> = timing_args.iter().map(String::as_str).collect();
@@ -217,18 +179,7 @@ fn publish_killed_at_random_moments_never_tears() {
     let mut restorable = 0;
     for v in 0..variants {
         let out = bin()
-            .args([
-                "restore",
-                "--store",
-                &store,
-                "--identity",
-                "id.json",
-                "--tokens",
-                &format!("r{v}.tok"),
-                "--out",
-                &format!("out{v}.snap"),
-                "--json",
-            ])
+            .args(words(&format!("restore --store {store} --identity id.json --tokens r{v}.tok --out out{v}.snap --json")))
             .current_dir(dir)
             .output()
             .expect("restore");

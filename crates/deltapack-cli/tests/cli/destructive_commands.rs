@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use crate::common::expect_code;
+use crate::common::{conversation, expect_code, words, Cli};
 
 /// Every file below `dir`, sorted.
 fn files(dir: &Path) -> Vec<String> {
@@ -33,104 +33,44 @@ fn files(dir: &Path) -> Vec<String> {
 fn only_clear_with_yes_empties_a_store() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
-    let store = format!("file://{}", dir.join("store").display());
+    let store = conversation(dir, &[("a", 3, 2048)]);
     let s = store.as_str();
-    let id = expect_code(dir, &["identity", "--example"], 0);
-    std::fs::write(dir.join("id.json"), id).expect("id");
-    expect_code(
-        dir,
-        &[
-            "synth",
-            "--preset",
-            "tiny",
-            "--seed",
-            "3",
-            "--tokens",
-            "2048",
-            "--out",
-            "a.snap",
-            "--tokens-out",
-            "a.tok",
-        ],
-        0,
-    );
-    expect_code(
-        dir,
-        &[
-            "publish",
-            "--store",
-            s,
-            "--identity",
-            "id.json",
-            "--tokens",
-            "a.tok",
-            "--snapshot",
-            "a.snap",
-        ],
-        0,
-    );
+    Cli(dir).ok(format!(
+        "publish --store {s} --identity id.json --tokens a.tok --snapshot a.snap"
+    ));
     let before = files(&dir.join("store"));
     assert!(before.iter().any(|f| f.starts_with("roots/")), "{before:?}");
 
     // No command accepts a cold-start policy that deletes: a usage error
     // (exit 2) before the store is opened, and nothing changes.
-    let restore = [
-        "restore",
-        "--store",
-        s,
-        "--identity",
-        "id.json",
-        "--tokens",
-        "a.tok",
-        "--out",
-        "r.snap",
-        "--cold-start",
-        "clear",
-    ];
+    let restore_line = format!(
+        "restore --store {s} --identity id.json --tokens a.tok --out r.snap --cold-start clear"
+    );
+    let restore = words(&restore_line);
     expect_code(dir, &restore, 2);
-    let publish = [
-        "publish",
-        "--store",
-        s,
-        "--identity",
-        "id.json",
-        "--tokens",
-        "a.tok",
-        "--snapshot",
-        "a.snap",
-        "--cold-start",
-        "clear",
-    ];
+    let publish_line = format!("publish --store {s} --identity id.json --tokens a.tok --snapshot a.snap --cold-start clear");
+    let publish = words(&publish_line);
     expect_code(dir, &publish, 2);
-    expect_code(dir, &["stats", "--store", s, "--cold-start", "clear"], 2);
+    Cli(dir).code(2, format!("stats --store {s} --cold-start clear"));
     assert_eq!(
         files(&dir.join("store")),
         before,
         "refused commands change nothing"
     );
     // The policies that do not delete still work.
-    let restore_rebuild = [
-        "restore",
-        "--store",
-        s,
-        "--identity",
-        "id.json",
-        "--tokens",
-        "a.tok",
-        "--out",
-        "r.snap",
-        "--cold-start",
-        "rebuild",
-    ];
+    let restore_rebuild_line = format!(
+        "restore --store {s} --identity id.json --tokens a.tok --out r.snap --cold-start rebuild"
+    );
+    let restore_rebuild = words(&restore_rebuild_line);
     expect_code(dir, &restore_rebuild, 0);
     assert_eq!(files(&dir.join("store")), before);
 
     // `clear` without --yes refuses (exit 2), a dry run needs no --yes and
     // changes nothing, and `clear --yes` empties the store.
-    expect_code(dir, &["clear", "--store", s], 2);
-    expect_code(dir, &["clear", "--store", s, "--dry-run"], 0);
+    Cli(dir).code(2, format!("clear --store {s}"));
+    Cli(dir).ok(format!("clear --store {s} --dry-run"));
     assert_eq!(files(&dir.join("store")), before);
-    expect_code(dir, &["clear", "--store", s, "--yes"], 0);
+    Cli(dir).ok(format!("clear --store {s} --yes"));
     assert!(
         !files(&dir.join("store"))
             .iter()

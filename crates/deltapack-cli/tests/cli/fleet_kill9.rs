@@ -24,7 +24,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{mix, wait_or_kill, Ended};
+use crate::common::{mix, wait_or_kill, words, Ended};
 
 const CONTEXTS: u64 = 6;
 const ROUNDS: u64 = 8;
@@ -100,19 +100,7 @@ fn fleet_nodes_killed_mid_publication_and_mid_gc_lose_nothing() {
         let tokens = (2048 + 1024 * (k % 2)).to_string();
         let (code, _) = run(
             dir,
-            &strs(&[
-                "synth",
-                "--preset",
-                "tiny",
-                "--tokens",
-                &tokens,
-                "--seed",
-                &seed,
-                "--out",
-                &format!("c{k}.snap"),
-                "--tokens-out",
-                &format!("c{k}.tok"),
-            ]),
+            &strs(&words(&format!("synth --preset tiny --tokens {tokens} --seed {seed} --out c{k}.snap --tokens-out c{k}.tok"))),
             &ledger,
             None,
         );
@@ -120,23 +108,7 @@ fn fleet_nodes_killed_mid_publication_and_mid_gc_lose_nothing() {
         snaps.push(std::fs::read(dir.join(format!("c{k}.snap"))).expect("snap"));
     }
     let publish = |k: u64| {
-        let mut a = strs(&[
-            "publish",
-            "--store",
-            &store,
-            "--identity",
-            "id.json",
-            "--tokens",
-            &format!("c{k}.tok"),
-            "--snapshot",
-            &format!("c{k}.snap"),
-            "--budget",
-            "90000",
-            "--grace",
-            "0s",
-            "--max-extent-bytes",
-            "4096",
-        ]);
+        let mut a = strs(&words(&format!("publish --store {store} --identity id.json --tokens c{k}.tok --snapshot c{k}.snap --budget 90000 --grace 0s --max-extent-bytes 4096")));
         if k % 2 == 1 {
             a.extend(strs(&[
                 "--base-snapshot",
@@ -148,18 +120,9 @@ fn fleet_nodes_killed_mid_publication_and_mid_gc_lose_nothing() {
         a
     };
     let restore = |k: u64, out: &str| {
-        strs(&[
-            "restore",
-            "--store",
-            &store,
-            "--identity",
-            "id.json",
-            "--tokens",
-            &format!("c{k}.tok"),
-            "--out",
-            out,
-            "--json",
-        ])
+        strs(&words(&format!(
+            "restore --store {store} --identity id.json --tokens c{k}.tok --out {out} --json"
+        )))
     };
     let check_restore = |k: u64, code: Option<i32>, out: &str, stdout: &str, during: bool| {
         match code {
@@ -244,9 +207,9 @@ fn fleet_nodes_killed_mid_publication_and_mid_gc_lose_nothing() {
     // A last collection finishes whatever killed collectors left.
     let (code, _) = run(
         dir,
-        &strs(&[
-            "evict", "--store", &store, "--to", "1000000", "--grace", "0s",
-        ]),
+        &strs(&words(&format!(
+            "evict --store {store} --to 1000000 --grace 0s"
+        ))),
         &ledger,
         None,
     );
@@ -265,9 +228,9 @@ fn fleet_nodes_killed_mid_publication_and_mid_gc_lose_nothing() {
     assert_eq!(code, Some(0));
     let (code, rebuilt) = run(
         dir,
-        &strs(&[
-            "ledger", "rebuild", "--store", &store, "--json", "--grace", "0s",
-        ]),
+        &strs(&words(&format!(
+            "ledger rebuild --store {store} --json --grace 0s"
+        ))),
         &ledger,
         None,
     );

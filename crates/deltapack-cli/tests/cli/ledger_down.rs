@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use crate::common::{deltapack, expect_code};
+use crate::common::{deltapack, expect_code, words};
 
 fn run(dir: &Path, args: &[&str]) -> (i32, String, String) {
     let out = deltapack(dir, args);
@@ -35,49 +35,17 @@ fn lookup_and_restore_answer_from_the_store_when_the_ledger_is_unreadable() {
     for (n, name) in [("2048", "a"), ("4096", "b")] {
         ok(
             d,
-            &[
-                "synth",
-                "--preset",
-                "tiny",
-                "--tokens",
-                n,
-                "--seed",
-                "5",
-                "--out",
-                &format!("{name}.snap"),
-                "--tokens-out",
-                &format!("{name}.tok"),
-            ],
+            &words(&format!("synth --preset tiny --tokens {n} --seed 5 --out {name}.snap --tokens-out {name}.tok")),
         );
     }
     ok(
         d,
-        &[
-            "publish",
-            "--store",
-            &store,
-            "--ledger",
-            &ledger,
-            "--identity",
-            "id.json",
-            "--tokens",
-            "a.tok",
-            "--snapshot",
-            "a.snap",
-        ],
+        &words(&format!("publish --store {store} --ledger {ledger} --identity id.json --tokens a.tok --snapshot a.snap")),
     );
-    let lookup = [
-        "lookup",
-        "--store",
-        &store,
-        "--ledger",
-        &ledger,
-        "--identity",
-        "id.json",
-        "--tokens",
-        "b.tok",
-        "--json",
-    ];
+    let lookup_line = format!(
+        "lookup --store {store} --ledger {ledger} --identity id.json --tokens b.tok --json"
+    );
+    let lookup = words(&lookup_line);
     let up: serde_json::Value = serde_json::from_str(&ok(d, &lookup)).expect("json");
     assert_eq!(up["outcome"], "hit", "{up}");
     assert_eq!(up["source"], "ledger", "{up}");
@@ -96,19 +64,7 @@ fn lookup_and_restore_answer_from_the_store_when_the_ledger_is_unreadable() {
     assert_eq!(down["boundary"], up["boundary"], "{down}");
     ok(
         d,
-        &[
-            "restore",
-            "--store",
-            &store,
-            "--ledger",
-            &ledger,
-            "--identity",
-            "id.json",
-            "--tokens",
-            "a.tok",
-            "--out",
-            "r.snap",
-        ],
+        &words(&format!("restore --store {store} --ledger {ledger} --identity id.json --tokens a.tok --out r.snap")),
     );
     assert_eq!(
         std::fs::read(d.join("r.snap")).expect("restored"),
@@ -116,20 +72,7 @@ fn lookup_and_restore_answer_from_the_store_when_the_ledger_is_unreadable() {
     );
     let (code, _, err) = run(
         d,
-        &[
-            "publish",
-            "--store",
-            &store,
-            "--ledger",
-            &ledger,
-            "--identity",
-            "id.json",
-            "--tokens",
-            "b.tok",
-            "--snapshot",
-            "b.snap",
-            "--json",
-        ],
+        &words(&format!("publish --store {store} --ledger {ledger} --identity id.json --tokens b.tok --snapshot b.snap --json")),
     );
     assert_eq!(code, 1, "{err}");
     let e: serde_json::Value = serde_json::from_str(err.trim()).expect("one JSON error");

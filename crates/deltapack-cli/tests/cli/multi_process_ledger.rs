@@ -6,6 +6,7 @@
 //! one rebuilt from the store, it agrees with the bytes on disk, and the
 //! budget held.
 
+use crate::common::words;
 use std::path::Path;
 use std::process::Command;
 
@@ -141,19 +142,7 @@ fn hammer(dir: &Path, store: &str, ledger: Option<&str>) -> serde_json::Value {
             let seed = (40 + lane).to_string();
             let (c, _) = run(
                 dir,
-                &[
-                    "synth",
-                    "--preset",
-                    "tiny",
-                    "--tokens",
-                    &n,
-                    "--seed",
-                    &seed,
-                    "--out",
-                    &format!("l{lane}t{t}.snap"),
-                    "--tokens-out",
-                    &format!("l{lane}t{t}.tok"),
-                ],
+                &words(&format!("synth --preset tiny --tokens {n} --seed {seed} --out l{lane}t{t}.snap --tokens-out l{lane}t{t}.tok")),
             );
             assert_eq!(c, 0);
         }
@@ -257,9 +246,9 @@ fn hammer(dir: &Path, store: &str, ledger: Option<&str>) -> serde_json::Value {
     );
     let (c, shown) = run_l(&["ledger", "show", "--store", &store, "--json"]);
     assert_eq!(c, 0);
-    let (c, rebuilt) = run_l(&[
-        "ledger", "rebuild", "--store", &store, "--json", "--grace", "0s",
-    ]);
+    let (c, rebuilt) = run_l(&words(&format!(
+        "ledger rebuild --store {store} --json --grace 0s"
+    )));
     assert_eq!(c, 0);
     let shown: serde_json::Value = serde_json::from_str(&shown).expect("json");
     let rebuilt: serde_json::Value = serde_json::from_str(&rebuilt).expect("json");

@@ -12,6 +12,7 @@
 //! its publication survives A's collection. Real processes, real moto, real
 //! SQLite files under two `DELTAPACK_STATE_DIR`s.
 
+use crate::common::words;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -77,52 +78,21 @@ fn two_default_ledgers_on_one_bucket_lose_nothing() {
     ok(
         d,
         &sa,
-        &[
-            "synth",
-            "--preset",
-            "tiny",
-            "--tokens",
-            "2048",
-            "--seed",
-            "3",
-            "--out",
-            "t.snap",
-            "--tokens-out",
-            "t.tok",
-        ],
+        &words("synth --preset tiny --tokens 2048 --seed 3 --out t.snap --tokens-out t.tok"),
     );
-    let publish = [
-        "publish",
-        "--store",
-        &store,
-        "--identity",
-        "id.json",
-        "--tokens",
-        "t.tok",
-        "--snapshot",
-        "t.snap",
-        "--json",
-    ];
-    let restore = [
-        "restore",
-        "--store",
-        &store,
-        "--identity",
-        "id.json",
-        "--tokens",
-        "t.tok",
-        "--out",
-        "r.snap",
-        "--json",
-    ];
+    let publish_line = format!(
+        "publish --store {store} --identity id.json --tokens t.tok --snapshot t.snap --json"
+    );
+    let publish = words(&publish_line);
+    let restore_line =
+        format!("restore --store {store} --identity id.json --tokens t.tok --out r.snap --json");
+    let restore = words(&restore_line);
     // A publishes, then evicts everything (objects condemned, grace 2 s).
     ok(d, &sa, &publish);
     ok(
         d,
         &sa,
-        &[
-            "evict", "--store", &store, "--to", "0", "--grace", "2s", "--json",
-        ],
+        &words(&format!("evict --store {store} --to 0 --grace 2s --json")),
     );
     // B, with a ledger of its own, is refused and writes nothing.
     let (code, _, err) = run(d, &sb, &publish);
@@ -153,9 +123,9 @@ fn two_default_ledgers_on_one_bucket_lose_nothing() {
     ok(
         d,
         &sa,
-        &[
-            "evict", "--store", &store, "--to", "100GiB", "--grace", "2s", "--json",
-        ],
+        &words(&format!(
+            "evict --store {store} --to 100GiB --grace 2s --json"
+        )),
     );
     let (code, out, err) = run(d, &sa, &restore);
     assert_eq!(code, 3, "{out} {err}");
@@ -172,9 +142,9 @@ fn two_default_ledgers_on_one_bucket_lose_nothing() {
     ok(
         d,
         &sa,
-        &[
-            "evict", "--store", &store, "--to", "100GiB", "--grace", "2s", "--json",
-        ],
+        &words(&format!(
+            "evict --store {store} --to 100GiB --grace 2s --json"
+        )),
     );
     let third = d.join("state-c");
     ok(d, &third, &restore);
@@ -200,14 +170,9 @@ fn two_default_ledgers_on_one_bucket_lose_nothing() {
     let adopted: serde_json::Value = serde_json::from_str(&ok(
         d,
         &sa,
-        &[
-            "ledger",
-            "adopt",
-            "--store",
-            &store,
-            "--old-owner-gone",
-            "--json",
-        ],
+        &words(&format!(
+            "ledger adopt --store {store} --old-owner-gone --json"
+        )),
     ))
     .expect("json");
     assert_eq!(adopted["changed"], true, "{adopted}");

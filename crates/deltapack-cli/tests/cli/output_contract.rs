@@ -13,7 +13,7 @@
 
 use std::path::Path;
 
-use crate::common::{deltapack, expect_code};
+use crate::common::{conversation, expect_code, Cli};
 
 fn json(text: &[u8]) -> serde_json::Value {
     serde_json::from_slice(text)
@@ -22,44 +22,10 @@ fn json(text: &[u8]) -> serde_json::Value {
 
 /// A tiny conversation published flat: (store URL, context hex).
 fn published(dir: &Path) -> (String, String) {
-    let store = format!("file://{}", dir.join("store").display());
-    let id = expect_code(dir, &["identity", "--example"], 0);
-    std::fs::write(dir.join("id.json"), id).expect("write id.json");
-    for (n, name) in [("2048", "a"), ("2304", "b")] {
-        expect_code(
-            dir,
-            &[
-                "synth",
-                "--preset",
-                "tiny",
-                "--seed",
-                "5",
-                "--tokens",
-                n,
-                "--out",
-                &format!("{name}.snap"),
-                "--tokens-out",
-                &format!("{name}.tok"),
-            ],
-            0,
-        );
-    }
-    let r = expect_code(
-        dir,
-        &[
-            "publish",
-            "--store",
-            &store,
-            "--identity",
-            "id.json",
-            "--tokens",
-            "a.tok",
-            "--snapshot",
-            "a.snap",
-            "--json",
-        ],
-        0,
-    );
+    let store = conversation(dir, &[("a", 5, 2048), ("b", 5, 2304)]);
+    let r = Cli(dir).ok(format!(
+        "publish --store {store} --identity id.json --tokens a.tok --snapshot a.snap --json"
+    ));
     let ctx = json(r.as_bytes())["context"]
         .as_str()
         .expect("context")
@@ -74,21 +40,9 @@ fn restore_streams_to_stdout_and_writes_files_whole() {
     let (store, ctx) = published(dir);
     let snap = std::fs::read(dir.join("a.snap")).expect("read a.snap");
 
-    let out = deltapack(
-        dir,
-        &[
-            "restore",
-            "--store",
-            &store,
-            "--identity",
-            "id.json",
-            "--context",
-            &ctx,
-            "--out",
-            "-",
-            "--json",
-        ],
-    );
+    let out = Cli(dir).run(format!(
+        "restore --store {store} --identity id.json --context {ctx} --out - --json"
+    ));
     assert_eq!(out.status.code(), Some(0));
     assert!(out.stdout == snap, "stdout is exactly the snapshot");
     let report = json(&out.stderr);
@@ -121,63 +75,20 @@ fn restore_streams_to_stdout_and_writes_files_whole() {
     }
 
     // A miss writes nothing to stdout (the miss report goes to stderr).
-    let out = deltapack(
-        dir,
-        &[
-            "restore",
-            "--store",
-            &store,
-            "--identity",
-            "id.json",
-            "--tokens",
-            "b.tok",
-            "--out",
-            "-",
-            "--json",
-            "--deadline",
-            "5s",
-        ],
-    );
+    let out = Cli(dir).run(format!(
+        "restore --store {store} --identity id.json --tokens b.tok --out - --json --deadline 5s"
+    ));
     assert_eq!(out.status.code(), Some(3));
     assert!(out.stdout.is_empty(), "nothing on stdout on a miss");
     assert_eq!(json(&out.stderr)["reason"], "absent");
     // The deprecated spelling still parses; both at once is a usage error.
-    expect_code(
-        dir,
-        &[
-            "restore",
-            "--store",
-            &store,
-            "--identity",
-            "id.json",
-            "--tokens",
-            "b.tok",
-            "--out",
-            "x",
-            "--deadline-ms",
-            "5000",
-        ],
+    Cli(dir).code(
         3,
+        format!(
+            "restore --store {store} --identity id.json --tokens b.tok --out x --deadline-ms 5000"
+        ),
     );
-    expect_code(
-        dir,
-        &[
-            "restore",
-            "--store",
-            &store,
-            "--identity",
-            "id.json",
-            "--tokens",
-            "b.tok",
-            "--out",
-            "x",
-            "--deadline-ms",
-            "5",
-            "--deadline",
-            "5ms",
-        ],
-        2,
-    );
+    Cli(dir).code(2, format!("restore --store {store} --identity id.json --tokens b.tok --out x --deadline-ms 5 --deadline 5ms"));
     assert!(!dir.join("x").exists(), "a miss writes no output file");
 }
 
@@ -188,67 +99,28 @@ fn tokens_name_roots_as_contexts_do() {
     let (store, ctx) = published(dir);
     let s = store.as_str();
 
-    let by_ctx = expect_code(
-        dir,
-        &["inspect", "--store", s, "--context", &ctx, "--json"],
-        0,
-    );
-    let by_tok = expect_code(
-        dir,
-        &[
-            "inspect",
-            "--store",
-            s,
-            "--identity",
-            "id.json",
-            "--tokens",
-            "a.tok",
-            "--json",
-        ],
-        0,
-    );
+    let by_ctx = Cli(dir).ok(format!("inspect --store {s} --context {ctx} --json"));
+    let by_tok = Cli(dir).ok(format!(
+        "inspect --store {s} --identity id.json --tokens a.tok --json"
+    ));
     assert_eq!(json(by_ctx.as_bytes()), json(by_tok.as_bytes()));
     // --tokens without --identity is a usage error.
-    expect_code(dir, &["inspect", "--store", s, "--tokens", "a.tok"], 2);
+    Cli(dir).code(2, format!("inspect --store {s} --tokens a.tok"));
 
     let held = json(
-        expect_code(
-            dir,
-            &[
-                "hold",
-                "--store",
-                s,
-                "--name",
-                "pin1",
-                "--identity",
-                "id.json",
-                "--tokens",
-                "a.tok",
-                "--json",
-            ],
-            0,
-        )
-        .as_bytes(),
+        Cli(dir)
+            .ok(format!(
+                "hold --store {s} --name pin1 --identity id.json --tokens a.tok --json"
+            ))
+            .as_bytes(),
     );
     assert_eq!(held["held"], true);
     let released = json(
-        expect_code(
-            dir,
-            &[
-                "release",
-                "--store",
-                s,
-                "--name",
-                "pin1",
-                "--identity",
-                "id.json",
-                "--context",
-                &ctx,
-                "--json",
-            ],
-            0,
-        )
-        .as_bytes(),
+        Cli(dir)
+            .ok(format!(
+                "release --store {s} --name pin1 --identity id.json --context {ctx} --json"
+            ))
+            .as_bytes(),
     );
     assert_eq!(
         released["released"], true,
@@ -256,38 +128,15 @@ fn tokens_name_roots_as_contexts_do() {
     );
 
     // invalidate --tokens (dry run first: nothing removed), then for real.
-    let plan = expect_code(
-        dir,
-        &[
-            "invalidate",
-            "--store",
-            s,
-            "--identity",
-            "id.json",
-            "--tokens",
-            "a.tok",
-            "--dry-run",
-            "--json",
-        ],
-        0,
-    );
+    let plan = Cli(dir).ok(format!(
+        "invalidate --store {s} --identity id.json --tokens a.tok --dry-run --json"
+    ));
     assert!(plan.contains(&ctx), "the plan names the root: {plan}");
-    expect_code(dir, &["inspect", "--store", s, "--context", &ctx], 0);
-    expect_code(
-        dir,
-        &[
-            "invalidate",
-            "--store",
-            s,
-            "--identity",
-            "id.json",
-            "--tokens",
-            "a.tok",
-            "--json",
-        ],
-        0,
-    );
-    expect_code(dir, &["inspect", "--store", s, "--context", &ctx], 3);
+    Cli(dir).ok(format!("inspect --store {s} --context {ctx}"));
+    Cli(dir).ok(format!(
+        "invalidate --store {s} --identity id.json --tokens a.tok --json"
+    ));
+    Cli(dir).code(3, format!("inspect --store {s} --context {ctx}"));
 }
 
 #[test]
@@ -296,21 +145,9 @@ fn errors_are_json_with_a_kind_and_each_cause_once() {
     let dir = tmp.path();
     let (store, _ctx) = published(dir);
 
-    let out = deltapack(
-        dir,
-        &[
-            "restore",
-            "--store",
-            &store,
-            "--identity",
-            "missing.json",
-            "--tokens",
-            "a.tok",
-            "--out",
-            "o",
-            "--json",
-        ],
-    );
+    let out = Cli(dir).run(format!(
+        "restore --store {store} --identity missing.json --tokens a.tok --out o --json"
+    ));
     assert_eq!(out.status.code(), Some(1));
     let e = json(&out.stderr);
     assert_eq!(e["error"]["kind"], "io", "{e}");
@@ -320,62 +157,24 @@ fn errors_are_json_with_a_kind_and_each_cause_once() {
 
     // A conflicting publication: the receipt on stdout, the error on stderr.
     let ctx = json(
-        expect_code(
-            dir,
-            &[
-                "publish",
-                "--store",
-                &store,
-                "--identity",
-                "id.json",
-                "--tokens",
-                "a.tok",
-                "--snapshot",
-                "a.snap",
-                "--json",
-            ],
-            0,
-        )
+        Cli(dir).ok(format!("publish --store {store} --identity id.json --tokens a.tok --snapshot a.snap --json"))
         .as_bytes(),
     )["context"]
         .as_str()
         .expect("context")
         .to_string();
-    let out = deltapack(
-        dir,
-        &[
-            "publish",
-            "--store",
-            &store,
-            "--identity",
-            "id.json",
-            "--context",
-            &ctx,
-            "--snapshot",
-            "b.snap",
-            "--json",
-        ],
-    );
+    let out = Cli(dir).run(format!(
+        "publish --store {store} --identity id.json --context {ctx} --snapshot b.snap --json"
+    ));
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(json(&out.stdout)["outcome"], "conflict");
     let e = json(&out.stderr);
     assert_eq!(e["error"]["kind"], "conflict", "{e}");
 
     // Text errors: each cause on its own line, none repeated.
-    let out = deltapack(
-        dir,
-        &[
-            "restore",
-            "--store",
-            &store,
-            "--identity",
-            "missing.json",
-            "--tokens",
-            "a.tok",
-            "--out",
-            "o",
-        ],
-    );
+    let out = Cli(dir).run(format!(
+        "restore --store {store} --identity missing.json --tokens a.tok --out o"
+    ));
     let text = String::from_utf8_lossy(&out.stderr);
     let lines: Vec<&str> = text.lines().collect();
     assert!(lines[0].starts_with("error: "), "{text}");

@@ -11,7 +11,7 @@
 //! (it restored nothing). Each CLI restore persists its own counters before
 //! exiting, so the hit and the miss are both counted exactly once.
 
-use crate::common::expect_code;
+use crate::common::{conversation, Cli};
 
 /// The value of the series `series` (name and labels exactly as printed).
 fn value(text: &str, series: &str) -> Option<f64> {
@@ -24,68 +24,23 @@ fn value(text: &str, series: &str) -> Option<f64> {
 fn stats_prometheus_prints_the_registry_after_cli_work() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
-    let store = format!("file://{}", dir.join("store").display());
+    let store = conversation(dir, &[("a", 7, 2048), ("other", 8, 2048)]);
     let s = store.as_str();
-    let id = expect_code(dir, &["identity", "--example"], 0);
-    std::fs::write(dir.join("id.json"), id).expect("write id.json");
-    for (seed, name) in [("7", "a"), ("8", "other")] {
-        expect_code(
-            dir,
-            &[
-                "synth",
-                "--preset",
-                "tiny",
-                "--seed",
-                seed,
-                "--tokens",
-                "2048",
-                "--out",
-                &format!("{name}.snap"),
-                "--tokens-out",
-                &format!("{name}.tok"),
-            ],
-            0,
-        );
-    }
-    expect_code(
-        dir,
-        &[
-            "publish",
-            "--store",
-            s,
-            "--identity",
-            "id.json",
-            "--tokens",
-            "a.tok",
-            "--snapshot",
-            "a.snap",
-        ],
-        0,
-    );
+    Cli(dir).ok(format!(
+        "publish --store {s} --identity id.json --tokens a.tok --snapshot a.snap"
+    ));
     let restore = |tok: &str, code: i32| {
-        expect_code(
-            dir,
-            &[
-                "restore",
-                "--store",
-                s,
-                "--identity",
-                "id.json",
-                "--tokens",
-                tok,
-                "--out",
-                "out.snap",
-                "--json",
-            ],
+        Cli(dir).code(
             code,
+            format!("restore --store {s} --identity id.json --tokens {tok} --out out.snap --json"),
         )
     };
     restore("a.tok", 0);
     restore("other.tok", 3);
 
-    let text = expect_code(dir, &["stats", "--store", s, "--prometheus"], 0);
+    let text = Cli(dir).ok(format!("stats --store {s} --prometheus"));
     let report: serde_json::Value =
-        serde_json::from_str(&expect_code(dir, &["stats", "--store", s, "--json"], 0))
+        serde_json::from_str(&Cli(dir).ok(format!("stats --store {s} --json")))
             .expect("stats --json");
     assert!(text.ends_with("# EOF\n"), "{text}");
 

@@ -3,7 +3,7 @@
 //! snapshot would; a tail of the wrong length is `invalid-input` and writes
 //! nothing.
 
-use crate::common::expect_code;
+use crate::common::{conversation, Cli};
 
 fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}):\n{text}"))
@@ -27,32 +27,8 @@ fn tail(base: &deltapack_format::Snapshot, next: &deltapack_format::Snapshot) ->
 fn publish_tail_restores_bit_exactly_and_refuses_a_wrong_tail() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
-    let store = format!("file://{}", dir.join("store").display());
+    let store = conversation(dir, &[("a", 9, 2048), ("b", 9, 3072)]);
     let s = store.as_str();
-    std::fs::write(
-        dir.join("id.json"),
-        expect_code(dir, &["identity", "--example"], 0),
-    )
-    .expect("id");
-    for (n, name) in [("2048", "a"), ("3072", "b")] {
-        expect_code(
-            dir,
-            &[
-                "synth",
-                "--preset",
-                "tiny",
-                "--seed",
-                "9",
-                "--tokens",
-                n,
-                "--out",
-                &format!("{name}.snap"),
-                "--tokens-out",
-                &format!("{name}.tok"),
-            ],
-            0,
-        );
-    }
     let read = |n: &str| {
         deltapack_format::Snapshot::from_encoded(std::fs::read(dir.join(n)).expect("read"))
             .expect("snapshot")
@@ -61,59 +37,17 @@ fn publish_tail_restores_bit_exactly_and_refuses_a_wrong_tail() {
     let t = tail(&a, &b);
     std::fs::write(dir.join("b.tail"), &t).expect("tail");
     std::fs::write(dir.join("short.tail"), &t[1..]).expect("tail");
-    expect_code(
-        dir,
-        &[
-            "publish",
-            "--store",
-            s,
-            "--identity",
-            "id.json",
-            "--tokens",
-            "a.tok",
-            "--snapshot",
-            "a.snap",
-        ],
-        0,
-    );
+    Cli(dir).ok(format!(
+        "publish --store {s} --identity id.json --tokens a.tok --snapshot a.snap"
+    ));
     let turn = |tail: &str, code: i32| {
-        expect_code(
-            dir,
-            &[
-                "publish",
-                "--store",
-                s,
-                "--identity",
-                "id.json",
-                "--tokens",
-                "b.tok",
-                "--tail",
-                tail,
-                "--base-snapshot",
-                "a.snap",
-                "--base-tokens",
-                "a.tok",
-                "--json",
-            ],
-            code,
-        )
+        Cli(dir).code(code, format!("publish --store {s} --identity id.json --tokens b.tok --tail {tail} --base-snapshot a.snap --base-tokens a.tok --json"))
     };
     // A wrong tail: invalid input, nothing published.
     turn("short.tail", 1);
-    expect_code(
-        dir,
-        &[
-            "restore",
-            "--store",
-            s,
-            "--identity",
-            "id.json",
-            "--tokens",
-            "b.tok",
-            "--out",
-            "x.snap",
-        ],
+    Cli(dir).code(
         3,
+        format!("restore --store {s} --identity id.json --tokens b.tok --out x.snap"),
     );
     let r = json(&turn("b.tail", 0));
     assert_eq!(r["outcome"], "created");
@@ -124,20 +58,8 @@ fn publish_tail_restores_bit_exactly_and_refuses_a_wrong_tail() {
         .snapshot;
     assert_eq!(r["snapshot_digest"], want.to_string());
     assert!(r["payload_len"].as_u64().expect("len") < b.encoded().len() as u64);
-    expect_code(
-        dir,
-        &[
-            "restore",
-            "--store",
-            s,
-            "--identity",
-            "id.json",
-            "--tokens",
-            "b.tok",
-            "--out",
-            "b.out",
-        ],
-        0,
-    );
+    Cli(dir).ok(format!(
+        "restore --store {s} --identity id.json --tokens b.tok --out b.out"
+    ));
     assert_eq!(std::fs::read(dir.join("b.out")).expect("out"), b.encoded());
 }

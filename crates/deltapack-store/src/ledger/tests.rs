@@ -11,6 +11,9 @@ use super::roots::{hexpair, parse_pair};
 use super::schema::LEDGER_VERSION;
 use super::*;
 
+#[path = "../../tests/store/common/pg.rs"]
+mod pg;
+
 /// Publication ids come from the database's sequence. The ids they
 /// replace (`pid << 32 ^ seq << 1 ^ now_ms`) collided within one
 /// process — e.g. seq 1 at a millisecond ending in binary 100 and
@@ -99,29 +102,14 @@ fn bases_below(l: Ledger) {
 /// A fresh schema in the test PostgreSQL database, if configured (in CI
 /// it must be).
 fn postgres_url() -> Option<String> {
-    let base = match std::env::var("DELTAPACK_TEST_POSTGRES") {
-        Ok(u) if !u.is_empty() => u,
-        _ => {
-            assert!(
-                std::env::var("CI").map(|v| v != "true").unwrap_or(true),
-                "CI=true but DELTAPACK_TEST_POSTGRES is not set"
-            );
-            return None;
-        }
-    };
-    let schema = format!(
+    pg::fresh_schema(&format!(
         "u_{}_{}",
         std::process::id(),
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0)
-    );
-    let mut c = postgres::Client::connect(&base, postgres::NoTls).expect("connect");
-    c.batch_execute(&format!("CREATE SCHEMA {schema}"))
-        .expect("schema");
-    let sep = if base.contains('?') { '&' } else { '?' };
-    Some(format!("{base}{sep}options=-c%20search_path%3D{schema}"))
+    ))
 }
 
 /// Two handles (two processes' connections) on one ledger, 500 ids

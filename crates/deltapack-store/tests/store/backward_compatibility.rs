@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::common::*;
 use deltapack_format::{
@@ -251,12 +252,10 @@ async fn write_fixture_set() {
     println!("fixture set digest: {}", set_digest(&dir));
 }
 
-/// `2026-12-v2.1-chain`: a five-turn conversation (tiny preset, seed 2026,
-/// 1,024 tokens per turn): turn 1 a flat v2 root, turns 2–5 v2.1 deltas,
-/// each on the turn before; once unkeyed, once with a keyed root MAC.
-async fn write_chain_set(dir: &Path) {
-    let url = format!("file://{}", dir.join("store").display());
-    let m = 4096;
+/// The inputs of the five-turn fixture sets (tiny preset, seed 2026, 1,024
+/// tokens per turn), written under `inputs/`: each turn's snapshot and the
+/// last turn's tokens. Returns the turns' token counts and snapshots.
+fn five_turn_inputs(dir: &Path) -> (Vec<u64>, Vec<Arc<Snapshot>>) {
     let tokens: Vec<u64> = (1..=5).map(|k| k * 1024).collect();
     let snaps: Vec<_> = tokens.iter().map(|t| turn(2026, *t)).collect();
     for (t, snap) in tokens.iter().zip(&snaps) {
@@ -271,31 +270,48 @@ async fn write_chain_set(dir: &Path) {
         deltapack_format::context::tokens_to_le_bytes(&deltapack_format::synth::tokens(2026, 5120)),
     )
     .expect("w");
+    (tokens, snaps)
+}
+
+/// The identity of the fixture namespace `label` (written to
+/// `inputs/identity-{label}.json`, whose name is returned) and a handle on
+/// the set's store with extents of `m` bytes, keyed or not.
+fn fixture_handle(dir: &Path, label: &str, m: u64, keyed: bool) -> (CacheIdentity, String, Store) {
+    let url = format!("file://{}", dir.join("store").display());
+    let id = identity(&format!("fixture-{label}"));
+    let id_file = format!("inputs/identity-{label}.json");
+    std::fs::write(dir.join(&id_file), id.to_json_pretty()).expect("w");
+    let cfg = StoreConfig::default()
+        .with_max_extent_bytes(m)
+        .with_mac_secret(keyed.then(|| FIXTURE_SECRET.to_vec()));
+    let store = Store::open(&url, cfg).expect("open");
+    (id, id_file, store)
+}
+
+/// Writes the set's `expected.json` and drops its ledger (derived state,
+/// rebuilt from the store by any reader).
+fn write_set(dir: &Path, exp: &Expected) {
+    write_expected(dir, exp);
+    std::fs::remove_dir_all(dir.join("store/ledger")).expect("rm ledger");
+}
+
+/// `2026-12-v2.1-chain`: a five-turn conversation (tiny preset, seed 2026,
+/// 1,024 tokens per turn): turn 1 a flat v2 root, turns 2–5 v2.1 deltas,
+/// each on the turn before; once unkeyed, once with a keyed root MAC.
+async fn write_chain_set(dir: &Path) {
+    let m = 4096;
+    let (tokens, snaps) = five_turn_inputs(dir);
     let mut roots = Vec::new();
     for (label, keyed) in [("chain", false), ("chain-keyed", true)] {
-        let id = identity(&format!("fixture-{label}"));
-        let id_file = format!("inputs/identity-{label}.json");
-        std::fs::write(dir.join(&id_file), id.to_json_pretty()).expect("w");
-        let cfg = StoreConfig::default()
-            .with_max_extent_bytes(m)
-            .with_mac_secret(keyed.then(|| FIXTURE_SECRET.to_vec()));
-        let store = Store::open(&url, cfg).expect("open");
+        let (id, id_file, store) = fixture_handle(dir, label, m, keyed);
         for (k, (t, snap)) in tokens.iter().zip(&snaps).enumerate() {
             let c = ctx(&id, 2026, *t as usize);
             let receipt = if k == 0 {
                 publish_base(&store, &id, c, snap.clone(), RootFormat::V2).await
             } else {
                 let bc = ctx(&id, 2026, tokens[k - 1] as usize);
-                publish_delta(
-                    &store,
-                    &id,
-                    c,
-                    snap.clone(),
-                    bc,
-                    snaps[k - 1].clone(),
-                    RootFormat::V2,
-                )
-                .await
+                let base = snaps[k - 1].clone();
+                publish_delta(&store, &id, c, snap.clone(), bc, base, RootFormat::V2).await
             };
             assert_eq!(receipt.chain_depth as usize, k);
             roots.push(ExpectedRoot {
@@ -319,9 +335,7 @@ async fn write_chain_set(dir: &Path) {
         max_extent_bytes: m,
         roots,
     };
-    write_expected(dir, &exp);
-    // The ledger is derived state, rebuilt from the store by any reader.
-    std::fs::remove_dir_all(dir.join("store/ledger")).expect("rm ledger");
+    write_set(dir, &exp);
 }
 
 /// `2026-12-v2.2-layers`: a five-turn conversation (tiny preset, seed
@@ -330,31 +344,11 @@ async fn write_chain_set(dir: &Path) {
 /// turns (`publish_turn`), each on the turn before; once unkeyed, once with
 /// a keyed root MAC.
 async fn write_layers_set(dir: &Path) {
-    let url = format!("file://{}", dir.join("store").display());
     let m = 4096;
-    let tokens: Vec<u64> = (1..=5).map(|k| k * 1024).collect();
-    let snaps: Vec<_> = tokens.iter().map(|t| turn(2026, *t)).collect();
-    for (t, snap) in tokens.iter().zip(&snaps) {
-        std::fs::write(
-            dir.join(format!("inputs/turn-{t}.snapshot")),
-            snap.encoded(),
-        )
-        .expect("w");
-    }
-    std::fs::write(
-        dir.join("inputs/tokens-5120.u32le"),
-        deltapack_format::context::tokens_to_le_bytes(&deltapack_format::synth::tokens(2026, 5120)),
-    )
-    .expect("w");
+    let (tokens, snaps) = five_turn_inputs(dir);
     let mut roots = Vec::new();
     for (label, keyed) in [("layers", false), ("layers-keyed", true)] {
-        let id = identity(&format!("fixture-{label}"));
-        let id_file = format!("inputs/identity-{label}.json");
-        std::fs::write(dir.join(&id_file), id.to_json_pretty()).expect("w");
-        let cfg = StoreConfig::default()
-            .with_max_extent_bytes(m)
-            .with_mac_secret(keyed.then(|| FIXTURE_SECRET.to_vec()));
-        let store = Store::open(&url, cfg).expect("open");
+        let (id, id_file, store) = fixture_handle(dir, label, m, keyed);
         let mut prev: Option<deltapack_store::Turn> = None;
         for (k, (t, snap)) in tokens.iter().zip(&snaps).enumerate() {
             let c = ctx(&id, 2026, *t as usize);
@@ -362,16 +356,8 @@ async fn write_layers_set(dir: &Path) {
                 publish_base(&store, &id, c, snap.clone(), RootFormat::V2).await
             } else if k < 3 {
                 let bc = ctx(&id, 2026, tokens[k - 1] as usize);
-                publish_delta(
-                    &store,
-                    &id,
-                    c,
-                    snap.clone(),
-                    bc,
-                    snaps[k - 1].clone(),
-                    RootFormat::V2,
-                )
-                .await
+                let base = snaps[k - 1].clone();
+                publish_delta(&store, &id, c, snap.clone(), bc, base, RootFormat::V2).await
             } else {
                 let p = prev.as_ref().expect("turn");
                 store
@@ -412,9 +398,7 @@ async fn write_layers_set(dir: &Path) {
         max_extent_bytes: m,
         roots,
     };
-    write_expected(dir, &exp);
-    // The ledger is derived state, rebuilt from the store by any reader.
-    std::fs::remove_dir_all(dir.join("store/ledger")).expect("rm ledger");
+    write_set(dir, &exp);
 }
 
 fn write_expected(dir: &Path, exp: &Expected) {

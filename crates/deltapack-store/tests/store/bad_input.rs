@@ -33,27 +33,8 @@ async fn fixture(make: &dyn Fn() -> Option<TestStore>, format: RootFormat) -> Op
     })
 }
 
-async fn object_keys(s: &Store, id: &CacheIdentity, ctx: &ContextDigest) -> Vec<Path> {
-    let RootStatus::Found(r) = s.read_root(&id.namespace(), ctx).await.expect("read") else {
-        panic!("root")
-    };
-    r.summary()
-        .expect("summary")
-        .objects
-        .iter()
-        .map(|(d, _)| keys::object_key(d))
-        .collect()
-}
-
 async fn get(s: &Store, key: &Path) -> Vec<u8> {
-    s.object_store()
-        .get(key)
-        .await
-        .expect("get")
-        .bytes()
-        .await
-        .expect("bytes")
-        .to_vec()
+    stored(s.object_store(), key).await.to_vec()
 }
 
 async fn put(s: &Store, key: &Path, bytes: Vec<u8>) {

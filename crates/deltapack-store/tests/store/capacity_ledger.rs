@@ -357,9 +357,7 @@ async fn minimum_free_space_is_kept() {
 /// flat root quarantined by a sweep because its objects were gone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuild_racing_a_publication_does_not_lose_its_objects() {
-    use common::faults::{FaultPlan, Faulty};
-    use deltapack_store::Backend;
-    use std::sync::Arc;
+    use common::faults::Faulty;
 
     let dir = tempfile::tempdir().expect("tmp");
     let url = format!("file://{}", dir.path().display());
@@ -377,18 +375,10 @@ async fn a_rebuild_racing_a_publication_does_not_lose_its_objects() {
         .await;
     }
     let raw = raw_backend(&url);
-    let slow = Arc::new(Faulty::new(
-        raw.store.clone(),
-        FaultPlan {
-            latency: Duration::from_millis(400),
-            ..Default::default()
-        },
-    ));
-    let rebuilding = wrapped(
-        Backend {
-            store: slow.clone(),
-            kind: raw.kind.clone(),
-        },
+    let slow = Faulty::slowed(raw.store.clone(), Duration::from_millis(400));
+    let rebuilding = through(
+        &raw,
+        slow.clone(),
         cfg.clone().with_cold_start(ColdStart::Rebuild),
     );
     let rebuild = tokio::spawn(async move {

@@ -27,7 +27,7 @@ use deltapack_format::{
 };
 use deltapack_store::{
     keys, Backend, ChainPolicy, MissReason, RestoreIntoOutcome, RestoreOutcome, RootFormat, Store,
-    StoreConfig, SweepOptions,
+    StoreConfig,
 };
 use object_store::{ObjectStoreExt, PutPayload};
 use proptest::prelude::*;
@@ -306,14 +306,7 @@ async fn damage_to_any_extent_is_a_miss_never_wrong_bytes() {
                     assert!(path.exists(), "a restore quarantines only what it proved");
                     // ...the sweep does: nothing damaged stays unnoticed (a
                     // dry run here, so the next cases keep their roots).
-                    let report = s
-                        .sweep(
-                            &SweepOptions::default()
-                                .with_grace(Duration::from_secs(3600))
-                                .with_dry_run(true),
-                        )
-                        .await
-                        .expect("sweep");
+                    let report = dry_sweep(&s).await;
                     assert_eq!(
                         report.corrupt,
                         vec![key.to_string()],
@@ -888,15 +881,7 @@ async fn the_chain_policy_rebases() {
     let mid = keys::root_key(&conv.id.namespace(), &conv.turns[4].0);
     // Drop the hints' shortcut too: the root below the base is read link by link.
     let base_root = keys::root_key(&conv.id.namespace(), &conv.turns[8].0);
-    let bytes = t
-        .store
-        .object_store()
-        .get(&base_root)
-        .await
-        .expect("get")
-        .bytes()
-        .await
-        .expect("bytes");
+    let bytes = stored(t.store.object_store(), &base_root).await;
     let mut m = match root::decode(&bytes, None).expect("decode") {
         DecodedRoot::V2(m) => m,
         other => panic!("{other:?}"),

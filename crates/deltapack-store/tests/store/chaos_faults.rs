@@ -54,7 +54,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::faults::{FaultPlan, Faulty, TransientCounts};
+use crate::common::faults::{FaultPlan, Faulty, FaultyStore, TransientCounts};
 use crate::common::*;
 use deltapack_format::{CacheIdentity, ContextDigest, Snapshot};
 use deltapack_store::{
@@ -67,27 +67,6 @@ use object_store::ObjectStoreExt;
 
 /// Longest any single operation may take before the test calls it a hang.
 const OP_TIMEOUT: Duration = Duration::from_secs(120);
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, p: f64) -> bool {
-        (self.next() as f64 / u64::MAX as f64) < p
-    }
-    fn fraction(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * (self.next() as f64 / u64::MAX as f64)
-    }
-}
 
 /// What the campaign saw, summed over seeds.
 #[derive(Debug, Default)]
@@ -170,7 +149,7 @@ impl World {
 
     /// A store handle reading through `faulty`: never the local fast path,
     /// so every read meets the injector.
-    fn through(&self, faulty: &Arc<Faulty>) -> Store {
+    fn through(&self, faulty: &Arc<FaultyStore>) -> Store {
         let kind = match &self.raw.kind {
             BackendKind::Local { .. } => BackendKind::Memory,
             k => k.clone(),
@@ -215,16 +194,7 @@ impl World {
                 f.sync_all().expect("fsync");
             }
             None => {
-                let mut b = self
-                    .raw
-                    .store
-                    .get(key)
-                    .await
-                    .expect("get")
-                    .bytes()
-                    .await
-                    .expect("bytes")
-                    .to_vec();
+                let mut b = stored(&self.raw.store, key).await.to_vec();
                 let at = rng.below(b.len() as u64) as usize;
                 b[at] ^= 1 << rng.below(8);
                 self.raw.store.put(key, b.into()).await.expect("put");

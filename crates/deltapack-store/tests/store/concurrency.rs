@@ -16,8 +16,8 @@ use crate::common::*;
 use deltapack_store::PUBLISH_BATCH;
 use deltapack_store::RESTORE_IN_FLIGHT;
 use deltapack_store::{
-    Backend, MissReason, PublishOutcome, PublishRequest, RestoreIntoOutcome, RestoreOptions,
-    RestoreOutcome, RootFormat,
+    Backend, MissReason, PublishOutcome, RestoreIntoOutcome, RestoreOptions, RestoreOutcome,
+    RootFormat,
 };
 
 fn instrumented(inner: Backend, delay: Duration) -> (deltapack_store::Store, Arc<Counters>) {
@@ -38,15 +38,9 @@ async fn racing_writers(t: TestStore) {
             RootFormat::V1
         };
         tasks.push(tokio::spawn(async move {
-            s.publish(PublishRequest {
-                identity: id,
-                context: c,
-                snapshot: snap.clone(),
-                base: None,
-                format,
-            })
-            .await
-            .map(|r| (r, snap))
+            s.publish(flat(&id, c, &snap, format))
+                .await
+                .map(|r| (r, snap))
         }));
     }
     let mut created = 0;
@@ -357,13 +351,7 @@ async fn sixteen_writers_with_readers_eviction_and_sweep() {
         writers.push(tokio::spawn(async move {
             for _ in 0..3 {
                 let r = s
-                    .publish(PublishRequest {
-                        identity: id.clone(),
-                        context: c,
-                        snapshot: snap.clone(),
-                        base: None,
-                        format,
-                    })
+                    .publish(flat(&id, c, &snap, format))
                     .await
                     .expect("publish");
                 if r.outcome == PublishOutcome::Conflict {
@@ -408,10 +396,7 @@ async fn a_root_lost_to_a_writer_whose_root_then_vanished_is_not_an_internal_err
 
     for name in ["memory", "local"] {
         let dir = tempfile::tempdir().expect("tmp");
-        let url = match name {
-            "local" => format!("file://{}", dir.path().display()),
-            _ => "memory://".to_string(),
-        };
+        let url = scratch_url(name, &dir);
         let raw = raw_backend(&url);
         let faulty = Arc::new(Faulty::new(
             raw.store.clone(),
@@ -420,24 +405,10 @@ async fn a_root_lost_to_a_writer_whose_root_then_vanished_is_not_an_internal_err
                 ..Default::default()
             },
         ));
-        let s = wrapped(
-            Backend {
-                store: faulty,
-                kind: raw.kind.clone(),
-            },
-            config(),
-        );
+        let s = through(&raw, faulty, config());
         let id = identity("create-race-vanished");
         let (c, snap) = (ctx(&id, 57, 2048), turn(57, 2048));
-        let out = s
-            .publish(PublishRequest {
-                identity: id.clone(),
-                context: c,
-                snapshot: snap.clone(),
-                base: None,
-                format: RootFormat::V2,
-            })
-            .await;
+        let out = s.publish(flat(&id, c, &snap, RootFormat::V2)).await;
         // The context is free again, so the publication creates its root
         // (retrying the create) and the root restores to its bytes.
         let r = match out {

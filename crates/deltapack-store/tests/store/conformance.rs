@@ -120,16 +120,14 @@ async fn suite(t: TestStore) {
         .expect_err("boundary 1000 is not a multiple of 256");
     assert!(matches!(err, StoreError::Invalid(_)), "{err}");
     let err = s
-        .publish(PublishRequest {
-            identity: id.clone(),
-            context: ctx(&id, 1, 8192),
-            snapshot: turn(1, 8192),
-            base: Some(BaseInput {
-                context: c1,
-                snapshot: other.clone(),
-            }),
-            format: RootFormat::V2,
-        })
+        .publish(delta(
+            &id,
+            ctx(&id, 1, 8192),
+            &turn(1, 8192),
+            c1,
+            &other,
+            RootFormat::V2,
+        ))
         .await
         .expect_err("base snapshot does not match the base root");
     assert!(
@@ -154,16 +152,14 @@ async fn suite(t: TestStore) {
         .expect_err("no base root");
     assert!(matches!(err, StoreError::BaseMismatch { .. }), "{err}");
     let err = s
-        .publish(PublishRequest {
-            identity: id.clone(),
-            context: ctx(&id, 1, 2048),
-            snapshot: turn(1, 2048),
-            base: Some(BaseInput {
-                context: c1,
-                snapshot: b1.clone(),
-            }),
-            format: RootFormat::V2,
-        })
+        .publish(delta(
+            &id,
+            ctx(&id, 1, 2048),
+            &turn(1, 2048),
+            c1,
+            &b1,
+            RootFormat::V2,
+        ))
         .await
         .expect_err("base above result");
     assert!(matches!(err, StoreError::Invalid(_)), "{err}");

@@ -224,6 +224,13 @@ async fn check_restores(h: &Handles, w: &World, bad: &Bad, what: &str) {
     }
 }
 
+/// What a dry-run sweep of `s` finds (nothing changed).
+async fn swept(s: &Store) -> deltapack_store::SweepReport {
+    s.sweep(&SweepOptions::default().with_dry_run(true))
+        .await
+        .expect("sweep")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_object_every_damage() {
     let w = world().await;
@@ -246,11 +253,7 @@ async fn every_object_every_damage() {
             damage(&tmp.path().join(key), d);
             let h = handles(tmp.path(), &w);
             // The sweep alone finds exactly this object (dry run: no change).
-            let r = h
-                .plain
-                .sweep(&SweepOptions::default().with_dry_run(true))
-                .await
-                .expect("sweep");
+            let r = swept(&h.plain).await;
             assert_eq!(
                 r.corrupt,
                 vec![key.clone()],
@@ -300,11 +303,7 @@ async fn swapped_objects() {
             .map(|(k, _)| *k)
             .collect();
         let h = handles(tmp.path(), &w);
-        let r = h
-            .plain
-            .sweep(&SweepOptions::default().with_dry_run(true))
-            .await
-            .expect("sweep");
+        let r = swept(&h.plain).await;
         let mut got = r.corrupt.clone();
         got.sort();
         assert_eq!(got, vec![a.clone(), b.clone()], "swap {a} <-> {b}");

@@ -11,9 +11,7 @@ use std::sync::Arc;
 
 use crate::common::faults::{FaultPlan, Faulty};
 use crate::common::*;
-use deltapack_store::{
-    Backend, BaseInput, PublishRequest, RestoreOutcome, RootFormat, RootStatus, Store, SweepOptions,
-};
+use deltapack_store::{Backend, RestoreOutcome, RootFormat, RootStatus, Store, SweepOptions};
 use futures::TryStreamExt;
 
 async fn referenced_and_present(s: &Store) -> (BTreeSet<String>, BTreeSet<String>) {
@@ -70,17 +68,7 @@ async fn publish_on(
     ),
     format: RootFormat,
 ) -> deltapack_store::Result<deltapack_store::PublishReceipt> {
-    s.publish(PublishRequest {
-        identity: id.clone(),
-        context: cr,
-        snapshot: result,
-        base: Some(BaseInput {
-            context: cb,
-            snapshot: base,
-        }),
-        format,
-    })
-    .await
+    s.publish(delta(id, cr, &result, cb, &base, format)).await
 }
 
 async fn crash_sweep(

@@ -17,7 +17,6 @@
 //!   spent, exactly as `object_store` reports a full local disk.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path as FsPath, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -25,16 +24,16 @@ use std::sync::Arc;
 
 use crate::common::*;
 use deltapack_format::{CacheIdentity, ContextDigest, Snapshot};
+use deltapack_store::wrap::{Intercept, Wrapped};
 use deltapack_store::{
-    keys, Backend, BackendKind, BaseInput, MissReason, PublishOutcome, PublishRequest,
-    RestoreOutcome, RootFormat, Store, StoreError, SweepOptions,
+    keys, Backend, BackendKind, MissReason, PublishOutcome, PublishRequest, RestoreOutcome,
+    RootFormat, Store, StoreError, SweepOptions,
 };
-use futures::stream::BoxStream;
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result as OsResult,
+    CopyOptions, MultipartUpload, ObjectStore, ObjectStoreExt, PutMultipartOptions, PutOptions,
+    PutPayload, PutResult, Result as OsResult,
 };
 
 // ------------------------------------------------------------ tmpfs mount
@@ -116,12 +115,6 @@ struct SmallDisk {
     refused: AtomicU64,
 }
 
-impl fmt::Display for SmallDisk {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "SmallDisk({})", self.inner)
-    }
-}
-
 fn enospc() -> object_store::Error {
     object_store::Error::Generic {
         store: "x",
@@ -130,7 +123,9 @@ fn enospc() -> object_store::Error {
 }
 
 #[async_trait::async_trait]
-impl ObjectStore for SmallDisk {
+impl Intercept for SmallDisk {
+    deltapack_store::layer_basics!("SmallDisk");
+
     async fn put_opts(
         &self,
         location: &Path,
@@ -156,25 +151,6 @@ impl ObjectStore for SmallDisk {
         _opts: PutMultipartOptions,
     ) -> OsResult<Box<dyn MultipartUpload>> {
         Err(enospc())
-    }
-
-    async fn get_opts(&self, location: &Path, options: GetOptions) -> OsResult<GetResult> {
-        self.inner.get_opts(location, options).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, OsResult<Path>>,
-    ) -> BoxStream<'static, OsResult<Path>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, OsResult<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> OsResult<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
     }
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> OsResult<()> {
@@ -227,23 +203,8 @@ impl Scenario {
                 ctx(&self.id, c, DELTA_TOKENS as usize),
             );
             let reqs = [
-                PublishRequest {
-                    identity: self.id.clone(),
-                    context: ca,
-                    snapshot: a.clone(),
-                    base: None,
-                    format,
-                },
-                PublishRequest {
-                    identity: self.id.clone(),
-                    context: cb,
-                    snapshot: b.clone(),
-                    base: Some(BaseInput {
-                        context: ca,
-                        snapshot: a.clone(),
-                    }),
-                    format,
-                },
+                flat(&self.id, ca, &a, format),
+                delta(&self.id, cb, &b, ca, &a, format),
             ];
             for req in reqs {
                 match self.store.publish(req.clone()).await {
@@ -445,11 +406,11 @@ async fn real_tmpfs_fills_up() {
 
 #[tokio::test]
 async fn injected_enospc() {
-    let disk = Arc::new(SmallDisk {
+    let disk = Arc::new(Wrapped(SmallDisk {
         inner: Arc::new(InMemory::new()),
         budget: AtomicI64::new(2 << 20),
         refused: AtomicU64::new(0),
-    });
+    }));
     let store = wrapped(
         Backend {
             store: disk.clone(),
@@ -513,11 +474,11 @@ async fn every_failure_point_is_clean() {
         budgets.extend([total - 1, total]);
         let (mut failed, mut root_failures) = (0, 0);
         for budget in budgets {
-            let disk = Arc::new(SmallDisk {
+            let disk = Arc::new(Wrapped(SmallDisk {
                 inner: Arc::new(InMemory::new()),
                 budget: AtomicI64::new(budget),
                 refused: AtomicU64::new(0),
-            });
+            }));
             let store = wrapped(
                 Backend {
                     store: disk.clone(),
@@ -525,13 +486,7 @@ async fn every_failure_point_is_clean() {
                 },
                 config(),
             );
-            let req = PublishRequest {
-                identity: id.clone(),
-                context: c,
-                snapshot: snap.clone(),
-                base: None,
-                format,
-            };
+            let req = flat(&id, c, &snap, format);
             match store.publish(req.clone()).await {
                 Ok(r) => assert_eq!(r.outcome, PublishOutcome::Created),
                 Err(e) => {

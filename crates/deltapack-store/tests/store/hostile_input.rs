@@ -38,7 +38,9 @@ use deltapack_format::{
     CacheIdentity, ContextDigest, DecodedRoot, Digest, ExtentPlan, Namespace, Snapshot,
     SnapshotHeader, SCHEMA_V1, SCHEMA_V2,
 };
-use deltapack_store::{keys, MissReason, RestoreIntoOutcome, RestoreOutcome, RootFormat};
+use deltapack_store::{
+    keys, MissReason, RestoreIntoOutcome, RestoreOutcome, RootFormat, StoreConfig,
+};
 use object_store::{ObjectStoreExt, PutPayload};
 use serde_cbor::Value;
 
@@ -126,11 +128,16 @@ struct Target {
 }
 
 fn target(name: &str) -> Target {
+    target_with(name, config())
+}
+
+/// [`target`] on a memory store with `config`.
+fn target_with(name: &str, config: StoreConfig) -> Target {
     let id = identity(name);
     let ns = id.namespace();
     let ctx = ctx(&id, 1, 256);
     Target {
-        t: memory(config()),
+        t: memory(config),
         id,
         ns,
         ctx,
@@ -548,10 +555,7 @@ async fn plausible_huge_v2_root_is_a_miss_without_committing_memory() {
     // 200 GiB in 200 extents of 1 GiB: internally consistent (the extent
     // names merge to the payload digest), within the default restore limit,
     // but no object exists. Restore must not commit the memory it declares.
-    let tg = Target {
-        t: memory(Default::default()),
-        ..target("hostile-plausible-v2")
-    };
+    let tg = target_with("hostile-plausible-v2", Default::default());
     let lay = layout(200, 1 << 30);
     let hdr = SnapshotHeader::new(lay, 16); // one 1 GiB page per layer
     let len = hdr.encoded_len().expect("len");
@@ -652,10 +656,7 @@ fn huge_v1_root(tg: &Target, layers: usize) -> Vec<u8> {
 async fn plausible_large_v1_root_is_a_miss_without_committing_memory() {
     // 1 GiB declared, no chunk exists: the restore should find the first
     // chunk missing without committing 1 GiB of RAM first.
-    let tg = Target {
-        t: memory(Default::default()),
-        ..target("hostile-plausible-v1")
-    };
+    let tg = target_with("hostile-plausible-v1", Default::default());
     tg.put_root(huge_v1_root(&tg, 1)).await;
     reset_peak_rss();
     let before = peak_rss();
@@ -672,10 +673,7 @@ async fn plausible_large_v1_root_is_a_miss_without_committing_memory() {
 async fn unallocatable_v1_root_is_a_miss_not_an_error() {
     // 200 GiB declared (below the default 256 GiB restore limit): the
     // allocation fails on any ordinary machine; that must be a miss.
-    let tg = Target {
-        t: memory(Default::default()),
-        ..target("hostile-unallocatable-v1")
-    };
+    let tg = target_with("hostile-unallocatable-v1", Default::default());
     tg.put_root(huge_v1_root(&tg, 200)).await;
     tg.expect_corrupt("200 GiB v1 root").await;
 }

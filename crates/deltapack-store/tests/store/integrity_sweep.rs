@@ -16,32 +16,8 @@ use deltapack_store::{keys, RestoreOutcome, RootFormat, RootStatus, Store, Sweep
 use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
 
-async fn keys_of(
-    s: &Store,
-    id: &deltapack_format::CacheIdentity,
-    c: deltapack_format::ContextDigest,
-) -> Vec<Path> {
-    let RootStatus::Found(r) = s.read_root(&id.namespace(), &c).await.expect("read") else {
-        panic!("root")
-    };
-    r.summary()
-        .expect("summary")
-        .objects
-        .iter()
-        .map(|(d, _)| keys::object_key(d))
-        .collect()
-}
-
 async fn flip(s: &Store, key: &Path) {
-    let mut b = s
-        .object_store()
-        .get(key)
-        .await
-        .expect("get")
-        .bytes()
-        .await
-        .expect("bytes")
-        .to_vec();
+    let mut b = stored(s.object_store(), key).await.to_vec();
     let n = b.len() / 2;
     b[n] ^= 0x80;
     s.object_store()
@@ -89,15 +65,15 @@ async fn sweep_suite(t: TestStore) {
 
     // Damage: corrupt an object of a1 (v2) and of b0 (v1); an orphan appears.
     let a1_only: Vec<Path> = {
-        let a0k = keys_of(s, &id, ka0).await;
-        keys_of(s, &id, ka1)
+        let a0k = object_keys(s, &id, &ka0).await;
+        object_keys(s, &id, &ka1)
             .await
             .into_iter()
             .filter(|k| !a0k.contains(k))
             .collect()
     };
     let bad_v2 = a1_only[0].clone();
-    let bad_v1 = keys_of(s, &id, kb0).await[1].clone();
+    let bad_v1 = object_keys(s, &id, &kb0).await[1].clone();
     flip(s, &bad_v2).await;
     flip(s, &bad_v1).await;
     let orphan = keys::object_key(&Digest::blake3(b"orphan bytes"));
@@ -122,14 +98,7 @@ async fn sweep_suite(t: TestStore) {
     assert!(s.object_store().head(&orphan).await.is_ok());
 
     // Grace keeps the young orphan.
-    let graced = s
-        .sweep(
-            &SweepOptions::default()
-                .with_grace(Duration::from_secs(3600))
-                .with_dry_run(true),
-        )
-        .await
-        .expect("sweep");
+    let graced = dry_sweep(s).await;
     assert_eq!(graced.orphans_in_grace, 1);
     assert_eq!(graced.orphans_deleted, 0);
 
@@ -262,10 +231,7 @@ async fn sweep_does_not_quarantine_a_root_republished_after_it_read_it() {
     let mut failures = Vec::new();
     for name in ["memory", "local"] {
         let dir = tempfile::tempdir().expect("tmp");
-        let url = match name {
-            "local" => format!("file://{}", dir.path().display()),
-            _ => "memory://".to_string(),
-        };
+        let url = scratch_url(name, &dir);
         let raw = raw_backend(&url);
         let (faulty, s) = faulty_handle(&raw, config());
         let id = identity("sweep-republished");
@@ -286,15 +252,7 @@ async fn sweep_does_not_quarantine_a_root_republished_after_it_read_it() {
         let rk = keys::root_key(&id.namespace(), &kr);
         let mut flat_root = Bytes::new();
         for m in listed {
-            let body = other
-                .store
-                .object_store()
-                .get(&m.location)
-                .await
-                .expect("get")
-                .bytes()
-                .await
-                .expect("bytes");
+            let body = stored(other.store.object_store(), &m.location).await;
             if m.location == rk {
                 flat_root = body;
             } else {

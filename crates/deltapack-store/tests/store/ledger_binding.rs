@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use deltapack_format::Snapshot;
 use deltapack_store::{
-    MissReason, Ownership, PublishOutcome, PublishRequest, RestoreIntoOutcome, RestoreOutcome,
-    RootFormat, Store, StoreConfig, StoreError, SweepOptions,
+    MissReason, Ownership, PublishOutcome, RestoreIntoOutcome, RestoreOutcome, RootFormat, Store,
+    StoreConfig, StoreError, SweepOptions,
 };
 use futures::TryStreamExt;
 
@@ -50,14 +50,7 @@ async fn publish(
     c: deltapack_format::ContextDigest,
     snap: &Arc<Snapshot>,
 ) -> Result<deltapack_store::PublishReceipt, StoreError> {
-    s.publish(PublishRequest {
-        identity: id.clone(),
-        context: c,
-        snapshot: snap.clone(),
-        base: None,
-        format: RootFormat::V2,
-    })
-    .await
+    s.publish(flat(id, c, snap, RootFormat::V2)).await
 }
 
 /// The reproduced loss, as steps in every order: node A (its own SQLite

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use deltapack_format::{CacheIdentity, ContextDigest, ContextHasher, Snapshot};
 use deltapack_store::{
-    LookupSource, RestoreIntoOutcome, RootFormat, Store, StoreConfig, StoreError,
+    Lookup, LookupSource, RestoreIntoOutcome, RootFormat, Store, StoreConfig, StoreError,
 };
 
 use crate::common::*;
@@ -55,6 +55,18 @@ async fn publish_all(s: &Store, c: &Conversation) {
         let (bctx, base) = c.turns[i - 1].clone();
         publish_delta(s, &c.id, ctx, snap, bctx, base, RootFormat::V2).await;
     }
+}
+
+/// Publishes `c` and looks it up while the ledger is up: the ledger
+/// answers.
+async fn publish_and_look_up(s: &Store, c: &Conversation) -> Lookup {
+    publish_all(s, c).await;
+    let before = s
+        .lookup_detailed(&c.id, &c.candidates)
+        .await
+        .expect("lookup");
+    assert_eq!(before.source, LookupSource::Ledger);
+    before
 }
 
 /// Restore and `restore_into` of the last turn both hit.
@@ -159,12 +171,7 @@ async fn postgres_stopped_under_a_running_store() {
     tokio::time::timeout(LIMIT, async {
         let s = Store::open(&url, config().with_ledger(Some(pg))).expect("store");
         let c = conversation("ledger-stopped");
-        publish_all(&s, &c).await;
-        let before = s
-            .lookup_detailed(&c.id, &c.candidates)
-            .await
-            .expect("lookup");
-        assert_eq!(before.source, LookupSource::Ledger);
+        let before = publish_and_look_up(&s, &c).await;
         assert_eq!(before.found.map(|f| f.0), Some(6144));
 
         pg_ctl("stop");
@@ -217,12 +224,7 @@ async fn a_ledger_that_holds_its_lock_cannot_stall_a_lookup() {
             .with_ledger_deadline(Duration::from_millis(200));
         let s = Store::open(&url, cfg).expect("store");
         let c = conversation("ledger-locked");
-        publish_all(&s, &c).await;
-        let before = s
-            .lookup_detailed(&c.id, &c.candidates)
-            .await
-            .expect("lookup");
-        assert_eq!(before.source, LookupSource::Ledger);
+        let before = publish_and_look_up(&s, &c).await;
         // Another session takes the roots table and keeps it.
         let (locked_tx, locked_rx) = std::sync::mpsc::channel();
         let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();

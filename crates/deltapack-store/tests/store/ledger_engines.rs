@@ -144,16 +144,15 @@ async fn two_nodes_sharing_a_postgres_ledger_never_collect_each_others_objects()
     let deleted = a.collect_garbage().await.expect("A collects").objects;
     assert_eq!(deleted, 0, "A deleted objects B's new root uses");
     let fresh = Store::open(&bucket, cfg).expect("node C");
-    assert_eq!(
-        restore_bytes(&fresh, &id, c).await,
-        snap.encoded(),
-        "node A's collector deleted objects node B's root uses"
-    );
-    assert_eq!(
-        a.ledger_image().await.expect("image"),
-        b.ledger_image().await.expect("image"),
-        "the nodes see different ledgers"
-    );
+    assert_kept(
+        &fresh,
+        (&id, c),
+        &snap,
+        "node A's collector deleted objects node B's root uses",
+        [&a, &b],
+        "the nodes see different ledgers",
+    )
+    .await;
 }
 
 /// The budget is the fleet's: two nodes (handles with root locks of their
@@ -351,16 +350,7 @@ async fn the_ledger_in_use_is_reported() {
 /// shared SQLite file (two handles) and with PostgreSQL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collector_and_a_publisher_racing_on_one_object_lose_nothing() {
-    use crate::common::faults::{FaultPlan, Hook};
-    use std::sync::atomic::AtomicBool;
-    use std::sync::{Arc, Mutex};
-    type Slot = Arc<
-        Mutex<
-            Option<
-                tokio::task::JoinHandle<deltapack_store::Result<deltapack_store::PublishReceipt>>,
-            >,
-        >,
-    >;
+    use crate::common::faults::{republish_on_delete, FaultPlan};
 
     let dir = tempfile::tempdir().expect("tmp");
     for (engine, ledger) in engines(dir.path()) {
@@ -377,37 +367,9 @@ async fn a_collector_and_a_publisher_racing_on_one_object_lose_nothing() {
 
         // Right before A's first object DELETE, B republishes C; B gets up
         // to 2 s to finish inside that window.
-        let slot: Slot = Arc::new(Mutex::new(None));
-        let (b2, id2, snap2, slot2) = (b.clone(), id.clone(), snap.clone(), slot.clone());
+        let (hook, slot) = republish_on_delete("objects/", true, &b, &id, c, &snap);
         faulty.set_plan(FaultPlan {
-            after_delete: Some(Hook {
-                prefix: "objects/",
-                before: true,
-                fired: Arc::new(AtomicBool::new(false)),
-                run: Arc::new(move || {
-                    let (b2, id2, snap2, slot2) =
-                        (b2.clone(), id2.clone(), snap2.clone(), slot2.clone());
-                    Box::pin(async move {
-                        let h = tokio::spawn(async move {
-                            b2.publish(deltapack_store::PublishRequest {
-                                identity: id2,
-                                context: c,
-                                snapshot: snap2,
-                                base: None,
-                                format: RootFormat::V2,
-                            })
-                            .await
-                        });
-                        let _ = tokio::time::timeout(Duration::from_secs(2), async {
-                            while !h.is_finished() {
-                                tokio::time::sleep(Duration::from_millis(5)).await;
-                            }
-                        })
-                        .await;
-                        *slot2.lock().expect("slot") = Some(h);
-                    })
-                }),
-            }),
+            after_delete: Some(hook),
             ..Default::default()
         });
         // A evicts C and (grace 0) collects its objects at once.

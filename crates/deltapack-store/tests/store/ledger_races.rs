@@ -10,14 +10,31 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::faults::{FaultPlan, Faulty, Hook};
+use crate::common::faults::{republish_on_delete, FaultPlan, Faulty, FaultyStore, Hook};
 use crate::common::*;
 use deltapack_store::{
-    Backend, PublishOutcome, PublishReceipt, PublishRequest, RestoreOptions, RestoreOutcome,
-    RootFormat, Store, StoreError,
+    Backend, PublishOutcome, PublishRequest, RestoreOptions, RestoreOutcome, RootFormat, Store,
+    StoreError,
 };
 
-type Slot = Arc<Mutex<Option<tokio::task::JoinHandle<deltapack_store::Result<PublishReceipt>>>>>;
+/// The bucket `url` and two handles on it sharing `ledger`, with no grace:
+/// `a` through a fault layer (returned before it, no faults planned) and
+/// `b` plain.
+fn two_nodes(url: &str, ledger: String) -> (Backend, Arc<FaultyStore>, Store, Store) {
+    let cfg = config()
+        .with_grace(Duration::ZERO)
+        .with_ledger(Some(ledger));
+    let raw = raw_backend(url);
+    let (faulty, a) = faulty_handle(&raw, cfg.clone());
+    let b = wrapped(raw.clone(), cfg);
+    (raw, faulty, a, b)
+}
+
+/// Both nodes reconcile their ledger with the bucket.
+async fn reconciled(a: &Store, b: &Store) {
+    a.reconcile_ledger().await.expect("a reconciled");
+    b.reconcile_ledger().await.expect("b reconciled");
+}
 
 /// Eviction used to delete the root object first and forget the root in the
 /// ledger second. A republication of the same context in between wrote a
@@ -39,37 +56,9 @@ async fn eviction_racing_a_republication_keeps_the_new_roots_objects() {
         // deleted the root object, and is given up to 2 s to finish inside
         // that window (the old code finished in milliseconds; the new code
         // waits for the removal instead, so the window simply passes).
-        let slot: Slot = Arc::new(Mutex::new(None));
-        let (s2, id2, snap2, slot2) = (s.clone(), id.clone(), snap.clone(), slot.clone());
+        let (hook, slot) = republish_on_delete("roots/", false, &s, &id, c, &snap);
         faulty.set_plan(FaultPlan {
-            after_delete: Some(Hook {
-                prefix: "roots/",
-                before: false,
-                fired: Arc::new(AtomicBool::new(false)),
-                run: Arc::new(move || {
-                    let (s2, id2, snap2, slot2) =
-                        (s2.clone(), id2.clone(), snap2.clone(), slot2.clone());
-                    Box::pin(async move {
-                        let h = tokio::spawn(async move {
-                            s2.publish(PublishRequest {
-                                identity: id2,
-                                context: c,
-                                snapshot: snap2,
-                                base: None,
-                                format: RootFormat::V2,
-                            })
-                            .await
-                        });
-                        let _ = tokio::time::timeout(Duration::from_secs(2), async {
-                            while !h.is_finished() {
-                                tokio::time::sleep(Duration::from_millis(5)).await;
-                            }
-                        })
-                        .await;
-                        *slot2.lock().expect("slot") = Some(h);
-                    })
-                }),
-            }),
+            after_delete: Some(hook),
             ..Default::default()
         });
 
@@ -88,16 +77,15 @@ async fn eviction_racing_a_republication_keeps_the_new_roots_objects() {
         s.collect_garbage().await.expect("gc");
 
         let fresh = wrapped(raw.clone(), config());
-        assert_eq!(
-            restore_bytes(&fresh, &id, c).await,
-            snap.encoded(),
-            "{url}: the republished root lost objects to the eviction"
-        );
-        assert_eq!(
-            s.ledger_image().await.expect("image"),
-            fresh.ledger_image().await.expect("rebuilt image"),
-            "{url}: the ledger disagrees with a rebuild from the store"
-        );
+        assert_kept(
+            &fresh,
+            (&id, c),
+            &snap,
+            &format!("{url}: the republished root lost objects to the eviction"),
+            [&s, &fresh],
+            &format!("{url}: the ledger disagrees with a rebuild from the store"),
+        )
+        .await;
     }
 }
 
@@ -275,18 +263,12 @@ async fn rebuild_during_a_publication_keeps_the_new_root() {
     for url in std::iter::once("memory://".to_string()).chain(s3_url()) {
         let dir = tempfile::tempdir().expect("tmp");
         let ledger = format!("sqlite://{}", dir.path().join("shared.sqlite3").display());
-        let cfg = config()
-            .with_grace(Duration::ZERO)
-            .with_ledger(Some(ledger));
-        let raw = raw_backend(&url);
-        let (faulty, a) = faulty_handle(&raw, cfg.clone());
-        let b = wrapped(raw.clone(), cfg.clone());
+        let (raw, faulty, a, b) = two_nodes(&url, ledger);
         let id = identity("rebuild-vs-publish");
         let (c1, snap1) = (ctx(&id, 71, 2048), turn(71, 2048));
         let (c2, snap2) = (ctx(&id, 72, 3072), turn(72, 3072));
         publish_base(&a, &id, c1, snap1.clone(), RootFormat::V2).await;
-        a.reconcile_ledger().await.expect("a reconciled");
-        b.reconcile_ledger().await.expect("b reconciled");
+        reconciled(&a, &b).await;
 
         let fired = Arc::new(AtomicBool::new(false));
         let (b2, id2, snap2b) = (b.clone(), id.clone(), snap2.clone());
@@ -299,13 +281,7 @@ async fn rebuild_during_a_publication_keeps_the_new_root() {
                     let (b2, id2, snap2b) = (b2.clone(), id2.clone(), snap2b.clone());
                     Box::pin(async move {
                         let r = b2
-                            .publish(PublishRequest {
-                                identity: id2,
-                                context: c2,
-                                snapshot: snap2b,
-                                base: None,
-                                format: RootFormat::V2,
-                            })
+                            .publish(flat(&id2, c2, &snap2b, RootFormat::V2))
                             .await
                             .expect("the other node's publication");
                         assert_eq!(r.outcome, PublishOutcome::Created);
@@ -393,13 +369,7 @@ async fn opening_a_persisted_ledger_does_not_wait_for_a_listing() {
             ..Default::default()
         },
     ));
-    let s = wrapped(
-        Backend {
-            store: faulty,
-            kind: raw.kind.clone(),
-        },
-        config(),
-    );
+    let s = through(&raw, faulty, config());
     let limit = Duration::from_secs(60);
     let totals = tokio::time::timeout(limit, s.ledger_totals())
         .await
@@ -481,13 +451,7 @@ async fn removal_plans_wait_for_the_background_reconciliation() {
                 ..Default::default()
             },
         ));
-        let node = wrapped(
-            Backend {
-                store: faulty,
-                kind: raw.kind.clone(),
-            },
-            config().with_ledger(Some(fresh)),
-        );
+        let node = through(&raw, faulty, config().with_ledger(Some(fresh)));
         let plan = node.evict_plan(0).await.expect("plan");
         assert_eq!(
             plan.roots().len(),
@@ -523,18 +487,12 @@ async fn eviction_racing_a_delta_publication_keeps_its_base() {
         }
     }
     for (url, ledger) in cases {
-        let cfg = config()
-            .with_grace(Duration::ZERO)
-            .with_ledger(Some(ledger));
-        let raw = raw_backend(&url);
-        let (faulty, a) = faulty_handle(&raw, cfg.clone());
-        let b = wrapped(raw.clone(), cfg.clone());
+        let (raw, faulty, a, b) = two_nodes(&url, ledger);
         let id = identity("evict-vs-delta");
         let (c1, snap1) = (ctx(&id, 81, 2048), turn(81, 2048));
         let (c2, snap2) = (ctx(&id, 81, 3072), turn(81, 3072));
         publish_base(&b, &id, c1, snap1.clone(), RootFormat::V2).await;
-        a.reconcile_ledger().await.expect("a reconciled");
-        b.reconcile_ledger().await.expect("b reconciled");
+        reconciled(&a, &b).await;
 
         let fired = Arc::new(AtomicBool::new(false));
         let evicted = Arc::new(Mutex::new(Vec::new()));

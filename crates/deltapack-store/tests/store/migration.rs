@@ -15,8 +15,9 @@ use crate::common::*;
 use deltapack_format::{DecodedRoot, SCHEMA_V1, SCHEMA_V2, SCHEMA_V2_1};
 use deltapack_store::{RestoreOutcome, RootFormat, RootStatus, Store, SweepOptions};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn migrate_fixture_v1_roots_and_a_mixed_chain() {
+/// A copy of the `2026-11-v1v2` fixture store: its folder and a handle on
+/// it with no grace.
+fn v1v2_fixture() -> (tempfile::TempDir, Store) {
     let tmp = tempfile::tempdir().expect("tmp");
     copy_dir(
         &crate::common::repo_root().join("fixtures/2026-11-v1v2/store"),
@@ -24,6 +25,12 @@ async fn migrate_fixture_v1_roots_and_a_mixed_chain() {
     );
     let url = format!("file://{}", tmp.path().display());
     let s = Store::open(&url, config().with_grace(Duration::ZERO)).expect("open");
+    (tmp, s)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_fixture_v1_roots_and_a_mixed_chain() {
+    let (tmp, s) = v1v2_fixture();
 
     // A v2 delta on a v1 base, in another namespace.
     let id = identity("migrate");
@@ -142,13 +149,7 @@ async fn migrate_fixture_v1_roots_and_a_mixed_chain() {
 /// and the new root carries a MAC that verifies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_check_writes_nothing_and_predicts_the_migrated_root() {
-    let tmp = tempfile::tempdir().expect("tmp");
-    copy_dir(
-        &crate::common::repo_root().join("fixtures/2026-11-v1v2/store"),
-        tmp.path(),
-    );
-    let url = format!("file://{}", tmp.path().display());
-    let s = Store::open(&url, config().with_grace(Duration::ZERO)).expect("open");
+    let (tmp, s) = v1v2_fixture();
     let roots_dir = tmp.path().join("roots");
     let root_files = |dir: &Path| {
         let mut out = Vec::new();
@@ -294,7 +295,6 @@ async fn a_root_removed_or_replaced_during_migration_is_not_brought_back() {
 async fn migration_refuses_a_backend_without_conditional_overwrite() {
     use common::faults::FaultPlan;
     use deltapack_store::{keys, StoreError};
-    use object_store::ObjectStoreExt;
 
     let raw = raw_backend("memory://");
     let (faulty, s) = faulty_handle(&raw, config());
@@ -302,14 +302,7 @@ async fn migration_refuses_a_backend_without_conditional_overwrite() {
     let (c, snap) = (ctx(&id, 84, 2048), turn(84, 2048));
     publish_base(&s, &id, c, snap.clone(), RootFormat::V1).await;
     let key = keys::root_key(&id.namespace(), &c);
-    let before = raw
-        .store
-        .get(&key)
-        .await
-        .expect("root")
-        .bytes()
-        .await
-        .expect("body");
+    let before = stored(&raw.store, &key).await;
     faulty.set_plan(FaultPlan {
         updates_unsupported: true,
         ..Default::default()
@@ -320,14 +313,7 @@ async fn migration_refuses_a_backend_without_conditional_overwrite() {
         }
         other => panic!("expected an Unsupported error, got {other:?}"),
     }
-    let after = raw
-        .store
-        .get(&key)
-        .await
-        .expect("root")
-        .bytes()
-        .await
-        .expect("body");
+    let after = stored(&raw.store, &key).await;
     assert_eq!(before, after, "root untouched");
     assert_eq!(restore_bytes(&s, &id, c).await, snap.encoded());
 }

@@ -18,18 +18,17 @@
 //! (`GET /<bucket>?uploads`). Needs `DELTAPACK_TEST_S3_ENDPOINT`; skips
 //! without it (fails under `CI=true`).
 
-use std::fmt;
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::stream::BoxStream;
+use deltapack_store::wrap::{Intercept, Wrapped};
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result, UploadPart,
+    MultipartUpload, ObjectMeta, ObjectStore, ObjectStoreExt, PutMultipartOptions, PutPayload,
+    PutResult, Result, UploadPart,
 };
 
 use crate::common::*;
@@ -90,12 +89,6 @@ struct Counting {
     seen: Arc<Seen>,
     /// Added to every part, so that concurrency is observable.
     part_delay: Duration,
-}
-
-impl fmt::Display for Counting {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Counting({})", self.inner)
-    }
 }
 
 fn injected(what: &str) -> object_store::Error {
@@ -184,15 +177,8 @@ impl MultipartUpload for Upload {
 }
 
 #[async_trait::async_trait]
-impl ObjectStore for Counting {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> Result<PutResult> {
-        self.inner.put_opts(location, payload, opts).await
-    }
+impl Intercept for Counting {
+    deltapack_store::layer_basics!("Counting");
 
     async fn put_multipart_opts(
         &self,
@@ -214,29 +200,6 @@ impl ObjectStore for Counting {
             part_delay: self.part_delay,
         }))
     }
-
-    async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
-        self.inner.get_opts(location, options).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, Result<Path>>,
-    ) -> BoxStream<'static, Result<Path>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
-        self.inner.copy_opts(from, to, options).await
-    }
 }
 
 // ------------------------------------------------------------ helpers
@@ -250,7 +213,7 @@ fn s3_counting(config: StoreConfig, part_delay: Duration) -> Option<(Store, Back
     let seen = Arc::new(Seen::default());
     let store = wrapped(
         Backend {
-            store: Arc::new(Counting {
+            store: Wrapped::arc(Counting {
                 inner: raw.store.clone(),
                 seen: seen.clone(),
                 part_delay,
@@ -437,13 +400,7 @@ async fn interrupted(
     let c = ctx(&id, seed, 6144);
     arm(&seen);
     let err = s
-        .publish(deltapack_store::PublishRequest {
-            identity: id.clone(),
-            context: c,
-            snapshot: snap.clone(),
-            base: None,
-            format: RootFormat::V2,
-        })
+        .publish(flat(&id, c, &snap, RootFormat::V2))
         .await
         .expect_err("a failed upload fails the publication");
     let msg = err.to_string();
@@ -600,7 +557,7 @@ async fn small_extents_and_local_disk_do_not_use_multipart() {
     let seen = Arc::new(Seen::default());
     let s = wrapped(
         Backend {
-            store: Arc::new(Counting {
+            store: Wrapped::arc(Counting {
                 inner: raw.store.clone(),
                 seen: seen.clone(),
                 part_delay: Duration::ZERO,

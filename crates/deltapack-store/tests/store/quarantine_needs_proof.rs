@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use crate::common::faults::{FaultPlan, Faulty};
+use crate::common::faults::{FaultPlan, Faulty, FaultyStore};
 use crate::common::*;
 use deltapack_store::{
     keys, Backend, BackendKind, RestoreOutcome, RootFormat, Store, SweepOptions,
@@ -21,7 +21,7 @@ use deltapack_store::{
 use object_store::ObjectStoreExt;
 
 struct World {
-    faulty: Arc<Faulty>,
+    faulty: Arc<FaultyStore>,
     store: Store,
     id: deltapack_format::CacheIdentity,
     turns: Vec<(
@@ -65,6 +65,23 @@ async fn world(salt: &str) -> World {
 }
 
 impl World {
+    /// The key of the last extent of `c`'s (v2) root.
+    async fn last_extent(&self, c: &deltapack_format::ContextDigest) -> object_store::path::Path {
+        let m = match self
+            .store
+            .read_root(&self.id.namespace(), c)
+            .await
+            .expect("root")
+        {
+            deltapack_store::RootStatus::Found(d) => match *d {
+                deltapack_format::DecodedRoot::V2(m) => m,
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        };
+        keys::object_key(&m.extents[m.extents.len() - 1].object_digest())
+    }
+
     /// A new handle on the same backend (no cache, no single flight).
     fn reader(&self) -> Store {
         Store::from_backend(
@@ -162,29 +179,8 @@ async fn damage_at_rest_is_still_quarantined() {
     let w = world("proof-at-rest").await;
     // Damage one extent of the top delta at rest: every read sees it.
     let (top, _) = w.turns[2];
-    let m = match w
-        .store
-        .read_root(&w.id.namespace(), &top)
-        .await
-        .expect("root")
-    {
-        deltapack_store::RootStatus::Found(d) => match *d {
-            deltapack_format::DecodedRoot::V2(m) => m,
-            other => panic!("{other:?}"),
-        },
-        other => panic!("{other:?}"),
-    };
-    let key = keys::object_key(&m.extents[m.extents.len() - 1].object_digest());
-    let mut bytes = w
-        .store
-        .object_store()
-        .get(&key)
-        .await
-        .expect("get")
-        .bytes()
-        .await
-        .expect("bytes")
-        .to_vec();
+    let key = w.last_extent(&top).await;
+    let mut bytes = stored(w.store.object_store(), &key).await.to_vec();
     bytes[0] ^= 0x80;
     w.store
         .object_store()
@@ -221,19 +217,7 @@ async fn a_failed_read_then_a_flipped_read_quarantines_nothing() {
         let w = world(&format!("proof-fail-flip-{k}-{sweep}")).await;
         let (c, want) = w.turns[k].clone();
         // The last extent of the root (of the top delta for a chain).
-        let m = match w
-            .store
-            .read_root(&w.id.namespace(), &c)
-            .await
-            .expect("root")
-        {
-            deltapack_store::RootStatus::Found(d) => match *d {
-                deltapack_format::DecodedRoot::V2(m) => m,
-                other => panic!("{other:?}"),
-            },
-            other => panic!("{other:?}"),
-        };
-        let key = keys::object_key(&m.extents[m.extents.len() - 1].object_digest());
+        let key = w.last_extent(&c).await;
         let prefix: &'static str = Box::leak(key.to_string().into_boxed_str());
         w.arm(one_shot(prefix, 1, 1));
         let r = w.reader();

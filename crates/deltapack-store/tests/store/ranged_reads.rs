@@ -13,19 +13,15 @@
 //! budget of ranges in flight holds, and that chains (the deferred pass,
 //! which reads ranges unchecked and verifies the result) read ranges too.
 
-use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::stream::BoxStream;
+use deltapack_store::wrap::{Intercept, ReadHead, Wrapped};
 use futures::StreamExt;
 use object_store::path::Path;
-use object_store::{
-    CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
-    ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
-};
+use object_store::{GetOptions, GetResult, ObjectStore, Result};
 
 use crate::common::*;
 use deltapack_store::{Backend, BackendKind, RestoreOutcome, RootFormat, Store, StoreConfig};
@@ -66,8 +62,8 @@ struct Ranges {
 }
 
 impl Ranges {
-    fn new(inner: Arc<dyn ObjectStore>, delay: Duration) -> Arc<Self> {
-        Arc::new(Ranges {
+    fn new(inner: Arc<dyn ObjectStore>, delay: Duration) -> Arc<Wrapped<Self>> {
+        Arc::new(Wrapped(Ranges {
             inner,
             delay,
             gets: AtomicUsize::new(0),
@@ -78,7 +74,7 @@ impl Ranges {
             fail_per_mille: AtomicU64::new(0),
             draws: AtomicU64::new(0),
             seed: 0x5eed,
-        })
+        }))
     }
 
     fn arm(&self, m: Mischief, times: u64) {
@@ -109,30 +105,9 @@ impl Ranges {
     }
 }
 
-impl fmt::Display for Ranges {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Ranges({})", self.inner)
-    }
-}
-
 #[async_trait::async_trait]
-impl ObjectStore for Ranges {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> Result<PutResult> {
-        self.inner.put_opts(location, payload, opts).await
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> Result<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
-    }
+impl Intercept for Ranges {
+    deltapack_store::layer_basics!("Ranges");
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
         let object = location.as_ref().starts_with("objects/") && !options.head;
@@ -161,19 +136,15 @@ impl ObjectStore for Ranges {
             });
         }
         let r = r?;
-        let (meta, mut range, attributes, extensions) = (
-            r.meta.clone(),
-            r.range.clone(),
-            r.attributes.clone(),
-            r.extensions.clone(),
-        );
-        let mut body = r.bytes().await?.to_vec();
+        let (mut reply, body) = ReadHead::read(r).await?;
+        let (meta, range) = (&reply.meta, &mut reply.range);
+        let mut body = body.to_vec();
         match mischief {
             Some(Mischief::Short) => {
                 body.pop();
             }
             Some(Mischief::Long) => body.push(0),
-            Some(Mischief::Shifted) => range = range.start + 1..range.end + 1,
+            Some(Mischief::Shifted) => *range = range.start + 1..range.end + 1,
             Some(Mischief::Misplaced) => {
                 // The same number of bytes from one range further on (or
                 // back, at the end of the object): right length, right
@@ -205,32 +176,7 @@ impl ObjectStore for Ranges {
             .chunks(300)
             .map(|c| Ok(Bytes::copy_from_slice(c)))
             .collect();
-        Ok(GetResult {
-            payload: GetResultPayload::Stream(futures::stream::iter(chunks).boxed()),
-            meta,
-            range,
-            attributes,
-            extensions,
-        })
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, Result<Path>>,
-    ) -> BoxStream<'static, Result<Path>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
-        self.inner.copy_opts(from, to, options).await
+        Ok(reply.stream(futures::stream::iter(chunks).boxed()))
     }
 }
 
@@ -245,7 +191,7 @@ fn ranged_config() -> StoreConfig {
 }
 
 /// A fresh handle (no base cache) over `ranges`, as a memory backend.
-fn handle(ranges: &Arc<Ranges>, config: StoreConfig) -> Store {
+fn handle(ranges: &Arc<Wrapped<Ranges>>, config: StoreConfig) -> Store {
     Store::from_backend(
         Backend {
             store: ranges.clone(),
@@ -258,7 +204,7 @@ fn handle(ranges: &Arc<Ranges>, config: StoreConfig) -> Store {
 
 struct World {
     raw: Arc<dyn ObjectStore>,
-    ranges: Arc<Ranges>,
+    ranges: Arc<Wrapped<Ranges>>,
     id: deltapack_format::CacheIdentity,
     base: (
         deltapack_format::ContextDigest,

@@ -34,7 +34,6 @@ use crate::common::*;
 use deltapack_format::{CacheIdentity, ContextDigest, Snapshot};
 use deltapack_store::{
     BaseInput, PublishOutcome, PublishRequest, RestoreOutcome, RootFormat, Store, StoreError,
-    SweepOptions,
 };
 
 // ------------------------------------------------------------ the proxy
@@ -126,22 +125,6 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
 }
 
 fn request(
@@ -471,14 +454,7 @@ async fn publish_and_restore_under_random_faults() {
             ),
         }
     }
-    let sweep = direct
-        .sweep(
-            &SweepOptions::default()
-                .with_grace(Duration::from_secs(3600))
-                .with_dry_run(true),
-        )
-        .await
-        .expect("sweep");
+    let sweep = dry_sweep(&direct).await;
     let quarantined = through.stats().quarantined;
 
     eprintln!(

@@ -15,10 +15,8 @@ use bytes::Bytes;
 use deltapack_format::layer_digest;
 use deltapack_format::{Algorithm, DecodedRoot, Snapshot, SCHEMA_V2_1, SCHEMA_V2_2};
 use deltapack_store::{
-    BaseInput, PublishOutcome, PublishRequest, RestoreOutcome, RootFormat, Store, StoreConfig,
-    StoreError, Turn, TurnRequest,
+    PublishOutcome, RestoreOutcome, RootFormat, Store, StoreConfig, StoreError, Turn, TurnRequest,
 };
-use object_store::ObjectStoreExt;
 
 const SEED: u64 = 29;
 
@@ -405,29 +403,13 @@ async fn new_turns_on_a_conversation_stored_with_the_old_digest() {
     // A layered delta on a `blake3:` base, given the restored Arc.
     let six = turn(FIXTURE_SEED, 6144);
     let r = store
-        .publish(PublishRequest {
-            identity: id.clone(),
-            context: c(6144),
-            snapshot: six.clone(),
-            base: Some(BaseInput {
-                context: c(5120),
-                snapshot: old.clone(),
-            }),
-            format: RootFormat::V2,
-        })
+        .publish(delta(&id, c(6144), &six, c(5120), &old, RootFormat::V2))
         .await
         .expect("publish");
     assert_eq!(r.outcome, PublishOutcome::Created);
     assert_eq!(r.schema, SCHEMA_V2_2);
     let key = deltapack_store::keys::root_key(&id.namespace(), &c(6144));
-    let bytes = store
-        .object_store()
-        .get(&key)
-        .await
-        .expect("root")
-        .bytes()
-        .await
-        .expect("bytes");
+    let bytes = stored(store.object_store(), &key).await;
     match deltapack_format::root::decode(&bytes, None).expect("decode") {
         DecodedRoot::V2(m) => {
             let b = m.base.expect("base");

@@ -4,10 +4,9 @@
 //! bounded queue never drops work (a full queue publishes inline, counted),
 //! and shutdown flushes everything to the store.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::faults::{FaultPlan, Faulty};
+use crate::common::faults::Faulty;
 use crate::common::*;
 use deltapack_store::{Backend, PublishRequest, RestoreOutcome, RootFormat, WriteBehind};
 
@@ -16,13 +15,7 @@ async fn read_your_writes_under_a_full_queue() {
     let dir = tempfile::tempdir().expect("tmp");
     let inner = raw_backend(&format!("file://{}", dir.path().display()));
     // 20 ms per storage operation: the single writer falls behind.
-    let slow = Arc::new(Faulty::new(
-        inner.store.clone(),
-        FaultPlan {
-            latency: Duration::from_millis(20),
-            ..Default::default()
-        },
-    ));
+    let slow = Faulty::slowed(inner.store.clone(), Duration::from_millis(20));
     let store = wrapped(
         Backend {
             store: slow,
@@ -36,15 +29,9 @@ async fn read_your_writes_under_a_full_queue() {
     for i in 0..n {
         let snap = turn(90 + i, 2048);
         let c = ctx(&id, 90 + i, 2048);
-        wb.publish_async(PublishRequest {
-            identity: id.clone(),
-            context: c,
-            snapshot: snap.clone(),
-            base: None,
-            format: RootFormat::V2,
-        })
-        .await
-        .expect("publish_async");
+        wb.publish_async(flat(&id, c, &snap, RootFormat::V2))
+            .await
+            .expect("publish_async");
         // Immediately readable, whether buffered or already durable.
         match wb
             .restore((&id, c), Default::default())
@@ -85,13 +72,7 @@ async fn read_your_writes_under_a_full_queue() {
 /// nothing fails, and every turn restores exactly from the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_chain_publishes_in_order_through_two_writers() {
-    let slow = Arc::new(Faulty::new(
-        raw_backend("memory://").store,
-        FaultPlan {
-            latency: Duration::from_millis(5),
-            ..Default::default()
-        },
-    ));
+    let slow = Faulty::slowed(raw_backend("memory://").store, Duration::from_millis(5));
     let store = wrapped(
         Backend {
             store: slow,
@@ -137,15 +118,7 @@ async fn a_conflicting_publication_is_refused_at_enqueue() {
     let (a, b) = (turn(62, 2048), turn(63, 2048));
     publish_base(&store, &id, c, a.clone(), RootFormat::V2).await;
     let wb = WriteBehind::new(store.clone(), 4, 1);
-    let refused = wb
-        .publish_async(PublishRequest {
-            identity: id.clone(),
-            context: c,
-            snapshot: b.clone(),
-            base: None,
-            format: RootFormat::V2,
-        })
-        .await;
+    let refused = wb.publish_async(flat(&id, c, &b, RootFormat::V2)).await;
     assert!(refused.is_err(), "a conflicting publish_async is refused");
     // The store's root is what a reader sees, never the refused snapshot.
     match wb
@@ -160,23 +133,11 @@ async fn a_conflicting_publication_is_refused_at_enqueue() {
     // bytes is refused too.
     let c2 = ctx(&id, 64, 2048);
     let slow = WriteBehind::new(store.clone(), 4, 1);
-    slow.publish_async(PublishRequest {
-        identity: id.clone(),
-        context: c2,
-        snapshot: turn(64, 2048),
-        base: None,
-        format: RootFormat::V2,
-    })
-    .await
-    .expect("first");
+    slow.publish_async(flat(&id, c2, &turn(64, 2048), RootFormat::V2))
+        .await
+        .expect("first");
     let second = slow
-        .publish_async(PublishRequest {
-            identity: id.clone(),
-            context: c2,
-            snapshot: turn(65, 2048),
-            base: None,
-            format: RootFormat::V2,
-        })
+        .publish_async(flat(&id, c2, &turn(65, 2048), RootFormat::V2))
         .await;
     assert!(second.is_err(), "two different snapshots for one context");
     let report = slow.shutdown().await.expect("shutdown");

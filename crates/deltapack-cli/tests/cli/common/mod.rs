@@ -68,6 +68,51 @@ pub(crate) fn fleet(name: &str) -> Option<(String, String)> {
     Some((store, ledger))
 }
 
+/// The arguments of a command line written as one string: its words
+/// (no argument a test passes has a space in it; see [`Cli`]).
+pub(crate) fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
+/// `deltapack` run in one folder, its arguments written as one command
+/// line and split on white space (no argument a test passes has a space
+/// in it: store URLs are temp-dir paths, the rest are flags, hex and file
+/// names).
+#[derive(Clone, Copy)]
+pub(crate) struct Cli<'a>(pub(crate) &'a Path);
+
+impl Cli<'_> {
+    /// Runs `deltapack` with the words of `line` ([`deltapack`]).
+    pub(crate) fn run(self, line: impl AsRef<str>) -> Output {
+        deltapack(self.0, &words(line.as_ref()))
+    }
+
+    /// Runs it and asserts the exit code ([`expect_code`]); returns stdout.
+    pub(crate) fn code(self, code: i32, line: impl AsRef<str>) -> String {
+        expect_code(self.0, &words(line.as_ref()), code)
+    }
+
+    /// Runs it and asserts success; returns stdout.
+    pub(crate) fn ok(self, line: impl AsRef<str>) -> String {
+        self.code(0, line)
+    }
+}
+
+/// A tiny conversation set up in `dir`: the example identity in `id.json`
+/// and, per `(name, seed, tokens)`, a synthetic snapshot `name.snap` with
+/// its tokens in `name.tok`. Returns the URL of a local store in
+/// `dir/store` (created by the first publication).
+pub(crate) fn conversation(dir: &Path, turns: &[(&str, u64, u64)]) -> String {
+    let id = Cli(dir).ok("identity --example");
+    std::fs::write(dir.join("id.json"), id).expect("write id.json");
+    for (name, seed, n) in turns {
+        Cli(dir).ok(format!(
+            "synth --preset tiny --seed {seed} --tokens {n} --out {name}.snap --tokens-out {name}.tok"
+        ));
+    }
+    format!("file://{}", dir.join("store").display())
+}
+
 /// SplitMix64: a well-mixed 64-bit value from `z` (test randomness that a
 /// seed reproduces).
 pub(crate) fn mix(z: u64) -> u64 {

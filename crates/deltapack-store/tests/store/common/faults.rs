@@ -1,7 +1,8 @@
-//! A fault-injecting `ObjectStore`: forwards every trait method to a real
-//! backend, and can fail the Nth operation, fail a fraction of operations,
-//! add latency, return truncated or bit-flipped bodies, or "crash" — refuse
-//! every operation after the Nth, as if the process had died there.
+//! A fault-injecting `ObjectStore` layer ([`Intercept`]): forwards every
+//! trait method to a real backend, and can fail the Nth operation, fail a
+//! fraction of operations, add latency, return truncated or bit-flipped
+//! bodies, or "crash" — refuse every operation after the Nth, as if the
+//! process had died there.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,12 +10,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use deltapack_store::wrap::{Intercept, ReadHead, Wrapped};
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use object_store::path::Path;
 use object_store::{
-    CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
-    ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
 };
 
 /// What to inject.
@@ -126,6 +128,56 @@ impl fmt::Debug for Hook {
     }
 }
 
+/// Where a republishing hook leaves its republication's task once it ran.
+pub(crate) type Slot = Arc<
+    Mutex<
+        Option<tokio::task::JoinHandle<deltapack_store::Result<deltapack_store::PublishReceipt>>>,
+    >,
+>;
+
+/// A delete hook on `prefix` (run `before` the delete, or right after it)
+/// in which another handle, `s`, republishes `snap` flat under `c`: the
+/// republication is given up to 2 s to finish inside the window, and its
+/// task is left in the returned slot.
+pub(crate) fn republish_on_delete(
+    prefix: &'static str,
+    before: bool,
+    s: &deltapack_store::Store,
+    id: &deltapack_format::CacheIdentity,
+    c: deltapack_format::ContextDigest,
+    snap: &Arc<deltapack_format::Snapshot>,
+) -> (Hook, Slot) {
+    let slot: Slot = Arc::new(Mutex::new(None));
+    let (s2, id2, snap2, slot2) = (s.clone(), id.clone(), snap.clone(), slot.clone());
+    let hook = Hook {
+        prefix,
+        before,
+        fired: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        run: Arc::new(move || {
+            let (s2, id2, snap2, slot2) = (s2.clone(), id2.clone(), snap2.clone(), slot2.clone());
+            Box::pin(async move {
+                let h = tokio::spawn(async move {
+                    s2.publish(super::flat(
+                        &id2,
+                        c,
+                        &snap2,
+                        deltapack_store::RootFormat::V2,
+                    ))
+                    .await
+                });
+                let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                    while !h.is_finished() {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                })
+                .await;
+                *slot2.lock().expect("slot") = Some(h);
+            })
+        }),
+    };
+    (hook, slot)
+}
+
 /// What the random transient faults (`flip_fraction`, `get_fail_fraction`,
 /// `slow_get_fraction`) injected so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -169,7 +221,7 @@ impl Race {
     }
 }
 
-/// The wrapper.
+/// The fault layer; [`Faulty::new`] puts it in front of a store.
 #[derive(Debug)]
 pub(crate) struct Faulty {
     inner: Arc<dyn ObjectStore>,
@@ -178,12 +230,6 @@ pub(crate) struct Faulty {
     injected: AtomicU64,
     race_armed: std::sync::atomic::AtomicBool,
     transient: Mutex<Transient>,
-}
-
-impl fmt::Display for Faulty {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Faulty({})", self.inner)
-    }
 }
 
 fn splitmix(mut z: u64) -> u64 {
@@ -199,16 +245,31 @@ fn injected(op: &str, n: u64) -> object_store::Error {
     }
 }
 
+/// A store behind a [`Faulty`] layer (the layer's methods through `Deref`).
+pub(crate) type FaultyStore = Wrapped<Faulty>;
+
 impl Faulty {
-    pub(crate) fn new(inner: Arc<dyn ObjectStore>, plan: FaultPlan) -> Self {
-        Faulty {
+    /// `inner` with `latency` added to every operation, and no faults.
+    pub(crate) fn slowed(inner: Arc<dyn ObjectStore>, latency: Duration) -> Arc<FaultyStore> {
+        Arc::new(Faulty::new(
+            inner,
+            FaultPlan {
+                latency,
+                ..Default::default()
+            },
+        ))
+    }
+
+    /// `inner` behind a fault layer that follows `plan`.
+    pub(crate) fn new(inner: Arc<dyn ObjectStore>, plan: FaultPlan) -> FaultyStore {
+        Wrapped(Faulty {
             inner,
             plan: Mutex::new(plan),
             ops: AtomicU64::new(0),
             injected: AtomicU64::new(0),
             race_armed: std::sync::atomic::AtomicBool::new(false),
             transient: Mutex::new(Transient::default()),
-        }
+        })
     }
 
     /// What the random transient faults injected so far.
@@ -337,7 +398,9 @@ impl Faulty {
 }
 
 #[async_trait::async_trait]
-impl ObjectStore for Faulty {
+impl Intercept for Faulty {
+    deltapack_store::layer_basics!("Faulty");
+
     async fn put_opts(
         &self,
         location: &Path,
@@ -349,7 +412,7 @@ impl ObjectStore for Faulty {
         {
             return Err(object_store::Error::NotImplemented {
                 operation: "conditional overwrite".into(),
-                implementer: self.to_string(),
+                implementer: format!("Faulty({})", self.inner),
             });
         }
         if matches!(opts.mode, object_store::PutMode::Create) {
@@ -437,13 +500,8 @@ impl ObjectStore for Faulty {
         if !damage && race.is_none() {
             return Ok(r);
         }
-        let (meta, range, attributes, extensions) = (
-            r.meta.clone(),
-            r.range.clone(),
-            r.attributes.clone(),
-            r.extensions.clone(),
-        );
-        let mut b = r.bytes().await?.to_vec();
+        let (reply, b) = ReadHead::read(r).await?;
+        let mut b = b.to_vec();
         match race {
             Some(Race::Delete(key)) => {
                 object_store::ObjectStoreExt::delete(&*self.inner, &key).await?
@@ -454,16 +512,7 @@ impl ObjectStore for Faulty {
             None => {}
         }
         if !damage {
-            let body = Bytes::from(b);
-            return Ok(GetResult {
-                payload: GetResultPayload::Stream(
-                    futures::stream::once(async move { Ok(body) }).boxed(),
-                ),
-                meta,
-                range,
-                attributes,
-                extensions,
-            });
+            return Ok(reply.once(Bytes::from(b)));
         }
         if plan.truncate_bodies {
             b.pop();
@@ -477,16 +526,7 @@ impl ObjectStore for Faulty {
             b[i] ^= 1 << ((z >> 56) % 8);
         }
         self.injected.fetch_add(1, Ordering::SeqCst);
-        let body = Bytes::from(b);
-        Ok(GetResult {
-            payload: GetResultPayload::Stream(
-                futures::stream::once(async move { Ok(body) }).boxed(),
-            ),
-            meta,
-            range,
-            attributes,
-            extensions,
-        })
+        Ok(reply.once(Bytes::from(b)))
     }
 
     fn delete_stream(

@@ -1,23 +1,18 @@
-//! An `ObjectStore` wrapper that forwards every call to a real backend while
-//! counting what restore and publication hold at once: object payloads
-//! fetched and not yet dropped (tracked through the lifetime of the returned
-//! `Bytes`), puts in flight, and GETs per key. Optional per-GET latency makes
-//! concurrency observable.
+//! An `ObjectStore` layer ([`Intercept`]) that forwards every call to a
+//! real backend while counting what restore and publication hold at once:
+//! object payloads fetched and not yet dropped (tracked through the
+//! lifetime of the returned `Bytes`), puts in flight, and GETs per key.
+//! Optional per-GET latency makes concurrency observable.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::stream::BoxStream;
-use futures::StreamExt;
+use deltapack_store::wrap::{Intercept, ReadHead, Wrapped};
 use object_store::path::Path;
-use object_store::{
-    CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
-    ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
-};
+use object_store::{GetOptions, GetResult, ObjectStore, PutOptions, PutPayload, PutResult, Result};
 
 /// Counters shared by a wrapper and the test.
 #[derive(Debug, Default)]
@@ -62,22 +57,18 @@ impl Counters {
         self.object_bytes.load(Ordering::SeqCst)
     }
     pub(crate) fn gets_of_roots(&self) -> usize {
-        self.gets
-            .lock()
-            .map(|g| {
-                g.iter()
-                    .filter(|(k, _)| k.starts_with("roots/"))
-                    .map(|(_, v)| *v)
-                    .sum()
-            })
-            .unwrap_or(0)
+        self.gets_under("roots/")
     }
     pub(crate) fn gets_of_objects(&self) -> usize {
+        self.gets_under("objects/")
+    }
+    /// GETs of keys under `prefix`.
+    fn gets_under(&self, prefix: &str) -> usize {
         self.gets
             .lock()
             .map(|g| {
                 g.iter()
-                    .filter(|(k, _)| k.starts_with("objects/"))
+                    .filter(|(k, _)| k.starts_with(prefix))
                     .map(|(_, v)| *v)
                     .sum()
             })
@@ -110,18 +101,14 @@ pub(crate) struct Instrumented {
     pub(crate) get_delay: Duration,
 }
 
-impl fmt::Display for Instrumented {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Instrumented({})", self.inner)
-    }
-}
-
 fn bump_max(cur: usize, max: &AtomicUsize) {
     max.fetch_max(cur, Ordering::SeqCst);
 }
 
 #[async_trait::async_trait]
-impl ObjectStore for Instrumented {
+impl Intercept for Instrumented {
+    deltapack_store::layer_basics!("Instrumented");
+
     async fn put_opts(
         &self,
         location: &Path,
@@ -135,14 +122,6 @@ impl ObjectStore for Instrumented {
         let r = self.inner.put_opts(location, payload, opts).await;
         self.counters.puts_in_flight.fetch_sub(1, Ordering::SeqCst);
         r
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> Result<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
     }
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
@@ -200,11 +179,7 @@ impl ObjectStore for Instrumented {
         if !object {
             return Ok(r);
         }
-        let meta = r.meta.clone();
-        let range = r.range.clone();
-        let attributes = r.attributes.clone();
-        let extensions = r.extensions.clone();
-        let bytes = r.bytes().await?;
+        let (reply, bytes) = ReadHead::read(r).await?;
         self.counters
             .object_bytes
             .fetch_add(bytes.len() as u64, Ordering::SeqCst);
@@ -214,34 +189,7 @@ impl ObjectStore for Instrumented {
             bytes,
             counters: self.counters.clone(),
         });
-        Ok(GetResult {
-            payload: GetResultPayload::Stream(
-                futures::stream::once(async move { Ok(held) }).boxed(),
-            ),
-            meta,
-            range,
-            attributes,
-            extensions,
-        })
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, Result<Path>>,
-    ) -> BoxStream<'static, Result<Path>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
-        self.inner.copy_opts(from, to, options).await
+        Ok(reply.once(held))
     }
 }
 
@@ -254,7 +202,7 @@ pub(crate) fn instrumented_store(
     config: deltapack_store::StoreConfig,
 ) -> (deltapack_store::Store, Arc<Counters>) {
     let counters = Arc::new(Counters::default());
-    let store = Arc::new(Instrumented {
+    let store = Wrapped::arc(Instrumented {
         inner: inner.store,
         counters: counters.clone(),
         get_delay: delay,

@@ -3,14 +3,17 @@
 
 pub(crate) mod faults;
 pub(crate) mod instrumented;
+pub(crate) mod pg;
 
 use std::sync::Arc;
+
+use object_store::path::Path;
 
 use deltapack_format::synth::{self, Preset};
 use deltapack_format::{CacheIdentity, ContextDigest, ContextHasher, Snapshot};
 use deltapack_store::{
-    open_backend, Backend, BaseInput, PublishReceipt, PublishRequest, RootFormat, Store,
-    StoreConfig,
+    keys, open_backend, Backend, BaseInput, PublishReceipt, PublishRequest, RootFormat, RootStatus,
+    Store, StoreConfig,
 };
 
 /// The repository's top folder (where `fixtures/` and `tests/tools/` live).
@@ -47,6 +50,57 @@ pub(crate) fn in_own_process(test: &str) -> bool {
         String::from_utf8_lossy(&out.stderr)
     );
     false
+}
+
+/// A seeded SplitMix64 stream: test randomness that a seed reproduces.
+pub(crate) struct Rng(pub(crate) u64);
+
+impl Rng {
+    /// The next value.
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A value in `0..n` (`0` for `n = 0`).
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// True with probability `p`.
+    pub(crate) fn chance(&mut self, p: f64) -> bool {
+        (self.next() as f64 / u64::MAX as f64) < p
+    }
+
+    /// A value between `lo` and `hi`.
+    pub(crate) fn fraction(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * (self.next() as f64 / u64::MAX as f64)
+    }
+}
+
+/// A scratch backend by name: `"local"` (a `file://` store in `dir`) or
+/// anything else (`memory://`).
+pub(crate) fn scratch_url(name: &str, dir: &tempfile::TempDir) -> String {
+    match name {
+        "local" => format!("file://{}", dir.path().display()),
+        _ => "memory://".to_string(),
+    }
+}
+
+/// The object keys `c`'s root (in `id`'s namespace) lists.
+pub(crate) async fn object_keys(s: &Store, id: &CacheIdentity, c: &ContextDigest) -> Vec<Path> {
+    let RootStatus::Found(r) = s.read_root(&id.namespace(), c).await.expect("read") else {
+        panic!("root")
+    };
+    r.summary()
+        .expect("summary")
+        .objects
+        .iter()
+        .map(|(d, _)| keys::object_key(d))
+        .collect()
 }
 
 /// Extent size used by tests: small, so tiny snapshots span several extents.
@@ -112,31 +166,7 @@ fn unique() -> String {
 /// database `.ci/run` starts), if `DELTAPACK_TEST_POSTGRES` is set. In CI a
 /// missing server is a failure, not a skip.
 pub(crate) fn postgres_ledger_url() -> Option<String> {
-    let base = match std::env::var("DELTAPACK_TEST_POSTGRES") {
-        Ok(u) if !u.is_empty() => u,
-        _ => {
-            assert!(
-                std::env::var("CI").map(|v| v != "true").unwrap_or(true),
-                "CI=true but DELTAPACK_TEST_POSTGRES is not set"
-            );
-            eprintln!("DELTAPACK_TEST_POSTGRES not set: skipping the PostgreSQL ledger (run `bash .ci/run` for the full suite)");
-            return None;
-        }
-    };
-    let schema = format!("t_{}", unique().replace('-', "_"));
-    // The blocking client runs its own runtime: not on an async worker.
-    std::thread::scope(|sc| {
-        sc.spawn(|| {
-            let mut c = postgres::Client::connect(&base, postgres::NoTls)
-                .expect("connect to the test PostgreSQL");
-            c.batch_execute(&format!("CREATE SCHEMA {schema}"))
-                .expect("create schema");
-        })
-        .join()
-        .expect("create schema");
-    });
-    let sep = if base.contains('?') { '&' } else { '?' };
-    Some(format!("{base}{sep}options=-c%20search_path%3D{schema}"))
+    pg::fresh_schema(&format!("t_{}", unique().replace('-', "_")))
 }
 
 /// The URL of a fresh, empty S3 prefix, if the server is configured.
@@ -186,20 +216,52 @@ pub(crate) fn wrapped(backend: Backend, config: StoreConfig) -> Store {
     Store::from_backend(backend, config).expect("store")
 }
 
+/// A handle on `raw`'s bucket through `layer` (a wrapper of `raw.store`),
+/// keeping `raw`'s kind.
+pub(crate) fn through(
+    raw: &Backend,
+    layer: Arc<dyn object_store::ObjectStore>,
+    config: StoreConfig,
+) -> Store {
+    wrapped(
+        Backend {
+            store: layer,
+            kind: raw.kind.clone(),
+        },
+        config,
+    )
+}
+
+/// `reader` restores `c` to exactly `snap` (else the test fails with
+/// `lost`), and the two handles of `pair` hold the same ledger image (else
+/// `differ`).
+pub(crate) async fn assert_kept(
+    reader: &Store,
+    (id, c): (&CacheIdentity, ContextDigest),
+    snap: &Snapshot,
+    lost: &str,
+    pair: [&Store; 2],
+    differ: &str,
+) {
+    assert_eq!(restore_bytes(reader, id, c).await, snap.encoded(), "{lost}");
+    assert_eq!(
+        pair[0].ledger_image().await.expect("image"),
+        pair[1].ledger_image().await.expect("image"),
+        "{differ}"
+    );
+}
+
 /// A handle on `raw` through a fault wrapper (no faults planned yet), and
 /// the wrapper, whose plan the test sets when the moment comes.
-pub(crate) fn faulty_handle(raw: &Backend, config: StoreConfig) -> (Arc<faults::Faulty>, Store) {
+pub(crate) fn faulty_handle(
+    raw: &Backend,
+    config: StoreConfig,
+) -> (Arc<faults::FaultyStore>, Store) {
     let faulty = Arc::new(faults::Faulty::new(
         raw.store.clone(),
         faults::FaultPlan::default(),
     ));
-    let s = wrapped(
-        Backend {
-            store: faulty.clone(),
-            kind: raw.kind.clone(),
-        },
-        config,
-    );
+    let s = through(raw, faulty.clone(), config);
     (faulty, s)
 }
 
@@ -235,6 +297,22 @@ pub(crate) fn ctx(id: &CacheIdentity, seed: u64, tokens: usize) -> ContextDigest
         .digest(&synth::tokens(seed, tokens))
 }
 
+/// A request to publish `snap` flat (no base) under `ctx`.
+pub(crate) fn flat(
+    id: &CacheIdentity,
+    ctx: ContextDigest,
+    snap: &Arc<Snapshot>,
+    format: RootFormat,
+) -> PublishRequest {
+    PublishRequest {
+        identity: id.clone(),
+        context: ctx,
+        snapshot: snap.clone(),
+        base: None,
+        format,
+    }
+}
+
 /// Publishes a flat snapshot.
 pub(crate) async fn publish_base(
     store: &Store,
@@ -244,15 +322,28 @@ pub(crate) async fn publish_base(
     format: RootFormat,
 ) -> PublishReceipt {
     store
-        .publish(PublishRequest {
-            identity: id.clone(),
-            context: ctx,
-            snapshot: snap,
-            base: None,
-            format,
-        })
+        .publish(flat(id, ctx, &snap, format))
         .await
         .expect("publish base")
+}
+
+/// A request to publish `snap` as a delta on `base` (published under
+/// `base_ctx`).
+pub(crate) fn delta(
+    id: &CacheIdentity,
+    ctx: ContextDigest,
+    snap: &Arc<Snapshot>,
+    base_ctx: ContextDigest,
+    base: &Arc<Snapshot>,
+    format: RootFormat,
+) -> PublishRequest {
+    PublishRequest {
+        base: Some(BaseInput {
+            context: base_ctx,
+            snapshot: base.clone(),
+        }),
+        ..flat(id, ctx, snap, format)
+    }
 }
 
 /// Publishes a delta.
@@ -266,16 +357,7 @@ pub(crate) async fn publish_delta(
     format: RootFormat,
 ) -> PublishReceipt {
     store
-        .publish(PublishRequest {
-            identity: id.clone(),
-            context: ctx,
-            snapshot: snap,
-            base: Some(BaseInput {
-                context: base_ctx,
-                snapshot: base,
-            }),
-            format,
-        })
+        .publish(delta(id, ctx, &snap, base_ctx, &base, format))
         .await
         .expect("publish delta")
 }
@@ -294,6 +376,30 @@ pub(crate) async fn restore_bytes(
         deltapack_store::RestoreOutcome::Hit(r) => r.snapshot.encoded().to_vec(),
         deltapack_store::RestoreOutcome::Miss(m) => panic!("expected a hit, got miss {m}"),
     }
+}
+
+/// The bytes stored under `key` (the test fails if they cannot be read).
+pub(crate) async fn stored(
+    os: &dyn object_store::ObjectStore,
+    key: &object_store::path::Path,
+) -> bytes::Bytes {
+    object_store::ObjectStoreExt::get(os, key)
+        .await
+        .expect("get")
+        .bytes()
+        .await
+        .expect("bytes")
+}
+
+/// A dry-run sweep with an hour's grace: what it finds, nothing changed.
+pub(crate) async fn dry_sweep(s: &Store) -> deltapack_store::SweepReport {
+    s.sweep(
+        &deltapack_store::SweepOptions::default()
+            .with_grace(std::time::Duration::from_secs(3600))
+            .with_dry_run(true),
+    )
+    .await
+    .expect("sweep")
 }
 
 /// Copies a directory tree (e.g. a fixture store into a temp dir).

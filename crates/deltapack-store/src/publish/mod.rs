@@ -44,7 +44,7 @@ pub use receipt::{PublishOutcome, PublishReceipt, Turn};
 pub use request::{BaseInput, PublishRequest, RootFormat, TurnRequest};
 use shape::Shape;
 
-use crate::error::{Result, StoreError};
+use crate::error::Result;
 use crate::gc::ProtectGuard;
 use crate::keys;
 use crate::stats::Stats;
@@ -297,7 +297,11 @@ impl Store {
             self.ledger_touch(&ns, &req.context).await;
             // The caller's snapshot is the one the root names: a delta on
             // it (the same `Arc`) is not hashed again.
-            let state = shape::result_state(digest).await.ok().flatten();
+            let state = shape::layered_result(digest)
+                .await
+                .ok()
+                .flatten()
+                .map(|(_, st)| st);
             receipt.turn =
                 self.remember_published(ns, req.context, receipt.snapshot_digest, snap, state);
         }
@@ -338,16 +342,7 @@ impl Store {
         }
         receipt.chain_depth = chain.as_ref().map_or(0, |c| c.ancestors.len() as u32 + 1);
         receipt.rebased = shape.rebased;
-        let layers = match to_write.digest {
-            Some(d) => d
-                .clone()
-                .await
-                .map_err(StoreError::Internal)?
-                .layered
-                .as_ref()
-                .map(|(l, st)| (l.streams.clone(), st.clone())),
-            None => None,
-        };
+        let layers = shape::layered_result(to_write.digest).await?;
         receipt.schema = plan::v2_schema(layers.is_some(), chain.is_some()).into();
         let bytes = self.encode_v2(
             &meta,

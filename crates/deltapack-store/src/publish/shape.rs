@@ -9,6 +9,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use deltapack_format::layer_digest::StreamDigest;
 use deltapack_format::{BaseRef, ChainHints, DeltaHeader, DeltaLayout, Digest, DigestState};
 use deltapack_format::{Snapshot, SnapshotHeader};
 use futures::FutureExt;
@@ -166,9 +167,11 @@ pub(super) async fn snapshot_digest(
     }
 }
 
-/// The result's digest state, once the started digest is done (`None` for
-/// a digest that is not layered).
-pub(super) async fn result_state(digest: Option<&LateDigest>) -> Result<Option<Arc<DigestState>>> {
+/// The result's stream digests and digest state, once the started digest
+/// is done (`None` for a digest that is not layered).
+pub(super) async fn layered_result(
+    digest: Option<&LateDigest>,
+) -> Result<Option<(Vec<StreamDigest>, Arc<DigestState>)>> {
     Ok(match digest {
         Some(d) => d
             .clone()
@@ -176,7 +179,7 @@ pub(super) async fn result_state(digest: Option<&LateDigest>) -> Result<Option<A
             .map_err(StoreError::Internal)?
             .layered
             .as_ref()
-            .map(|(_, st)| st.clone()),
+            .map(|(l, st)| (l.streams.clone(), st.clone())),
         None => None,
     })
 }

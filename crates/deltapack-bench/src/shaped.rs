@@ -728,7 +728,7 @@ pub(crate) fn shaped_memory_store(
         }
         None => (mem, None),
     };
-    config.ledger = Some("sqlite://:memory:".into());
+    config.capacity.ledger = Some("sqlite://:memory:".into());
     let store = Store::from_backend(
         Backend {
             store: os,

@@ -448,22 +448,22 @@ pub(crate) fn with_env_knobs(mut c: StoreConfig) -> StoreConfig {
         }
     };
     if let Some(n) = count("DELTAPACK_RANGES_IN_FLIGHT") {
-        c.ranges_in_flight = n;
+        c.remote.ranges_in_flight = n;
     }
     if let Some(n) = size("DELTAPACK_RANGE_BYTES") {
-        c.range_bytes = n;
+        c.remote.range_bytes = n;
     }
     if let Some(n) = count("DELTAPACK_PARTS_IN_FLIGHT") {
-        c.parts_in_flight = n;
+        c.remote.parts_in_flight = n;
     }
     if let Some(n) = size("DELTAPACK_PART_BYTES") {
-        c.part_bytes = n;
+        c.remote.part_bytes = n;
     }
     if let Some(n) = count("DELTAPACK_CHAIN_GETS_IN_FLIGHT") {
-        c.chain_gets_in_flight = n;
+        c.remote.chain_gets_in_flight = n;
     }
     if let Some(n) = count("DELTAPACK_ROOTS_IN_FLIGHT") {
-        c.roots_in_flight = n;
+        c.remote.roots_in_flight = n;
     }
     c
 }

@@ -216,7 +216,7 @@ async fn carry_out(
 
 pub(crate) async fn evict(a: EvictArgs) -> Result<ExitCode> {
     let resolved = a.s.store.resolve()?;
-    let Some(target) = a.target.or(resolved.config.budget_bytes) else {
+    let Some(target) = a.target.or(resolved.config.capacity.budget_bytes) else {
         anyhow::bail!("give --budget SIZE (or --to SIZE)");
     };
     let store = resolved.open()?;

@@ -421,28 +421,29 @@ pub(crate) fn resolve(
     shown.push("root-key-file", key_shown, key_src);
 
     let budget = pick("budget", &s.budget, &file.budget);
-    c.budget_bytes = budget.as_ref().map(|(v, _)| *v);
+    c.capacity.budget_bytes = budget.as_ref().map(|(v, _)| *v);
     shown.push(
         "budget",
-        shown_size(c.budget_bytes),
+        shown_size(c.capacity.budget_bytes),
         budget.map_or(Source::Default, |(_, s)| s),
     );
 
     let min_free = pick("min_free", &s.min_free, &file.min_free);
-    c.min_free_bytes = min_free.as_ref().map(|(v, _)| *v);
+    c.capacity.min_free_bytes = min_free.as_ref().map(|(v, _)| *v);
     shown.push(
         "min-free",
-        shown_size(c.min_free_bytes),
+        shown_size(c.capacity.min_free_bytes),
         min_free.map_or(Source::Default, |(_, s)| s),
     );
 
-    let (grace, src) = pick("grace", &s.grace, &file.grace).unwrap_or((d.grace, Source::Default));
-    c.grace = grace;
+    let (grace, src) =
+        pick("grace", &s.grace, &file.grace).unwrap_or((d.capacity.grace, Source::Default));
+    c.capacity.grace = grace;
     shown.push("grace", units::format_duration(grace), src);
 
     let (deadline, src) = pick("ledger_deadline", &s.ledger_deadline, &file.ledger_deadline)
-        .unwrap_or((d.ledger_deadline, Source::Default));
-    c.ledger_deadline = deadline;
+        .unwrap_or((d.capacity.ledger_deadline, Source::Default));
+    c.capacity.ledger_deadline = deadline;
     shown.push("ledger-deadline", units::format_duration(deadline), src);
 
     let (cold, src) = pick(
@@ -451,7 +452,7 @@ pub(crate) fn resolve(
         &file.cold_start.map(ColdStartArg::from_file),
     )
     .unwrap_or((ColdStartArg::Load, Source::Default));
-    c.cold_start = cold.policy();
+    c.capacity.cold_start = cold.policy();
     shown.push("cold-start", cold.name().into(), src);
 
     let rate = pick("prefill_rate", &s.prefill_rate, &file.prefill_rate);
@@ -460,20 +461,22 @@ pub(crate) fn resolve(
             bail!("--prefill-rate {r}: a positive number of tokens/s");
         }
     }
-    c.prefill_tokens_per_s = rate.map(|(v, _)| v);
+    c.restore.prefill_tokens_per_s = rate.map(|(v, _)| v);
     shown.push(
         "prefill-rate",
-        c.prefill_tokens_per_s
+        c.restore
+            .prefill_tokens_per_s
             .map(|r| r.to_string())
             .unwrap_or_else(|| "none".into()),
         rate.map_or(Source::Default, |(_, s)| s),
     );
 
     let ledger = pick("ledger", &s.ledger, &file.ledger);
-    c.ledger = ledger.as_ref().map(|(v, _)| v.clone());
+    c.capacity.ledger = ledger.as_ref().map(|(v, _)| v.clone());
     shown.push(
         "ledger",
-        c.ledger
+        c.capacity
+            .ledger
             .clone()
             .unwrap_or_else(|| "default (next to the store)".into()),
         ledger.map_or(Source::Default, |(_, s)| s),
@@ -484,45 +487,45 @@ pub(crate) fn resolve(
         &s.base_cache_bytes,
         &file.base_cache_bytes,
     )
-    .unwrap_or((d.base_cache_bytes, Source::Default));
-    c.base_cache_bytes = v;
+    .unwrap_or((d.restore.base_cache_bytes, Source::Default));
+    c.restore.base_cache_bytes = v;
     shown.push("base-cache-bytes", units::format_size_exact(v), src);
 
     let (v, src) = pick("max_base_depth", &s.max_base_depth, &file.max_base_depth)
-        .unwrap_or((d.max_base_depth, Source::Default));
-    c.max_base_depth = v;
+        .unwrap_or((d.restore.max_base_depth, Source::Default));
+    c.restore.max_base_depth = v;
     shown.push("max-base-depth", v.to_string(), src);
 
-    c.chain_gets_in_flight = shown.count(
+    c.remote.chain_gets_in_flight = shown.count(
         "chain_gets_in_flight",
         "chain-gets-in-flight",
         &s.chain_gets_in_flight,
         &file.chain_gets_in_flight,
-        d.chain_gets_in_flight,
+        d.remote.chain_gets_in_flight,
     )?;
 
-    c.roots_in_flight = shown.count(
+    c.remote.roots_in_flight = shown.count(
         "roots_in_flight",
         "roots-in-flight",
         &s.roots_in_flight,
         &file.roots_in_flight,
-        d.roots_in_flight,
+        d.remote.roots_in_flight,
     )?;
 
-    c.ranges_in_flight = shown.count(
+    c.remote.ranges_in_flight = shown.count(
         "ranges_in_flight",
         "ranges-in-flight",
         &s.ranges_in_flight,
         &file.ranges_in_flight,
-        d.ranges_in_flight,
+        d.remote.ranges_in_flight,
     )?;
 
     let (v, src) = pick("range_bytes", &s.range_bytes, &file.range_bytes)
-        .unwrap_or((d.range_bytes, Source::Default));
+        .unwrap_or((d.remote.range_bytes, Source::Default));
     if !v.is_power_of_two() || !(1 << 10..=1 << 30).contains(&v) {
         bail!("range-bytes {v} must be a power of two from 1KiB to 1GiB");
     }
-    c.range_bytes = v;
+    c.remote.range_bytes = v;
     shown.push("range-bytes", units::format_size_exact(v), src);
 
     let (v, src) = pick(
@@ -530,27 +533,27 @@ pub(crate) fn resolve(
         &s.max_restore_bytes,
         &file.max_restore_bytes,
     )
-    .unwrap_or((d.max_restore_bytes, Source::Default));
-    c.max_restore_bytes = v;
+    .unwrap_or((d.restore.max_restore_bytes, Source::Default));
+    c.restore.max_restore_bytes = v;
     shown.push("max-restore-bytes", units::format_size_exact(v), src);
 
-    c.parts_in_flight = shown.count(
+    c.remote.parts_in_flight = shown.count(
         "parts_in_flight",
         "parts-in-flight",
         &s.parts_in_flight,
         &file.parts_in_flight,
-        d.parts_in_flight,
+        d.remote.parts_in_flight,
     )?;
 
     let (v, src) = pick("part_bytes", &s.part_bytes, &file.part_bytes)
-        .unwrap_or((d.part_bytes, Source::Default));
+        .unwrap_or((d.remote.part_bytes, Source::Default));
     if !(5 << 20..=5 << 30).contains(&v) {
         bail!(
             "part-bytes {}: from 5MiB to 5GiB (the S3 multipart limits)",
             units::format_size_exact(v)
         );
     }
-    c.part_bytes = v;
+    c.remote.part_bytes = v;
     shown.push("part-bytes", units::format_size_exact(v), src);
 
     let none_e = ExtentArgs {
@@ -563,14 +566,15 @@ pub(crate) fn resolve(
         &e.max_extent_bytes,
         &file.max_extent_bytes,
     )
-    .unwrap_or((d.max_extent_bytes, Source::Default));
-    c.max_extent_bytes = v;
+    .unwrap_or((d.publication.max_extent_bytes, Source::Default));
+    c.publication.max_extent_bytes = v;
     shown.push("max-extent-bytes", units::format_size_exact(v), src);
     let comp = pick("compress", &e.compress, &file.compress);
-    c.compression = comp.map(|(v, _)| v);
+    c.publication.compression = comp.map(|(v, _)| v);
     shown.push(
         "compress",
-        c.compression
+        c.publication
+            .compression
             .map(|l| format!("zstd level {l}"))
             .unwrap_or_else(|| "none (raw)".into()),
         comp.map_or(Source::Default, |(_, s)| s),
@@ -588,7 +592,7 @@ pub(crate) fn resolve(
         &file.chain.max_depth,
     )
     .unwrap_or((dc.max_depth.unwrap_or(0), Source::Default));
-    c.chain.max_depth = (depth > 0).then_some(depth);
+    c.publication.chain.max_depth = (depth > 0).then_some(depth);
     shown.push(
         "max-chain-depth",
         if depth == 0 {
@@ -607,7 +611,7 @@ pub(crate) fn resolve(
     if over.is_nan() {
         bail!("max-read-overhead is not a number");
     }
-    c.chain.max_read_overhead = (over >= 0.0).then_some(over);
+    c.publication.chain.max_read_overhead = (over >= 0.0).then_some(over);
     shown.push(
         "max-read-overhead",
         if over < 0.0 {

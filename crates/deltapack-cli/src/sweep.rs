@@ -44,7 +44,7 @@ pub(crate) async fn run(a: SweepArgs) -> Result<ExitCode> {
     let store = resolved.open()?;
     let bar = spinner("sweeping");
     let opts = SweepOptions::default()
-        .with_grace(resolved.config.grace)
+        .with_grace(resolved.config.capacity.grace)
         .with_subset(a.subset)
         .with_bytes_per_second(a.rate)
         .with_dry_run(a.dry_run);

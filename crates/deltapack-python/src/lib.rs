@@ -422,7 +422,7 @@ fn restore_value(py: Python<'_>, r: store::Restore) -> PyResult<Py<PyAny>> {
                 .into_any()
                 .unbind()
         }
-        store::Restore::Miss(m) => ("miss", m.reason, m.detail)
+        store::Restore::Miss(m) => ("miss", m.reason, m.detail, m.object)
             .into_pyobject(py)?
             .into_any()
             .unbind(),
@@ -436,7 +436,7 @@ fn restore_into_value(py: Python<'_>, r: store::RestoreInto, addr: usize) -> PyR
             .into_pyobject(py)?
             .into_any()
             .unbind(),
-        store::RestoreInto::Miss(m) => ("miss", m.reason, m.detail)
+        store::RestoreInto::Miss(m) => ("miss", m.reason, m.detail, m.object)
             .into_pyobject(py)?
             .into_any()
             .unbind(),
@@ -648,7 +648,7 @@ impl Store {
         Ok(Turn { inner: t })
     }
 
-    /// Restores into deltapack memory: `("hit", data, digest, schema)` or `("miss", reason, detail)`.
+    /// Restores into deltapack memory: `("hit", data, digest, schema)` or `("miss", reason, detail, object)`.
     #[pyo3(signature = (identity, tokens, timeout=None))]
     fn restore(
         &self,
@@ -688,7 +688,7 @@ impl Store {
         })
     }
 
-    /// Restores into `out` in place: `("hit", len, digest, address)` or `("miss", reason, detail)`.
+    /// Restores into `out` in place: `("hit", len, digest, address)` or `("miss", reason, detail, object)`.
     #[pyo3(signature = (identity, tokens, out, timeout=None))]
     fn restore_into(
         &self,

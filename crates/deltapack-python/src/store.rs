@@ -66,6 +66,9 @@ pub(crate) struct MissInfo {
     pub(crate) reason: &'static str,
     /// Full text (label and detail).
     pub(crate) detail: String,
+    /// The store key of the object that failed verification or is missing
+    /// (`corrupt`, `base-missing`), when the store names one.
+    pub(crate) object: Option<String>,
 }
 
 impl From<&ds::MissReason> for MissInfo {
@@ -73,6 +76,7 @@ impl From<&ds::MissReason> for MissInfo {
         MissInfo {
             reason: m.label(),
             detail: m.to_string(),
+            object: m.object().map(|o| o.to_string()),
         }
     }
 }
@@ -170,14 +174,17 @@ impl Engine {
     /// ledger is opened on first use).
     pub(crate) fn open(o: OpenOptions) -> Result<Engine> {
         let defaults = ds::StoreConfig::default();
-        let mut chain = defaults.chain;
+        let mut chain = defaults.publication.chain;
         if let Some(k) = o.max_chain_depth {
             chain.max_depth = Some(k).filter(|k| *k > 0);
         }
         if let Some(x) = o.max_read_overhead {
             chain.max_read_overhead = Some(x).filter(|x| *x >= 0.0);
         }
-        let (extent, grace) = (defaults.max_extent_bytes, defaults.grace);
+        let (extent, grace) = (
+            defaults.publication.max_extent_bytes,
+            defaults.capacity.grace,
+        );
         let config = defaults
             .with_max_extent_bytes(o.max_extent_bytes.unwrap_or(extent))
             .with_compression(o.compression)

@@ -24,6 +24,7 @@ def test_absent_leaves_the_buffer_untouched(tmp_path, ident):
     assert m.reason == "absent" and m.reason in deltapack.MISS_REASONS
     assert (out == 0xAB).all()
     assert store.restore(ident, [9] * 256) == deltapack.Miss("absent", "")
+    assert store.restore(ident, [9] * 256).object is None
     assert store.snapshot_size(ident, [9] * 256) is None
 
 
@@ -41,6 +42,8 @@ def test_flipped_byte_in_an_extent_is_a_corrupt_miss_and_zeroes_the_buffer(tmp_p
     out = np.full(snap.nbytes, 0xAB, dtype=np.uint8)
     m = store.restore_into(ident, ids, out)
     assert not m and m.reason == "corrupt", m
+    # The miss names the damaged object by its store key.
+    assert m.object == victim.relative_to(root).as_posix(), m
     # Verified bytes of other extents had been placed: the buffer was
     # zeroed, so nothing from the restore (verified or not) is left.
     assert not out.any()

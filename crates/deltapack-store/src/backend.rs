@@ -115,16 +115,15 @@ pub(crate) async fn put_create(
         mode: PutMode::Create,
         ..Default::default()
     };
-    match store
-        .put_opts(key, payload.into(), opts)
-        .await
-    {
+    match store.put_opts(key, payload.into(), opts).await {
         Ok(_) => Ok(PutOutcome::Created),
         Err(object_store::Error::AlreadyExists { .. })
         | Err(object_store::Error::Precondition { .. }) => Ok(PutOutcome::Existed),
-        Err(e) if is_storage_full(&e) => Err(StoreError::Capacity(format!(
-            "no space left on the device while writing {key}; nothing was published (free space and retry)"
-        ))),
+        Err(e) if is_storage_full(&e) => Err(StoreError::Capacity(
+            crate::error::CapacityError::DeviceFull {
+                key: key.to_string(),
+            },
+        )),
         Err(e) => Err(StoreError::io(key, e)),
     }
 }

@@ -200,7 +200,7 @@ impl Store {
         let report = crate::stats::StatsReport {
             ledger: ledger.run(|l| l.totals()).await?,
             free_bytes,
-            budget_bytes: self.config().budget_bytes,
+            budget_bytes: self.config().capacity.budget_bytes,
             counters: ledger.run(|l| l.counters()).await?,
             process: self.stats(),
         };

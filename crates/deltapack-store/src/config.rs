@@ -5,25 +5,84 @@
 //! Plain data with defaults; builder setters are in `options.rs`. The MAC
 //! secret is never printed.
 
-/// Tunables of a store handle.
-#[derive(Clone)]
+/// Tunables of a store handle, grouped by the part of the store they tune.
+/// Built from `Default` and the `with_*` setters (`options.rs`), which keep
+/// one flat name per tunable.
+#[derive(Clone, Default)]
 #[non_exhaustive]
 pub struct StoreConfig {
+    /// Publication: extent size, compression, chain policy.
+    pub publication: PublicationConfig,
+    /// Restore: memory bounds, chain depth, the prefill comparison.
+    pub restore: RestoreConfig,
+    /// Capacity: budget, free space, grace, the ledger.
+    pub capacity: CapacityConfig,
+    /// Remote I/O: requests and ranges in flight.
+    pub remote: RemoteIoConfig,
+    /// Secret for keyed root authentication (never logged).
+    pub mac_secret: Option<Vec<u8>>,
+}
+
+/// How a publication lays out what it writes. Part of [`StoreConfig`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct PublicationConfig {
     /// Extent size M for v2 publication (power of two; 64 MiB in production).
     pub max_extent_bytes: u64,
     /// zstd level for extents, or `None` to store raw (the default; see
     /// `docs/design.md` for the measurements behind it).
     pub compression: Option<i32>,
-    /// Secret for keyed root authentication (never logged).
-    pub mac_secret: Option<Vec<u8>>,
+    /// When a delta publication starts a new chain (publishes a flat root)
+    /// instead of growing the current one.
+    pub chain: ChainPolicy,
+}
+
+/// What a restore may hold and follow. Part of [`StoreConfig`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RestoreConfig {
     /// Bytes of verified base snapshots kept in memory for delta restores.
     pub base_cache_bytes: u64,
     /// Longest base chain followed by a restore (a longer chain, or a
     /// cycle, is a `corrupt` miss).
     pub max_base_depth: usize,
-    /// When a delta publication starts a new chain (publishes a flat root)
-    /// instead of growing the current one.
-    pub chain: ChainPolicy,
+    /// Largest payload or result a restore will allocate.
+    pub max_restore_bytes: u64,
+    /// Prefill rate (tokens/s) to judge whether hits beat recomputation.
+    pub prefill_tokens_per_s: Option<f64>,
+}
+
+/// The capacity budget and the ledger that accounts for it. Part of [`StoreConfig`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct CapacityConfig {
+    /// Hard budget in bytes (live + condemned objects + roots); `None` =
+    /// unbounded.
+    pub budget_bytes: Option<u64>,
+    /// Minimum free space to keep on the store's filesystem (local disk;
+    /// ignored where free space cannot be measured).
+    pub min_free_bytes: Option<u64>,
+    /// Grace period before condemned objects are deleted. Zero is only safe
+    /// for a store used by one process.
+    pub grace: std::time::Duration,
+    /// What to do with a persisted ledger at open.
+    pub cold_start: crate::ledger::ColdStart,
+    /// The capacity ledger's database: `sqlite:///path/ledger.sqlite3` or
+    /// `postgres://user@host/db` (a fleet's shared ledger). `None`: the
+    /// store's own file for `file://`, a SQLite file under
+    /// [`crate::state_dir`] for `s3://`, in memory for `memory://`.
+    pub ledger: Option<String>,
+    /// How long a read may wait for the ledger before answering from the
+    /// store (lookup; 50 ms by default). Reads never need the ledger; this
+    /// bounds how long they try it.
+    pub ledger_deadline: std::time::Duration,
+}
+
+/// Requests in flight against a remote backend (local disk uses one worker
+/// per core and ignores these). Part of [`StoreConfig`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RemoteIoConfig {
     /// Objects a delta-chain restore reads at once from a remote backend.
     /// A chain has many small extents (one or more per turn), so it needs
     /// more requests in flight than a flat root's few large ones to hide
@@ -45,7 +104,7 @@ pub struct StoreConfig {
     /// Ranged GETs in flight at once across all extents of one restore from
     /// a remote backend (32 by default). Object stores cap the bandwidth of
     /// one connection (roughly 50–100 MB/s on S3), so an extent is read as
-    /// aligned ranges of [`StoreConfig::range_bytes`], fetched
+    /// aligned ranges of [`RemoteIoConfig::range_bytes`], fetched
     /// concurrently and each hashed as its own BLAKE3 subtree; bytes go
     /// straight into the result, so memory is bounded by the body chunks in
     /// flight, not by extents. Local disk ignores it (one worker per core).
@@ -61,30 +120,6 @@ pub struct StoreConfig {
     /// 5 MiB for every part but the last; 8 MiB by default). An extent no
     /// larger than this is one PUT.
     pub part_bytes: u64,
-    /// Largest payload or result a restore will allocate.
-    pub max_restore_bytes: u64,
-    /// Hard budget in bytes (live + condemned objects + roots); `None` =
-    /// unbounded.
-    pub budget_bytes: Option<u64>,
-    /// Minimum free space to keep on the store's filesystem (local disk;
-    /// ignored where free space cannot be measured).
-    pub min_free_bytes: Option<u64>,
-    /// Grace period before condemned objects are deleted. Zero is only safe
-    /// for a store used by one process.
-    pub grace: std::time::Duration,
-    /// What to do with a persisted ledger at open.
-    pub cold_start: crate::ledger::ColdStart,
-    /// The capacity ledger's database: `sqlite:///path/ledger.sqlite3` or
-    /// `postgres://user@host/db` (a fleet's shared ledger). `None`: the
-    /// store's own file for `file://`, a SQLite file under
-    /// [`crate::state_dir`] for `s3://`, in memory for `memory://`.
-    pub ledger: Option<String>,
-    /// Prefill rate (tokens/s) to judge whether hits beat recomputation.
-    pub prefill_tokens_per_s: Option<f64>,
-    /// How long a read may wait for the ledger before answering from the
-    /// store (lookup; 50 ms by default). Reads never need the ledger; this
-    /// bounds how long they try it.
-    pub ledger_deadline: std::time::Duration,
 }
 
 /// When a delta publication rebases: publishes the result as a flat root
@@ -101,7 +136,7 @@ pub struct StoreConfig {
 pub struct ChainPolicy {
     /// Most deltas between a root and its flat root; a delta that would be
     /// deeper is published flat. `None`: unbounded (up to
-    /// [`StoreConfig::max_base_depth`], which restore enforces).
+    /// [`RestoreConfig::max_base_depth`], which restore enforces).
     pub max_depth: Option<u32>,
     /// Largest read overhead of a composed restore: the bytes of every
     /// payload in the chain (flat root included) over the result's size,
@@ -146,55 +181,61 @@ impl Default for ChainPolicy {
 impl std::fmt::Debug for StoreConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StoreConfig")
-            .field("max_extent_bytes", &self.max_extent_bytes)
-            .field("compression", &self.compression)
+            .field("publication", &self.publication)
+            .field("restore", &self.restore)
+            .field("capacity", &self.capacity)
+            .field("remote", &self.remote)
             .field(
                 "mac_secret",
                 &self.mac_secret.as_ref().map(|_| "<redacted>"),
             )
-            .field("base_cache_bytes", &self.base_cache_bytes)
-            .field("max_base_depth", &self.max_base_depth)
-            .field("chain", &self.chain)
-            .field("chain_gets_in_flight", &self.chain_gets_in_flight)
-            .field("roots_in_flight", &self.roots_in_flight)
-            .field("ranges_in_flight", &self.ranges_in_flight)
-            .field("range_bytes", &self.range_bytes)
-            .field("parts_in_flight", &self.parts_in_flight)
-            .field("part_bytes", &self.part_bytes)
-            .field("max_restore_bytes", &self.max_restore_bytes)
-            .field("budget_bytes", &self.budget_bytes)
-            .field("min_free_bytes", &self.min_free_bytes)
-            .field("grace", &self.grace)
-            .field("cold_start", &self.cold_start)
-            .field("prefill_tokens_per_s", &self.prefill_tokens_per_s)
-            .field("ledger_deadline", &self.ledger_deadline)
             .finish()
     }
 }
 
-impl Default for StoreConfig {
+impl Default for PublicationConfig {
     fn default() -> Self {
-        StoreConfig {
+        PublicationConfig {
             max_extent_bytes: deltapack_format::DEFAULT_MAX_EXTENT_BYTES,
             compression: None,
-            mac_secret: None,
+            chain: ChainPolicy::default(),
+        }
+    }
+}
+
+impl Default for RestoreConfig {
+    fn default() -> Self {
+        RestoreConfig {
             base_cache_bytes: 4 << 30,
             max_base_depth: 1024,
-            chain: ChainPolicy::default(),
+            max_restore_bytes: 1 << 38,
+            prefill_tokens_per_s: None,
+        }
+    }
+}
+
+impl Default for CapacityConfig {
+    fn default() -> Self {
+        CapacityConfig {
+            budget_bytes: None,
+            min_free_bytes: None,
+            grace: std::time::Duration::from_secs(3600),
+            cold_start: crate::ledger::ColdStart::Load,
+            ledger: None,
+            ledger_deadline: std::time::Duration::from_millis(50),
+        }
+    }
+}
+
+impl Default for RemoteIoConfig {
+    fn default() -> Self {
+        RemoteIoConfig {
             chain_gets_in_flight: 32,
             roots_in_flight: 256,
             ranges_in_flight: 32,
             range_bytes: 8 << 20,
             parts_in_flight: 32,
             part_bytes: 8 << 20,
-            max_restore_bytes: 1 << 38,
-            budget_bytes: None,
-            min_free_bytes: None,
-            grace: std::time::Duration::from_secs(3600),
-            cold_start: crate::ledger::ColdStart::Load,
-            ledger: None,
-            prefill_tokens_per_s: None,
-            ledger_deadline: std::time::Duration::from_millis(50),
         }
     }
 }

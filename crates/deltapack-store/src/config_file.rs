@@ -250,60 +250,60 @@ impl ConfigFile {
     #[must_use]
     pub fn apply(&self, mut c: StoreConfig) -> StoreConfig {
         if let Some(v) = &self.ledger {
-            c.ledger = Some(v.clone());
+            c.capacity.ledger = Some(v.clone());
         }
         if let Some(v) = self.budget {
-            c.budget_bytes = Some(v);
+            c.capacity.budget_bytes = Some(v);
         }
         if let Some(v) = self.min_free {
-            c.min_free_bytes = Some(v);
+            c.capacity.min_free_bytes = Some(v);
         }
         if let Some(v) = self.grace {
-            c.grace = v;
+            c.capacity.grace = v;
         }
         if let Some(v) = self.ledger_deadline {
-            c.ledger_deadline = v;
+            c.capacity.ledger_deadline = v;
         }
         if let Some(v) = self.cold_start {
-            c.cold_start = v.into();
+            c.capacity.cold_start = v.into();
         }
         if let Some(v) = self.prefill_rate {
-            c.prefill_tokens_per_s = Some(v);
+            c.restore.prefill_tokens_per_s = Some(v);
         }
         if let Some(v) = self.max_extent_bytes {
-            c.max_extent_bytes = v;
+            c.publication.max_extent_bytes = v;
         }
         if let Some(v) = self.compress {
-            c.compression = Some(v);
+            c.publication.compression = Some(v);
         }
         if let Some(v) = self.parts_in_flight {
-            c.parts_in_flight = v;
+            c.remote.parts_in_flight = v;
         }
         if let Some(v) = self.part_bytes {
-            c.part_bytes = v;
+            c.remote.part_bytes = v;
         }
         if let Some(v) = self.base_cache_bytes {
-            c.base_cache_bytes = v;
+            c.restore.base_cache_bytes = v;
         }
         if let Some(v) = self.max_base_depth {
-            c.max_base_depth = v;
+            c.restore.max_base_depth = v;
         }
         if let Some(v) = self.chain_gets_in_flight {
-            c.chain_gets_in_flight = v;
+            c.remote.chain_gets_in_flight = v;
         }
         if let Some(v) = self.roots_in_flight {
-            c.roots_in_flight = v;
+            c.remote.roots_in_flight = v;
         }
         if let Some(v) = self.ranges_in_flight {
-            c.ranges_in_flight = v;
+            c.remote.ranges_in_flight = v;
         }
         if let Some(v) = self.range_bytes {
-            c.range_bytes = v;
+            c.remote.range_bytes = v;
         }
         if let Some(v) = self.max_restore_bytes {
-            c.max_restore_bytes = v;
+            c.restore.max_restore_bytes = v;
         }
-        c.chain = apply_chain(&self.chain, c.chain);
+        c.publication.chain = apply_chain(&self.chain, c.publication.chain);
         c
     }
 }
@@ -385,25 +385,28 @@ max-read-overhead = 0.5
         )
         .expect("valid file");
         let c = f.apply(StoreConfig::default());
-        assert_eq!(c.budget_bytes, Some(50 << 30));
-        assert_eq!(c.min_free_bytes, Some(1000));
-        assert_eq!(c.grace, Duration::from_secs(5400));
-        assert_eq!(c.cold_start, ColdStart::Rebuild);
-        assert_eq!(c.prefill_tokens_per_s, Some(5000.0));
-        assert_eq!(c.max_extent_bytes, 16 << 20);
-        assert_eq!(c.compression, Some(3));
-        assert_eq!(c.parts_in_flight, 4);
-        assert_eq!(c.part_bytes, 16 << 20);
-        assert_eq!(c.base_cache_bytes, 1_000_000_000);
-        assert_eq!(c.max_base_depth, 64);
-        assert_eq!(c.chain_gets_in_flight, 8);
-        assert_eq!(c.roots_in_flight, 64);
-        assert_eq!(c.ranges_in_flight, 12);
-        assert_eq!(c.range_bytes, 4 << 20);
-        assert_eq!(c.max_restore_bytes, 2 << 40);
-        assert_eq!(c.chain.max_depth, None);
-        assert_eq!(c.chain.max_read_overhead, Some(0.5));
-        assert_eq!(c.ledger.as_deref(), Some("sqlite:///tmp/l.sqlite3"));
+        assert_eq!(c.capacity.budget_bytes, Some(50 << 30));
+        assert_eq!(c.capacity.min_free_bytes, Some(1000));
+        assert_eq!(c.capacity.grace, Duration::from_secs(5400));
+        assert_eq!(c.capacity.cold_start, ColdStart::Rebuild);
+        assert_eq!(c.restore.prefill_tokens_per_s, Some(5000.0));
+        assert_eq!(c.publication.max_extent_bytes, 16 << 20);
+        assert_eq!(c.publication.compression, Some(3));
+        assert_eq!(c.remote.parts_in_flight, 4);
+        assert_eq!(c.remote.part_bytes, 16 << 20);
+        assert_eq!(c.restore.base_cache_bytes, 1_000_000_000);
+        assert_eq!(c.restore.max_base_depth, 64);
+        assert_eq!(c.remote.chain_gets_in_flight, 8);
+        assert_eq!(c.remote.roots_in_flight, 64);
+        assert_eq!(c.remote.ranges_in_flight, 12);
+        assert_eq!(c.remote.range_bytes, 4 << 20);
+        assert_eq!(c.restore.max_restore_bytes, 2 << 40);
+        assert_eq!(c.publication.chain.max_depth, None);
+        assert_eq!(c.publication.chain.max_read_overhead, Some(0.5));
+        assert_eq!(
+            c.capacity.ledger.as_deref(),
+            Some("sqlite:///tmp/l.sqlite3")
+        );
         assert_eq!(f.store.as_deref(), Some("s3://b/p"));
     }
 

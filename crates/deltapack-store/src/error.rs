@@ -172,7 +172,7 @@ pub enum StoreError {
     },
     /// Publication would exceed the store's capacity (nothing was written).
     #[error("capacity: {0}")]
-    Capacity(String),
+    Capacity(#[source] CapacityError),
     /// The capacity ledger failed.
     #[error("ledger: {0}")]
     Ledger(#[source] crate::ledger::LedgerError),
@@ -195,7 +195,7 @@ pub enum StoreError {
     /// The backend lacks an operation this request needs safely (e.g. a
     /// conditional overwrite); nothing was changed.
     #[error("not supported by this store: {0}")]
-    Unsupported(String),
+    Unsupported(#[source] Unsupported),
     /// An internal invariant broke (a bug): never a data problem.
     #[error("internal invariant broken: {0}")]
     Internal(String),
@@ -227,6 +227,88 @@ pub enum StoreError {
     Concurrent(String),
 }
 
+/// Why a publication found no room ([`StoreError::Capacity`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CapacityError {
+    /// Condemned objects would make room, but only once their grace period
+    /// has passed.
+    #[error(
+        "need {need} bytes: {condemned} bytes are condemned and will be reclaimed after the grace \
+         period ({grace:?}); budget {budget}, in use {used} (of which {reserved} reserved by \
+         publications in progress)"
+    )]
+    AwaitingGrace {
+        /// Bytes the publication needs.
+        need: u64,
+        /// Bytes of condemned objects awaiting deletion.
+        condemned: u64,
+        /// The store's grace period.
+        grace: std::time::Duration,
+        /// The budget.
+        budget: u64,
+        /// Bytes counted against the budget.
+        used: u64,
+        /// Of those, bytes reserved by publications in progress.
+        reserved: u64,
+    },
+    /// Every root that could be evicted was, or none may be (protected,
+    /// held, or a base of a delta in progress).
+    #[error(
+        "need {need} bytes but nothing evictable is left (budget {budget:?}, live {live} bytes, \
+         free space short: {free_short}); nothing was written"
+    )]
+    NothingEvictable {
+        /// Bytes the publication needs.
+        need: u64,
+        /// The budget, if any.
+        budget: Option<u64>,
+        /// Bytes of live objects and roots.
+        live: u64,
+        /// Whether the filesystem's free space is what is short.
+        free_short: bool,
+    },
+    /// The device under the store filled up while an object was written.
+    #[error(
+        "no space left on the device while writing {key}; nothing was published (free space and \
+         retry)"
+    )]
+    DeviceFull {
+        /// The object being written.
+        key: String,
+    },
+    /// The device under the ledger is full.
+    #[error("no space left for the ledger: {0}")]
+    LedgerFull(#[source] crate::ledger::LedgerError),
+}
+
+/// An operation the backend lacks ([`StoreError::Unsupported`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Unsupported {
+    /// The backend reports no ETag or version for the root, so it cannot be
+    /// replaced conditionally.
+    #[error(
+        "{key}: the backend reports no ETag or version, so the root cannot be replaced \
+         conditionally; refusing to overwrite it (a concurrent eviction could be undone)"
+    )]
+    NoVersion {
+        /// The root's key.
+        key: String,
+    },
+    /// The backend has no conditional overwrite (`If-Match`).
+    #[error(
+        "{key}: the backend has no conditional overwrite (If-Match); refusing to overwrite the \
+         root, since a concurrent eviction or republication could be undone ({source})"
+    )]
+    NoConditionalOverwrite {
+        /// The root's key.
+        key: String,
+        /// The backend's answer.
+        source: object_store::Error,
+    },
+}
+
 impl From<crate::ledger::LedgerError> for StoreError {
     /// A full disk under the ledger is a capacity error, like one under the
     /// objects; a ledger that cannot be reached is
@@ -234,7 +316,7 @@ impl From<crate::ledger::LedgerError> for StoreError {
     /// error as its source.
     fn from(e: crate::ledger::LedgerError) -> Self {
         if e.sqlite_code() == Some(rusqlite::ErrorCode::DiskFull) {
-            return StoreError::Capacity(format!("no space left for the ledger: {e}"));
+            return StoreError::Capacity(CapacityError::LedgerFull(e));
         }
         if e.is_unavailable() {
             return StoreError::LedgerUnavailable(e);

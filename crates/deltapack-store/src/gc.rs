@@ -43,6 +43,7 @@ impl ProtectGuard {
         let until = now
             + store
                 .config()
+                .capacity
                 .grace
                 .max(Duration::from_secs(3600))
                 .as_millis() as u64;
@@ -215,7 +216,7 @@ impl Store {
         // it has not seen yet (written by a process that died before
         // recording it): reconcile first.
         self.reconcile_ledger().await?;
-        let cutoff = now_ms().saturating_sub(self.config().grace.as_millis() as u64);
+        let cutoff = now_ms().saturating_sub(self.config().capacity.grace.as_millis() as u64);
         let (n, b) = match self.backend_kind() {
             BackendKind::Local { root } => {
                 let root = root.clone();

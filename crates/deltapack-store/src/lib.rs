@@ -131,7 +131,7 @@ mod write_behind;
 pub use backend::{is_storage_full, open as open_backend, Backend, BackendKind};
 pub use capacity::free_space;
 pub use config_file::{ConfigFile, ConfigFileError, FileChainPolicy, FileColdStart};
-pub use error::{MissReason, OpenError, Result, StoreError};
+pub use error::{CapacityError, MissReason, OpenError, Result, StoreError, Unsupported};
 pub use gc::GcReport;
 pub use holds::Pin;
 pub use keys::{HoldName, ObjectKey, RootKey};
@@ -141,7 +141,9 @@ pub use ledger::{
 };
 pub use removal::{PruneFilter, RemovalKind, RemovalPlan, RemovalReport};
 
-pub use config::{ChainPolicy, StoreConfig};
+pub use config::{
+    CapacityConfig, ChainPolicy, PublicationConfig, RemoteIoConfig, RestoreConfig, StoreConfig,
+};
 pub use lookup::{Lookup, LookupSource, LEDGER_RETRY, LOOKUP_PROBES_IN_FLIGHT};
 pub use migrate_v1::{MigrationProof, MigrationReport};
 pub use object_check::ObjectCheck;
@@ -151,12 +153,13 @@ pub use paths::state_dir;
 /// [`Store::register_metrics`]), re-exported so callers use the same version.
 pub use prometheus_client;
 pub use publish::{
-    BaseInput, PublishOutcome, PublishReceipt, PublishRequest, RootFormat, Turn, TurnRequest,
-    PUBLISH_BATCH,
+    BaseInput, Progress, PublishOptions, PublishOutcome, PublishReceipt, PublishRequest,
+    RootFormat, Turn, TurnRequest, PUBLISH_BATCH,
 };
 pub use read_only::Refusals;
 pub use restore::{
-    RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored, RESTORE_IN_FLIGHT,
+    Restoration, RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored, Target,
+    RESTORE_IN_FLIGHT,
 };
 pub use store::{RootInfo, RootStatus, Store};
 pub use sweep::{SweepOptions, SweepReport};

@@ -83,7 +83,7 @@ impl Store {
         let mut sorted = candidates.to_vec();
         sorted.sort_by_key(|c| std::cmp::Reverse(c.0));
         let ctxs: Vec<ContextDigest> = sorted.iter().map(|c| c.1).collect();
-        let deadline = self.config().ledger_deadline;
+        let deadline = self.config().capacity.ledger_deadline;
         let asked = async {
             let ledger = self.ledger().await?;
             Ok::<_, StoreError>(ledger.run(move |l| l.recorded(&ns, &ctxs)).await?)

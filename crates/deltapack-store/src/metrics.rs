@@ -347,6 +347,12 @@ impl Metrics {
             Unit::Bytes,
             self.publish_bytes.clone(),
         );
+        self.register_ledger(stats, budget, local, r);
+    }
+
+    /// The ledger's gauges (bytes, counts, per namespace, accumulated), the
+    /// budget and free space, and the ledger's reachability.
+    fn register_ledger(&self, stats: &Stats, budget: Option<u64>, local: bool, r: &mut Registry) {
         let gauges = [
             (
                 "ledger_used",

@@ -21,7 +21,7 @@
 
 use bytes::Bytes;
 use deltapack_format::root::{self, RootMeta};
-use deltapack_format::{DecodedRoot, Digest, SnapshotHeader};
+use deltapack_format::{DecodedRoot, Digest, ManifestV1, ManifestV2, SnapshotHeader};
 use object_store::ObjectStoreExt;
 use serde::Serialize;
 
@@ -69,7 +69,6 @@ impl Store {
             ..Default::default()
         };
         for (ns, ctx) in self.list_roots(namespace.as_ref()).await? {
-            let key = keys::root_key(&ns, &ctx);
             let RootStatus::Found(decoded) = self.peek_root(&ns, &ctx).await? else {
                 continue;
             };
@@ -77,157 +76,184 @@ impl Store {
                 continue;
             };
             report.v1_roots += 1;
-            // The root's bytes as read now: the replacement at the end
-            // happens only if the root still holds exactly these.
-            let raw = match self.object_store().get(&key).await {
-                Ok(g) => g.bytes().await.map_err(|e| StoreError::io(&key, e))?,
-                Err(object_store::Error::NotFound { .. }) => {
-                    report
-                        .skipped
-                        .push(format!("{key}: removed during migration"));
-                    continue;
-                }
-                Err(e) => return Err(StoreError::io(&key, e)),
-            };
-            match root::decode(&raw, self.inner.mac_key.as_ref()) {
-                Ok(DecodedRoot::V1(again)) if again == m => {}
-                _ => {
-                    report
-                        .skipped
-                        .push(format!("{key}: changed during migration"));
-                    continue;
-                }
+            let key = keys::root_key(&ns, &ctx);
+            if let Err(skip) = self.migrate_root(&key, &m, dry_run, &mut report).await? {
+                report.skipped.push(format!("{key}: {skip}"));
             }
-            // A keyed root migrated without the key would lose its MAC:
-            // keyed readers would then refuse it, and publication would
-            // treat it as a permanent conflict.
-            if self.inner.mac_key.is_none() && root::has_mac(&raw) {
-                report.skipped.push(format!(
-                    "{key}: a keyed root; migrate with the store's root key"
-                ));
-                continue;
-            }
-            if dry_run {
-                report.migrated.push(key.to_string());
-                report.objects_before += m.chunks.len() as u64;
-                report.objects_after += m.payload_len.div_ceil(self.config().max_extent_bytes);
-                continue;
-            }
-            // 1. Prove the root restores, bit for bit.
-            match self.restore((ns, ctx), Default::default()).await? {
-                RestoreOutcome::Hit(h) if h.digest == m.result_snapshot_digest => {}
-                RestoreOutcome::Hit(h) => {
-                    report.skipped.push(format!(
-                        "{key}: restored {} but the root names {}",
-                        h.digest, m.result_snapshot_digest
-                    ));
-                    continue;
-                }
-                RestoreOutcome::Miss(reason) => {
-                    report
-                        .skipped
-                        .push(format!("{key}: does not restore ({reason})"));
-                    continue;
-                }
-            }
-            // 2. Its verified payload, written as v2 extents.
-            let payload = match self.fetch_v1(&m).await? {
-                Ok(p) => p,
-                Err(reason) => {
-                    report
-                        .skipped
-                        .push(format!("{key}: payload does not verify ({reason})"));
-                    continue;
-                }
-            };
-            let meta = RootMeta {
-                namespace: m.namespace,
-                context: m.context,
-                chunk_tokens: m.logical_chunk_tokens,
-                result_header: SnapshotHeader {
-                    layout: m.layout.clone(),
-                    boundary: m.boundary,
-                    block_counts: m.block_counts.clone(),
-                },
-                result_snapshot_digest: m.result_snapshot_digest,
-                result_snapshot_len: m.result_snapshot_len,
-                base: m.base,
-            };
-            let mut receipt = PublishReceipt::empty(ns, ctx, m.result_snapshot_digest);
-            // The lease ends before the next root, on every path (a guard
-            // merely dropped ends it later, on a blocking thread).
-            let guard = ProtectGuard::new(self).await?;
-            let written: Result<_> = async {
-                let payload_len = payload.len() as u64;
-                let (entries, payload_digest) = self
-                    .write_v2(
-                        Bytes::from(payload).into(),
-                        &mut receipt,
-                        &|_, _| {},
-                        &guard,
-                    )
-                    .await?;
-                let new_root =
-                    self.encode_v2(&meta, None, payload_len, payload_digest, entries, None)?;
-                let v2 = match root::decode(&new_root, self.inner.mac_key.as_ref())? {
-                    DecodedRoot::V2(v2) => v2,
-                    _ => return Err(StoreError::Internal("migrated root is not v2".into())),
-                };
-                if v2.payload_digest != m.payload_digest
-                    || v2.result_snapshot_digest != m.result_snapshot_digest
-                {
-                    return Err(StoreError::Internal(format!(
-                        "{key}: migration changed a digest"
-                    )));
-                }
-                // 3. Replace atomically, only if the root still holds the bytes
-                //    read at the start: an eviction, invalidation or
-                //    republication in between wins, and is never undone.
-                let root_len = new_root.len() as u64;
-                let replaced = self
-                    .replace_root_if_unchanged(&key, &raw, new_root.clone())
-                    .await?;
-                Ok((replaced, new_root, v2, root_len))
-            }
-            .await;
-            guard.finish().await;
-            let (replaced, new_root, v2, root_len) = written?;
-            if let Replaced::Changed = replaced {
-                report
-                    .skipped
-                    .push(format!("{key}: changed during migration"));
-                continue;
-            }
-            // 4. Ledger: the v1 chunks are condemned, the extents recorded.
-            let ledger = self.ledger().await?;
-            let entry = DecodedRoot::V2(v2.clone())
-                .summary()
-                .map(|s| RootEntry::from_summary(&s, root_len));
-            // One transaction: the root is never missing from the ledger
-            // (a removal plan made meanwhile would miss it).
-            ledger
-                .run(move |l| {
-                    match entry {
-                        Some(e) => {
-                            l.replace_root(&e, now_ms())?;
-                        }
-                        None => {
-                            l.remove_root(&ns, &ctx, now_ms())?;
-                        }
-                    }
-                    Ok(())
-                })
-                .await?;
-            report.objects_before += m.chunks.len() as u64;
-            report.objects_after += v2.extents.len() as u64;
-            report.bytes_written += receipt.bytes_written + root_len;
-            report.migrated.push(key.to_string());
-            tracing::info!(root = %key, digest = %Digest::blake3(&new_root), "migrated v1 → v2");
         }
         if !dry_run {
             self.collect_garbage().await?;
         }
         Ok(report)
+    }
+
+    /// Migrates the v1 root `m` stored under `key` (or counts it, on a dry
+    /// run). The inner error is why it was skipped; nothing was changed
+    /// then.
+    async fn migrate_root(
+        &self,
+        key: &object_store::path::Path,
+        m: &ManifestV1,
+        dry_run: bool,
+        report: &mut MigrationReport,
+    ) -> Result<std::result::Result<(), String>> {
+        let raw = match self.migration_source(key, m).await? {
+            Ok(raw) => raw,
+            Err(skip) => return Ok(Err(skip)),
+        };
+        if dry_run {
+            report.migrated.push(key.to_string());
+            report.objects_before += m.chunks.len() as u64;
+            report.objects_after += m
+                .payload_len
+                .div_ceil(self.config().publication.max_extent_bytes);
+            return Ok(Ok(()));
+        }
+        // 1. Prove the root restores, bit for bit, and 2. take its verified
+        //    payload.
+        let payload = match self.proven_payload(m).await? {
+            Ok(p) => p,
+            Err(skip) => return Ok(Err(skip)),
+        };
+        // 3. Write it as v2 and replace the root if unchanged.
+        let Some((new_root, v2, bytes_written)) =
+            self.write_migrated(key, &raw, m, payload).await?
+        else {
+            return Ok(Err("changed during migration".into()));
+        };
+        // 4. Ledger: the v1 chunks are condemned, the extents recorded.
+        let root_len = new_root.len() as u64;
+        let ledger = self.ledger().await?;
+        let entry = DecodedRoot::V2(v2.clone())
+            .summary()
+            .map(|s| RootEntry::from_summary(&s, root_len));
+        let (ns, ctx) = (m.namespace, m.context);
+        // One transaction: the root is never missing from the ledger
+        // (a removal plan made meanwhile would miss it).
+        ledger
+            .run(move |l| {
+                match entry {
+                    Some(e) => {
+                        l.replace_root(&e, now_ms())?;
+                    }
+                    None => {
+                        l.remove_root(&ns, &ctx, now_ms())?;
+                    }
+                }
+                Ok(())
+            })
+            .await?;
+        report.objects_before += m.chunks.len() as u64;
+        report.objects_after += v2.extents.len() as u64;
+        report.bytes_written += bytes_written + root_len;
+        report.migrated.push(key.to_string());
+        tracing::info!(root = %key, digest = %Digest::blake3(&new_root), "migrated v1 → v2");
+        Ok(Ok(()))
+    }
+
+    /// The root's bytes as read now, if they still decode to `m` and this
+    /// handle may migrate them: the replacement at the end happens only if
+    /// the root still holds exactly these.
+    async fn migration_source(
+        &self,
+        key: &object_store::path::Path,
+        m: &ManifestV1,
+    ) -> Result<std::result::Result<Bytes, String>> {
+        let raw = match self.object_store().get(key).await {
+            Ok(g) => g.bytes().await.map_err(|e| StoreError::io(key, e))?,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Ok(Err("removed during migration".into()))
+            }
+            Err(e) => return Err(StoreError::io(key, e)),
+        };
+        match root::decode(&raw, self.inner.mac_key.as_ref()) {
+            Ok(DecodedRoot::V1(again)) if again == *m => {}
+            _ => return Ok(Err("changed during migration".into())),
+        }
+        // A keyed root migrated without the key would lose its MAC: keyed
+        // readers would then refuse it, and publication would treat it as a
+        // permanent conflict.
+        if self.inner.mac_key.is_none() && root::has_mac(&raw) {
+            return Ok(Err("a keyed root; migrate with the store's root key".into()));
+        }
+        Ok(Ok(raw))
+    }
+
+    /// Restores `m`'s root (full verification, rebuilt snapshot digest
+    /// included) and returns its verified payload.
+    async fn proven_payload(&self, m: &ManifestV1) -> Result<std::result::Result<Vec<u8>, String>> {
+        match self
+            .restore((m.namespace, m.context), Default::default())
+            .await?
+        {
+            RestoreOutcome::Hit(h) if h.digest == m.result_snapshot_digest => {}
+            RestoreOutcome::Hit(h) => {
+                return Ok(Err(format!(
+                    "restored {} but the root names {}",
+                    h.digest, m.result_snapshot_digest
+                )))
+            }
+            RestoreOutcome::Miss(reason) => return Ok(Err(format!("does not restore ({reason})"))),
+        }
+        Ok(self
+            .fetch_v1(m)
+            .await?
+            .map_err(|reason| format!("payload does not verify ({reason})")))
+    }
+
+    /// Writes `payload` as v2 extents under a publication lease, builds the
+    /// v2 root from `m`'s metadata (checking both digests are unchanged)
+    /// and replaces the root at `key` only if it still holds `raw`: an
+    /// eviction, invalidation or republication in between wins and is never
+    /// undone (`None` then). Returns the new root, its manifest and the
+    /// bytes of objects written.
+    async fn write_migrated(
+        &self,
+        key: &object_store::path::Path,
+        raw: &Bytes,
+        m: &ManifestV1,
+        payload: Vec<u8>,
+    ) -> Result<Option<(Bytes, ManifestV2, u64)>> {
+        let meta = v2_meta(m);
+        let mut receipt = PublishReceipt::empty(m.namespace, m.context, m.result_snapshot_digest);
+        // The lease ends before the next root, on every path (a guard
+        // merely dropped ends it later, on a blocking thread).
+        let guard = ProtectGuard::new(self).await?;
+        let written: Result<_> = async {
+            let payload_len = payload.len() as u64;
+            let (entries, payload_digest) = self
+                .write_v2(
+                    Bytes::from(payload).into(),
+                    &mut receipt,
+                    &|_, _| {},
+                    &guard,
+                )
+                .await?;
+            let new_root =
+                self.encode_v2(&meta, None, payload_len, payload_digest, entries, None)?;
+            let v2 = match root::decode(&new_root, self.inner.mac_key.as_ref())? {
+                DecodedRoot::V2(v2) => v2,
+                _ => return Err(StoreError::Internal("migrated root is not v2".into())),
+            };
+            if v2.payload_digest != m.payload_digest
+                || v2.result_snapshot_digest != m.result_snapshot_digest
+            {
+                return Err(StoreError::Internal(format!(
+                    "{key}: migration changed a digest"
+                )));
+            }
+            let replaced = self
+                .replace_root_if_unchanged(key, raw, new_root.clone())
+                .await?;
+            Ok((replaced, new_root, v2))
+        }
+        .await;
+        guard.finish().await;
+        let (replaced, new_root, v2) = written?;
+        Ok(match replaced {
+            Replaced::Changed => None,
+            Replaced::Yes => Some((new_root, v2, receipt.bytes_written)),
+        })
     }
 }
 
@@ -333,38 +359,14 @@ impl Store {
             ));
         }
         let want = m.result_snapshot_digest;
-        match self
-            .restore((m.namespace, m.context), Default::default())
-            .await?
-        {
-            RestoreOutcome::Hit(h) if h.digest == want => {}
-            RestoreOutcome::Hit(h) => {
-                return Ok(Err(format!(
-                    "restores to {} but the root names {want}",
-                    h.digest
-                )))
-            }
-            RestoreOutcome::Miss(reason) => return Ok(Err(format!("does not restore ({reason})"))),
-        }
-        let payload = match self.fetch_v1(m).await? {
+        let payload = match self.proven_payload(m).await? {
             Ok(p) => p,
-            Err(reason) => return Ok(Err(format!("payload does not verify ({reason})"))),
+            Err(skip) => return Ok(Err(skip)),
         };
-        let meta = RootMeta {
-            namespace: m.namespace,
-            context: m.context,
-            chunk_tokens: m.logical_chunk_tokens,
-            result_header: SnapshotHeader {
-                layout: m.layout.clone(),
-                boundary: m.boundary,
-                block_counts: m.block_counts.clone(),
-            },
-            result_snapshot_digest: want,
-            result_snapshot_len: m.result_snapshot_len,
-            base: m.base,
-        };
+        let meta = v2_meta(m);
         // The extents `migrate` would write, built in memory.
-        let (max_extent, level) = (self.config().max_extent_bytes, self.config().compression);
+        let publication = &self.config().publication;
+        let (max_extent, level) = (publication.max_extent_bytes, publication.compression);
         let payload = std::sync::Arc::new(payload);
         let p = payload.clone();
         let built = tokio::task::spawn_blocking(move || root::v2_extents(&p, max_extent, level))
@@ -422,52 +424,81 @@ impl Store {
         let extents = v2.extents.len() as u64;
         let root_len = new_root.len() as u64;
         let rebuilt =
-            tokio::task::spawn_blocking(move || -> std::result::Result<Digest, String> {
-                let plan = deltapack_format::ExtentPlan::new(v2.payload_len, v2.max_extent_bytes)
-                    .map_err(|e| e.to_string())?;
-                let mut out = Vec::with_capacity(payload.len());
-                for (i, (e, stored)) in v2.extents.iter().zip(&built.compressed).enumerate() {
-                    let raw = match stored {
-                        Some(c) => {
-                            if Some(Digest::blake3(c)) != e.stored_digest {
-                                return Err(format!("extent {i}: stored digest mismatch"));
-                            }
-                            deltapack_format::extent::decompress(c, e.raw_len)
-                                .map_err(|x| format!("extent {i}: {x}"))?
-                        }
-                        None => payload
-                            .get(e.offset as usize..(e.offset + e.raw_len) as usize)
-                            .ok_or_else(|| format!("extent {i} lies outside the payload"))?
-                            .to_vec(),
-                    };
-                    let name = plan
-                        .name(i as u64, &raw, false)
-                        .map_err(|x| format!("extent {i}: {x}"))?;
-                    if name != e.raw_digest {
-                        return Err(format!("extent {i} name {name} != {}", e.raw_digest));
-                    }
-                    out.extend_from_slice(&raw);
-                }
-                let found = deltapack_format::snapshot::digest_of_encoding(&out);
-                if found != v2.payload_digest {
-                    return Err(format!(
-                        "rebuilt payload digest {found} != {}",
-                        v2.payload_digest
-                    ));
-                }
-                let result = match &base {
-                    None => deltapack_format::Snapshot::from_encoded(out),
-                    Some(b) => deltapack_format::PageDelta::apply(b, &out),
-                }
-                .map_err(|x| format!("the result does not rebuild from the v2 payload: {x}"))?;
-                Ok(result.digest())
-            })
-            .await
-            .map_err(|e| StoreError::task("migration proof", e))?;
+            tokio::task::spawn_blocking(move || rebuild_from_extents(&v2, &built, &payload, base))
+                .await
+                .map_err(|e| StoreError::task("migration proof", e))?;
         Ok(match rebuilt {
             Ok(d) if d == want => Ok((extents, root_len)),
             Ok(d) => Err(format!("the v2 root rebuilds {d}, not {want}")),
             Err(reason) => Err(reason),
         })
     }
+}
+
+/// The root metadata of the v2 root that replaces the v1 root `m`: the
+/// same namespace, context, result and base, so both digests carry over.
+fn v2_meta(m: &ManifestV1) -> RootMeta {
+    RootMeta {
+        namespace: m.namespace,
+        context: m.context,
+        chunk_tokens: m.logical_chunk_tokens,
+        result_header: SnapshotHeader {
+            layout: m.layout.clone(),
+            boundary: m.boundary,
+            block_counts: m.block_counts.clone(),
+        },
+        result_snapshot_digest: m.result_snapshot_digest,
+        result_snapshot_len: m.result_snapshot_len,
+        base: m.base,
+    }
+}
+
+/// Rebuilds the payload of the v2 root `v2` from the extents `built` in
+/// memory alone (`payload` supplies the raw ones), each checked against its
+/// name, then the result snapshot from it (on `base` for a delta), and
+/// returns the result's digest.
+fn rebuild_from_extents(
+    v2: &ManifestV2,
+    built: &root::V2Extents,
+    payload: &[u8],
+    base: Option<std::sync::Arc<deltapack_format::Snapshot>>,
+) -> std::result::Result<Digest, String> {
+    let plan = deltapack_format::ExtentPlan::new(v2.payload_len, v2.max_extent_bytes)
+        .map_err(|e| e.to_string())?;
+    let mut out = Vec::with_capacity(payload.len());
+    for (i, (e, stored)) in v2.extents.iter().zip(&built.compressed).enumerate() {
+        let raw = match stored {
+            Some(c) => {
+                if Some(Digest::blake3(c)) != e.stored_digest {
+                    return Err(format!("extent {i}: stored digest mismatch"));
+                }
+                deltapack_format::extent::decompress(c, e.raw_len)
+                    .map_err(|x| format!("extent {i}: {x}"))?
+            }
+            None => payload
+                .get(e.offset as usize..(e.offset + e.raw_len) as usize)
+                .ok_or_else(|| format!("extent {i} lies outside the payload"))?
+                .to_vec(),
+        };
+        let name = plan
+            .name(i as u64, &raw, false)
+            .map_err(|x| format!("extent {i}: {x}"))?;
+        if name != e.raw_digest {
+            return Err(format!("extent {i} name {name} != {}", e.raw_digest));
+        }
+        out.extend_from_slice(&raw);
+    }
+    let found = deltapack_format::snapshot::digest_of_encoding(&out);
+    if found != v2.payload_digest {
+        return Err(format!(
+            "rebuilt payload digest {found} != {}",
+            v2.payload_digest
+        ));
+    }
+    let result = match &base {
+        None => deltapack_format::Snapshot::from_encoded(out),
+        Some(b) => deltapack_format::PageDelta::apply(b, &out),
+    }
+    .map_err(|x| format!("the result does not rebuild from the v2 payload: {x}"))?;
+    Ok(result.digest())
 }

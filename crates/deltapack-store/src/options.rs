@@ -15,18 +15,18 @@
 //!     .with_grace(Duration::from_secs(60))
 //!     .with_budget_bytes(Some(50 << 30))
 //!     .with_chain(ChainPolicy::default().with_max_depth(Some(16)));
-//! assert_eq!(config.chain.max_depth, Some(16));
+//! assert_eq!(config.publication.chain.max_depth, Some(16));
 //! ```
 
 /// Writes one `with_<field>(self, value) -> Self` setter per listed field.
 macro_rules! setters {
-    ($ty:ty { $($setter:ident => $field:ident : $fty:ty),* $(,)? }) => {
+    ($ty:ty { $($setter:ident => $($field:ident).+ : $fty:ty),* $(,)? }) => {
         impl $ty {
             $(
-                #[doc = concat!("Sets [`", stringify!($ty), "::", stringify!($field), "`] (builder style).")]
+                #[doc = concat!("Sets `", stringify!($($field).+), "` (builder style).")]
                 #[must_use]
                 pub fn $setter(mut self, value: $fty) -> Self {
-                    self.$field = value;
+                    self.$($field).+ = value;
                     self
                 }
             )*
@@ -35,26 +35,26 @@ macro_rules! setters {
 }
 
 setters!(crate::StoreConfig {
-    with_max_extent_bytes => max_extent_bytes: u64,
-    with_compression => compression: Option<i32>,
+    with_max_extent_bytes => publication.max_extent_bytes: u64,
+    with_compression => publication.compression: Option<i32>,
     with_mac_secret => mac_secret: Option<Vec<u8>>,
-    with_base_cache_bytes => base_cache_bytes: u64,
-    with_max_base_depth => max_base_depth: usize,
-    with_chain => chain: crate::ChainPolicy,
-    with_chain_gets_in_flight => chain_gets_in_flight: usize,
-    with_roots_in_flight => roots_in_flight: usize,
-    with_ranges_in_flight => ranges_in_flight: usize,
-    with_range_bytes => range_bytes: u64,
-    with_parts_in_flight => parts_in_flight: usize,
-    with_part_bytes => part_bytes: u64,
-    with_max_restore_bytes => max_restore_bytes: u64,
-    with_budget_bytes => budget_bytes: Option<u64>,
-    with_min_free_bytes => min_free_bytes: Option<u64>,
-    with_grace => grace: std::time::Duration,
-    with_cold_start => cold_start: crate::ColdStart,
-    with_ledger => ledger: Option<String>,
-    with_prefill_tokens_per_s => prefill_tokens_per_s: Option<f64>,
-    with_ledger_deadline => ledger_deadline: std::time::Duration,
+    with_base_cache_bytes => restore.base_cache_bytes: u64,
+    with_max_base_depth => restore.max_base_depth: usize,
+    with_chain => publication.chain: crate::ChainPolicy,
+    with_chain_gets_in_flight => remote.chain_gets_in_flight: usize,
+    with_roots_in_flight => remote.roots_in_flight: usize,
+    with_ranges_in_flight => remote.ranges_in_flight: usize,
+    with_range_bytes => remote.range_bytes: u64,
+    with_parts_in_flight => remote.parts_in_flight: usize,
+    with_part_bytes => remote.part_bytes: u64,
+    with_max_restore_bytes => restore.max_restore_bytes: u64,
+    with_budget_bytes => capacity.budget_bytes: Option<u64>,
+    with_min_free_bytes => capacity.min_free_bytes: Option<u64>,
+    with_grace => capacity.grace: std::time::Duration,
+    with_cold_start => capacity.cold_start: crate::ColdStart,
+    with_ledger => capacity.ledger: Option<String>,
+    with_prefill_tokens_per_s => restore.prefill_tokens_per_s: Option<f64>,
+    with_ledger_deadline => capacity.ledger_deadline: std::time::Duration,
 });
 
 setters!(crate::ChainPolicy {

@@ -87,12 +87,12 @@ impl Store {
             .ledger
             .get_or_try_init(|| async {
                 let kind = self.backend_kind().clone();
-                let url = self.config().ledger.clone();
+                let url = self.config().capacity.ledger.clone();
                 let (ledger, external) =
                     tokio::task::spawn_blocking(move || open_ledger(&kind, url.as_deref()))
                         .await
                         .map_err(|e| StoreError::task("ledger open", e))??;
-                let policy = self.config().cold_start;
+                let policy = self.config().capacity.cold_start;
                 let mut fresh = false;
                 if let Some(id) = external {
                     fresh = ledger.run(move |l| l.bind_store(&id)).await?;

@@ -28,7 +28,7 @@ use serde::Serialize;
 use crate::backend::BackendKind;
 use crate::base_graph::{BaseGraph, RootId};
 use crate::capacity::free_space;
-use crate::error::{Result, StoreError};
+use crate::error::{CapacityError, Result, StoreError};
 use crate::keys;
 use crate::ledger::{now_ms, Ledger, RootRow};
 use crate::stats::Stats;
@@ -364,7 +364,10 @@ impl Store {
         evicted = tracing::field::Empty,
     ))]
     pub(crate) async fn make_room(&self, need: u64, guard: &crate::gc::ProtectGuard) -> Result<()> {
-        let (budget, min_free) = (self.config().budget_bytes, self.config().min_free_bytes);
+        let (budget, min_free) = (
+            self.config().capacity.budget_bytes,
+            self.config().capacity.min_free_bytes,
+        );
         if budget.is_none() && min_free.is_none() {
             return Ok(());
         }
@@ -412,14 +415,14 @@ impl Store {
                 if t.reserved_bytes > 0 && wait.pause().await {
                     continue;
                 }
-                return Err(StoreError::Capacity(format!(
-                    "need {need} bytes: {} bytes are condemned and will be reclaimed after the grace period \
-                     ({:?}); budget {b}, in use {} (of which {} reserved by publications in progress)",
-                    t.condemned_bytes,
-                    self.config().grace,
-                    t.used_bytes,
-                    t.reserved_bytes,
-                )));
+                return Err(StoreError::Capacity(CapacityError::AwaitingGrace {
+                    need,
+                    condemned: t.condemned_bytes,
+                    grace: self.config().capacity.grace,
+                    budget: b,
+                    used: t.used_bytes,
+                    reserved: t.reserved_bytes,
+                }));
             }
             // Evict the least recently used evictable root (with dependents).
             let rows = self.lru_rows(ledger).await?;
@@ -442,11 +445,12 @@ impl Store {
                 if t.reserved_bytes > 0 && wait.pause().await {
                     continue;
                 }
-                return Err(StoreError::Capacity(format!(
-                    "need {need} bytes but nothing evictable is left (budget {:?}, live {live} bytes, \
-                     free space short: {free_short}); nothing was written",
-                    budget
-                )));
+                return Err(StoreError::Capacity(CapacityError::NothingEvictable {
+                    need,
+                    budget,
+                    live,
+                    free_short,
+                }));
             };
             let mut report = RemovalReport::default();
             for k in group {

@@ -14,7 +14,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 
 use crate::backend::{self, Backend, BackendKind};
 use crate::config::StoreConfig;
-use crate::error::{MissReason, Result, StoreError};
+use crate::error::{MissReason, Result, StoreError, Unsupported};
 use crate::fault::{FaultKind, ObjectFault};
 use crate::keys;
 use crate::object_check::ObjectCheck;
@@ -166,27 +166,27 @@ impl Store {
     /// Wraps an already-built backend (used by tests to inject an
     /// instrumented or fault-injecting `ObjectStore`).
     pub fn from_backend(backend: Backend, config: StoreConfig) -> Result<Self> {
-        if deltapack_format::ExtentPlan::new(0, config.max_extent_bytes).is_err() {
+        if deltapack_format::ExtentPlan::new(0, config.publication.max_extent_bytes).is_err() {
             return Err(StoreError::Invalid(format!(
                 "max_extent_bytes {} must be a power of two between 1 KiB and 1 GiB",
-                config.max_extent_bytes
+                config.publication.max_extent_bytes
             )));
         }
-        if deltapack_format::ExtentPlan::new(0, config.range_bytes).is_err() {
+        if deltapack_format::ExtentPlan::new(0, config.remote.range_bytes).is_err() {
             return Err(StoreError::Invalid(format!(
                 "range_bytes {} must be a power of two between 1 KiB and 1 GiB",
-                config.range_bytes
+                config.remote.range_bytes
             )));
         }
-        if config.part_bytes < 5 << 20 || config.part_bytes > 5 << 30 {
+        if config.remote.part_bytes < 5 << 20 || config.remote.part_bytes > 5 << 30 {
             return Err(StoreError::Invalid(format!(
                 "part_bytes {} must be between 5 MiB and 5 GiB (the S3 multipart limits)",
-                config.part_bytes
+                config.remote.part_bytes
             )));
         }
-        if config.ranges_in_flight == 0
-            || config.parts_in_flight == 0
-            || config.roots_in_flight == 0
+        if config.remote.ranges_in_flight == 0
+            || config.remote.parts_in_flight == 0
+            || config.remote.roots_in_flight == 0
         {
             return Err(StoreError::Invalid(
                 "ranges_in_flight, parts_in_flight and roots_in_flight must be at least 1".into(),
@@ -290,7 +290,7 @@ impl Store {
     pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
         self.inner.metrics.register(
             &self.inner.stats,
-            self.config().budget_bytes,
+            self.config().capacity.budget_bytes,
             matches!(self.backend_kind(), BackendKind::Local { .. }),
             registry,
         );
@@ -596,10 +596,9 @@ impl Store {
             return Ok(Replaced::Changed);
         }
         if version.e_tag.is_none() && version.version.is_none() {
-            return Err(StoreError::Unsupported(format!(
-                "{key}: the backend reports no ETag or version, so the root cannot be replaced \
-                 conditionally; refusing to overwrite it (a concurrent eviction could be undone)"
-            )));
+            return Err(StoreError::Unsupported(Unsupported::NoVersion {
+                key: key.to_string(),
+            }));
         }
         let opts = object_store::PutOptions {
             mode: object_store::PutMode::Update(version),
@@ -609,13 +608,12 @@ impl Store {
             Ok(_) => Ok(Replaced::Yes),
             Err(object_store::Error::Precondition { .. })
             | Err(object_store::Error::NotFound { .. }) => Ok(Replaced::Changed),
-            Err(e @ object_store::Error::NotImplemented { .. }) => {
-                Err(StoreError::Unsupported(format!(
-                    "{key}: the backend has no conditional overwrite (If-Match); refusing to \
-                     overwrite the root, since a concurrent eviction or republication could be \
-                     undone ({e})"
-                )))
-            }
+            Err(e @ object_store::Error::NotImplemented { .. }) => Err(StoreError::Unsupported(
+                Unsupported::NoConditionalOverwrite {
+                    key: key.to_string(),
+                    source: e,
+                },
+            )),
             Err(e) => Err(StoreError::io(key, e)),
         }
     }

@@ -214,47 +214,10 @@ impl WriteBehind {
             RootStatus::Absent | RootStatus::Unusable(_) => {}
         }
         // A delta's base: buffered here (then this waits for it), or stored.
-        let mut after = None;
-        if let Some(b) = &req.base {
-            let base_key = (ns, b.context);
-            let buffered = self.shared.buffer.lock().ok().and_then(|buf| {
-                buf.get(&base_key).map(|e| {
-                    // The caller usually hands back the very snapshot it
-                    // buffered: then nothing needs hashing here.
-                    let same = Arc::ptr_eq(&e.snapshot, &b.snapshot);
-                    (same, e.digest, e.done.subscribe())
-                })
-            });
-            let want = || publication_digest(&b.snapshot).unwrap_or_else(|_| b.snapshot.digest());
-            match buffered {
-                Some((true, _, rx)) => after = Some(rx),
-                Some((false, d, rx)) if d == want() => after = Some(rx),
-                Some((_, d, _)) => {
-                    return Err(StoreError::BaseMismatch {
-                        namespace: ns,
-                        context: b.context,
-                        detail: format!("the buffered base is {d}, the given one {}", want()),
-                    })
-                }
-                None => match self.store.peek_root(&ns, &b.context).await? {
-                    RootStatus::Found(root)
-                        if root.summary().is_some_and(|s| {
-                            deltapack_format::layer_digest::digest_like(
-                                &b.snapshot,
-                                &s.result_snapshot_digest,
-                            )
-                            .is_ok_and(|d| d == s.result_snapshot_digest)
-                        }) => {}
-                    _ => {
-                        return Err(StoreError::BaseMismatch {
-                            namespace: ns,
-                            context: b.context,
-                            detail: "the base is neither stored nor queued with these bytes".into(),
-                        })
-                    }
-                },
-            }
-        }
+        let after = match &req.base {
+            Some(b) => self.base_ready(ns, b).await?,
+            None => None,
+        };
         // buffer → index (one map) …
         if let Ok(mut b) = self.shared.buffer.lock() {
             if let Some(e) = b.get(&key) {
@@ -297,6 +260,53 @@ impl WriteBehind {
                     ))),
                 }
             }
+        }
+    }
+
+    /// A delta's base `b`: buffered here (the receiver says when its
+    /// publication is done, which the delta's waits for) or stored with
+    /// the same bytes (`None`); otherwise a base mismatch.
+    async fn base_ready(
+        &self,
+        ns: deltapack_format::Namespace,
+        b: &crate::publish::BaseInput,
+    ) -> Result<Option<tokio::sync::watch::Receiver<bool>>> {
+        let base_key = (ns, b.context);
+        let buffered = self.shared.buffer.lock().ok().and_then(|buf| {
+            buf.get(&base_key).map(|e| {
+                // The caller usually hands back the very snapshot it
+                // buffered: then nothing needs hashing here.
+                let same = Arc::ptr_eq(&e.snapshot, &b.snapshot);
+                (same, e.digest, e.done.subscribe())
+            })
+        });
+        let want = || publication_digest(&b.snapshot).unwrap_or_else(|_| b.snapshot.digest());
+        match buffered {
+            Some((true, _, rx)) => Ok(Some(rx)),
+            Some((false, d, rx)) if d == want() => Ok(Some(rx)),
+            Some((_, d, _)) => Err(StoreError::BaseMismatch {
+                namespace: ns,
+                context: b.context,
+                detail: format!("the buffered base is {d}, the given one {}", want()),
+            }),
+            None => match self.store.peek_root(&ns, &b.context).await? {
+                RootStatus::Found(root)
+                    if root.summary().is_some_and(|s| {
+                        deltapack_format::layer_digest::digest_like(
+                            &b.snapshot,
+                            &s.result_snapshot_digest,
+                        )
+                        .is_ok_and(|d| d == s.result_snapshot_digest)
+                    }) =>
+                {
+                    Ok(None)
+                }
+                _ => Err(StoreError::BaseMismatch {
+                    namespace: ns,
+                    context: b.context,
+                    detail: "the base is neither stored nor queued with these bytes".into(),
+                }),
+            },
         }
     }
 

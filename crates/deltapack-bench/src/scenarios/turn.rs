@@ -188,7 +188,7 @@ pub(crate) async fn run(a: TurnArgs) -> Result<ExitCode> {
 fn config() -> StoreConfig {
     let mut c = StoreConfig::default();
     // Every turn is a delta on the flat root (no rebasing decides for us).
-    c.chain = ChainPolicy::unbounded();
+    c.publication.chain = ChainPolicy::unbounded();
     c
 }
 

@@ -339,16 +339,20 @@ class Miss:
     once proven), ``incompatible`` (a format this version cannot read),
     ``base-missing`` (a delta's base is gone), ``deadline-exceeded`` (the
     ``timeout`` passed), ``unauthenticated`` (a keyed store's MAC is wrong or
-    missing). ``detail`` is the store's explanation.
+    missing). ``detail`` is the store's explanation. ``object`` is the store
+    key of the object that failed verification or is missing, when the store
+    names one (``corrupt`` and ``base-missing`` misses), else ``None``.
     """
 
-    __slots__ = ("reason", "detail")
+    __slots__ = ("reason", "detail", "object")
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: str, detail: str, object: Optional[str] = None) -> None:
         #: One of :data:`MISS_REASONS`.
         self.reason: str = reason
         #: Human-readable explanation (reason and detail).
         self.detail: str = detail
+        #: Store key of the damaged or missing object, if one is named.
+        self.object: Optional[str] = object
 
     def __bool__(self) -> bool:
         return False
@@ -359,7 +363,7 @@ class Miss:
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"Miss(reason={self.reason!r}, detail={self.detail!r})"
+        return f"Miss(reason={self.reason!r}, detail={self.detail!r}, object={self.object!r})"
 
 
 class Lookup(NamedTuple):
@@ -522,13 +526,13 @@ def synth(tokens: int, preset: str = "tiny", seed: int = 1) -> Tuple[Snapshot, L
 def _restore_value(v: tuple) -> Union[Restored, Miss]:
     if v[0] == "hit":
         return Restored(v[1], v[2], v[3])
-    return Miss(v[1], v[2])
+    return Miss(v[1], v[2], v[3])
 
 
 def _restore_into_value(v: tuple) -> Union[Hit, Miss]:
     if v[0] == "hit":
         return Hit(v[1], v[2], v[3])
-    return Miss(v[1], v[2])
+    return Miss(v[1], v[2], v[3])
 
 
 def _lookup_value(v: Optional[Tuple[int, str, str]]) -> Optional[Lookup]:

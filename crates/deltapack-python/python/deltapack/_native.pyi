@@ -87,8 +87,8 @@ class SnapshotData:
     def layout(self) -> Tuple[int, int, List[Any]]:
         """The page layout (see ``snapshot_layout``)."""
 
-_Restore = Union[Tuple[str, SnapshotData, str, str], Tuple[str, str, str]]
-_RestoreInto = Union[Tuple[str, int, str, int], Tuple[str, str, str]]
+_Restore = Union[Tuple[str, SnapshotData, str, str], Tuple[str, str, str, Optional[str]]]
+_RestoreInto = Union[Tuple[str, int, str, int], Tuple[str, str, str, Optional[str]]]
 
 class Store:
     """The native store handle (the public class is ``deltapack.Store``)."""

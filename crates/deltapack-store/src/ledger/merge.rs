@@ -153,141 +153,18 @@ impl Ledger {
     ) -> Result<MergeReport, LedgerError> {
         let began = listing.began;
         let tomb_since = began.saturating_sub(CLOCK_SKEW.as_millis() as u64);
-        let present: std::collections::HashSet<&str> =
-            listing.present.iter().map(|(k, _, _)| k.as_str()).collect();
-        let listed_holds: std::collections::HashSet<(String, String, String)> = listing
-            .holds
-            .iter()
-            .map(|(n, ns, c)| (n.clone(), ns.hex(), c.hex()))
-            .collect();
-        let tombs_in =
-            |db: &mut Db| -> Result<std::collections::HashSet<(String, String)>, LedgerError> {
-                db.query(
-                    "SELECT kind, id FROM tombstones WHERE at >= ?1",
-                    &[V::from(tomb_since)],
-                )?
-                .iter()
-                .map(|r| Ok((r.text(0)?, r.text(1)?)))
-                .collect()
-            };
         let mut report = MergeReport::default();
         // Roots in batches, one transaction each: a fleet's writers wait
         // for one batch at a time, not for the whole rebuild. Each root's
         // rule is checked against the ledger as it is in its batch.
         for batch in listing.roots.chunks(MERGE_BATCH) {
-            let r = self.write(|db| {
-                let mut report = MergeReport::default();
-                let tombs = tombs_in(db)?;
-                for e in batch {
-                    let (ns, ctx) = hexpair(&e.namespace, &e.context);
-                    if tombs.contains(&("root".to_string(), format!("{ns}/{ctx}"))) {
-                        report.skipped_removed += 1;
-                        continue;
-                    }
-                    let pair = [V::from(&ns), V::from(&ctx)];
-                    match db.opt(
-                        "SELECT recorded_at, last_access FROM roots WHERE ns = ?1 AND ctx = ?2",
-                        &pair,
-                    )? {
-                        Some(r) if !listing.full || r.u64(0)? >= began => report.kept += 1,
-                        Some(r) => {
-                            // Replaced by what the store holds; reference
-                            // counts are recounted below.
-                            let last = r.u64(1)?;
-                            db.exec("DELETE FROM refs WHERE ns = ?1 AND ctx = ?2", &pair)?;
-                            db.exec("DELETE FROM roots WHERE ns = ?1 AND ctx = ?2", &pair)?;
-                            record_in(db, e, began)?;
-                            db.exec(
-                                "UPDATE roots SET last_access = ?3 WHERE ns = ?1 AND ctx = ?2",
-                                &[V::from(&ns), V::from(&ctx), V::from(last)],
-                            )?;
-                            report.replaced += 1;
-                        }
-                        None => {
-                            record_in(db, e, began)?;
-                            report.added += 1;
-                        }
-                    }
-                }
-                Ok(report)
-            })?;
+            let r = self.write(|db| merge_roots(db, listing, batch, tomb_since))?;
             report.added += r.added;
             report.replaced += r.replaced;
             report.kept += r.kept;
             report.skipped_removed += r.skipped_removed;
         }
-        let r = self.write(|db| {
-            let mut report = MergeReport::default();
-            let tombs = tombs_in(db)?;
-            for (vns, vctx) in &listing.vanished {
-                let (ns, ctx) = hexpair(vns, vctx);
-                let pair = [V::from(&ns), V::from(&ctx), V::from(began)];
-                if db.exec(
-                    "DELETE FROM roots WHERE ns = ?1 AND ctx = ?2 AND recorded_at < ?3",
-                    &pair,
-                )? > 0
-                {
-                    db.exec(
-                        "DELETE FROM refs WHERE ns = ?1 AND ctx = ?2",
-                        &pair[..2],
-                    )?;
-                    db.exec("DELETE FROM holds WHERE ns = ?1 AND ctx = ?2", &pair[..2])?;
-                    report.removed += 1;
-                }
-            }
-            for (name, ns, ctx) in &listed_holds {
-                if tombs.contains(&("hold".to_string(), format!("{name}/{ns}/{ctx}"))) {
-                    continue;
-                }
-                report.holds_added += db.exec(
-                    "INSERT INTO holds(name, ns, ctx, since) VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
-                    &[V::from(name), V::from(ns), V::from(ctx), V::from(began)],
-                )?;
-            }
-            for r in db.query(
-                "SELECT name, ns, ctx FROM holds WHERE since < ?1",
-                &[V::from(began)],
-            )? {
-                let h = (r.text(0)?, r.text(1)?, r.text(2)?);
-                if !listed_holds.contains(&h) {
-                    report.holds_removed += db.exec(
-                        "DELETE FROM holds WHERE name = ?1 AND ns = ?2 AND ctx = ?3",
-                        &[V::from(&h.0), V::from(&h.1), V::from(&h.2)],
-                    )?;
-                }
-            }
-            for (key, bytes, mtime) in &listing.present {
-                db.exec(
-                    "INSERT INTO objects(key, bytes, refs, condemned_at) VALUES (?1, ?2, 0, ?3) ON CONFLICT(key) DO NOTHING",
-                    &[V::from(key), V::from(*bytes), V::from(*mtime)],
-                )?;
-            }
-            db.batch(
-                "UPDATE objects SET refs = (SELECT COUNT(*) FROM refs WHERE refs.key = objects.key);
-                 UPDATE objects SET condemned_at = NULL WHERE refs > 0 AND condemned_at IS NOT NULL;",
-            )?;
-            db.exec(
-                "UPDATE objects SET condemned_at = ?1 WHERE refs = 0 AND condemned_at IS NULL",
-                &[V::from(now)],
-            )?;
-            for r in db.query("SELECT key FROM objects WHERE refs = 0", &[])? {
-                let key = r.text(0)?;
-                if present.contains(key.as_str()) {
-                    continue;
-                }
-                report.objects_dropped += db.exec(
-                    "DELETE FROM objects WHERE key = ?1 AND refs = 0
-                     AND NOT EXISTS (SELECT 1 FROM protected p WHERE p.key = ?1 AND p.until > ?2)
-                     AND NOT EXISTS (SELECT 1 FROM deleting d WHERE d.key = ?1)",
-                    &[V::from(&key), V::from(now)],
-                )?;
-            }
-            db.exec(
-                "DELETE FROM tombstones WHERE at < ?1",
-                &[V::from(now.saturating_sub(TOMBSTONE_KEEP.as_millis() as u64))],
-            )?;
-            Ok(report)
-        })?;
+        let r = self.write(|db| merge_rest(db, listing, now, tomb_since))?;
         report.removed = r.removed;
         report.holds_added = r.holds_added;
         report.holds_removed = r.holds_removed;
@@ -354,4 +231,152 @@ impl Ledger {
             Ok(LedgerImage { roots, objects, holds })
         })
     }
+}
+
+/// Tombstones of roots and holds removed since `since` (ms), as
+/// `(kind, id)`.
+fn tombs_in(
+    db: &mut Db,
+    since: u64,
+) -> Result<std::collections::HashSet<(String, String)>, LedgerError> {
+    db.query(
+        "SELECT kind, id FROM tombstones WHERE at >= ?1",
+        &[V::from(since)],
+    )?
+    .iter()
+    .map(|r| Ok((r.text(0)?, r.text(1)?)))
+    .collect()
+}
+
+/// One transaction of [`Ledger::merge_listing`]: the listed roots of
+/// `batch`, each recorded, replaced (full rebuild) or kept by the rule
+/// checked against the ledger as it is now.
+fn merge_roots(
+    db: &mut Db,
+    listing: &Listing,
+    batch: &[RootEntry],
+    tomb_since: u64,
+) -> Result<MergeReport, LedgerError> {
+    let began = listing.began;
+    let mut report = MergeReport::default();
+    let tombs = tombs_in(db, tomb_since)?;
+    for e in batch {
+        let (ns, ctx) = hexpair(&e.namespace, &e.context);
+        if tombs.contains(&("root".to_string(), format!("{ns}/{ctx}"))) {
+            report.skipped_removed += 1;
+            continue;
+        }
+        let pair = [V::from(&ns), V::from(&ctx)];
+        match db.opt(
+            "SELECT recorded_at, last_access FROM roots WHERE ns = ?1 AND ctx = ?2",
+            &pair,
+        )? {
+            Some(r) if !listing.full || r.u64(0)? >= began => report.kept += 1,
+            Some(r) => {
+                // Replaced by what the store holds; reference
+                // counts are recounted below.
+                let last = r.u64(1)?;
+                db.exec("DELETE FROM refs WHERE ns = ?1 AND ctx = ?2", &pair)?;
+                db.exec("DELETE FROM roots WHERE ns = ?1 AND ctx = ?2", &pair)?;
+                record_in(db, e, began)?;
+                db.exec(
+                    "UPDATE roots SET last_access = ?3 WHERE ns = ?1 AND ctx = ?2",
+                    &[V::from(&ns), V::from(&ctx), V::from(last)],
+                )?;
+                report.replaced += 1;
+            }
+            None => {
+                record_in(db, e, began)?;
+                report.added += 1;
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// The last transaction of [`Ledger::merge_listing`]: vanished roots, holds,
+/// objects (added, recounted, dropped) and old tombstones.
+fn merge_rest(
+    db: &mut Db,
+    listing: &Listing,
+    now: u64,
+    tomb_since: u64,
+) -> Result<MergeReport, LedgerError> {
+    let began = listing.began;
+    let present: std::collections::HashSet<&str> =
+        listing.present.iter().map(|(k, _, _)| k.as_str()).collect();
+    let listed_holds: std::collections::HashSet<(String, String, String)> = listing
+        .holds
+        .iter()
+        .map(|(n, ns, c)| (n.clone(), ns.hex(), c.hex()))
+        .collect();
+    let mut report = MergeReport::default();
+    let tombs = tombs_in(db, tomb_since)?;
+    for (vns, vctx) in &listing.vanished {
+        let (ns, ctx) = hexpair(vns, vctx);
+        let pair = [V::from(&ns), V::from(&ctx), V::from(began)];
+        if db.exec(
+            "DELETE FROM roots WHERE ns = ?1 AND ctx = ?2 AND recorded_at < ?3",
+            &pair,
+        )? > 0
+        {
+            db.exec("DELETE FROM refs WHERE ns = ?1 AND ctx = ?2", &pair[..2])?;
+            db.exec("DELETE FROM holds WHERE ns = ?1 AND ctx = ?2", &pair[..2])?;
+            report.removed += 1;
+        }
+    }
+    for (name, ns, ctx) in &listed_holds {
+        if tombs.contains(&("hold".to_string(), format!("{name}/{ns}/{ctx}"))) {
+            continue;
+        }
+        report.holds_added += db.exec(
+            "INSERT INTO holds(name, ns, ctx, since) VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
+            &[V::from(name), V::from(ns), V::from(ctx), V::from(began)],
+        )?;
+    }
+    for r in db.query(
+        "SELECT name, ns, ctx FROM holds WHERE since < ?1",
+        &[V::from(began)],
+    )? {
+        let h = (r.text(0)?, r.text(1)?, r.text(2)?);
+        if !listed_holds.contains(&h) {
+            report.holds_removed += db.exec(
+                "DELETE FROM holds WHERE name = ?1 AND ns = ?2 AND ctx = ?3",
+                &[V::from(&h.0), V::from(&h.1), V::from(&h.2)],
+            )?;
+        }
+    }
+    for (key, bytes, mtime) in &listing.present {
+        db.exec(
+            "INSERT INTO objects(key, bytes, refs, condemned_at) VALUES (?1, ?2, 0, ?3) ON CONFLICT(key) DO NOTHING",
+            &[V::from(key), V::from(*bytes), V::from(*mtime)],
+        )?;
+    }
+    db.batch(
+        "UPDATE objects SET refs = (SELECT COUNT(*) FROM refs WHERE refs.key = objects.key);
+         UPDATE objects SET condemned_at = NULL WHERE refs > 0 AND condemned_at IS NOT NULL;",
+    )?;
+    db.exec(
+        "UPDATE objects SET condemned_at = ?1 WHERE refs = 0 AND condemned_at IS NULL",
+        &[V::from(now)],
+    )?;
+    for r in db.query("SELECT key FROM objects WHERE refs = 0", &[])? {
+        let key = r.text(0)?;
+        if present.contains(key.as_str()) {
+            continue;
+        }
+        report.objects_dropped += db.exec(
+            "DELETE FROM objects WHERE key = ?1 AND refs = 0
+             AND NOT EXISTS (SELECT 1 FROM protected p WHERE p.key = ?1 AND p.until > ?2)
+             AND NOT EXISTS (SELECT 1 FROM deleting d WHERE d.key = ?1)",
+            &[V::from(&key), V::from(now)],
+        )?;
+    }
+    db.exec(
+        "DELETE FROM tombstones WHERE at < ?1",
+        &[V::from(
+            now.saturating_sub(TOMBSTONE_KEEP.as_millis() as u64),
+        )],
+    )?;
+    Ok(report)
 }

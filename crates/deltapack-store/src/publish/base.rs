@@ -167,7 +167,7 @@ impl Store {
         let mut bytes = s.payload_len;
         let mut link = Some(next);
         while let Some(b) = link {
-            if ancestors.len() >= self.config().max_base_depth.min(MAX_CHAIN_HINTS) {
+            if ancestors.len() >= self.config().restore.max_base_depth.min(MAX_CHAIN_HINTS) {
                 return Ok(None);
             }
             let summary = match self.peek_root(&b.namespace, &b.context).await? {

@@ -188,7 +188,7 @@ impl Store {
         entries: Vec<deltapack_format::ExtentEntry>,
         chain: Option<ChainHints>,
     ) -> Result<Bytes> {
-        let m = self.inner.config.max_extent_bytes;
+        let m = self.inner.config.publication.max_extent_bytes;
         let mut manifest = match layers {
             // A layered root records the result's turn state, so whoever
             // holds the result later publishes the next turn without

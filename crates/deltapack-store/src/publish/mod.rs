@@ -41,7 +41,7 @@ pub use write::PUBLISH_BATCH;
 use payload::LateDigest;
 pub(crate) use payload::Payload;
 pub use receipt::{PublishOutcome, PublishReceipt, Turn};
-pub use request::{BaseInput, PublishRequest, RootFormat, TurnRequest};
+pub use request::{BaseInput, Progress, PublishOptions, PublishRequest, RootFormat, TurnRequest};
 use shape::Shape;
 
 use crate::error::Result;
@@ -52,12 +52,26 @@ use crate::store::{RootStatus, Store};
 
 impl Store {
     /// Publishes a snapshot (flat or as a delta). See the module docs.
+    /// This is [`Store::publish_with`] with default options.
     pub async fn publish(&self, req: PublishRequest) -> Result<PublishReceipt> {
-        self.publish_with_progress(req, &|_, _| {}).await
+        self.publish_with(req, PublishOptions::default()).await
     }
 
     /// [`Store::publish`] reporting `(bytes done, bytes total)` as objects
-    /// become durable.
+    /// become durable: [`Store::publish_with`] with
+    /// [`PublishOptions::with_progress`].
+    pub async fn publish_with_progress(
+        &self,
+        req: PublishRequest,
+        progress: Progress<'_>,
+    ) -> Result<PublishReceipt> {
+        self.publish_with(req, PublishOptions::default().with_progress(progress))
+            .await
+    }
+
+    /// The publication: writes `req`'s objects, then its root, and records
+    /// them in the ledger (the steps of the module docs). The one core
+    /// publish call; the other names are this with fixed options.
     #[tracing::instrument(level = "info", name = "publish", skip_all, fields(
         namespace = %crate::metrics::short_hex(&req.identity.namespace().hex()),
         context = %crate::metrics::short_hex(&req.context.hex()),
@@ -66,11 +80,12 @@ impl Store {
         outcome = tracing::field::Empty,
         bytes = tracing::field::Empty,
     ))]
-    pub async fn publish_with_progress(
+    pub async fn publish_with(
         &self,
         req: PublishRequest,
-        progress: &(dyn Fn(u64, u64) + Send + Sync),
+        opts: PublishOptions<'_>,
     ) -> Result<PublishReceipt> {
+        let progress: Progress<'_> = opts.progress.unwrap_or(&|_, _| {});
         let start = Instant::now();
         let asked = req.format.schema();
         let out = self.publish_uncounted(req, progress).await;
@@ -110,7 +125,7 @@ impl Store {
         out
     }
 
-    /// The publication itself (`publish_with_progress` counts it).
+    /// The publication itself (`publish_with` counts it).
     async fn publish_uncounted(
         &self,
         req: PublishRequest,
@@ -145,22 +160,7 @@ impl Store {
         // Only the store's own ledger may publish: a publication relies on
         // objects it finds present, which another ledger may be collecting.
         self.require_owner("publish").await?;
-        // The publication's ledger id, protections and reservation (taken
-        // here for a delta, below for a flat snapshot). A delta
-        // protects its base root in the ledger *before* reading it: from
-        // then on no node's eviction or pruning removes the base (their
-        // removal claim is refused) until this publication ends, by when
-        // the delta is recorded and names its base. A base already claimed
-        // for removal is waited for, and then found gone.
-        if let Some(b) = &req.base {
-            let g = slot.insert(ProtectGuard::new(self).await?);
-            g.protect(vec![keys::root_key(&ns, &b.context).to_string()])
-                .await?;
-        }
-        let checked = match &req.base {
-            None => None,
-            Some(b) => Some(self.check_base(&ns, id, b, snap).await?),
-        };
+        let checked = self.protect_base(&req, slot).await?;
         let mut shape = self.shape(&req, checked).await?;
         // The result digest starts now and is awaited only where it is
         // needed: a delta's header (written last, see `write_v2`), an
@@ -211,7 +211,7 @@ impl Store {
         let room = plan::room_needed(
             req.format,
             receipt.payload_len,
-            self.config().max_extent_bytes,
+            self.config().publication.max_extent_bytes,
             snap.boundary() / u64::from(id.chunk_tokens),
         );
         self.make_room(room, guard).await?;
@@ -248,6 +248,49 @@ impl Store {
         }
         receipt.write_time = t_write.elapsed();
         receipt.total_time = start.elapsed();
+        self.settle(&req, result_state, &mut receipt);
+        Ok(receipt)
+    }
+
+    /// A delta's base: protected in the ledger under a lease (taken into
+    /// `slot`) *before* it is read, then checked against the caller's
+    /// snapshot. `None` for a flat publication.
+    async fn protect_base(
+        &self,
+        req: &PublishRequest,
+        slot: &mut Option<ProtectGuard>,
+    ) -> Result<Option<receipt::CheckedBase>> {
+        let (id, snap) = (&req.identity, &req.snapshot);
+        let ns = id.namespace();
+        // The publication's ledger id, protections and reservation (taken
+        // here for a delta, below for a flat snapshot). A delta
+        // protects its base root in the ledger *before* reading it: from
+        // then on no node's eviction or pruning removes the base (their
+        // removal claim is refused) until this publication ends, by when
+        // the delta is recorded and names its base. A base already claimed
+        // for removal is waited for, and then found gone.
+        if let Some(b) = &req.base {
+            let g = slot.insert(ProtectGuard::new(self).await?);
+            g.protect(vec![keys::root_key(&ns, &b.context).to_string()])
+                .await?;
+        }
+        match &req.base {
+            None => Ok(None),
+            Some(b) => Ok(Some(self.check_base(&ns, id, b, snap).await?)),
+        }
+    }
+
+    /// After the root is created: the caller's snapshot is remembered as
+    /// what the root names (or a conflict counted), and the publication
+    /// logged.
+    fn settle(
+        &self,
+        req: &PublishRequest,
+        result_state: Option<Arc<DigestState>>,
+        receipt: &mut PublishReceipt,
+    ) {
+        let ns = req.identity.namespace();
+        let snap = &req.snapshot;
         if receipt.outcome != PublishOutcome::Conflict {
             // The caller's snapshot is now what this root names: a delta on
             // it, given the same `Arc`, is not hashed again.
@@ -269,7 +312,6 @@ impl Store {
             ms = receipt.total_time.as_millis() as u64,
             "published"
         );
-        Ok(receipt)
     }
 
     /// The receipt of a publication onto an existing root, if the root

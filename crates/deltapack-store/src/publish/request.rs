@@ -66,6 +66,35 @@ pub struct PublishRequest {
     pub format: RootFormat,
 }
 
+/// How [`crate::Store::publish_with`] reports `(bytes done, bytes total)`.
+pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Send + Sync);
+
+/// Options of one publication ([`crate::Store::publish_with`]). Built from
+/// `Default` and the `with_*` setters.
+#[derive(Clone, Copy, Default)]
+#[non_exhaustive]
+pub struct PublishOptions<'a> {
+    /// Called with `(bytes done, bytes total)` as objects become durable;
+    /// `None` reports nothing.
+    pub progress: Option<Progress<'a>>,
+}
+
+impl<'a> PublishOptions<'a> {
+    /// Reports progress to `progress`.
+    pub fn with_progress(mut self, progress: Progress<'a>) -> Self {
+        self.progress = Some(progress);
+        self
+    }
+}
+
+impl std::fmt::Debug for PublishOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PublishOptions")
+            .field("progress", &self.progress.map(|_| "<callback>"))
+            .finish()
+    }
+}
+
 /// The next turn of a conversation, as [`Store::publish_turn`](crate::Store::publish_turn) takes it.
 #[derive(Debug, Clone)]
 pub struct TurnRequest {

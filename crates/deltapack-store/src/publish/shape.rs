@@ -69,7 +69,7 @@ impl Store {
                 below.as_ref(),
                 delta_len,
                 snap.encoded().len() as u64,
-                &self.config().chain,
+                &self.config().publication.chain,
             );
             (rebased, chain) = (decided.rebased, decided.chain);
             if rebased {

@@ -298,20 +298,7 @@ impl Store {
             req.tail.len() as u64,
         );
         let digest = digests.snapshot;
-        let delta = DeltaLayout {
-            header: DeltaHeader {
-                schema: DELTA_SCHEMA.into(),
-                chunk_tokens: id.chunk_tokens,
-                base_digest: prev.digest(),
-                result_digest: digest,
-                base_boundary: old,
-                result_boundary: new,
-                base_block_counts: prev.header().block_counts.clone(),
-                result_block_counts: result_header.block_counts.clone(),
-                reused_pages: prev.kept_pages().to_vec(),
-            },
-            tails: Vec::new(),
-        };
+        let delta = turn_delta(prev, &req, &result_header, digest);
         let header_bytes = Bytes::from(delta.header_bytes()?);
         let mut receipt = PublishReceipt::empty(ns, req.context, digest);
         receipt.schema = deltapack_format::root::SCHEMA_V2_2.into();
@@ -341,7 +328,7 @@ impl Store {
         let room = super::plan::room_needed(
             super::RootFormat::V2,
             receipt.payload_len,
-            self.config().max_extent_bytes,
+            self.config().publication.max_extent_bytes,
             0,
         );
         self.make_room(room, guard).await?;
@@ -385,28 +372,36 @@ impl Store {
         }
         receipt.write_time = t_write.elapsed();
         receipt.total_time = start.elapsed();
+        self.settle_turn(next, &mut receipt);
+        Ok(receipt)
+    }
+}
+
+impl Store {
+    /// After a turn's root is created: its digest state is cached and handed
+    /// out as the next [`Turn`] (or a conflict counted), and the turn
+    /// logged.
+    fn settle_turn(&self, next: DigestState, receipt: &mut PublishReceipt) {
+        let (ns, context, digest) = (receipt.namespace, receipt.context, receipt.snapshot_digest);
         if receipt.outcome == PublishOutcome::Conflict {
             Stats::add(&self.stats_ref().conflicts, 1);
         } else {
             let next = Arc::new(next);
             if let Ok(mut c) = self.inner.base_cache.lock() {
-                c.put_state((ns, req.context, digest), next.clone());
+                c.put_state((ns, context, digest), next.clone());
             }
-            receipt.turn = Some(Turn::new(self, ns, req.context, next));
+            receipt.turn = Some(Turn::new(self, ns, context, next));
         }
         tracing::info!(
-            context = %req.context,
+            context = %context,
             outcome = ?receipt.outcome,
             objects_written = receipt.objects_written,
             bytes = receipt.bytes_written,
             ms = receipt.total_time.as_millis() as u64,
             "published a turn"
         );
-        Ok(receipt)
     }
-}
 
-impl Store {
     /// Checks that the previous turn's root still holds what its handle
     /// says, and returns the chain below it (see [`Store::chain_below`]).
     async fn previous_turn_root(&self, prev: &Turn) -> Result<Option<(Vec<BaseRef>, u64)>> {
@@ -464,4 +459,28 @@ fn split_tail<'a>(
         }
     }
     Ok(out)
+}
+
+/// The delta header of the turn `req` on `prev`: every page of `prev` kept,
+/// the new pages in the tail (which follows the header in the payload).
+fn turn_delta(
+    prev: &Turn,
+    req: &TurnRequest,
+    result_header: &SnapshotHeader,
+    digest: Digest,
+) -> DeltaLayout {
+    DeltaLayout {
+        header: DeltaHeader {
+            schema: DELTA_SCHEMA.into(),
+            chunk_tokens: req.identity.chunk_tokens,
+            base_digest: prev.digest(),
+            result_digest: digest,
+            base_boundary: prev.boundary(),
+            result_boundary: req.boundary,
+            base_block_counts: prev.header().block_counts.clone(),
+            result_block_counts: result_header.block_counts.clone(),
+            reused_pages: prev.kept_pages().to_vec(),
+        },
+        tails: Vec::new(),
+    }
 }

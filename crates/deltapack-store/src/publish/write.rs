@@ -100,12 +100,12 @@ impl Store {
             return PUBLISH_BATCH;
         }
         let c = &self.inner.config;
-        let per_extent = if m > c.part_bytes {
-            m.div_ceil(c.part_bytes.max(1))
+        let per_extent = if m > c.remote.part_bytes {
+            m.div_ceil(c.remote.part_bytes.max(1))
         } else {
             1
         };
-        (c.parts_in_flight as u64)
+        (c.remote.parts_in_flight as u64)
             .div_ceil(per_extent)
             .clamp(PUBLISH_BATCH as u64, 16) as usize
     }
@@ -127,10 +127,10 @@ impl Store {
         progress: &(dyn Fn(u64, u64) + Send + Sync),
         guard: &ProtectGuard,
     ) -> Result<(Vec<deltapack_format::ExtentEntry>, Digest)> {
-        let m = self.inner.config.max_extent_bytes;
+        let m = self.inner.config.publication.max_extent_bytes;
         let total = payload.len();
         let plan = ExtentPlan::new(total, m)?;
-        let level = self.inner.config.compression;
+        let level = self.inner.config.publication.compression;
         let late = payload
             .header
             .as_ref()
@@ -156,6 +156,7 @@ impl Store {
         let parts_in_flight = tokio::sync::Semaphore::new(
             self.inner
                 .config
+                .remote
                 .parts_in_flight
                 .min(tokio::sync::Semaphore::MAX_PERMITS),
         );
@@ -328,7 +329,7 @@ impl Store {
         let store = self.object_store().as_ref();
         let len = payload.content_length() as u64;
         if let Some(parts) = parts {
-            if self.backend_kind().is_remote() && len > self.inner.config.part_bytes {
+            if self.backend_kind().is_remote() && len > self.inner.config.remote.part_bytes {
                 return self.write_multipart(key, payload, parts).await;
             }
         }
@@ -391,7 +392,7 @@ impl Store {
             Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => return Err(StoreError::io(key, e)),
         }
-        let pieces = split_payload(&payload, self.inner.config.part_bytes);
+        let pieces = split_payload(&payload, self.inner.config.remote.part_bytes);
         tracing::debug!(%key, bytes = len, parts = pieces.len(), "multipart upload");
         crate::backend::put_multipart(self.object_store(), key, pieces, parts).await?;
         Ok(PutOutcome::Created)

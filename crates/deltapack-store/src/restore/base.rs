@@ -40,7 +40,7 @@ impl Store {
             }
             _ => source.threads(RESTORE_IN_FLIGHT),
         };
-        let chain_threads = source.threads(self.config().chain_gets_in_flight.max(1));
+        let chain_threads = source.threads(self.config().remote.chain_gets_in_flight.max(1));
         let ctx = |threads| super::read::ReadCtx {
             source: &source,
             threads,
@@ -132,10 +132,10 @@ impl Store {
                 b.context
             ))));
         }
-        if visited.len() >= self.config().max_base_depth {
+        if visited.len() >= self.config().restore.max_base_depth {
             return Ok(Err(MissReason::damaged(format!(
                 "base chain deeper than {}",
-                self.config().max_base_depth
+                self.config().restore.max_base_depth
             ))));
         }
         if let Some(s) = self.cached_base(&b).await? {
@@ -173,7 +173,7 @@ impl Store {
                     c.put(
                         (b.namespace, b.context, b.snapshot_digest),
                         r.snapshot.clone(),
-                        self.config().base_cache_bytes,
+                        self.config().restore.base_cache_bytes,
                     );
                 }
                 Ok(Ok(r.snapshot))

@@ -46,7 +46,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use deltapack_format::delta::{self, Origin, PageDelta};
+use deltapack_format::delta::{self, ComposedPlan, Origin, PageDelta};
 use deltapack_format::scatter::{self, Span};
 use deltapack_format::{Digest, ExtentCodec, ExtentPlan, ManifestV2, Snapshot, SnapshotHeader};
 
@@ -195,27 +195,7 @@ pub(crate) fn restore_chain(
     // 2. Plan every link against the result before it, and check it against
     //    the roots.
     let bottom_header = bottom.header();
-    let mut base_header = bottom_header.clone();
-    let mut base_digest = bottom.digest();
-    let mut links: Vec<PageDelta> = Vec::with_capacity(deltas.len());
-    let mut header_lens = Vec::with_capacity(deltas.len());
-    for (i, (m, hdr)) in deltas.iter().zip(&headers).enumerate() {
-        let planned = plan_link(m, hdr, &base_header, &base_digest);
-        let (link, hlen) = match planned {
-            Ok(x) => x,
-            Err(what) => {
-                let mut d = blame(source, &plans[i], m, hdr.len() as u64).unwrap_or(
-                    ObjectFault::plain(format!("turn {} of the chain: {what}", i + 1)),
-                );
-                d.in_base = i + 1 < deltas.len();
-                return Err(d);
-            }
-        };
-        base_header = link.result_header.clone();
-        base_digest = m.result_snapshot_digest;
-        header_lens.push(hlen);
-        links.push(link);
-    }
+    let (links, header_lens) = plan_links(source, bottom, deltas, &headers, &plans)?;
     let composed =
         delta::compose(&bottom_header, &links).map_err(|e| ObjectFault::plain(e.to_string()))?;
     let result_header = links
@@ -230,56 +210,8 @@ pub(crate) fn restore_chain(
     }
 
     // 3. Work items: per level, the spans each extent owns.
-    let level_of = |o: Origin| match o {
-        Origin::Delta(i) => Some(i),
-        Origin::Bottom => matches!(bottom, Bottom::Flat(_)).then_some(deltas.len()),
-    };
-    let mut by_level: Vec<Vec<Span>> = vec![Vec::new(); levels.len()];
-    let mut memory: Vec<Span> = Vec::new();
-    for p in &composed.pieces {
-        let s = p.span();
-        match level_of(p.origin) {
-            Some(l) if l < by_level.len() => by_level[l].push(s),
-            Some(_) => return Err(ObjectFault::plain("a piece names a turn outside the chain")),
-            None => memory.push(s),
-        }
-    }
-    for spans in &mut by_level {
-        spans.sort_unstable_by_key(|s| s.src);
-    }
-    let mut items: Vec<Item<'_>> = Vec::new();
-    for (l, spans) in by_level.iter().enumerate() {
-        let m = levels[l];
-        let header = headers.get(l).map(|h| &h[..header_lens[l].min(h.len())]);
-        for (j, e) in m.extents.iter().enumerate() {
-            let a = e.offset;
-            let mine = scatter::overlapping(spans, a..a + e.raw_len);
-            // A delta's header extents are read even when later turns
-            // replaced all their bytes: the plan was made from them.
-            let holds_header = header.is_some_and(|h| (h.len() as u64) > a);
-            if mine.is_empty() && !holds_header {
-                continue;
-            }
-            items.push(Item::Extent {
-                level: l,
-                index: j as u64,
-                spans: mine,
-                header: header.filter(|_| holds_header),
-            });
-        }
-    }
-    for s in memory {
-        let mut at = 0;
-        while at < s.len {
-            let n = (s.len - at).min(MEMORY_ITEM);
-            items.push(Item::Memory(Span {
-                src: s.src + at,
-                dst: s.dst + at,
-                len: n,
-            }));
-            at += n;
-        }
-    }
+    let (by_level, memory) = spans_by_level(&composed, bottom, levels.len(), deltas.len())?;
+    let items = work_items(&by_level, &memory, &levels, &headers, &header_lens);
 
     tracing::debug!(
         turns = deltas.len(),
@@ -320,33 +252,126 @@ pub(crate) fn restore_chain(
         top_level: deltas.len() - 1,
         suspect: std::sync::atomic::AtomicBool::new(false),
     };
-    let pass_started = Instant::now();
-    let first = pass.run(deferred);
-    tracing::debug!(
-        deferred,
-        ok = first.is_ok(),
-        pass_ms = pass_started.elapsed().as_secs_f64() * 1e3,
-        "first pass over the chain"
-    );
-    match first {
-        Ok(()) => {}
-        Err(PassError::Fault(d)) => return Err(d),
-        Err(PassError::Mismatch(what)) if !deferred => return Err(ObjectFault::plain(what)),
-        Err(PassError::Mismatch(what)) => {
-            tracing::warn!(%what, "deferred chain pass failed its result digest; verifying every extent");
-            match pass.run(false) {
-                Ok(()) => {}
-                Err(PassError::Fault(d)) => return Err(d),
-                Err(PassError::Mismatch(what)) => return Err(ObjectFault::plain(what)),
-            }
-        }
-    }
+    pass.run_to_verdict(deferred)?;
     match result {
         Dest::Owned(v) => Snapshot::from_encoded(v)
             .map(Output::Snapshot)
             .map_err(|e| ObjectFault::plain(e.to_string())),
         Dest::Borrowed(_) => Ok(Output::Written),
     }
+}
+
+/// Step 2 of [`restore_chain`]: plans every link of `deltas` against the
+/// result before it (from `bottom` up) and checks it against its root.
+/// Returns the links and each delta's header length; a link that does not
+/// plan is blamed on the object that holds its header when one is at
+/// fault.
+fn plan_links(
+    source: &Source,
+    bottom: &Bottom,
+    deltas: &[ManifestV2],
+    headers: &[Vec<u8>],
+    plans: &[ExtentPlan],
+) -> Result<(Vec<PageDelta>, Vec<usize>), ObjectFault> {
+    let mut base_header = bottom.header();
+    let mut base_digest = bottom.digest();
+    let mut links: Vec<PageDelta> = Vec::with_capacity(deltas.len());
+    let mut header_lens = Vec::with_capacity(deltas.len());
+    for (i, (m, hdr)) in deltas.iter().zip(headers).enumerate() {
+        let planned = plan_link(m, hdr, &base_header, &base_digest);
+        let (link, hlen) = match planned {
+            Ok(x) => x,
+            Err(what) => {
+                let mut d = blame(source, &plans[i], m, hdr.len() as u64).unwrap_or(
+                    ObjectFault::plain(format!("turn {} of the chain: {what}", i + 1)),
+                );
+                d.in_base = i + 1 < deltas.len();
+                return Err(d);
+            }
+        };
+        base_header = link.result_header.clone();
+        base_digest = m.result_snapshot_digest;
+        header_lens.push(hlen);
+        links.push(link);
+    }
+    Ok((links, header_lens))
+}
+
+/// Step 3 of [`restore_chain`], first half: the composed pieces by the
+/// level that supplies them (`levels` of them: the deltas, then a flat
+/// bottom), each level's sorted by source offset, and the spans a bottom
+/// held in memory supplies.
+fn spans_by_level(
+    composed: &ComposedPlan,
+    bottom: &Bottom,
+    levels: usize,
+    deltas: usize,
+) -> Result<(Vec<Vec<Span>>, Vec<Span>), ObjectFault> {
+    let level_of = |o: Origin| match o {
+        Origin::Delta(i) => Some(i),
+        Origin::Bottom => matches!(bottom, Bottom::Flat(_)).then_some(deltas),
+    };
+    let mut by_level: Vec<Vec<Span>> = vec![Vec::new(); levels];
+    let mut memory: Vec<Span> = Vec::new();
+    for p in &composed.pieces {
+        let s = p.span();
+        match level_of(p.origin) {
+            Some(l) if l < by_level.len() => by_level[l].push(s),
+            Some(_) => return Err(ObjectFault::plain("a piece names a turn outside the chain")),
+            None => memory.push(s),
+        }
+    }
+    for spans in &mut by_level {
+        spans.sort_unstable_by_key(|s| s.src);
+    }
+    Ok((by_level, memory))
+}
+
+/// Step 3 of [`restore_chain`], second half: the work items of a pass. Per
+/// level, each extent that holds result bytes or a delta header, with the
+/// spans it owns; then the memory spans, cut into pieces of at most
+/// [`MEMORY_ITEM`].
+fn work_items<'p>(
+    by_level: &'p [Vec<Span>],
+    memory: &[Span],
+    levels: &[&ManifestV2],
+    headers: &'p [Vec<u8>],
+    header_lens: &[usize],
+) -> Vec<Item<'p>> {
+    let mut items: Vec<Item<'p>> = Vec::new();
+    for (l, spans) in by_level.iter().enumerate() {
+        let m = levels[l];
+        let header = headers.get(l).map(|h| &h[..header_lens[l].min(h.len())]);
+        for (j, e) in m.extents.iter().enumerate() {
+            let a = e.offset;
+            let mine = scatter::overlapping(spans, a..a + e.raw_len);
+            // A delta's header extents are read even when later turns
+            // replaced all their bytes: the plan was made from them.
+            let holds_header = header.is_some_and(|h| (h.len() as u64) > a);
+            if mine.is_empty() && !holds_header {
+                continue;
+            }
+            items.push(Item::Extent {
+                level: l,
+                index: j as u64,
+                spans: mine,
+                header: header.filter(|_| holds_header),
+            });
+        }
+    }
+    for s in memory {
+        let mut at = 0;
+        while at < s.len {
+            let n = (s.len - at).min(MEMORY_ITEM);
+            items.push(Item::Memory(Span {
+                src: s.src + at,
+                dst: s.dst + at,
+                len: n,
+            }));
+            at += n;
+        }
+    }
+    items
 }
 
 /// Why one pass over a chain failed.
@@ -378,6 +403,34 @@ struct Pass<'a, 'p> {
 }
 
 impl Pass<'_, '_> {
+    /// Step 4 of [`restore_chain`]: the first pass (deferred when
+    /// `deferred`) and, when a deferred pass ends with the wrong result
+    /// digest, a verified pass that finds the object at fault or shows
+    /// the chain itself is inconsistent.
+    fn run_to_verdict(&self, deferred: bool) -> Result<(), ObjectFault> {
+        let pass_started = Instant::now();
+        let first = self.run(deferred);
+        tracing::debug!(
+            deferred,
+            ok = first.is_ok(),
+            pass_ms = pass_started.elapsed().as_secs_f64() * 1e3,
+            "first pass over the chain"
+        );
+        match first {
+            Ok(()) => Ok(()),
+            Err(PassError::Fault(d)) => Err(d),
+            Err(PassError::Mismatch(what)) if !deferred => Err(ObjectFault::plain(what)),
+            Err(PassError::Mismatch(what)) => {
+                tracing::warn!(%what, "deferred chain pass failed its result digest; verifying every extent");
+                match self.run(false) {
+                    Ok(()) => Ok(()),
+                    Err(PassError::Fault(d)) => Err(d),
+                    Err(PassError::Mismatch(what)) => Err(ObjectFault::plain(what)),
+                }
+            }
+        }
+    }
+
     /// Places every item's bytes into the result and checks the result
     /// digest. `deferred`: raw extents are read without checking their
     /// names (the result digest covers every byte placed); otherwise each

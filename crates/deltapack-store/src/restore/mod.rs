@@ -52,7 +52,8 @@ mod v1;
 
 use cache::{Flight, SharedRestore};
 pub use outcome::{
-    RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored, RESTORE_IN_FLIGHT,
+    Restoration, RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored, Target,
+    RESTORE_IN_FLIGHT,
 };
 use plan::{Plan, Visited};
 
@@ -67,6 +68,26 @@ fn record_key(ns: &Namespace, ctx: &ContextDigest) {
 }
 
 impl Store {
+    /// The restore: the root `key` names — `(&identity, context)` or
+    /// `(namespace, context)` — verified end to end and put where `target`
+    /// says. [`Store::restore`] and [`Store::restore_into`] are this call
+    /// with a fixed target; their docs give the details of each.
+    ///
+    /// A hit carries the verified snapshot (or says the caller's buffer
+    /// holds it), a miss its reason. Errors are failures of the backend or
+    /// of the process, or a wrong-sized buffer, never of the data.
+    pub async fn restore_to(
+        &self,
+        key: impl Into<RootKey>,
+        target: Target<'_>,
+        opts: RestoreOptions,
+    ) -> Result<Restoration> {
+        Ok(match target {
+            Target::New => Restoration::New(self.restore(key, opts).await?),
+            Target::Into(buf) => Restoration::Into(self.restore_into(key, buf, opts).await?),
+        })
+    }
+
     /// Restores the root `key` names — `(&identity, context)` or
     /// `(namespace, context)` — verified end to end: a hit carries the
     /// snapshot, a miss its reason (absent, corrupt, incompatible,
@@ -144,7 +165,12 @@ impl Store {
                 span.record("outcome", "hit");
                 span.record("bytes", bytes);
                 Stats::add(&st.hits, 1);
-                if let Some(rate) = self.config().prefill_tokens_per_s.filter(|r| *r > 0.0) {
+                if let Some(rate) = self
+                    .config()
+                    .restore
+                    .prefill_tokens_per_s
+                    .filter(|r| *r > 0.0)
+                {
                     let recompute = boundary as f64 / rate;
                     if start.elapsed().as_secs_f64() < recompute {
                         Stats::add(&st.hits_cheaper_than_prefill, 1);
@@ -465,9 +491,9 @@ impl Store {
             _ => read::Source::Remote(read::Remote {
                 store: self.object_store().clone(),
                 handle: tokio::runtime::Handle::current(),
-                range_bytes: self.config().range_bytes,
+                range_bytes: self.config().remote.range_bytes,
                 permits: Arc::new(tokio::sync::Semaphore::new(
-                    self.config().ranges_in_flight.max(1),
+                    self.config().remote.ranges_in_flight.max(1),
                 )),
             }),
         }

@@ -73,6 +73,49 @@ pub enum RestoreIntoOutcome {
     },
 }
 
+/// Where [`crate::Store::restore_to`] puts the verified snapshot.
+#[derive(Debug)]
+pub enum Target<'a> {
+    /// A new buffer owned by the result. Concurrent restores of one root
+    /// share one fetch and verification, and a snapshot a caller still
+    /// holds serves as the base of the next turn ([`crate::Store::restore`]).
+    New,
+    /// The caller's buffer, exactly the snapshot's encoded length: no result
+    /// buffer is allocated ([`crate::Store::restore_into`], whose docs give
+    /// the buffer's contract on a miss).
+    Into(&'a mut [u8]),
+}
+
+/// What [`crate::Store::restore_to`] returns: the outcome of the
+/// [`Target`] it was given.
+#[derive(Debug, Clone)]
+pub enum Restoration {
+    /// For [`Target::New`].
+    New(RestoreOutcome),
+    /// For [`Target::Into`].
+    Into(RestoreIntoOutcome),
+}
+
+impl Restoration {
+    /// The verified snapshot's digest on a hit.
+    pub fn digest(&self) -> Option<Digest> {
+        match self {
+            Restoration::New(RestoreOutcome::Hit(r)) => Some(r.digest),
+            Restoration::Into(RestoreIntoOutcome::Hit { digest, .. }) => Some(*digest),
+            _ => None,
+        }
+    }
+
+    /// The reason on a miss.
+    pub fn miss(&self) -> Option<&MissReason> {
+        match self {
+            Restoration::New(RestoreOutcome::Miss(m))
+            | Restoration::Into(RestoreIntoOutcome::Miss { reason: m }) => Some(m),
+            _ => None,
+        }
+    }
+}
+
 /// Most workers of a local-disk restore (one per core, up to this) and
 /// legacy v1 chunks fetched at once. A remote flat restore reads as many
 /// extents at once as their ranges fill

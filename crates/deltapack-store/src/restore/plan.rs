@@ -112,7 +112,7 @@ impl Store {
                 }))
             }
         };
-        let limit = self.config().max_restore_bytes;
+        let limit = self.config().restore.max_restore_bytes;
         if summary.payload_len > limit || summary.result_snapshot_len > limit {
             return Ok(Err(MissReason::damaged(format!(
                     "root {} declares {} payload / {} result bytes, above this store's restore limit {limit}",
@@ -163,7 +163,7 @@ impl Store {
         mut visited: Visited,
         early: Option<EarlyChain>,
     ) -> Result<std::result::Result<(super::compose::Bottom, Vec<ManifestV2>), MissReason>> {
-        let max_depth = self.config().max_base_depth;
+        let max_depth = self.config().restore.max_base_depth;
         let started = Instant::now();
         let mut prefetched = self.prefetch_chain(&top, &visited, early).await?;
         tracing::debug!(
@@ -265,7 +265,7 @@ impl Store {
         visited: &Visited,
     ) -> Option<EarlyChain> {
         let ledger = self.inner.ledger.get()?.clone();
-        let limit = self.config().max_base_depth as u64;
+        let limit = self.config().restore.max_base_depth as u64;
         let (tx, named) = tokio::sync::oneshot::channel();
         let this = self.clone();
         let mut skip = visited.clone();
@@ -316,7 +316,7 @@ impl Store {
                 .chain(top.chain_hints())
                 .map(|b| (b.namespace, b.context))
                 .filter(|r| !visited.contains(r))
-                .take(self.config().max_base_depth)
+                .take(self.config().restore.max_base_depth)
                 .collect()
         };
         let mut running = None;
@@ -392,7 +392,7 @@ impl Store {
             }
             refs.retain(|id| !out.contains_key(id));
         }
-        let width = self.config().roots_in_flight.max(1);
+        let width = self.config().remote.roots_in_flight.max(1);
         let mut pending = refs.into_iter();
         let mut set = tokio::task::JoinSet::new();
         loop {

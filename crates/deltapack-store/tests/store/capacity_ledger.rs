@@ -237,7 +237,11 @@ async fn grace_keeps_condemned_bytes_counted_until_deleted() {
         .await
         .expect_err("condemned bytes still count");
     assert!(
-        matches!(err, StoreError::Capacity(ref m) if m.contains("grace")),
+        matches!(
+            err,
+            StoreError::Capacity(deltapack_store::CapacityError::AwaitingGrace { grace: g, .. })
+                if g == grace
+        ),
         "{err}"
     );
     assert!(s.ledger_totals().await.expect("t").condemned_bytes > 0);

@@ -600,7 +600,7 @@ async fn plausible_huge_v2_root_is_a_miss_without_committing_memory() {
     };
     m.validate()
         .expect("the forged manifest is internally consistent");
-    assert!(len > 200 << 30 && len < tg.t.store.config().max_restore_bytes);
+    assert!(len > 200 << 30 && len < tg.t.store.config().restore.max_restore_bytes);
     let r = root::encode_v2(&m, None).expect("encode");
     assert!(matches!(root::decode(&r, None), Ok(DecodedRoot::V2(_))));
     tg.put_root(r).await;

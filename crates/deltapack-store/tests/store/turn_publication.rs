@@ -58,7 +58,7 @@ async fn a_conversation_published_turn_by_turn_restores_every_turn() {
     // Deep chains of small turns: no rebasing (the default policy would
     // publish some of these tiny turns flat).
     let mut cfg = config();
-    cfg.chain = deltapack_store::ChainPolicy::unbounded();
+    cfg.publication.chain = deltapack_store::ChainPolicy::unbounded();
     for t in [memory(cfg.clone()), local(cfg.clone())] {
         let id = identity("turns");
         let mut tokens = 1024u64;

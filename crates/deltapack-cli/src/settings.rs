@@ -370,7 +370,6 @@ pub(crate) fn resolve(
         None => ConfigFile::default(),
     };
     let mut shown = Shown::default();
-    let d = StoreConfig::default();
     let mut c = StoreConfig::default();
 
     let config_src = match (&s.config, source_of("config")) {
@@ -396,6 +395,26 @@ pub(crate) fn resolve(
         url.as_ref().map_or(Source::Default, |(_, s)| *s),
     );
 
+    resolve_root_key(s, &file, &mut c, &mut shown)?;
+    resolve_capacity(s, &file, &mut c, &mut shown)?;
+    resolve_reads(s, &file, &mut c, &mut shown)?;
+    resolve_publication(extents, chain, &file, &mut c, &mut shown)?;
+
+    Ok(Resolved {
+        url: url.map(|(u, _)| u),
+        config: c,
+        shown: shown.0,
+    })
+}
+
+/// The root key: `--root-key-file` / `DELTAPACK_ROOT_KEY_FILE`, else the
+/// secret in `DELTAPACK_ROOT_KEY`, else the file's `root-key-file`.
+fn resolve_root_key(
+    s: &StoreArgs,
+    file: &ConfigFile,
+    c: &mut StoreConfig,
+    shown: &mut Shown,
+) -> Result<()> {
     // The root key: --root-key-file / DELTAPACK_ROOT_KEY_FILE, else the
     // secret in DELTAPACK_ROOT_KEY, else the file's root-key-file.
     let key_file = pick("root_key_file", &s.root_key_file, &None);
@@ -419,7 +438,18 @@ pub(crate) fn resolve(
         None => None,
     };
     shown.push("root-key-file", key_shown, key_src);
+    Ok(())
+}
 
+/// Budget, free space, grace, the ledger and its deadline, the cold start
+/// and the prefill rate, in the order `config` shows them.
+fn resolve_capacity(
+    s: &StoreArgs,
+    file: &ConfigFile,
+    c: &mut StoreConfig,
+    shown: &mut Shown,
+) -> Result<()> {
+    let d = StoreConfig::default();
     let budget = pick("budget", &s.budget, &file.budget);
     c.capacity.budget_bytes = budget.as_ref().map(|(v, _)| *v);
     shown.push(
@@ -481,7 +511,18 @@ pub(crate) fn resolve(
             .unwrap_or_else(|| "default (next to the store)".into()),
         ledger.map_or(Source::Default, |(_, s)| s),
     );
+    Ok(())
+}
 
+/// The restore's memory bounds and the remote I/O in flight, in the order
+/// `config` shows them.
+fn resolve_reads(
+    s: &StoreArgs,
+    file: &ConfigFile,
+    c: &mut StoreConfig,
+    shown: &mut Shown,
+) -> Result<()> {
+    let d = StoreConfig::default();
     let (v, src) = pick(
         "base_cache_bytes",
         &s.base_cache_bytes,
@@ -555,7 +596,19 @@ pub(crate) fn resolve(
     }
     c.remote.part_bytes = v;
     shown.push("part-bytes", units::format_size_exact(v), src);
+    Ok(())
+}
 
+/// Extent size, compression and the chain policy (their flags exist only
+/// on the commands that publish).
+fn resolve_publication(
+    extents: Option<&ExtentArgs>,
+    chain: Option<&ChainArgs>,
+    file: &ConfigFile,
+    c: &mut StoreConfig,
+    shown: &mut Shown,
+) -> Result<()> {
+    let d = StoreConfig::default();
     let none_e = ExtentArgs {
         max_extent_bytes: None,
         compress: None,
@@ -621,12 +674,7 @@ pub(crate) fn resolve(
         },
         src,
     );
-
-    Ok(Resolved {
-        url: url.map(|(u, _)| u),
-        config: c,
-        shown: shown.0,
-    })
+    Ok(())
 }
 
 fn read_secret_file(p: &std::path::Path) -> Result<Vec<u8>> {

@@ -28,6 +28,7 @@ mod ledger_tls;
 mod metrics;
 mod migration;
 mod multipart_publication;
+mod one_core_call;
 mod quarantine_needs_proof;
 mod ranged_reads;
 mod restore_into_contract;

@@ -19,7 +19,7 @@ use deltapack_format::synth;
 use deltapack_format::{CacheIdentity, ContextDigest, ContextHasher, Namespace, Snapshot};
 use deltapack_store::{
     BackendKind, BaseInput, PublishOutcome, PublishRequest, RestoreOptions, RestoreOutcome,
-    RootFormat, RootStatus,
+    RootFormat, RootStatus, Store,
 };
 use serde::Serialize;
 
@@ -172,13 +172,100 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode> {
     // One token sequence; context digests at every turn boundary in one
     // O(n) pass per namespace.
     let tokens = synth::tokens(args.seed, n_tokens);
+    let mut lanes = demo_lanes(id_v2, &tokens, args.turns, step)?;
+    if !args.json {
+        println!(
+            "deltapack demo: store {store_name}, preset {}, seed {}",
+            preset.name(),
+            args.seed
+        );
+        println!(
+            "{} turns of {step} tokens -> {final_tokens} tokens; v2 namespace {}, v1 namespace {} (salt \"demo-v1\")",
+            args.turns,
+            common::short(&lanes[0].namespace.hex()),
+            common::short(&lanes[1].namespace.hex()),
+        );
+        println!();
+    }
+
+    // Publish turn by turn, v2 then v1, holding at most two snapshots.
+    let mut turn_reports = Vec::with_capacity(args.turns as usize);
+    let mut prev: Option<Arc<Snapshot>> = None;
+    for turn in 1..=args.turns {
+        let boundary = u64::from(turn) * step;
+        let pb = common::spinner(format!(
+            "synthesizing turn {turn}/{} ({boundary} tokens)",
+            args.turns
+        ));
+        let (p, seed) = (preset.preset(), args.seed);
+        let snap = tokio::task::spawn_blocking(move || synth::snapshot(p, seed, boundary))
+            .await
+            .context("synthesis task")?
+            .context("synthesizing a turn")?;
+        pb.finish_and_clear();
+        let snap = Arc::new(snap);
+        let mut per_format = Vec::with_capacity(2);
+        for lane in &mut lanes {
+            per_format
+                .push(publish_turn(&store, lane, (turn, args.turns), &snap, prev.as_ref()).await?);
+        }
+        let v1 = per_format.pop().context("v1 publication")?;
+        let v2 = per_format.pop().context("v2 publication")?;
+        turn_reports.push(TurnReport {
+            turn,
+            boundary,
+            kind: if prev.is_none() { "snapshot" } else { "delta" },
+            snapshot_bytes: snap.encoded().len() as u64,
+            snapshot_digest: snap.digest().to_string(),
+            v2,
+            v1,
+        });
+        prev = Some(snap);
+    }
+    let final_snap = prev.context("no turns")?;
+    let final_digest = final_snap.digest();
+
+    // Restore the final turn from both formats and compare bit for bit.
+    for lane in &mut lanes {
+        restore_final(&store, lane, (args.turns - 1) as usize, &final_snap).await?;
+    }
+    let verified = lanes.iter().all(|l| l.report.verified);
+    let report = DemoReport {
+        store: store_name,
+        preset: preset.name(),
+        seed: args.seed,
+        turns: args.turns,
+        turn_tokens: step,
+        final_boundary: final_snap.boundary(),
+        final_snapshot_bytes: final_snap.encoded().len() as u64,
+        final_snapshot_digest: final_digest.to_string(),
+        turn_details: turn_reports,
+        formats: lanes.into_iter().map(|l| l.report).collect(),
+        verified,
+        total_ms: common::ms(started.elapsed()),
+    };
+    if args.json {
+        common::print_json(&report)?;
+    } else {
+        print!("{}", report_text(&report));
+    }
+    if !verified {
+        report_failures(&report);
+        return Ok(ExitCode::from(crate::exit::EXIT_ERROR));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The two lanes of the demo (v2, then v1 under its own salt), each with
+/// the context digest of every turn boundary (one O(n) pass each).
+fn demo_lanes(id_v2: CacheIdentity, tokens: &[u32], turns: u32, step: u64) -> Result<Vec<Lane>> {
     let mut id_v1 = id_v2.clone();
     id_v1.salt = "demo-v1".into();
     let mut lanes = Vec::with_capacity(2);
     for (format, identity) in [(RootFormat::V2, id_v2), (RootFormat::V1, id_v1)] {
         let namespace = identity.namespace();
-        let all = ContextHasher::new(namespace, identity.chunk_tokens)?.boundaries(&tokens);
-        let contexts = (1..=u64::from(args.turns))
+        let all = ContextHasher::new(namespace, identity.chunk_tokens)?.boundaries(tokens);
+        let contexts = (1..=u64::from(turns))
             .map(|t| {
                 let b = t * step;
                 all.iter()
@@ -215,212 +302,160 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode> {
             },
         });
     }
-    if !args.json {
-        println!(
-            "deltapack demo: store {store_name}, preset {}, seed {}",
-            preset.name(),
-            args.seed
-        );
-        println!(
-            "{} turns of {step} tokens -> {final_tokens} tokens; v2 namespace {}, v1 namespace {} (salt \"demo-v1\")",
-            args.turns,
-            common::short(&lanes[0].namespace.hex()),
-            common::short(&lanes[1].namespace.hex()),
-        );
-        println!();
-    }
+    Ok(lanes)
+}
 
-    // Publish turn by turn, v2 then v1, holding at most two snapshots.
-    let mut turn_reports = Vec::with_capacity(args.turns as usize);
-    let mut prev: Option<Arc<Snapshot>> = None;
-    for turn in 1..=args.turns {
-        let boundary = u64::from(turn) * step;
-        let pb = common::spinner(format!(
-            "synthesizing turn {turn}/{} ({boundary} tokens)",
-            args.turns
-        ));
-        let (p, seed) = (preset.preset(), args.seed);
-        let snap = tokio::task::spawn_blocking(move || synth::snapshot(p, seed, boundary))
-            .await
-            .context("synthesis task")?
-            .context("synthesizing a turn")?;
-        pb.finish_and_clear();
-        let snap = Arc::new(snap);
-        let idx = (turn - 1) as usize;
-        let mut per_format = Vec::with_capacity(2);
-        for lane in &mut lanes {
-            let base = match &prev {
-                None => None,
-                Some(b) => Some(BaseInput {
-                    context: lane.contexts[idx - 1],
-                    snapshot: b.clone(),
-                }),
-            };
-            let req = PublishRequest {
-                identity: lane.identity.clone(),
-                context: lane.contexts[idx],
-                snapshot: snap.clone(),
-                base,
-                format: lane.format,
-            };
-            let pb = common::byte_bar(format!("turn {turn}/{} {}", args.turns, lane.report.format));
-            let progress = |done: u64, total: u64| {
-                pb.set_length(total);
-                pb.set_position(done);
-            };
-            let before = store.stats();
-            let t = Instant::now();
-            let receipt = store.publish_with_progress(req, &progress).await;
-            let elapsed = t.elapsed();
-            pb.finish_and_clear();
-            let receipt = receipt
-                .with_context(|| format!("publishing turn {turn} as {}", lane.report.format))?;
-            let after = store.stats();
-            if receipt.outcome == PublishOutcome::Conflict {
-                return Err(crate::exit::Conflict(format!(
-                    "conflict: the store already holds a different snapshot ({}) for turn {turn} of the {} demo conversation (context {}); use another --store",
-                    receipt
-                        .existing_snapshot_digest
-                        .map(|d| d.to_string())
-                        .unwrap_or_else(|| format!("schema {}", receipt.schema)),
-                    lane.report.format,
-                    receipt.context
-                ))
-                .into());
-            }
-            let r = &mut lane.report;
-            r.turns += 1;
-            match receipt.outcome {
-                PublishOutcome::Created => r.created += 1,
-                _ => r.already_present += 1,
-            }
-            r.objects_written += after.objects_written - before.objects_written;
-            r.objects_reused += after.objects_reused - before.objects_reused;
-            r.bytes_written += after.bytes_written - before.bytes_written;
-            r.publish_ms += common::ms(elapsed);
-            // What the root now references (stable across re-runs).
-            let (objects, stored_bytes, payload_len) = match store
-                .read_root(&lane.namespace, &lane.contexts[idx])
-                .await?
-            {
-                RootStatus::Found(d) => match d.summary() {
-                    Some(s) => (
-                        s.objects.len() as u64,
-                        s.objects.iter().map(|o| o.1).sum::<u64>(),
-                        s.payload_len,
-                    ),
-                    None => (0, 0, 0),
-                },
-                RootStatus::Absent => bail!("turn {turn} root vanished after publication"),
-                RootStatus::Unusable(reason) => {
-                    bail!("turn {turn} root is unusable after publication: {reason}")
-                }
-            };
-            r.objects_referenced += objects;
-            r.stored_bytes_referenced += stored_bytes;
-            per_format.push(TurnFormat {
-                outcome: outcome_label(receipt.outcome),
-                context: lane.contexts[idx].hex(),
-                payload_len,
-                objects,
-                stored_bytes,
-                publish_ms: common::ms(elapsed),
-            });
-        }
-        let v1 = per_format.pop().context("v1 publication")?;
-        let v2 = per_format.pop().context("v2 publication")?;
-        turn_reports.push(TurnReport {
-            turn,
-            boundary,
-            kind: if prev.is_none() { "snapshot" } else { "delta" },
-            snapshot_bytes: snap.encoded().len() as u64,
-            snapshot_digest: snap.digest().to_string(),
-            v2,
-            v1,
-        });
-        prev = Some(snap);
-    }
-    let final_snap = prev.context("no turns")?;
-    let final_digest = final_snap.digest();
-
-    // Restore the final turn from both formats and compare bit for bit.
-    let last = (args.turns - 1) as usize;
-    for lane in &mut lanes {
-        let pb = common::spinner(format!("restoring the final turn ({})", lane.report.format));
-        let before = store.stats();
-        let t = Instant::now();
-        let out = store
-            .restore(
-                (lane.namespace, lane.contexts[last]),
-                RestoreOptions::default(),
-            )
-            .await;
-        let elapsed = t.elapsed();
-        pb.finish_and_clear();
-        let after = store.stats();
-        let r = &mut lane.report;
-        r.restore_ms = common::ms(elapsed);
-        r.restore_objects_read = after.objects_read - before.objects_read;
-        r.restore_bytes_read = after.bytes_read - before.bytes_read;
-        match out.with_context(|| format!("restoring the final turn ({})", r.format))? {
-            RestoreOutcome::Hit(hit) => {
-                let (want, got) = (final_snap.clone(), hit.snapshot.clone());
-                // Recompute the digest ourselves (by the definition the
-                // root uses: BLAKE3 of the encoding for v1, the layered
-                // digest for v2.2) rather than trusting the store's, and
-                // compare the bytes.
-                let named = hit.digest;
-                let (digest, equal) = tokio::task::spawn_blocking(move || {
-                    let d = deltapack_format::layer_digest::digest_like(&got, &named);
-                    (d, got.encoded() == want.encoded())
-                })
-                .await
-                .context("verification task")?;
-                let digest = digest.context("digest of the restored snapshot")?;
-                r.restored_digest = Some(digest.to_string());
-                let whole = named.algorithm() != deltapack_format::Algorithm::Blake3Layers;
-                r.verified =
-                    equal && digest == hit.digest && (!whole || hit.digest == final_digest);
-            }
-            RestoreOutcome::Miss(reason) => r.miss = Some(reason.to_string()),
-        }
-    }
-    let verified = lanes.iter().all(|l| l.report.verified);
-    let report = DemoReport {
-        store: store_name,
-        preset: preset.name(),
-        seed: args.seed,
-        turns: args.turns,
-        turn_tokens: step,
-        final_boundary: final_snap.boundary(),
-        final_snapshot_bytes: final_snap.encoded().len() as u64,
-        final_snapshot_digest: final_digest.to_string(),
-        turn_details: turn_reports,
-        formats: lanes.into_iter().map(|l| l.report).collect(),
-        verified,
-        total_ms: common::ms(started.elapsed()),
+/// Publishes turn `turn.0` of `turn.1` (`snap`, a delta on `prev` when
+/// there is one) in `lane`'s format, adds it to the lane's report and
+/// returns the turn's row.
+async fn publish_turn(
+    store: &Store,
+    lane: &mut Lane,
+    turn: (u32, u32),
+    snap: &Arc<Snapshot>,
+    prev: Option<&Arc<Snapshot>>,
+) -> Result<TurnFormat> {
+    let (turn, turns) = turn;
+    let idx = (turn - 1) as usize;
+    let base = prev.map(|b| BaseInput {
+        context: lane.contexts[idx - 1],
+        snapshot: b.clone(),
+    });
+    let req = PublishRequest {
+        identity: lane.identity.clone(),
+        context: lane.contexts[idx],
+        snapshot: snap.clone(),
+        base,
+        format: lane.format,
     };
-    if args.json {
-        common::print_json(&report)?;
-    } else {
-        print!("{}", report_text(&report));
+    let pb = common::byte_bar(format!("turn {turn}/{turns} {}", lane.report.format));
+    let progress = |done: u64, total: u64| {
+        pb.set_length(total);
+        pb.set_position(done);
+    };
+    let before = store.stats();
+    let t = Instant::now();
+    let receipt = store.publish_with_progress(req, &progress).await;
+    let elapsed = t.elapsed();
+    pb.finish_and_clear();
+    let receipt =
+        receipt.with_context(|| format!("publishing turn {turn} as {}", lane.report.format))?;
+    let after = store.stats();
+    if receipt.outcome == PublishOutcome::Conflict {
+        return Err(crate::exit::Conflict(format!(
+                "conflict: the store already holds a different snapshot ({}) for turn {turn} of the {} demo conversation (context {}); use another --store",
+                receipt
+                    .existing_snapshot_digest
+                    .map(|d| d.to_string())
+                    .unwrap_or_else(|| format!("schema {}", receipt.schema)),
+                lane.report.format,
+                receipt.context
+            ))
+            .into());
     }
-    if !verified {
-        for f in &report.formats {
-            if let Some(m) = &f.miss {
-                eprintln!("error: {} restore of the final turn missed: {m}", f.format);
-            } else if !f.verified {
-                eprintln!(
-                    "error: {} restore of the final turn returned {} but the synthesized snapshot is {}",
-                    f.format,
-                    f.restored_digest.as_deref().unwrap_or("?"),
-                    report.final_snapshot_digest
-                );
-            }
+    let r = &mut lane.report;
+    r.turns += 1;
+    match receipt.outcome {
+        PublishOutcome::Created => r.created += 1,
+        _ => r.already_present += 1,
+    }
+    r.objects_written += after.objects_written - before.objects_written;
+    r.objects_reused += after.objects_reused - before.objects_reused;
+    r.bytes_written += after.bytes_written - before.bytes_written;
+    r.publish_ms += common::ms(elapsed);
+    // What the root now references (stable across re-runs).
+    let (objects, stored_bytes, payload_len) = match store
+        .read_root(&lane.namespace, &lane.contexts[idx])
+        .await?
+    {
+        RootStatus::Found(d) => match d.summary() {
+            Some(s) => (
+                s.objects.len() as u64,
+                s.objects.iter().map(|o| o.1).sum::<u64>(),
+                s.payload_len,
+            ),
+            None => (0, 0, 0),
+        },
+        RootStatus::Absent => bail!("turn {turn} root vanished after publication"),
+        RootStatus::Unusable(reason) => {
+            bail!("turn {turn} root is unusable after publication: {reason}")
         }
-        return Ok(ExitCode::from(crate::exit::EXIT_ERROR));
+    };
+    r.objects_referenced += objects;
+    r.stored_bytes_referenced += stored_bytes;
+    Ok(TurnFormat {
+        outcome: outcome_label(receipt.outcome),
+        context: lane.contexts[idx].hex(),
+        payload_len,
+        objects,
+        stored_bytes,
+        publish_ms: common::ms(elapsed),
+    })
+}
+
+/// Restores the final turn (`last`) of `lane`, recomputes its digest and
+/// compares its bytes with `final_snap`, into the lane's report.
+async fn restore_final(
+    store: &Store,
+    lane: &mut Lane,
+    last: usize,
+    final_snap: &Arc<Snapshot>,
+) -> Result<()> {
+    let final_digest = final_snap.digest();
+    let pb = common::spinner(format!("restoring the final turn ({})", lane.report.format));
+    let before = store.stats();
+    let t = Instant::now();
+    let out = store
+        .restore(
+            (lane.namespace, lane.contexts[last]),
+            RestoreOptions::default(),
+        )
+        .await;
+    let elapsed = t.elapsed();
+    pb.finish_and_clear();
+    let after = store.stats();
+    let r = &mut lane.report;
+    r.restore_ms = common::ms(elapsed);
+    r.restore_objects_read = after.objects_read - before.objects_read;
+    r.restore_bytes_read = after.bytes_read - before.bytes_read;
+    match out.with_context(|| format!("restoring the final turn ({})", r.format))? {
+        RestoreOutcome::Hit(hit) => {
+            let (want, got) = (final_snap.clone(), hit.snapshot.clone());
+            // Recompute the digest ourselves (by the definition the
+            // root uses: BLAKE3 of the encoding for v1, the layered
+            // digest for v2.2) rather than trusting the store's, and
+            // compare the bytes.
+            let named = hit.digest;
+            let (digest, equal) = tokio::task::spawn_blocking(move || {
+                let d = deltapack_format::layer_digest::digest_like(&got, &named);
+                (d, got.encoded() == want.encoded())
+            })
+            .await
+            .context("verification task")?;
+            let digest = digest.context("digest of the restored snapshot")?;
+            r.restored_digest = Some(digest.to_string());
+            let whole = named.algorithm() != deltapack_format::Algorithm::Blake3Layers;
+            r.verified = equal && digest == hit.digest && (!whole || hit.digest == final_digest);
+        }
+        RestoreOutcome::Miss(reason) => r.miss = Some(reason.to_string()),
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
+}
+
+/// Says on stderr why the demo did not verify.
+fn report_failures(report: &DemoReport) {
+    for f in &report.formats {
+        if let Some(m) = &f.miss {
+            eprintln!("error: {} restore of the final turn missed: {m}", f.format);
+        } else if !f.verified {
+            eprintln!(
+                "error: {} restore of the final turn returned {} but the synthesized snapshot is {}",
+                f.format,
+                f.restored_digest.as_deref().unwrap_or("?"),
+                report.final_snapshot_digest
+            );
+        }
+    }
 }
 
 fn report_text(r: &DemoReport) -> String {

@@ -150,41 +150,9 @@ pub(super) async fn check_root(
         );
         return Ok((r, None));
     }
-    if keyed && mac.is_some() {
-        let other = root::mac_key(OTHER_KEY);
-        if !matches!(
-            root::decode(&raw, Some(&other)),
-            Err(deltapack_format::Error::Unauthenticated(_))
-        ) {
-            r.fail(
-                "mac",
-                "the root verifies under a key that is not the store's",
-            );
-            return Ok((r, None));
-        }
-    }
-    // Re-encode: byte-identical (a keyed root checked without its key is
-    // compared without its MAC trailer and flag).
-    match root::encode(&decoded, mac) {
-        Ok(again) => {
-            let same = if keyed && mac.is_none() {
-                let mut want = raw[..raw.len().saturating_sub(32)].to_vec();
-                if want.len() >= 12 {
-                    want[10] &= !(root::FLAG_KEYED_MAC as u8);
-                }
-                again == want
-            } else {
-                again[..] == raw[..]
-            };
-            if !same {
-                r.fail("reencode", "the decoded root re-encodes to other bytes");
-                return Ok((r, None));
-            }
-        }
-        Err(e) => {
-            r.fail("reencode", e.to_string());
-            return Ok((r, None));
-        }
+    if let Err((check, detail)) = check_encoding(&decoded, &raw, keyed, mac) {
+        r.fail(check, detail);
+        return Ok((r, None));
     }
     // Every referenced object, on its own, by the store that restores it.
     let store = match (keyed, &h.keyed) {
@@ -202,51 +170,11 @@ pub(super) async fn check_root(
         return Ok((r, None));
     }
     // Restore, bit-exactly.
-    let want = summary.result_snapshot_digest;
-    let snapshot = match store.restore((ns, ctx), Default::default()).await? {
-        RestoreOutcome::Hit(hit) => {
-            // By the root's own definition: BLAKE3 of the encoding, or the
-            // layered digest of a v2.2 root.
-            let found = {
-                let s = hit.snapshot.clone();
-                tokio::task::spawn_blocking(move || {
-                    deltapack_format::layer_digest::digest_like(&s, &want)
-                })
-                .await??
-            };
-            if hit.digest != want || found != want {
-                r.fail(
-                    "digest",
-                    format!(
-                        "restored {found} (reported {}), the root records {want}",
-                        hit.digest
-                    ),
-                );
-                return Ok((r, None));
-            }
-            if hit.snapshot.encoded().len() as u64 != summary.result_snapshot_len {
-                r.fail(
-                    "digest",
-                    format!(
-                        "restored {} bytes, the root records {}",
-                        hit.snapshot.encoded().len(),
-                        summary.result_snapshot_len
-                    ),
-                );
-                return Ok((r, None));
-            }
-            if hit.schema != summary.schema {
-                r.fail(
-                    "restore",
-                    format!("restored as {}, decoded as {}", hit.schema, summary.schema),
-                );
-                return Ok((r, None));
-            }
-            hit.snapshot
-        }
-        RestoreOutcome::Miss(m) => {
-            r.object = m.object().map(ToString::to_string);
-            r.fail("restore", m.to_string());
+    let snapshot = match restore_bit_exactly(store, ns, ctx, &summary).await? {
+        Ok(s) => s,
+        Err((check, detail, object)) => {
+            r.object = object;
+            r.fail(check, detail);
             return Ok((r, None));
         }
     };
@@ -264,6 +192,108 @@ pub(super) async fn check_root(
             snapshot: Some(snapshot),
         }),
     ))
+}
+
+/// A failed check: which one, and what it found.
+type Failed = (&'static str, String);
+
+/// The root's bytes against a foreign key (a keyed root must not verify
+/// under one) and against its own re-encoding (byte-identical; a keyed root
+/// checked without its key is compared without its MAC trailer and flag).
+fn check_encoding(
+    decoded: &DecodedRoot,
+    raw: &[u8],
+    keyed: bool,
+    mac: Option<&[u8; 32]>,
+) -> std::result::Result<(), Failed> {
+    if keyed && mac.is_some() {
+        let other = root::mac_key(OTHER_KEY);
+        if !matches!(
+            root::decode(raw, Some(&other)),
+            Err(deltapack_format::Error::Unauthenticated(_))
+        ) {
+            return Err((
+                "mac",
+                "the root verifies under a key that is not the store's".into(),
+            ));
+        }
+    }
+    let again = root::encode(decoded, mac).map_err(|e| ("reencode", e.to_string()))?;
+    let same = if keyed && mac.is_none() {
+        let mut want = raw[..raw.len().saturating_sub(32)].to_vec();
+        if want.len() >= 12 {
+            want[10] &= !(root::FLAG_KEYED_MAC as u8);
+        }
+        again == want
+    } else {
+        again[..] == raw[..]
+    };
+    if !same {
+        return Err((
+            "reencode",
+            "the decoded root re-encodes to other bytes".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Restores the root through `store` and checks the result against what
+/// the root records: digest (recomputed here by the root's own definition),
+/// length and schema. The inner error is the failed check, its finding and
+/// the object a miss names.
+async fn restore_bit_exactly(
+    store: &Store,
+    ns: Namespace,
+    ctx: ContextDigest,
+    summary: &RootSummary,
+) -> Result<std::result::Result<Arc<Snapshot>, (&'static str, String, Option<String>)>> {
+    let want = summary.result_snapshot_digest;
+    let hit = match store.restore((ns, ctx), Default::default()).await? {
+        RestoreOutcome::Hit(hit) => hit,
+        RestoreOutcome::Miss(m) => {
+            return Ok(Err((
+                "restore",
+                m.to_string(),
+                m.object().map(ToString::to_string),
+            )))
+        }
+    };
+    // By the root's own definition: BLAKE3 of the encoding, or the layered
+    // digest of a v2.2 root.
+    let found = {
+        let s = hit.snapshot.clone();
+        tokio::task::spawn_blocking(move || deltapack_format::layer_digest::digest_like(&s, &want))
+            .await??
+    };
+    let failed = if hit.digest != want || found != want {
+        Some((
+            "digest",
+            format!(
+                "restored {found} (reported {}), the root records {want}",
+                hit.digest
+            ),
+        ))
+    } else if hit.snapshot.encoded().len() as u64 != summary.result_snapshot_len {
+        Some((
+            "digest",
+            format!(
+                "restored {} bytes, the root records {}",
+                hit.snapshot.encoded().len(),
+                summary.result_snapshot_len
+            ),
+        ))
+    } else if hit.schema != summary.schema {
+        Some((
+            "restore",
+            format!("restored as {}, decoded as {}", hit.schema, summary.schema),
+        ))
+    } else {
+        None
+    };
+    Ok(match failed {
+        Some((check, detail)) => Err((check, detail, None)),
+        None => Ok(hit.snapshot),
+    })
 }
 
 /// Every root of the store, sorted.

@@ -229,18 +229,8 @@ fn report(args: &PublishArgs, receipt: PublishReceipt) -> Result<ExitCode> {
     } else {
         print!("{}", receipt_text(&receipt));
     }
-    if receipt.outcome == PublishOutcome::Conflict {
-        return Err(crate::exit::Conflict(format!(
-            "conflict: context {} already holds {} (schema {}), this request's snapshot is {}; the existing root wins and nothing was written",
-            receipt.context,
-            receipt
-                .existing_snapshot_digest
-                .map(|d| d.to_string())
-                .unwrap_or_else(|| "an unreadable root".into()),
-            receipt.schema,
-            receipt.snapshot_digest,
-        ))
-        .into());
+    if let Some(conflict) = receipt.conflict_message() {
+        return Err(crate::exit::Conflict(conflict).into());
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -404,18 +404,8 @@ fn json(v: &impl serde::Serialize) -> Result<serde_json::Value> {
 /// A receipt as JSON (timings in ms) and its turn handle; a conflict is a
 /// [`Failure::Conflict`].
 fn receipt_value(receipt: ds::PublishReceipt) -> Result<(serde_json::Value, Option<ds::Turn>)> {
-    if receipt.outcome == ds::PublishOutcome::Conflict {
-        return Err(Failure::Conflict(format!(
-            "conflict: context {} already holds {} (schema {}), this request's snapshot is {}; \
-             the existing root wins and nothing was written",
-            receipt.context,
-            receipt
-                .existing_snapshot_digest
-                .map(|d| d.to_string())
-                .unwrap_or_else(|| "an unreadable root".into()),
-            receipt.schema,
-            receipt.snapshot_digest,
-        )));
+    if let Some(conflict) = receipt.conflict_message() {
+        return Err(Failure::Conflict(conflict));
     }
     let mut v = json(&receipt)?;
     if let Some(obj) = v.as_object_mut() {

@@ -107,3 +107,12 @@ def big():
 
 def read_json(text):
     return json.loads(text)
+
+
+def proc_status(field):
+    """A byte count from /proc/self/status (`VmRSS`, `VmHWM`, ...)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(field)

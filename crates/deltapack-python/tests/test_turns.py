@@ -9,17 +9,9 @@ import numpy as np
 import pytest
 
 import deltapack
-from conftest import tokens_file
+from conftest import proc_status, tokens_file
 
 MiB = 1 << 20
-
-
-def proc_status(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(field)
 
 
 def test_a_conversation_turn_by_turn_from_numpy_tails(tmp_path, ident, id_file, cli):

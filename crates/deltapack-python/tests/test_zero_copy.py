@@ -8,16 +8,9 @@ import numpy as np
 import pytest
 
 import deltapack
+from conftest import proc_status
 
 MiB = 1 << 20
-
-
-def proc_status(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(field)
 
 
 def test_output_pointer_is_the_callers(big, ident):

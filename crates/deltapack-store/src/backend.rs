@@ -18,7 +18,7 @@
 //!
 //! **Multipart extents.** The one exception to "every write is a
 //! `put_create`": on a remote backend ([`BackendKind::is_remote`]) an extent
-//! object larger than [`crate::StoreConfig::part_bytes`] is written by
+//! object larger than [`StoreConfig::remote.part_bytes`](crate::RemoteIoConfig::part_bytes) is written by
 //! [`put_multipart`], a multipart upload whose parts go up concurrently
 //! (one connection to S3 carries roughly 50–100 MB/s, so one PUT of a
 //! 64 MiB extent is slow). An upload's object becomes visible, whole and

@@ -70,60 +70,60 @@ pub struct ConfigFile {
     pub store: Option<String>,
     /// File holding the root MAC secret ([`StoreConfig::mac_secret`]).
     pub root_key_file: Option<PathBuf>,
-    /// [`StoreConfig::ledger`].
+    /// [`StoreConfig::capacity.ledger`](crate::CapacityConfig::ledger).
     pub ledger: Option<String>,
-    /// [`StoreConfig::budget_bytes`].
+    /// [`StoreConfig::capacity.budget_bytes`](crate::CapacityConfig::budget_bytes).
     #[serde(default, deserialize_with = "de_size")]
     pub budget: Option<u64>,
-    /// [`StoreConfig::min_free_bytes`].
+    /// [`StoreConfig::capacity.min_free_bytes`](crate::CapacityConfig::min_free_bytes).
     #[serde(default, deserialize_with = "de_size")]
     pub min_free: Option<u64>,
-    /// [`StoreConfig::grace`].
+    /// [`StoreConfig::capacity.grace`](crate::CapacityConfig::grace).
     #[serde(
         default,
         deserialize_with = "de_duration",
         serialize_with = "se_duration"
     )]
     pub grace: Option<Duration>,
-    /// [`StoreConfig::ledger_deadline`].
+    /// [`StoreConfig::capacity.ledger_deadline`](crate::CapacityConfig::ledger_deadline).
     #[serde(
         default,
         deserialize_with = "de_duration",
         serialize_with = "se_duration"
     )]
     pub ledger_deadline: Option<Duration>,
-    /// [`StoreConfig::cold_start`].
+    /// [`StoreConfig::capacity.cold_start`](crate::CapacityConfig::cold_start).
     pub cold_start: Option<FileColdStart>,
-    /// [`StoreConfig::prefill_tokens_per_s`].
+    /// [`StoreConfig::restore.prefill_tokens_per_s`](crate::RestoreConfig::prefill_tokens_per_s).
     pub prefill_rate: Option<f64>,
-    /// [`StoreConfig::max_extent_bytes`].
+    /// [`StoreConfig::publication.max_extent_bytes`](crate::PublicationConfig::max_extent_bytes).
     #[serde(default, deserialize_with = "de_size")]
     pub max_extent_bytes: Option<u64>,
-    /// [`StoreConfig::compression`] (zstd level 1–22).
+    /// [`StoreConfig::publication.compression`](crate::PublicationConfig::compression) (zstd level 1–22).
     pub compress: Option<i32>,
-    /// [`StoreConfig::parts_in_flight`].
+    /// [`StoreConfig::remote.parts_in_flight`](crate::RemoteIoConfig::parts_in_flight).
     pub parts_in_flight: Option<usize>,
-    /// [`StoreConfig::part_bytes`].
+    /// [`StoreConfig::remote.part_bytes`](crate::RemoteIoConfig::part_bytes).
     #[serde(default, deserialize_with = "de_size")]
     pub part_bytes: Option<u64>,
-    /// [`StoreConfig::base_cache_bytes`].
+    /// [`StoreConfig::restore.base_cache_bytes`](crate::RestoreConfig::base_cache_bytes).
     #[serde(default, deserialize_with = "de_size")]
     pub base_cache_bytes: Option<u64>,
-    /// [`StoreConfig::max_base_depth`].
+    /// [`StoreConfig::restore.max_base_depth`](crate::RestoreConfig::max_base_depth).
     pub max_base_depth: Option<usize>,
-    /// [`StoreConfig::chain_gets_in_flight`].
+    /// [`StoreConfig::remote.chain_gets_in_flight`](crate::RemoteIoConfig::chain_gets_in_flight).
     pub chain_gets_in_flight: Option<usize>,
-    /// [`StoreConfig::roots_in_flight`].
+    /// [`StoreConfig::remote.roots_in_flight`](crate::RemoteIoConfig::roots_in_flight).
     pub roots_in_flight: Option<usize>,
-    /// [`StoreConfig::ranges_in_flight`].
+    /// [`StoreConfig::remote.ranges_in_flight`](crate::RemoteIoConfig::ranges_in_flight).
     pub ranges_in_flight: Option<usize>,
-    /// [`StoreConfig::range_bytes`].
+    /// [`StoreConfig::remote.range_bytes`](crate::RemoteIoConfig::range_bytes).
     #[serde(default, deserialize_with = "de_size")]
     pub range_bytes: Option<u64>,
-    /// [`StoreConfig::max_restore_bytes`].
+    /// [`StoreConfig::restore.max_restore_bytes`](crate::RestoreConfig::max_restore_bytes).
     #[serde(default, deserialize_with = "de_size")]
     pub max_restore_bytes: Option<u64>,
-    /// [`StoreConfig::chain`].
+    /// [`StoreConfig::publication.chain`](crate::PublicationConfig::chain).
     #[serde(default)]
     pub chain: FileChainPolicy,
 }

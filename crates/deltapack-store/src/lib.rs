@@ -22,7 +22,7 @@
 //! * **Bounded memory** — a restore streams verified bytes straight into
 //!   the result: beyond it, one 256 KiB piece per worker, or on a remote
 //!   backend the body chunks of at most
-//!   [`StoreConfig::ranges_in_flight`] ranged GETs; [`PUBLISH_BATCH`]
+//!   [`StoreConfig::remote.ranges_in_flight`](crate::RemoteIoConfig::ranges_in_flight) ranged GETs; [`PUBLISH_BATCH`]
 //!   objects per publication batch; every length from storage is bounded
 //!   before use.
 //! * **Misses are not errors** — [`RestoreOutcome::Miss`] carries a

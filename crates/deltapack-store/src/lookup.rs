@@ -62,7 +62,7 @@ impl Store {
     /// behind the ledger's back — moves on to the next). The answer comes
     /// from the store instead when the ledger knows none of the candidates,
     /// or is unreachable, fails, or does not answer within
-    /// [`crate::StoreConfig::ledger_deadline`]: the candidates' roots are probed by
+    /// [`StoreConfig::capacity.ledger_deadline`](crate::CapacityConfig::ledger_deadline): the candidates' roots are probed by
     /// name, longest first, [`LOOKUP_PROBES_IN_FLIGHT`] at a time, and the
     /// first one present whose longer candidates are all absent is the
     /// answer — the boundary the ledger would have named. A lookup never

@@ -11,10 +11,10 @@
 //!    most [`PUBLISH_BATCH`] objects. An existing object of the right size is
 //!    reused (content addressing); one of the wrong size is quarantined and
 //!    rewritten. On a remote backend an extent larger than
-//!    [`crate::StoreConfig::part_bytes`] is a multipart upload instead
+//!    [`StoreConfig::remote.part_bytes`](crate::RemoteIoConfig::part_bytes) is a multipart upload instead
 //!    (HEAD, then upload if absent; see [`crate::backend`]), its parts
 //!    zero-copy slices of the payload, at most
-//!    [`crate::StoreConfig::parts_in_flight`] parts of the publication in
+//!    [`StoreConfig::remote.parts_in_flight`](crate::RemoteIoConfig::parts_in_flight) parts of the publication in
 //!    flight at once.
 //! 5. Only when every object is durable, create the root (create-if-absent).
 //!    Losing that race to another writer is resolved as in step 2.
@@ -93,12 +93,7 @@ impl Store {
         let seconds = start.elapsed().as_secs_f64();
         match &out {
             Ok(r) => {
-                let outcome = match r.outcome {
-                    PublishOutcome::Created => "created",
-                    PublishOutcome::AlreadyPresent => "already_present",
-                    PublishOutcome::Conflict => "conflict",
-                };
-                let bytes = (r.outcome == PublishOutcome::Created).then_some(r.payload_len);
+                let (outcome, bytes) = (r.outcome.metric_label(), r.created_bytes());
                 // Only the schemas this crate writes are labels (a conflict
                 // with an unusable root describes it in free text).
                 let schema = [

@@ -26,6 +26,17 @@ pub enum PublishOutcome {
     Conflict,
 }
 
+impl PublishOutcome {
+    /// Its label in the metrics: `created`, `already_present`, `conflict`.
+    pub(crate) fn metric_label(self) -> &'static str {
+        match self {
+            PublishOutcome::Created => "created",
+            PublishOutcome::AlreadyPresent => "already_present",
+            PublishOutcome::Conflict => "conflict",
+        }
+    }
+}
+
 /// What a publication did.
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]
@@ -67,6 +78,32 @@ pub struct PublishReceipt {
     /// [`Store::publish_turn`]).
     #[serde(skip)]
     pub turn: Option<Turn>,
+}
+
+impl PublishReceipt {
+    /// On a conflict, what it was: the context, what the existing root
+    /// holds, and this request's snapshot (the CLI's and Python's error
+    /// text). `None` for any other outcome.
+    pub fn conflict_message(&self) -> Option<String> {
+        (self.outcome == PublishOutcome::Conflict).then(|| {
+            format!(
+                "conflict: context {} already holds {} (schema {}), this request's snapshot is \
+                 {}; the existing root wins and nothing was written",
+                self.context,
+                self.existing_snapshot_digest
+                    .map(|d| d.to_string())
+                    .unwrap_or_else(|| "an unreadable root".into()),
+                self.schema,
+                self.snapshot_digest,
+            )
+        })
+    }
+
+    /// The payload bytes this publication wrote, if it created its root
+    /// (the metrics' publication size).
+    pub(crate) fn created_bytes(&self) -> Option<u64> {
+        (self.outcome == PublishOutcome::Created).then_some(self.payload_len)
+    }
 }
 
 impl PublishReceipt {

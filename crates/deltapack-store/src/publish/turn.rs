@@ -244,12 +244,7 @@ impl Store {
         let schema = deltapack_format::root::SCHEMA_V2_2;
         match &out {
             Ok(r) => {
-                let outcome = match r.outcome {
-                    PublishOutcome::Created => "created",
-                    PublishOutcome::AlreadyPresent => "already_present",
-                    PublishOutcome::Conflict => "conflict",
-                };
-                let bytes = (r.outcome == PublishOutcome::Created).then_some(r.payload_len);
+                let (outcome, bytes) = (r.outcome.metric_label(), r.created_bytes());
                 self.metrics().publish(seconds, outcome, schema, bytes);
             }
             Err(e) => {

@@ -318,7 +318,7 @@ impl Store {
     /// of the wrong size is damaged: quarantine it and write ours.
     ///
     /// With `parts` (a v2 extent), on a remote backend, an object larger
-    /// than [`crate::StoreConfig::part_bytes`] is a multipart upload whose
+    /// than [`StoreConfig::remote.part_bytes`](crate::RemoteIoConfig::part_bytes) is a multipart upload whose
     /// parts take permits of `parts` (see [`Store::write_multipart`]).
     pub(super) async fn write_object(
         &self,

@@ -119,5 +119,5 @@ impl Restoration {
 /// Most workers of a local-disk restore (one per core, up to this) and
 /// legacy v1 chunks fetched at once. A remote flat restore reads as many
 /// extents at once as their ranges fill
-/// [`crate::StoreConfig::ranges_in_flight`].
+/// [`StoreConfig::remote.ranges_in_flight`](crate::RemoteIoConfig::ranges_in_flight).
 pub const RESTORE_IN_FLIGHT: usize = 4;

@@ -51,7 +51,6 @@ mod scenarios;
 mod shaped;
 mod workload;
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -99,31 +98,16 @@ enum Command {
     BenchOne(BenchOneArgs),
 }
 
+/// Logs to stderr at `warn` unless `RUST_LOG` says otherwise (plain text:
+/// bench output is usually captured to a file).
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-    // Fails only if a subscriber is already installed, which cannot happen here.
-    let _ = tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_ansi(false);
+    let _ = fmt.with_writer(std::io::stderr).try_init();
 }
-
-/// Restores the default SIGPIPE action so that `deltapack-bench … | head`
-/// ends quietly instead of panicking on a closed stdout.
-#[cfg(unix)]
-fn default_sigpipe() {
-    // SAFETY: called first thing in main, before any other thread exists;
-    // setting a signal disposition to SIG_DFL has no other preconditions.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-}
-
-#[cfg(not(unix))]
-fn default_sigpipe() {}
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -145,7 +129,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 fn main() -> ExitCode {
-    default_sigpipe();
+    // `deltapack-bench … | head` ends quietly instead of panicking on a
+    // closed stdout. SAFETY: first thing in main, before any other thread.
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     // Usage errors exit with clap's code 2 (and --help/--version with 0).
     let cli = Cli::parse();
     init_tracing();

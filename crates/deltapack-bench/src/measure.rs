@@ -122,6 +122,15 @@ pub(crate) fn ms(d: Duration) -> f64 {
     d.as_micros() as f64 / 1000.0
 }
 
+/// The upper median of durations (the middle one of an odd count).
+///
+/// # Panics
+/// On no durations: every caller measures at least one repetition.
+pub(crate) fn median_duration(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
 /// The median (NaN for no values).
 pub(crate) fn median(v: &[f64]) -> f64 {
     if v.is_empty() {

@@ -717,18 +717,6 @@ mod tests {
         prop::collection::vec(group, 1..4).prop_map(|groups| PageLayout { groups })
     }
 
-    fn fill(seed: u64, n: usize) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
-
     /// Builds a result that extends `base` page-wise, with mutations at
     /// chosen page indexes of each layer.
     fn extend(base: &Snapshot, boundary: u64, seed: u64, mutate: &[u64]) -> Snapshot {
@@ -737,7 +725,7 @@ mod tests {
             .layout
             .payload_len(&header.block_counts)
             .expect("len") as usize;
-        let mut payload = fill(seed, plen);
+        let mut payload = crate::synth::bytes(seed, plen);
         let offs = header
             .layout
             .layer_offsets(&header.block_counts)
@@ -779,7 +767,7 @@ mod tests {
             let rb = bb + grow * u64::from(chunk);
             let bh = SnapshotHeader::new(layout.clone(), bb);
             let blen = layout.payload_len(&bh.block_counts).expect("len") as usize;
-            let base = Snapshot::from_parts(bh, &fill(seed ^ 0xabc, blen)).expect("base");
+            let base = Snapshot::from_parts(bh, &crate::synth::bytes(seed ^ 0xabc, blen)).expect("base");
             let result = extend(&base, rb, seed, &mutate);
             let delta = encode(chunk, &base, &result).expect("encode");
             let back = PageDelta::apply(&base, &delta).expect("apply");
@@ -854,7 +842,7 @@ mod tests {
             let mut b = base_chunks * u64::from(chunk);
             let bh = SnapshotHeader::new(layout.clone(), b);
             let blen = layout.payload_len(&bh.block_counts).expect("len") as usize;
-            let bottom = Snapshot::from_parts(bh, &fill(seed ^ 0xabc, blen)).expect("base");
+            let bottom = Snapshot::from_parts(bh, &crate::synth::bytes(seed ^ 0xabc, blen)).expect("base");
             let mut turns = vec![bottom.clone()];
             let mut encoded = Vec::new();
             let mut plans = Vec::new();

@@ -1126,18 +1126,6 @@ mod tests {
         }
     }
 
-    fn fill(seed: u64, n: usize) -> Vec<u8> {
-        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
-
     /// The definition written out naively, for comparison.
     fn reference(s: &Snapshot) -> Digest {
         let prefix = s.header().encode_prefix().expect("prefix");
@@ -1168,7 +1156,7 @@ mod tests {
                 let old = base.layer_range(gi, li).expect("layer");
                 let kept =
                     &base.payload()[old.start..old.start + (keep * l.bytes_per_page) as usize];
-                let tail = fill(
+                let tail = crate::synth::bytes(
                     seed ^ ((gi as u64) << 20) ^ li as u64,
                     ((header.block_counts[gi] - keep) * l.bytes_per_page) as usize,
                 );
@@ -1186,7 +1174,7 @@ mod tests {
     fn flat(layout: &PageLayout, boundary: u64, seed: u64) -> Snapshot {
         let header = SnapshotHeader::new(layout.clone(), boundary);
         let len = header.validate().expect("valid") as usize;
-        Snapshot::from_parts(header, &fill(seed, len)).expect("snapshot")
+        Snapshot::from_parts(header, &crate::synth::bytes(seed, len)).expect("snapshot")
     }
 
     fn layout_strategy() -> impl Strategy<Value = PageLayout> {
@@ -1288,7 +1276,7 @@ mod tests {
             cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..6),
             seed in any::<u64>(),
         ) {
-            let bytes = fill(seed, len);
+            let bytes = crate::synth::bytes(seed, len);
             let mut at: Vec<usize> = cuts.iter().map(|c| c.index(len + 1)).collect();
             at.push(0);
             at.push(len);
@@ -1306,7 +1294,7 @@ mod tests {
     /// boundary case of the chunk grid around them.
     #[test]
     fn a_stream_state_matches_blake3_on_large_streams() {
-        let bytes = fill(11, (20 << 20) + 777);
+        let bytes = crate::synth::bytes(11, (20 << 20) + 777);
         for first in [0usize, 1, 1023, 1024, 1025, 4096, (9 << 20) + 5, 16 << 20] {
             let mut st = StreamState::new();
             st.absorb(&bytes[..first]);

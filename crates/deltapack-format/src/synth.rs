@@ -103,6 +103,17 @@ pub fn tokens(seed: u64, n: usize) -> Vec<u32> {
         .collect()
 }
 
+/// `n` pseudo-random bytes keyed by `seed` (uniform, incompressible): an
+/// arbitrary payload for tests that need bytes rather than a snapshot.
+pub fn bytes(seed: u64, n: usize) -> Vec<u8> {
+    let mut out = vec![0u8; n];
+    for (i, word) in out.chunks_mut(8).enumerate() {
+        let w = mix(seed ^ mix(i as u64 ^ 0x6279_7465)).to_le_bytes();
+        word.copy_from_slice(&w[..word.len()]);
+    }
+    out
+}
+
 /// Fills `out` with bf16-like values from a stream keyed by `key`.
 fn fill_bf16(key: u64, out: &mut [u8]) {
     let mut state = mix(key) | 1;

@@ -295,10 +295,16 @@ pub fn is_storage_full(e: &(dyn std::error::Error + 'static)) -> bool {
             if io.kind() == std::io::ErrorKind::StorageFull || io.raw_os_error() == Some(28) {
                 return true;
             }
+            // An `io::Error` wrapping another error (`io::Error::other`)
+            // reports that error's source, not the error itself: step in.
+            if let Some(inner) = io.get_ref() {
+                cur = Some(inner);
+                continue;
+            }
         }
         cur = err.source();
     }
-    e.to_string().contains("No space left on device")
+    false
 }
 
 /// Opens a backend from a URL (see the module docs).

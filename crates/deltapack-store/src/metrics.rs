@@ -53,6 +53,18 @@ use crate::error::MissReason;
 use crate::ledger::Totals;
 use crate::stats::Stats;
 
+/// Registers one metric (a clone of its handle, which shares the value) in
+/// one line: `reg!(registry, name, help, metric)`, or with a unit,
+/// `reg!(registry, name, help, Bytes, metric)`.
+macro_rules! reg {
+    ($r:expr, $name:expr, $help:expr, $metric:expr) => {
+        $r.register($name, $help, $metric.clone())
+    };
+    ($r:expr, $name:expr, $help:expr, $unit:ident, $metric:expr) => {
+        $r.register_with_unit($name, $help, Unit::$unit, $metric.clone())
+    };
+}
+
 /// A gauge of a non-negative quantity.
 type U64Gauge = Gauge<u64, AtomicU64>;
 
@@ -262,180 +274,52 @@ impl Metrics {
         }
     }
 
-    /// Registers every metric under the prefix `deltapack`.
-    pub(crate) fn register(
-        &self,
-        stats: &Stats,
-        budget: Option<u64>,
-        local: bool,
-        registry: &mut Registry,
-    ) {
+    /// Registers every metric under the prefix `deltapack`. One line per
+    /// metric (name, help, unit, handle): a table, kept as one by
+    /// `rustfmt::skip`.
+    #[rustfmt::skip]
+    pub(crate) fn register(&self, stats: &Stats, budget: Option<u64>, local: bool, registry: &mut Registry) {
         let r = registry.sub_registry_with_prefix("deltapack");
-        r.register(
-            "restore",
-            "Restores by outcome, miss reason and root schema",
-            self.restores.clone(),
-        );
-        r.register(
-            "publish",
-            "Publications by outcome and root schema",
-            self.publishes.clone(),
-        );
-        r.register(
-            "objects_read",
-            "Objects fetched from the backend",
-            stats.objects_read.clone(),
-        );
-        r.register_with_unit(
-            "read",
-            "Bytes fetched from the backend",
-            Unit::Bytes,
-            stats.bytes_read.clone(),
-        );
-        r.register(
-            "objects_written",
-            "Objects created by publications",
-            stats.objects_written.clone(),
-        );
-        r.register(
-            "objects_reused",
-            "Objects a publication found already stored (content-addressed reuse)",
-            stats.objects_reused.clone(),
-        );
-        r.register_with_unit(
-            "written",
-            "Bytes of objects and roots created",
-            Unit::Bytes,
-            stats.bytes_written.clone(),
-        );
-        r.register(
-            "roots_written",
-            "Roots created",
-            stats.roots_written.clone(),
-        );
-        r.register(
-            "quarantined",
-            "Objects and roots moved to quarantine",
-            stats.quarantined.clone(),
-        );
-        r.register(
-            "evictions",
-            "Roots evicted for capacity",
-            stats.evictions.clone(),
-        );
-        r.register_with_unit(
-            "restore_duration",
-            "Latency of each restore, hit or miss",
-            Unit::Seconds,
-            self.restore_seconds.clone(),
-        );
-        r.register_with_unit(
-            "publish_duration",
-            "Latency of each publication",
-            Unit::Seconds,
-            self.publish_seconds.clone(),
-        );
-        r.register_with_unit(
-            "restore_size",
-            "Bytes of each restored snapshot",
-            Unit::Bytes,
-            self.restore_bytes.clone(),
-        );
-        r.register_with_unit(
-            "publish_size",
-            "Payload bytes of each publication that wrote one",
-            Unit::Bytes,
-            self.publish_bytes.clone(),
-        );
+        reg!(r, "restore", "Restores by outcome, miss reason and root schema", self.restores);
+        reg!(r, "publish", "Publications by outcome and root schema", self.publishes);
+        reg!(r, "objects_read", "Objects fetched from the backend", stats.objects_read);
+        reg!(r, "read", "Bytes fetched from the backend", Bytes, stats.bytes_read);
+        reg!(r, "objects_written", "Objects created by publications", stats.objects_written);
+        reg!(r, "objects_reused", "Objects a publication found already stored (content-addressed reuse)", stats.objects_reused);
+        reg!(r, "written", "Bytes of objects and roots created", Bytes, stats.bytes_written);
+        reg!(r, "roots_written", "Roots created", stats.roots_written);
+        reg!(r, "quarantined", "Objects and roots moved to quarantine", stats.quarantined);
+        reg!(r, "evictions", "Roots evicted for capacity", stats.evictions);
+        reg!(r, "restore_duration", "Latency of each restore, hit or miss", Seconds, self.restore_seconds);
+        reg!(r, "publish_duration", "Latency of each publication", Seconds, self.publish_seconds);
+        reg!(r, "restore_size", "Bytes of each restored snapshot", Bytes, self.restore_bytes);
+        reg!(r, "publish_size", "Payload bytes of each publication that wrote one", Bytes, self.publish_bytes);
         self.register_ledger(stats, budget, local, r);
     }
 
     /// The ledger's gauges (bytes, counts, per namespace, accumulated), the
-    /// budget and free space, and the ledger's reachability.
+    /// budget and free space, and the ledger's reachability. A table like
+    /// `register`.
+    #[rustfmt::skip]
     fn register_ledger(&self, stats: &Stats, budget: Option<u64>, local: bool, r: &mut Registry) {
-        let gauges = [
-            (
-                "ledger_used",
-                "Bytes counted against the budget: live, condemned, roots, reserved (as of the last ledger update)",
-                &self.used_bytes,
-            ),
-            (
-                "ledger_object",
-                "Bytes of live objects, each counted once (as of the last ledger update)",
-                &self.object_bytes,
-            ),
-            (
-                "ledger_condemned",
-                "Bytes of condemned objects awaiting deletion (as of the last ledger update)",
-                &self.condemned_bytes,
-            ),
-        ];
-        for (name, help, g) in gauges {
-            r.register_with_unit(name, help, Unit::Bytes, g.clone());
-        }
-        let gauges = [
-            (
-                "ledger_roots",
-                "Roots in the ledger (as of the last ledger update)",
-                &self.roots,
-            ),
-            (
-                "ledger_objects",
-                "Live objects in the ledger (as of the last ledger update)",
-                &self.objects,
-            ),
-            (
-                "ledger_condemned_objects",
-                "Condemned objects awaiting deletion (as of the last ledger update)",
-                &self.condemned_objects,
-            ),
-        ];
-        for (name, help, g) in gauges {
-            r.register(name, help, g.clone());
-        }
-        r.register_with_unit(
-            "ledger_namespace",
-            "Physical bytes per namespace (as of the last stats report)",
-            Unit::Bytes,
-            self.namespace_bytes.clone(),
-        );
-        r.register(
-            "ledger_accumulated",
-            "Counters accumulated in the ledger by every process that used this store (as of the last stats report)",
-            self.accumulated.clone(),
-        );
+        reg!(r, "ledger_used", "Bytes counted against the budget: live, condemned, roots, reserved (as of the last ledger update)", Bytes, self.used_bytes);
+        reg!(r, "ledger_object", "Bytes of live objects, each counted once (as of the last ledger update)", Bytes, self.object_bytes);
+        reg!(r, "ledger_condemned", "Bytes of condemned objects awaiting deletion (as of the last ledger update)", Bytes, self.condemned_bytes);
+        reg!(r, "ledger_roots", "Roots in the ledger (as of the last ledger update)", self.roots);
+        reg!(r, "ledger_objects", "Live objects in the ledger (as of the last ledger update)", self.objects);
+        reg!(r, "ledger_condemned_objects", "Condemned objects awaiting deletion (as of the last ledger update)", self.condemned_objects);
+        reg!(r, "ledger_namespace", "Physical bytes per namespace (as of the last stats report)", Bytes, self.namespace_bytes);
+        reg!(r, "ledger_accumulated", "Counters accumulated in the ledger by every process that used this store (as of the last stats report)", self.accumulated);
         if let Some(b) = budget {
             self.budget_bytes.set(b);
-            r.register_with_unit(
-                "budget",
-                "Configured byte budget",
-                Unit::Bytes,
-                self.budget_bytes.clone(),
-            );
+            reg!(r, "budget", "Configured byte budget", Bytes, self.budget_bytes);
         }
         if local {
-            r.register_with_unit(
-                "free",
-                "Free bytes on the store's filesystem (as of the last stats report)",
-                Unit::Bytes,
-                self.free_bytes.clone(),
-            );
+            reg!(r, "free", "Free bytes on the store's filesystem (as of the last stats report)", Bytes, self.free_bytes);
         }
-        r.register(
-            "ledger_fallback",
-            "Calls answered from the store because the ledger was down, failing or too slow",
-            self.ledger_fallbacks.clone(),
-        );
-        r.register(
-            "ledger_touches_dropped",
-            "Root accesses dropped because the ledger could not take them",
-            stats.touches_dropped.clone(),
-        );
-        r.register(
-            "ledger_last_reachable_timestamp_seconds",
-            "Unix time of this handle's last successful ledger call (0: none yet)",
-            self.ledger_reachable.clone(),
-        );
+        reg!(r, "ledger_fallback", "Calls answered from the store because the ledger was down, failing or too slow", self.ledger_fallbacks);
+        reg!(r, "ledger_touches_dropped", "Root accesses dropped because the ledger could not take them", stats.touches_dropped);
+        reg!(r, "ledger_last_reachable_timestamp_seconds", "Unix time of this handle's last successful ledger call (0: none yet)", self.ledger_reachable);
     }
 
     /// A call (`op`) answered without the ledger (also counted in

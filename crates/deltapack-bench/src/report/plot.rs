@@ -131,6 +131,8 @@ fn row_bar(
 /// panels: local (chain new buffer and `restore_into`) and S3-like; the
 /// flat restores are dashed horizontal references in the same colours.
 pub(super) fn chain(r: &Report, c: &ChainSummary) -> Result<String> {
+    // Longer than 120 lines on purpose: plotters builds a figure as one
+    // sequence of calls (mesh, series, legends per panel) on shared state.
     use plotters::prelude::*;
     type Line = (&'static str, RGBColor, Vec<Option<f64>>, Option<f64>);
     let e = |e: &dyn std::fmt::Display| anyhow!("chain plot: {e}");

@@ -29,7 +29,7 @@
 //! `chain-n{N}-s3like`, `chain-n{N}-floor-write`, `chain-n{N}-publish`.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -229,17 +229,9 @@ pub(crate) async fn job_restore(s: ChainRestoreSpec) -> Result<JobOutput> {
 
 // ------------------------------------------------------------------ parent
 
-/// Publishes every conversation and runs the restores, round-robin; adds
-/// the runs to `accs`.
-pub(crate) async fn run(
-    args: &BenchArgs,
-    w: Workload,
-    work: &Path,
-    accs: &mut BTreeMap<String, Acc>,
-) -> Result<ChainSummary> {
-    let repeats = args.repeats;
-    let chunk = u64::from(Workload::identity().chunk_tokens);
-    let chunks = w.result_tokens / chunk;
+/// The chain lengths to measure (always 1, the flat conversation) and the
+/// ones skipped because the final snapshot has fewer turn boundaries.
+fn chain_lengths(args: &BenchArgs, chunks: u64, chunk: u64) -> (Vec<u32>, Vec<String>) {
     let asked: Vec<u32> = match &args.chain_turns {
         Some(v) => v.clone(),
         None => DEFAULT_TURNS.to_vec(),
@@ -259,28 +251,30 @@ pub(crate) async fn run(
         turns.push(n);
     }
     turns.sort_unstable();
-    eprintln!(
-        "bench: chain — final snapshot {} tokens, conversations of {:?} turns{}",
-        w.result_tokens,
-        turns,
-        if skipped.is_empty() {
-            String::new()
-        } else {
-            format!(" ({} skipped)", skipped.len())
-        }
-    );
-    let scratch = work.join("chain-scratch");
-    std::fs::create_dir_all(&scratch)?;
+    (turns, skipped)
+}
+
+/// Publishes each conversation in a child process (its store kept under
+/// `work`) and records the fastest write floor of each.
+async fn publish_all(
+    args: &BenchArgs,
+    w: &Workload,
+    turns: &[u32],
+    work: &Path,
+    scratch: &Path,
+    accs: &mut BTreeMap<String, Acc>,
+) -> Result<(BTreeMap<u32, PathBuf>, BTreeMap<u32, JobOutput>)> {
+    let repeats = args.repeats;
     let mut stores = BTreeMap::new();
     let mut pubs: BTreeMap<u32, JobOutput> = BTreeMap::new();
-    for &n in &turns {
+    for &n in turns {
         let keep = work.join(format!("chain-n{n}"));
         let mut o = child(
             &Job::ChainPublish {
                 spec: ChainPublishSpec {
-                    c: Conversation::new(n, &w),
+                    c: Conversation::new(n, w),
                     keep: keep.clone(),
-                    scratch: scratch.clone(),
+                    scratch: scratch.to_path_buf(),
                     rounds: repeats,
                 },
             },
@@ -305,6 +299,83 @@ pub(crate) async fn run(
         stores.insert(n, keep);
         pubs.insert(n, o);
     }
+    Ok((stores, pubs))
+}
+
+/// One row per chain length: its publication, its restores against the
+/// flat conversation's (`flat`: warm, into, S3-like medians) and its peak.
+fn summary_rows(
+    args: &BenchArgs,
+    turns: &[u32],
+    pubs: &BTreeMap<u32, JobOutput>,
+    accs: &BTreeMap<String, Acc>,
+    (fw, fi, fs): (Option<f64>, Option<f64>, Option<f64>),
+    bound: u64,
+) -> Vec<ChainRow> {
+    let m = |id: &str| accs.get(id).map(|a| median(&a.times));
+    turns
+        .iter()
+        .map(|&n| {
+            let p = &pubs[&n];
+            let warm = m(&format!("chain-n{n}-warm"));
+            let into = m(&format!("chain-n{n}-warm-into"));
+            let s3 = m(&format!("chain-n{n}-s3like"));
+            let peak = [ChainMode::Warm, ChainMode::Into, ChainMode::S3like]
+                .iter()
+                .filter_map(|mode| accs.get(&format!("chain-n{n}-{}", mode.suffix())))
+                .map(|a| a.peak.saturating_sub(a.baseline))
+                .max();
+            let diff = s3.zip(fs).map(|(a, b)| a - b);
+            ChainRow {
+                turns: n,
+                last_turn_tokens: p.num("last_turn_tokens").unwrap_or(0.0) as u64,
+                last_payload_bytes: accs
+                    .get(&format!("chain-n{n}-publish"))
+                    .and_then(|a| a.info.get("payload_bytes"))
+                    .and_then(|v| v.as_u64())
+                    .unwrap_or(0),
+                store_bytes: p.num("store_bytes").unwrap_or(0.0) as u64,
+                publish_ms: m(&format!("chain-n{n}-publish")),
+                floor_write_ms: m(&format!("chain-n{n}-floor-write")),
+                warm_ms: warm,
+                warm_ratio: warm.zip(fw).map(|(a, b)| a / b),
+                into_ms: into,
+                into_ratio: into.zip(fi).map(|(a, b)| a / b),
+                s3like_ms: s3,
+                s3like_minus_flat_ms: diff,
+                s3like_minus_flat_latencies: diff.map(|d| d / args.latency_ms.max(1) as f64),
+                peak_bytes: peak,
+                peak_over_bound: peak.map(|p| p as f64 / bound as f64),
+            }
+        })
+        .collect()
+}
+
+/// Publishes every conversation and runs the restores, round-robin; adds
+/// the runs to `accs`.
+pub(crate) async fn run(
+    args: &BenchArgs,
+    w: Workload,
+    work: &Path,
+    accs: &mut BTreeMap<String, Acc>,
+) -> Result<ChainSummary> {
+    let repeats = args.repeats;
+    let chunk = u64::from(Workload::identity().chunk_tokens);
+    let chunks = w.result_tokens / chunk;
+    let (turns, skipped) = chain_lengths(args, chunks, chunk);
+    eprintln!(
+        "bench: chain — final snapshot {} tokens, conversations of {:?} turns{}",
+        w.result_tokens,
+        turns,
+        if skipped.is_empty() {
+            String::new()
+        } else {
+            format!(" ({} skipped)", skipped.len())
+        }
+    );
+    let scratch = work.join("chain-scratch");
+    std::fs::create_dir_all(&scratch)?;
+    let (stores, pubs) = publish_all(args, &w, &turns, work, &scratch, accs).await?;
     let flat = pubs
         .get(&1)
         .ok_or_else(|| anyhow!("no flat conversation"))?;
@@ -359,42 +430,7 @@ pub(crate) async fn run(
         m("chain-flat-warm-into"),
         m("chain-flat-s3like"),
     );
-    let rows = turns
-        .iter()
-        .map(|&n| {
-            let p = &pubs[&n];
-            let warm = m(&format!("chain-n{n}-warm"));
-            let into = m(&format!("chain-n{n}-warm-into"));
-            let s3 = m(&format!("chain-n{n}-s3like"));
-            let peak = [ChainMode::Warm, ChainMode::Into, ChainMode::S3like]
-                .iter()
-                .filter_map(|mode| accs.get(&format!("chain-n{n}-{}", mode.suffix())))
-                .map(|a| a.peak.saturating_sub(a.baseline))
-                .max();
-            let diff = s3.zip(fs).map(|(a, b)| a - b);
-            ChainRow {
-                turns: n,
-                last_turn_tokens: p.num("last_turn_tokens").unwrap_or(0.0) as u64,
-                last_payload_bytes: accs
-                    .get(&format!("chain-n{n}-publish"))
-                    .and_then(|a| a.info.get("payload_bytes"))
-                    .and_then(|v| v.as_u64())
-                    .unwrap_or(0),
-                store_bytes: p.num("store_bytes").unwrap_or(0.0) as u64,
-                publish_ms: m(&format!("chain-n{n}-publish")),
-                floor_write_ms: m(&format!("chain-n{n}-floor-write")),
-                warm_ms: warm,
-                warm_ratio: warm.zip(fw).map(|(a, b)| a / b),
-                into_ms: into,
-                into_ratio: into.zip(fi).map(|(a, b)| a / b),
-                s3like_ms: s3,
-                s3like_minus_flat_ms: diff,
-                s3like_minus_flat_latencies: diff.map(|d| d / args.latency_ms.max(1) as f64),
-                peak_bytes: peak,
-                peak_over_bound: peak.map(|p| p as f64 / bound as f64),
-            }
-        })
-        .collect();
+    let rows = summary_rows(args, &turns, &pubs, accs, (fw, fi, fs), bound);
     Ok(ChainSummary {
         final_tokens: w.result_tokens,
         chunk_tokens: chunk,

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use crate::measure::{median_duration as median, ms};
 use anyhow::{bail, Result};
 use deltapack_format::synth::{self, Preset};
 use deltapack_format::{CacheIdentity, ContextDigest, ContextHasher};
@@ -76,15 +77,6 @@ struct Results {
     rows: Vec<Row>,
     restore_down_over_up: f64,
     stored_bytes: u64,
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }
 
 async fn lookup_median(
@@ -259,7 +251,12 @@ async fn measure(a: &LedgerDownArgs, work: &Path) -> Result<ExitCode> {
         restore_down_over_up: ratio,
         stored_bytes,
     };
-    super::write_results_json(&a.out, &results)?;
+    report(&a.out, &results)
+}
+
+/// Writes `results.json` and `results.md` (and prints the table).
+fn report(out: &Path, results: &Results) -> Result<ExitCode> {
+    super::write_results_json(out, results)?;
     let mut md = format!(
         "# Lookup and restore with the ledger up and down\n\n\
          Request of {} tokens ({} candidate boundaries), stored root at {} tokens, \
@@ -297,7 +294,7 @@ async fn measure(a: &LedgerDownArgs, work: &Path) -> Result<ExitCode> {
             "release"
         }
     ));
-    std::fs::write(a.out.join("results.md"), &md)?;
+    std::fs::write(out.join("results.md"), &md)?;
     print!("{md}");
     Ok(ExitCode::SUCCESS)
 }

@@ -280,6 +280,98 @@ async fn real_s3(
     }))
 }
 
+/// Publication and the durable write floor, interleaved per round in one
+/// child; keeps the v2 and v1 stores the restores read.
+async fn publish_stores(w: Workload, work: &Path, rounds: u32) -> Result<JobOutput> {
+    child(
+        &Job::PublishSuite {
+            w,
+            keep_v2: work.join("store-v2"),
+            keep_v1: work.join("store-v1"),
+            scratch: work.join("scratch"),
+            rounds,
+        },
+        "publish v2, v1 + durable write floor",
+    )
+    .await
+}
+
+/// The shaped-S3 restores (round-robin) and publication.
+async fn shaped_suite(
+    w: Workload,
+    work: &Path,
+    args: &BenchArgs,
+    with_reference: bool,
+    accs: &mut BTreeMap<String, Acc>,
+) -> Result<()> {
+    let shaping = args.shaping()?;
+    eprintln!("bench: shaped S3 emulation: {}", shaping.describe());
+    round_robin(
+        &shaped_blocks(w, work, shaping, args.latency_ms, with_reference),
+        args.repeats,
+        accs,
+    )
+    .await?;
+    let o = child(
+        &Job::ShapedPublish {
+            w,
+            shaping,
+            rounds: args.repeats,
+        },
+        "publish v2: in-memory unshaped + shaped",
+    )
+    .await?;
+    Acc::add_sub(accs, o.sub);
+    Ok(())
+}
+
+/// Records the write floor as the fastest of one and two streams, buffered
+/// or direct (by median), under `floor-write`.
+fn record_write_floor(accs: &mut BTreeMap<String, Acc>) {
+    if let Some((_, best, medians)) =
+        fastest_write_floor(&*accs, "floor-write", &["1", "2", "1-direct", "2-direct"])
+    {
+        let mut f = Acc {
+            times: best.times.clone(),
+            peak: best.peak,
+            baseline: best.baseline,
+            info: best.info.clone(),
+            infos: Vec::new(),
+        };
+        f.info.extend(medians);
+        f.infos = vec![f.info.clone()];
+        accs.insert("floor-write".into(), f);
+    }
+}
+
+/// zstd per extent of the v2 store (ratio and speed per level); adds
+/// BLAKE3's one-core speed on this data to the machine's description.
+async fn zstd_per_extent(
+    w: Workload,
+    work: &Path,
+    repeats: u32,
+    mach: &mut Machine,
+) -> Result<Vec<crate::report::ZstdRow>> {
+    let mut zstd = Vec::new();
+    let o = child(
+        &Job::Zstd {
+            w,
+            store_v2: work.join("store-v2"),
+            repeats,
+        },
+        "zstd per extent",
+    )
+    .await?;
+    if let Some(rows) = o.info.get("rows") {
+        zstd = serde_json::from_value(rows.clone()).context("zstd rows")?;
+    }
+    mach.filesystem.push_str(&format!(
+        "; BLAKE3 one core on this data: {:.0} MB/s",
+        o.num("blake3_mb_s_1_core").unwrap_or(0.0)
+    ));
+    Ok(zstd)
+}
+
 async fn run_suite(
     suite: Suite,
     args: &BenchArgs,
@@ -309,39 +401,14 @@ async fn run_suite(
     // child (timed when publishing; a single round to create the stores
     // otherwise).
     let o = if do_publish || do_restore || do_shaped {
-        child(
-            &Job::PublishSuite {
-                w,
-                keep_v2: work.join("store-v2"),
-                keep_v1: work.join("store-v1"),
-                scratch: work.join("scratch"),
-                rounds: if do_publish { repeats } else { 1 },
-            },
-            "publish v2, v1 + durable write floor",
-        )
-        .await?
+        publish_stores(w, work, if do_publish { repeats } else { 1 }).await?
     } else {
         JobOutput::default()
     };
     let get = |k: &str| o.info.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
     let (base_bytes, result_bytes) = (get("base_bytes"), get("result_bytes"));
     Acc::add_sub(&mut accs, o.sub);
-    // The write floor is the fastest of one and two streams, buffered or
-    // direct.
-    if let Some((_, best, medians)) =
-        fastest_write_floor(&accs, "floor-write", &["1", "2", "1-direct", "2-direct"])
-    {
-        let mut f = Acc {
-            times: best.times.clone(),
-            peak: best.peak,
-            baseline: best.baseline,
-            info: best.info.clone(),
-            infos: Vec::new(),
-        };
-        f.info.extend(medians);
-        f.infos = vec![f.info.clone()];
-        accs.insert("floor-write".into(), f);
-    }
+    record_write_floor(&mut accs);
     let pinfo = |id: &str, k: &str| {
         accs.get(id)
             .and_then(|a| a.info.get(k))
@@ -363,23 +430,7 @@ async fn run_suite(
 
     // The bandwidth-shaped S3 emulation.
     if do_shaped {
-        eprintln!("bench: shaped S3 emulation: {}", shaping.describe());
-        round_robin(
-            &shaped_blocks(w, work, shaping, args.latency_ms, !do_restore),
-            repeats,
-            &mut accs,
-        )
-        .await?;
-        let o = child(
-            &Job::ShapedPublish {
-                w,
-                shaping,
-                rounds: repeats,
-            },
-            "publish v2: in-memory unshaped + shaped",
-        )
-        .await?;
-        Acc::add_sub(&mut accs, o.sub);
+        shaped_suite(w, work, args, !do_restore, &mut accs).await?;
     }
 
     // The real S3-compatible server, scaled.
@@ -388,25 +439,11 @@ async fn run_suite(
         s3_info = Some(real_s3(args, w, url, &mut accs).await?);
     }
 
-    let mut zstd = Vec::new();
-    if suite == Suite::All {
-        let o = child(
-            &Job::Zstd {
-                w,
-                store_v2: work.join("store-v2"),
-                repeats,
-            },
-            "zstd per extent",
-        )
-        .await?;
-        if let Some(rows) = o.info.get("rows") {
-            zstd = serde_json::from_value(rows.clone()).context("zstd rows")?;
-        }
-        mach.filesystem.push_str(&format!(
-            "; BLAKE3 one core on this data: {:.0} MB/s",
-            o.num("blake3_mb_s_1_core").unwrap_or(0.0)
-        ));
-    }
+    let zstd = if suite == Suite::All {
+        zstd_per_extent(w, work, repeats, mach).await?
+    } else {
+        Vec::new()
+    };
 
     // Restore cost against the number of turns (own stores and floors).
     let mut chain_accs: BTreeMap<String, Acc> = BTreeMap::new();

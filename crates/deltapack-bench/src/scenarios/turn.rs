@@ -39,6 +39,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::measure::{median_duration as median, ms};
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use deltapack_format::synth::{self, Preset};
@@ -200,20 +201,6 @@ fn tokens(base: &[u32], extra: u64, salt: u64) -> Vec<u32> {
     t
 }
 
-/// Fills `n` bytes from `seed` (xorshift; cheap, incompressible enough).
-fn noise(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut out = vec![0u8; n];
-    for c in out.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let b = x.to_le_bytes();
-        c.copy_from_slice(&b[..c.len()]);
-    }
-    out
-}
-
 /// The next snapshot: the base's kept pages, then `tail`.
 fn assemble(base: &Snapshot, turn: &Turn, boundary: u64, tail: &[u8]) -> Result<Arc<Snapshot>> {
     let header = SnapshotHeader::new(base.layout().clone(), boundary);
@@ -240,7 +227,7 @@ fn write_floor(dir: &Path, bytes: u64, files: u64, seed: u64) -> Result<Duration
     std::fs::create_dir_all(&d)?;
     let files = files.max(1);
     let per = (bytes / files) as usize;
-    let data = noise(seed, per + (bytes % files) as usize);
+    let data = synth::bytes(seed, per + (bytes % files) as usize);
     let t = Instant::now();
     for i in 0..files {
         let n = if i + 1 == files {
@@ -256,15 +243,6 @@ fn write_floor(dir: &Path, bytes: u64, files: u64, seed: u64) -> Result<Duration
     let e = t.elapsed();
     std::fs::remove_dir_all(&d)?;
     Ok(e)
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }
 
 struct Sample {
@@ -381,12 +359,53 @@ async fn publish_lib(
     })
 }
 
+/// Every conversation length in turn, then the report.
 async fn measure(a: &TurnArgs, work: &Path, cli: Option<&Path>) -> Result<ExitCode> {
     let id = CacheIdentity::example();
     let hasher = ContextHasher::new(id.namespace(), id.chunk_tokens)?;
-    let ctx = |t: &[u32]| -> ContextDigest { hasher.digest(t) };
     let mut rows = Vec::new();
     for &n in &a.tokens {
+        let c = Conversation::publish(work, &id, &hasher, n, cli.is_some()).await?;
+        for &t in &a.turns {
+            let tail_len = c.turn.tail_len(n + t)? as usize;
+            let mut samples: Vec<Vec<Sample>> = a.modes.iter().map(|_| Vec::new()).collect();
+            for rep in 0..a.repeats {
+                for (slot, &mode) in a.modes.iter().enumerate() {
+                    let salt = 1000 + u64::from(rep) * 10 + mode as u64 + t * 7;
+                    samples[slot].push(c.sample(mode, t, tail_len, salt, cli).await?);
+                }
+            }
+            rows.extend(turn_rows(a, (n, t, tail_len), samples));
+        }
+        c.close().await?;
+    }
+    report(a, rows)
+}
+
+/// One conversation of `n` tokens published as a base in its own store,
+/// and the files the cli row reads.
+struct Conversation<'a> {
+    n: u64,
+    id: &'a CacheIdentity,
+    hasher: &'a ContextHasher,
+    dir: PathBuf,
+    url: String,
+    store: Store,
+    base: Arc<Snapshot>,
+    base_tokens: Vec<u32>,
+    turn: Turn,
+    /// The cli row's inputs (`None`: no cli row).
+    files: Option<PathBuf>,
+}
+
+impl<'a> Conversation<'a> {
+    async fn publish(
+        work: &Path,
+        id: &'a CacheIdentity,
+        hasher: &'a ContextHasher,
+        n: u64,
+        with_files: bool,
+    ) -> Result<Self> {
         let dir = work.join(format!("store-{n}"));
         std::fs::create_dir_all(&dir)?;
         let url = format!("file://{}", dir.display());
@@ -397,7 +416,7 @@ async fn measure(a: &TurnArgs, work: &Path, cli: Option<&Path>) -> Result<ExitCo
         let r = store
             .publish(PublishRequest {
                 identity: id.clone(),
-                context: ctx(&base_tokens),
+                context: hasher.digest(&base_tokens),
                 snapshot: base.clone(),
                 base: None,
                 format: RootFormat::V2,
@@ -408,9 +427,9 @@ async fn measure(a: &TurnArgs, work: &Path, cli: Option<&Path>) -> Result<ExitCo
             "turn: conversation of {n} tokens published ({} bytes)",
             base.encoded().len()
         );
-        // The cli row's inputs (the base once per conversation).
-        let files = work.join(format!("files-{n}"));
-        if cli.is_some() {
+        let files = if with_files {
+            // The base once per conversation.
+            let files = work.join(format!("files-{n}"));
             std::fs::create_dir_all(&files)?;
             std::fs::write(files.join("id.json"), id.to_json_pretty())?;
             std::fs::write(files.join("base.snap"), base.encoded())?;
@@ -418,166 +437,205 @@ async fn measure(a: &TurnArgs, work: &Path, cli: Option<&Path>) -> Result<ExitCo
                 files.join("base.tok"),
                 deltapack_format::context::tokens_to_le_bytes(&base_tokens),
             )?;
-        }
-        for &t in &a.turns {
-            let boundary = n + t;
-            let tail_len = turn.tail_len(boundary)? as usize;
-            let mut samples: Vec<Vec<Sample>> = a.modes.iter().map(|_| Vec::new()).collect();
-            for rep in 0..a.repeats {
-                for (slot, &mode) in a.modes.iter().enumerate() {
-                    let salt = 1000 + u64::from(rep) * 10 + mode as u64 + t * 7;
-                    let toks = tokens(&base_tokens, t, salt);
-                    let tail = Bytes::from(noise(salt, tail_len));
-                    let (time, bytes, objects, hashed, whole) = match mode {
-                        Mode::Cli => {
-                            let cli = cli.context("the cli row needs the deltapack binary")?;
-                            let tok = files.join(format!("t{salt}.tok"));
-                            let tl = files.join(format!("t{salt}.tail"));
-                            std::fs::write(
-                                &tok,
-                                deltapack_format::context::tokens_to_le_bytes(&toks),
-                            )?;
-                            std::fs::write(&tl, &tail)?;
-                            let (time, bytes, objects) = publish_cli(
-                                cli,
-                                &files,
-                                &url,
-                                [&files.join("id.json"), &tok, &tl, &files.join("base.tok")],
-                            )?;
-                            std::fs::remove_file(&tok)?;
-                            std::fs::remove_file(&tl)?;
-                            (time, bytes, objects, None, None)
-                        }
-                        _ => {
-                            let opening = Instant::now();
-                            let s = match mode {
-                                Mode::Tail | Mode::Full => store.clone(),
-                                _ => Store::open(&url, config())?,
-                            };
-                            let open_time = opening.elapsed();
-                            let before = s.stats().snapshot_bytes_hashed;
-                            let (time, receipt) = publish_lib(
-                                &s,
-                                mode,
-                                &id,
-                                (&base, &base_tokens, &turn),
-                                (ctx(&toks), boundary, tail),
-                                &ctx,
-                            )
-                            .await
-                            .with_context(|| format!("{mode} of {n}+{t}"))?;
-                            if receipt.outcome != PublishOutcome::Created {
-                                bail!("{mode} of {n}+{t}: {:?}", receipt.outcome);
-                            }
-                            let hashed = s.stats().snapshot_bytes_hashed - before;
-                            // Open, the publication (its inputs are made
-                            // outside its timing), close.
-                            let whole = if !matches!(mode, Mode::Tail | Mode::Full) {
-                                let closing = Instant::now();
-                                s.close().await?;
-                                Some(open_time + time + closing.elapsed())
-                            } else {
-                                None
-                            };
-                            (
-                                time,
-                                receipt.bytes_written,
-                                receipt.objects_written,
-                                Some(hashed),
-                                whole,
-                            )
-                        }
-                    };
-                    let floor = write_floor(&dir, bytes, objects + 1, salt)?;
-                    samples[slot].push(Sample {
-                        time,
-                        floor,
-                        bytes,
-                        objects,
-                        hashed,
-                        whole,
-                    });
-                }
-            }
-            let cold_tail = a
-                .modes
-                .iter()
-                .position(|m| *m == Mode::ColdTail)
-                .map(|i| median(samples[i].iter().map(|x| x.time).collect()));
-            // The same publication through the library in a fresh handle,
-            // from `Store::open` to `Store::close` (as the CLI process does).
-            let cold_tail_whole = a
-                .modes
-                .iter()
-                .position(|m| *m == Mode::ColdTail)
-                .map(|i| median(samples[i].iter().filter_map(|x| x.whole).collect()));
-            for (slot, s) in samples.into_iter().enumerate() {
-                let mode = a.modes[slot];
-                let name = mode.name();
-                let last = &s[s.len() - 1];
-                let (bytes, objects, hashed) = (last.bytes, last.objects, last.hashed);
-                let time = median(s.iter().map(|x| x.time).collect());
-                let floor = median(s.iter().map(|x| x.floor).collect());
-                let wholes: Vec<Duration> = s.iter().filter_map(|x| x.whole).collect();
-                let open_to_close = match mode {
-                    Mode::Cli => Some(ms(time)),
-                    _ if wholes.is_empty() => None,
-                    _ => Some(ms(median(wholes))),
-                };
-                let ratio = time.as_secs_f64() / floor.as_secs_f64().max(1e-9);
-                let (target, met) = match mode {
-                    Mode::Tail => ("<= 2.0 x floor + 5 ms", ms(time) <= 2.0 * ms(floor) + 5.0),
-                    Mode::Full => (
-                        "no hashing of unchanged pages",
-                        hashed.is_some_and(|h| h as usize <= tail_len),
-                    ),
-                    Mode::Cli => match cold_tail_whole {
-                        Some(c) => (
-                            "<= 1.3 x cold tail-only open to close",
-                            time.as_secs_f64() <= 1.3 * c.as_secs_f64(),
-                        ),
-                        None => ("reported (no cold tail-only row)", true),
-                    },
-                    Mode::Cold | Mode::ColdTail => ("reported", true),
-                };
-                let vs = match (mode, cold_tail, cold_tail_whole) {
-                    (Mode::Cli, Some(c), Some(w)) => {
-                        format!(
-                            ", {:.2}x cold tail-only, {:.2}x its open to close ({:.1} ms)",
-                            time.as_secs_f64() / c.as_secs_f64(),
-                            time.as_secs_f64() / w.as_secs_f64(),
-                            ms(w)
-                        )
-                    }
-                    _ => String::new(),
-                };
-                eprintln!(
-                    "turn: {n}+{t} {name}: {:.1} ms, floor {:.1} ms, {ratio:.2}x{vs}, hashed {hashed:?}",
-                    ms(time),
-                    ms(floor)
-                );
-                rows.push(Row {
-                    conversation_tokens: n,
-                    turn_tokens: t,
-                    mode: name,
-                    median_ms: ms(time),
-                    floor_ms: ms(floor),
-                    ratio,
-                    bytes_written: bytes,
-                    objects_written: objects,
-                    bytes_hashed: hashed,
-                    open_to_close_ms: open_to_close,
-                    target,
-                    met,
-                });
-            }
-        }
-        if cli.is_some() {
-            std::fs::remove_dir_all(&files)?;
-        }
-        store.close().await?;
-        std::fs::remove_dir_all(&dir)?;
+            Some(files)
+        } else {
+            None
+        };
+        Ok(Conversation {
+            n,
+            id,
+            hasher,
+            dir,
+            url,
+            store,
+            base,
+            base_tokens,
+            turn,
+            files,
+        })
     }
+
+    /// One publication of a `t`-token turn in `mode`, and its floor.
+    async fn sample(
+        &self,
+        mode: Mode,
+        t: u64,
+        tail_len: usize,
+        salt: u64,
+        cli: Option<&Path>,
+    ) -> Result<Sample> {
+        let toks = tokens(&self.base_tokens, t, salt);
+        let tail = Bytes::from(synth::bytes(salt, tail_len));
+        let (time, bytes, objects, hashed, whole) = match mode {
+            Mode::Cli => {
+                let cli = cli.context("the cli row needs the deltapack binary")?;
+                let files = self
+                    .files
+                    .as_deref()
+                    .context("the cli row needs its files")?;
+                let tok = files.join(format!("t{salt}.tok"));
+                let tl = files.join(format!("t{salt}.tail"));
+                std::fs::write(&tok, deltapack_format::context::tokens_to_le_bytes(&toks))?;
+                std::fs::write(&tl, &tail)?;
+                let (time, bytes, objects) = publish_cli(
+                    cli,
+                    files,
+                    &self.url,
+                    [&files.join("id.json"), &tok, &tl, &files.join("base.tok")],
+                )?;
+                std::fs::remove_file(&tok)?;
+                std::fs::remove_file(&tl)?;
+                (time, bytes, objects, None, None)
+            }
+            _ => self.sample_lib(mode, t, (toks, tail)).await?,
+        };
+        let floor = write_floor(&self.dir, bytes, objects + 1, salt)?;
+        Ok(Sample {
+            time,
+            floor,
+            bytes,
+            objects,
+            hashed,
+            whole,
+        })
+    }
+
+    /// A library row: (time, bytes, objects, bytes hashed, open to close).
+    #[allow(clippy::type_complexity)]
+    async fn sample_lib(
+        &self,
+        mode: Mode,
+        t: u64,
+        (toks, tail): (Vec<u32>, Bytes),
+    ) -> Result<(Duration, u64, u64, Option<u64>, Option<Duration>)> {
+        let n = self.n;
+        let ctx = |t: &[u32]| -> ContextDigest { self.hasher.digest(t) };
+        let opening = Instant::now();
+        let s = match mode {
+            Mode::Tail | Mode::Full => self.store.clone(),
+            _ => Store::open(&self.url, config())?,
+        };
+        let open_time = opening.elapsed();
+        let before = s.stats().snapshot_bytes_hashed;
+        let (time, receipt) = publish_lib(
+            &s,
+            mode,
+            self.id,
+            (&self.base, &self.base_tokens, &self.turn),
+            (ctx(&toks), n + t, tail),
+            &ctx,
+        )
+        .await
+        .with_context(|| format!("{mode} of {n}+{t}"))?;
+        if receipt.outcome != PublishOutcome::Created {
+            bail!("{mode} of {n}+{t}: {:?}", receipt.outcome);
+        }
+        let hashed = s.stats().snapshot_bytes_hashed - before;
+        // Open, the publication (its inputs are made outside its timing),
+        // close.
+        let whole = if !matches!(mode, Mode::Tail | Mode::Full) {
+            let closing = Instant::now();
+            s.close().await?;
+            Some(open_time + time + closing.elapsed())
+        } else {
+            None
+        };
+        Ok((
+            time,
+            receipt.bytes_written,
+            receipt.objects_written,
+            Some(hashed),
+            whole,
+        ))
+    }
+
+    async fn close(self) -> Result<()> {
+        if let Some(files) = &self.files {
+            std::fs::remove_dir_all(files)?;
+        }
+        self.store.close().await?;
+        std::fs::remove_dir_all(&self.dir)?;
+        Ok(())
+    }
+}
+
+/// The rows of one (conversation, turn): one per mode, medians of its
+/// samples against their floors, with each mode's target.
+fn turn_rows(
+    a: &TurnArgs,
+    (n, t, tail_len): (u64, u64, usize),
+    samples: Vec<Vec<Sample>>,
+) -> Vec<Row> {
+    let cold_tail_slot = a.modes.iter().position(|m| *m == Mode::ColdTail);
+    let cold_tail = cold_tail_slot.map(|i| median(samples[i].iter().map(|x| x.time).collect()));
+    // The same publication through the library in a fresh handle, from
+    // `Store::open` to `Store::close` (as the CLI process does).
+    let cold_tail_whole =
+        cold_tail_slot.map(|i| median(samples[i].iter().filter_map(|x| x.whole).collect()));
+    let mut rows = Vec::new();
+    for (slot, s) in samples.into_iter().enumerate() {
+        let mode = a.modes[slot];
+        let name = mode.name();
+        let last = &s[s.len() - 1];
+        let (bytes, objects, hashed) = (last.bytes, last.objects, last.hashed);
+        let time = median(s.iter().map(|x| x.time).collect());
+        let floor = median(s.iter().map(|x| x.floor).collect());
+        let wholes: Vec<Duration> = s.iter().filter_map(|x| x.whole).collect();
+        let open_to_close = match mode {
+            Mode::Cli => Some(ms(time)),
+            _ if wholes.is_empty() => None,
+            _ => Some(ms(median(wholes))),
+        };
+        let ratio = time.as_secs_f64() / floor.as_secs_f64().max(1e-9);
+        let (target, met) = match mode {
+            Mode::Tail => ("<= 2.0 x floor + 5 ms", ms(time) <= 2.0 * ms(floor) + 5.0),
+            Mode::Full => (
+                "no hashing of unchanged pages",
+                hashed.is_some_and(|h| h as usize <= tail_len),
+            ),
+            Mode::Cli => match cold_tail_whole {
+                Some(c) => (
+                    "<= 1.3 x cold tail-only open to close",
+                    time.as_secs_f64() <= 1.3 * c.as_secs_f64(),
+                ),
+                None => ("reported (no cold tail-only row)", true),
+            },
+            Mode::Cold | Mode::ColdTail => ("reported", true),
+        };
+        let vs = match (mode, cold_tail, cold_tail_whole) {
+            (Mode::Cli, Some(c), Some(w)) => format!(
+                ", {:.2}x cold tail-only, {:.2}x its open to close ({:.1} ms)",
+                time.as_secs_f64() / c.as_secs_f64(),
+                time.as_secs_f64() / w.as_secs_f64(),
+                ms(w)
+            ),
+            _ => String::new(),
+        };
+        eprintln!(
+            "turn: {n}+{t} {name}: {:.1} ms, floor {:.1} ms, {ratio:.2}x{vs}, hashed {hashed:?}",
+            ms(time),
+            ms(floor)
+        );
+        rows.push(Row {
+            conversation_tokens: n,
+            turn_tokens: t,
+            mode: name,
+            median_ms: ms(time),
+            floor_ms: ms(floor),
+            ratio,
+            bytes_written: bytes,
+            objects_written: objects,
+            bytes_hashed: hashed,
+            open_to_close_ms: open_to_close,
+            target,
+            met,
+        });
+    }
+    rows
+}
+
+/// Writes `results.json` and `results.md` (and prints the table).
+fn report(a: &TurnArgs, rows: Vec<Row>) -> Result<ExitCode> {
     // The tail-only ratio at the longest conversation over the shortest.
     let (short, long) = (
         a.tokens.iter().min().copied().unwrap_or(0),

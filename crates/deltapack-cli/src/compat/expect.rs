@@ -165,15 +165,9 @@ pub(super) async fn check_store(
             if listed.contains(&(*ns, *ctx)) {
                 continue;
             }
-            let mut r = RootResult::new(ns, ctx);
-            r.schema = Some(want.schema.clone());
+            let mut r = RootResult::missing(ns, ctx, &want.schema, "--expect");
             r.snapshot_digest = Some(want.snapshot_digest.to_string());
             r.expected = Some(true);
-            r.fail(
-                "present",
-                "--expect lists this root; the store does not hold it",
-            );
-            r.status = "missing";
             print_result(&r, json)?;
             results.push(r);
         }

@@ -114,14 +114,13 @@ pub(super) async fn check_fixture_dir(
         let id = (want.namespace, want.context);
         seen.insert(id);
         if !listed.contains(&id) {
-            let mut r = RootResult::new(&want.namespace, &want.context);
-            r.label = Some(want.label.clone());
-            r.schema = Some(want.schema.clone());
-            r.fail(
-                "present",
-                "expected.json lists this root; store/ does not hold it",
+            let mut r = RootResult::missing(
+                &want.namespace,
+                &want.context,
+                &want.schema,
+                "expected.json",
             );
-            r.status = "missing";
+            r.label = Some(want.label.clone());
             print_result(&r, json)?;
             results.push(r);
             continue;

@@ -77,6 +77,19 @@ impl RootResult {
         }
     }
 
+    /// A root an expectation lists and the store does not hold (`lister`
+    /// names where the expectation came from).
+    pub(super) fn missing(ns: &Namespace, ctx: &ContextDigest, schema: &str, lister: &str) -> Self {
+        let mut r = RootResult::new(ns, ctx);
+        r.schema = Some(schema.to_string());
+        r.fail(
+            "present",
+            format!("{lister} lists this root; the store does not hold it"),
+        );
+        r.status = "missing";
+        r
+    }
+
     pub(super) fn failed(&self) -> bool {
         self.status != "ok"
     }

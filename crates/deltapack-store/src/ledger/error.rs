@@ -128,8 +128,9 @@ impl LedgerError {
                     }
                     source = s.source();
                 }
-                // A connect that timed out carries no I/O error.
-                e.to_string().contains("timeout") || e.to_string().contains("timed out")
+                // (A connect that timed out carries an I/O error of kind
+                // TimedOut, matched above.)
+                false
             }
             LedgerError::Sqlite(_) => self.sqlite_code().is_some_and(|code| {
                 matches!(

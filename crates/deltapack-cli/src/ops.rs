@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Result;
-use deltapack_format::Namespace;
+use deltapack_format::{CacheIdentity, Namespace};
 use deltapack_store::{Ownership, PruneFilter, RemovalReport, Store};
 
 use crate::common::{self, human_bytes, print_json};
@@ -168,6 +168,21 @@ pub(crate) struct StatsArgs {
     prometheus: bool,
 }
 
+/// The namespace a command names: `--namespace` if given, else the
+/// `--identity` file's (which is returned too, for `--tokens`).
+fn namespace_of(
+    namespace: Option<&str>,
+    identity: Option<&std::path::Path>,
+) -> Result<(Namespace, Option<CacheIdentity>)> {
+    let identity = identity.map(common::read_identity).transpose()?;
+    let namespace = match (namespace, &identity) {
+        (Some(h), _) => ns(h)?,
+        (None, Some(id)) => id.namespace(),
+        (None, None) => anyhow::bail!("give --namespace or --identity"),
+    };
+    Ok((namespace, identity))
+}
+
 fn ns(hex: &str) -> Result<Namespace> {
     hex.parse().map_err(|e| anyhow::anyhow!("--namespace: {e}"))
 }
@@ -225,16 +240,7 @@ pub(crate) async fn evict(a: EvictArgs) -> Result<ExitCode> {
 }
 
 pub(crate) async fn hold(a: HoldArgs, release: bool) -> Result<ExitCode> {
-    let identity = a
-        .identity
-        .as_deref()
-        .map(common::read_identity)
-        .transpose()?;
-    let namespace = match (&a.namespace, &identity) {
-        (Some(h), _) => ns(h)?,
-        (None, Some(id)) => id.namespace(),
-        (None, None) => anyhow::bail!("give --namespace or --identity"),
-    };
+    let (namespace, identity) = namespace_of(a.namespace.as_deref(), a.identity.as_deref())?;
     let Some(context) =
         common::context_of(identity.as_ref(), a.context.as_deref(), a.tokens.as_deref())?
     else {
@@ -290,16 +296,7 @@ pub(crate) async fn clear(a: ClearArgs) -> Result<ExitCode> {
 }
 
 pub(crate) async fn invalidate(a: InvalidateArgs) -> Result<ExitCode> {
-    let identity = a
-        .identity
-        .as_deref()
-        .map(common::read_identity)
-        .transpose()?;
-    let namespace = match (&a.namespace, &identity) {
-        (Some(h), _) => ns(h)?,
-        (None, Some(id)) => id.namespace(),
-        (None, None) => anyhow::bail!("give --namespace or --identity"),
-    };
+    let (namespace, identity) = namespace_of(a.namespace.as_deref(), a.identity.as_deref())?;
     let context = common::context_of(identity.as_ref(), a.context.as_deref(), a.tokens.as_deref())?;
     let store = a.s.open()?;
     let plan = store.invalidate_plan(namespace, context).await?;

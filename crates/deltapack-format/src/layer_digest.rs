@@ -399,6 +399,15 @@ pub struct DigestState {
     states: Vec<StreamState>,
 }
 
+/// Absorbs `bytes` into `h` and returns the stream's digest with the state
+/// at `cut` (where the settled pages end), which the next turn extends.
+fn hash_across_cut(mut h: StreamState, bytes: &[u8], cut: usize) -> (StreamDigest, StreamState) {
+    h.absorb(&bytes[..cut]);
+    let state = h.clone();
+    h.absorb(&bytes[cut..]);
+    (h.finalize(), state)
+}
+
 impl std::fmt::Debug for DigestState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DigestState")
@@ -427,12 +436,18 @@ impl DigestState {
             let r = &ranges[i];
             let bytes = &enc[r.start as usize..r.end as usize];
             let cut = (settled[groups[i]] * bpp[i]) as usize;
-            let mut h = StreamState::new();
-            h.absorb(&bytes[..cut]);
-            let state = h.clone();
-            h.absorb(&bytes[cut..]);
-            (h.finalize(), state)
+            hash_across_cut(StreamState::new(), bytes, cut)
         });
+        DigestState::finish(header, settled, hashed)
+    }
+
+    /// The snapshot digest of `header` over each stream's (digest, state at
+    /// its settled cut), and the state to extend it from.
+    fn finish(
+        header: SnapshotHeader,
+        settled: Vec<u64>,
+        hashed: Vec<(StreamDigest, StreamState)>,
+    ) -> Result<(LayerDigests, DigestState)> {
         let (streams, states): (Vec<_>, Vec<_>) = hashed.into_iter().unzip();
         let prefix = header.encode_prefix()?;
         let digest = combine(&prefix, &streams);
@@ -524,27 +539,9 @@ impl DigestState {
             let t = tails[i];
             let g = groups[i];
             let cut = ((next_settled[g] - self.settled[g]) * bpp[i]) as usize;
-            let mut h = self.states[i].clone();
-            h.absorb(&t[..cut]);
-            let state = h.clone();
-            h.absorb(&t[cut..]);
-            (h.finalize(), state)
+            hash_across_cut(self.states[i].clone(), t, cut)
         });
-        let (streams, states): (Vec<_>, Vec<_>) = hashed.into_iter().unzip();
-        let prefix = result.encode_prefix()?;
-        let digest = combine(&prefix, &streams);
-        Ok((
-            LayerDigests {
-                snapshot: digest,
-                streams,
-            },
-            DigestState {
-                header: result.clone(),
-                digest,
-                settled: next_settled,
-                states,
-            },
-        ))
+        DigestState::finish(result.clone(), next_settled, hashed)
     }
 
     /// [`DigestState::extend`] to a whole result snapshot whose settled

@@ -51,6 +51,25 @@ struct RawBuffer {
     internal: *mut c_void,
 }
 
+impl RawBuffer {
+    /// An unfilled view for `PyObject_GetBuffer` to fill.
+    fn empty() -> Self {
+        RawBuffer {
+            buf: std::ptr::null_mut(),
+            obj: std::ptr::null_mut(),
+            len: 0,
+            itemsize: 0,
+            readonly: 0,
+            ndim: 0,
+            format: std::ptr::null_mut(),
+            shape: std::ptr::null_mut(),
+            strides: std::ptr::null_mut(),
+            suboffsets: std::ptr::null_mut(),
+            internal: std::ptr::null_mut(),
+        }
+    }
+}
+
 /// `PyBUF_WRITABLE`.
 const PYBUF_WRITABLE: c_int = 0x0001;
 /// `PyBUF_FORMAT`.
@@ -128,19 +147,7 @@ impl Borrowed {
 
     /// `PyObject_GetBuffer` with C-contiguity (and writability) required.
     fn export(obj: &Bound<'_, PyAny>, writes: bool) -> PyResult<Borrowed> {
-        let mut view = Box::new(RawBuffer {
-            buf: std::ptr::null_mut(),
-            obj: std::ptr::null_mut(),
-            len: 0,
-            itemsize: 0,
-            readonly: 0,
-            ndim: 0,
-            format: std::ptr::null_mut(),
-            shape: std::ptr::null_mut(),
-            strides: std::ptr::null_mut(),
-            suboffsets: std::ptr::null_mut(),
-            internal: std::ptr::null_mut(),
-        });
+        let mut view = Box::new(RawBuffer::empty());
         let flags = PYBUF_ND | if writes { PYBUF_WRITABLE } else { 0 };
         // SAFETY: `obj` is a live object (GIL held) and `view` a properly
         // sized, writable Py_buffer; on success it must be released once,
@@ -321,19 +328,7 @@ impl Drop for Borrowed {
 /// `int64`), or of bytes (u32 little endian, a token file's contents).
 pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     let py = obj.py();
-    let mut view = RawBuffer {
-        buf: std::ptr::null_mut(),
-        obj: std::ptr::null_mut(),
-        len: 0,
-        itemsize: 0,
-        readonly: 0,
-        ndim: 0,
-        format: std::ptr::null_mut(),
-        shape: std::ptr::null_mut(),
-        strides: std::ptr::null_mut(),
-        suboffsets: std::ptr::null_mut(),
-        internal: std::ptr::null_mut(),
-    };
+    let mut view = RawBuffer::empty();
     // SAFETY: as in `Borrowed::export`; released below on every path.
     let rc = unsafe { PyObject_GetBuffer(obj.as_ptr(), &mut view, PYBUF_ND | PYBUF_FORMAT) };
     if rc != 0 {

@@ -200,7 +200,6 @@ impl Store {
         ledger: &Ledger,
         full: bool,
     ) -> Result<crate::ledger::MergeReport> {
-        use futures::StreamExt;
         let began = now_ms();
         let prefix = Path::from(keys::ROOTS);
         let listed: Vec<(Namespace, ContextDigest, u64)> = self
@@ -245,26 +244,20 @@ impl Store {
             .into_iter()
             .filter(|(n, c, _)| full || !known.contains(&(*n, *c)))
             .collect();
-        let roots: Vec<RootEntry> = futures::stream::iter(to_read)
-            .map(|(ns, ctx, size)| async move {
-                Ok::<_, StoreError>(match self.peek_root(&ns, &ctx).await? {
-                    RootStatus::Found(r) => r.summary().map(|s| RootEntry::from_summary(&s, size)),
-                    _ => None,
-                })
+        let roots: Vec<RootEntry> = filter_concurrently(to_read, |(ns, ctx, size)| async move {
+            Ok(match self.peek_root(&ns, &ctx).await? {
+                RootStatus::Found(r) => r.summary().map(|s| RootEntry::from_summary(&s, size)),
+                _ => None,
             })
-            .buffer_unordered(REBUILD_READS)
-            .try_collect::<Vec<_>>()
-            .await?
-            .into_iter()
-            .flatten()
-            .collect();
+        })
+        .await?;
         let unlisted: Vec<_> = known
             .iter()
             .filter(|k| !listed_ids.contains(k))
             .copied()
             .collect();
-        let vanished: Vec<(Namespace, ContextDigest)> = futures::stream::iter(unlisted)
-            .map(|(ns, ctx)| async move {
+        let vanished: Vec<(Namespace, ContextDigest)> =
+            filter_concurrently(unlisted, |(ns, ctx)| async move {
                 let key = keys::root_key(&ns, &ctx);
                 match self.object_store().head(&key).await {
                     Ok(_) => Ok(None),
@@ -272,12 +265,7 @@ impl Store {
                     Err(e) => Err(StoreError::io(&key, e)),
                 }
             })
-            .buffer_unordered(REBUILD_READS)
-            .try_collect::<Vec<_>>()
-            .await?
-            .into_iter()
-            .flatten()
-            .collect();
+            .await?;
         let listing = Listing {
             began,
             full,
@@ -292,4 +280,21 @@ impl Store {
         tracing::info!(full, ?report, "ledger reconciled with the store");
         Ok(report)
     }
+}
+
+/// Runs `f` on every item, [`REBUILD_READS`] at a time, and keeps the
+/// `Some` answers (in completion order); the first error ends it.
+async fn filter_concurrently<I, F, Fut, U>(items: I, f: F) -> Result<Vec<U>>
+where
+    I: IntoIterator,
+    F: FnMut(I::Item) -> Fut,
+    Fut: std::future::Future<Output = Result<Option<U>>>,
+{
+    use futures::StreamExt;
+    let found: Vec<Option<U>> = futures::stream::iter(items)
+        .map(f)
+        .buffer_unordered(REBUILD_READS)
+        .try_collect()
+        .await?;
+    Ok(found.into_iter().flatten().collect())
 }

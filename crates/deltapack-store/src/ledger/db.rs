@@ -220,6 +220,29 @@ impl Pg {
         }
     }
 
+    /// Runs `f` with `sql` (rewritten for PostgreSQL) and `params` (as
+    /// PostgreSQL values) on the connection's thread.
+    fn with_params<T: Send + 'static>(
+        &self,
+        sql: &str,
+        params: &[V],
+        f: impl FnOnce(
+                &mut postgres::Client,
+                &str,
+                &[&(dyn postgres::types::ToSql + Sync)],
+            ) -> Result<T, postgres::Error>
+            + Send
+            + 'static,
+    ) -> Result<T, LedgerError> {
+        let (sql, params) = (pg_sql(sql), params.to_vec());
+        self.call(move |c| {
+            let p = pg_params(&params);
+            let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
+                p.iter().map(|b| b.as_ref()).collect();
+            f(c, sql.as_str(), &refs)
+        })
+    }
+
     /// Runs `f` on the connection's thread and waits for its result.
     fn call<T: Send + 'static>(
         &self,
@@ -338,15 +361,7 @@ impl Db {
                 let mut st = c.prepare_cached(sql)?;
                 Ok(st.execute(rusqlite::params_from_iter(sqlite_params(params)))? as u64)
             }
-            Db::Postgres(c) => {
-                let (sql, params) = (pg_sql(sql), params.to_vec());
-                c.call(move |c| {
-                    let p = pg_params(&params);
-                    let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
-                        p.iter().map(|b| b.as_ref()).collect();
-                    c.execute(sql.as_str(), &refs)
-                })
-            }
+            Db::Postgres(c) => c.with_params(sql, params, |c, sql, p| c.execute(sql, p)),
         }
     }
 
@@ -363,18 +378,11 @@ impl Db {
                 }
                 Ok(out)
             }
-            Db::Postgres(c) => {
-                let (sql, params) = (pg_sql(sql), params.to_vec());
-                c.call(move |c| {
-                    let p = pg_params(&params);
-                    let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
-                        p.iter().map(|b| b.as_ref()).collect();
-                    c.query(sql.as_str(), &refs)
-                })?
+            Db::Postgres(c) => c
+                .with_params(sql, params, |c, sql, p| c.query(sql, p))?
                 .iter()
                 .map(pg_row)
-                .collect()
-            }
+                .collect(),
         }
     }
 

@@ -593,43 +593,34 @@ fn state_point(settled: u64) -> u64 {
 /// state point's chunk count. Depends on the header alone, so the byte form
 /// ([`StoredState::to_bytes`]) needs no lengths of its own.
 pub fn stored_counts(header: &SnapshotHeader) -> Vec<usize> {
+    stream_points(header)
+        .map(|(_, point)| (point / CHUNK).count_ones() as usize)
+        .collect()
+}
+
+/// Per stream (payload order): its length in bytes and its state point
+/// (where the stored state of a snapshot with `header` stands).
+fn stream_points(header: &SnapshotHeader) -> impl Iterator<Item = (u64, u64)> + '_ {
     let settled = settled_pages(header);
     let groups = group_of_stream(header);
     let bpp = bytes_per_page(header);
-    (0..groups.len())
-        .map(|i| {
-            let g = groups[i];
-            let len = header
-                .block_counts
-                .get(g)
-                .copied()
-                .unwrap_or(0)
-                .saturating_mul(bpp[i]);
-            let point = state_point(settled[g].saturating_mul(bpp[i]).min(len));
-            (point / CHUNK).count_ones() as usize
-        })
-        .collect()
+    (0..groups.len()).map(move |i| {
+        let g = groups[i];
+        let len = header
+            .block_counts
+            .get(g)
+            .copied()
+            .unwrap_or(0)
+            .saturating_mul(bpp[i]);
+        (len, state_point(settled[g].saturating_mul(bpp[i]).min(len)))
+    })
 }
 
 /// Bytes [`DigestState::resume`] hashes to prove a stored state of a
 /// snapshot with `header`: every stream from its state point on (its last
 /// settled chunk and its unsettled pages).
 pub fn resume_bytes(header: &SnapshotHeader) -> u64 {
-    let settled = settled_pages(header);
-    let groups = group_of_stream(header);
-    let bpp = bytes_per_page(header);
-    (0..groups.len())
-        .map(|i| {
-            let g = groups[i];
-            let len = header
-                .block_counts
-                .get(g)
-                .copied()
-                .unwrap_or(0)
-                .saturating_mul(bpp[i]);
-            len - state_point(settled[g].saturating_mul(bpp[i]).min(len))
-        })
-        .sum()
+    stream_points(header).map(|(len, point)| len - point).sum()
 }
 
 impl StoredState {

@@ -134,17 +134,20 @@ impl Docs {
 /// errors. Anything that is not a validation verdict (the CDDL does not
 /// parse, the bytes are not CBOR) panics, so a broken schema can never make
 /// the negative cases pass by failing everything.
+/// A validator's errors as one line (there must be some).
+fn joined<E: ToString>(errors: &[E]) -> String {
+    assert!(!errors.is_empty(), "validation failed without errors");
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 fn validate(doc: &str, cbor: &[u8]) -> Result<(), String> {
     match cddl::validate_cbor_from_slice(doc, cbor, None) {
         Ok(()) => Ok(()),
-        Err(cddl::validator::cbor::Error::Validation(errors)) => {
-            assert!(!errors.is_empty(), "validation failed without errors");
-            Err(errors
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("; "))
-        }
+        Err(cddl::validator::cbor::Error::Validation(errors)) => Err(joined(&errors)),
         Err(other) => panic!("not a validation verdict (schema or CBOR unreadable): {other}"),
     }
 }
@@ -507,19 +510,7 @@ fn build_v2_1(
 ) -> (ManifestV2, Vec<u8>) {
     let (m, _) = build_v2(result, Some(base), max_extent_bytes, level, false);
     let p = payload(result, Some(base));
-    let (_, header_len) = delta::decode_header(&p).expect("header");
-    let m = m
-        .with_chain(ChainHints {
-            ancestors: vec![BaseRef {
-                namespace: namespace(),
-                context: context(u64::from(CHUNK_TOKENS)),
-                snapshot_digest: Digest::blake3(b"the flat root below the base"),
-                boundary: u64::from(CHUNK_TOKENS),
-            }],
-            payload_bytes: p.len() as u64 * 3,
-            delta_header: p[..header_len].to_vec(),
-        })
-        .expect("v2.1 manifest");
+    let m = m.with_chain(chain_hints(&p)).expect("v2.1 manifest");
     let key = keyed.then(|| root::mac_key(SECRET));
     let bytes = encode_v2(&m, key.as_ref()).expect("encode v2.1");
     (m, bytes)
@@ -581,18 +572,8 @@ fn build_v2_2(
     )
     .expect("v2.2 manifest");
     if chained {
-        let (_, header_len) = delta::decode_header(&p).expect("header");
         m = m
-            .with_chain(ChainHints {
-                ancestors: vec![BaseRef {
-                    namespace: namespace(),
-                    context: context(u64::from(CHUNK_TOKENS)),
-                    snapshot_digest: Digest::blake3(b"the flat root below the base"),
-                    boundary: u64::from(CHUNK_TOKENS),
-                }],
-                payload_bytes: p.len() as u64 * 3,
-                delta_header: p[..header_len].to_vec(),
-            })
+            .with_chain(chain_hints(&p))
             .expect("v2.2 chained manifest");
     }
     if turn_state {
@@ -1456,14 +1437,7 @@ fn validate_binding(json: &str) -> Result<(), String> {
     let doc = schema_file("ledger-binding.cddl");
     match cddl::validate_json_from_str(&doc, json, None) {
         Ok(()) => Ok(()),
-        Err(cddl::validator::json::Error::Validation(errors)) => {
-            assert!(!errors.is_empty(), "validation failed without errors");
-            Err(errors
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("; "))
-        }
+        Err(cddl::validator::json::Error::Validation(errors)) => Err(joined(&errors)),
         Err(other) => panic!("not a validation verdict (schema or JSON unreadable): {other}"),
     }
 }
@@ -1500,5 +1474,21 @@ fn ledger_binding_matches_its_schema() {
                 "decoder accepted {j}"
             );
         }
+    }
+}
+
+/// Chain hints for a delta payload `p`: one flat ancestor below the base,
+/// and `p`'s own delta header.
+fn chain_hints(p: &[u8]) -> ChainHints {
+    let (_, header_len) = delta::decode_header(p).expect("header");
+    ChainHints {
+        ancestors: vec![BaseRef {
+            namespace: namespace(),
+            context: context(u64::from(CHUNK_TOKENS)),
+            snapshot_digest: Digest::blake3(b"the flat root below the base"),
+            boundary: u64::from(CHUNK_TOKENS),
+        }],
+        payload_bytes: p.len() as u64 * 3,
+        delta_header: p[..header_len].to_vec(),
     }
 }

@@ -24,7 +24,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{mix, wait_or_kill, words, Ended};
+use crate::common::{assert_none, mix, wait_or_kill, words, Ended};
 
 const CONTEXTS: u64 = 6;
 const ROUNDS: u64 = 8;
@@ -193,48 +193,24 @@ fn fleet_nodes_killed_mid_publication_and_mid_gc_lose_nothing() {
 
     // The sweep reconciles the ledger with the bucket (a root written by a
     // publisher killed before it recorded it) and finds no damage.
-    let (code, report) = run(
-        dir,
-        &strs(&["sweep", "--store", &store, "--grace", "0s", "--json"]),
-        &ledger,
-        None,
-    );
+    // One command to completion, which must succeed; its stdout.
+    let ok = |line: String| {
+        let (code, out) = run(dir, &strs(&words(&line)), &ledger, None);
+        assert_eq!(code, Some(0), "{line}: {out}");
+        out
+    };
+    let report = ok(format!("sweep --store {store} --grace 0s --json"));
     let report: serde_json::Value = serde_json::from_str(&report).expect("sweep json");
-    assert_eq!(code, Some(0), "the sweep found damage: {report}");
-    for k in ["corrupt", "missing"] {
-        assert_eq!(report[k].as_array().map(Vec::len), Some(0), "{k}: {report}");
-    }
+    assert_none(&report, &["corrupt", "missing"]);
     // A last collection finishes whatever killed collectors left.
-    let (code, _) = run(
-        dir,
-        &strs(&words(&format!(
-            "evict --store {store} --to 1000000 --grace 0s"
-        ))),
-        &ledger,
-        None,
-    );
-    assert_eq!(code, Some(0));
+    ok(format!("evict --store {store} --to 1000000 --grace 0s"));
     for k in 0..CONTEXTS {
         let out = format!("final-{k}.snap");
         let (code, stdout) = run(dir, &restore(k, &out), &ledger, None);
         check_restore(k, code, &out, &stdout, false);
     }
-    let (code, shown) = run(
-        dir,
-        &strs(&["ledger", "show", "--store", &store, "--json"]),
-        &ledger,
-        None,
-    );
-    assert_eq!(code, Some(0));
-    let (code, rebuilt) = run(
-        dir,
-        &strs(&words(&format!(
-            "ledger rebuild --store {store} --json --grace 0s"
-        ))),
-        &ledger,
-        None,
-    );
-    assert_eq!(code, Some(0));
+    let shown = ok(format!("ledger show --store {store} --json"));
+    let rebuilt = ok(format!("ledger rebuild --store {store} --json --grace 0s"));
     let shown: serde_json::Value = serde_json::from_str(&shown).expect("json");
     let rebuilt: serde_json::Value = serde_json::from_str(&rebuilt).expect("json");
     assert_eq!(shown["engine"], "postgres");

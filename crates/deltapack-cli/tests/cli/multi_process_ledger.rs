@@ -153,37 +153,19 @@ fn hammer(dir: &Path, store: &str, ledger: Option<&str>) -> serde_json::Value {
             s.spawn(move || {
                 for t in 1..=6u64 {
                     let (snap, tok) = (format!("l{lane}t{t}.snap"), format!("l{lane}t{t}.tok"));
-                    let mut args: Vec<String> = [
-                        "publish",
-                        "--store",
-                        &store,
-                        "--identity",
-                        "id.json",
-                        "--tokens",
-                        &tok,
-                        "--snapshot",
-                        &snap,
-                        "--budget",
-                        budget,
-                        "--grace",
-                        "0s",
-                        "--format",
-                        if lane == 0 { "v2" } else { "v1" },
-                        "--max-extent-bytes",
-                        "4096",
-                    ]
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect();
+                    let format = if lane == 0 { "v2" } else { "v1" };
+                    let mut line = format!(
+                        "publish --store {store} --identity id.json --tokens {tok} \
+                         --snapshot {snap} --budget {budget} --grace 0s --format {format} \
+                         --max-extent-bytes 4096"
+                    );
                     if t > 1 {
-                        args.extend([
-                            "--base-snapshot".into(),
-                            format!("l{lane}t{}.snap", t - 1),
-                            "--base-tokens".into(),
-                            format!("l{lane}t{}.tok", t - 1),
-                        ]);
+                        let p = t - 1;
+                        line.push_str(&format!(
+                            " --base-snapshot l{lane}t{p}.snap --base-tokens l{lane}t{p}.tok"
+                        ));
                     }
-                    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+                    let a = words(&line);
                     // Success, or a clean failure when the budget forced the
                     // base out (then the next turn is published flat).
                     let (code, _) = run_l(&a);

@@ -626,11 +626,7 @@ async fn a_chain_is_fetched_in_one_round_of_root_reads() {
     // (A new handle on a remote store builds its ledger on first use, from
     // every root: done here so that only the restore's reads are counted.)
     reader.ledger_totals().await.expect("ledger");
-    let roots_before = counters.gets_of_roots();
-    assert_eq!(
-        hit_bytes(restore(&reader, &conv.id, top).await),
-        conv.turns[11].1.encoded()
-    );
+    let roots = roots_read_restoring(&counters, &reader, &conv, 11).await;
     // The base and the ten roots below it were read concurrently, not one
     // per turn.
     assert!(
@@ -638,11 +634,24 @@ async fn a_chain_is_fetched_in_one_round_of_root_reads() {
         "max root reads in flight: {}",
         counters.max_root_gets()
     );
-    assert_eq!(
-        counters.gets_of_roots() - roots_before,
-        12,
-        "each root read once"
-    );
+    assert_eq!(roots, 12, "each root read once");
+}
+
+/// Restores turn `k` of `conv` through `reader` (asserting its bytes) and
+/// returns how many root GETs the restore made.
+async fn roots_read_restoring(
+    counters: &Counters,
+    reader: &Store,
+    conv: &Conversation,
+    k: usize,
+) -> usize {
+    let roots_before = counters.gets_of_roots();
+    let (top, want) = &conv.turns[k];
+    let got = tokio::time::timeout(Duration::from_secs(60), restore(reader, &conv.id, *top))
+        .await
+        .expect("restore finishes");
+    assert_eq!(hit_bytes(got), want.encoded());
+    counters.gets_of_roots() - roots_before
 }
 
 /// A process with its ledger open does not wait for the requested root to
@@ -658,7 +667,7 @@ async fn the_ledger_names_a_chains_roots_while_its_root_is_read() {
     let conv = Conversation::new("chain-ledger", &l, &[1; 12], 7, &[]);
     let (s, counters) = instrumented(Duration::from_millis(5), unbounded(1024));
     conv.publish(&s, RootFormat::V2).await;
-    let (top, want) = conv.turns[11].clone();
+    let top = conv.turns[11].0;
     let reader = fresh(&s, unbounded(1024));
     // The ledger is open (a serving process's is); building it reads every
     // root, before the gate is set.
@@ -668,22 +677,14 @@ async fn the_ledger_names_a_chains_roots_while_its_root_is_read() {
         .load(std::sync::atomic::Ordering::SeqCst);
     let key = keys::root_key(&conv.id.namespace(), &top).to_string();
     *counters.gate.lock().expect("gate") = Some((key, started + 12));
-    let roots_before = counters.gets_of_roots();
-    assert_eq!(
-        hit_bytes(restore(&reader, &conv.id, top).await),
-        want.encoded()
-    );
+    let roots = roots_read_restoring(&counters, &reader, &conv, 11).await;
     assert!(
         !counters
             .gate_gave_up
             .load(std::sync::atomic::Ordering::SeqCst),
         "the chain's roots were not read until the requested root was"
     );
-    assert_eq!(
-        counters.gets_of_roots() - roots_before,
-        12,
-        "each root read once"
-    );
+    assert_eq!(roots, 12, "each root read once");
 }
 
 /// The ledger is derived state and only a hint to a restore: links it
@@ -758,7 +759,6 @@ async fn roots_in_flight_bounds_the_one_round_of_root_reads() {
     let conv = Conversation::new("chain-wide", &l, &[1; 48], 5, &[]);
     let (s, counters) = instrumented(Duration::from_millis(20), unbounded(1024));
     conv.publish(&s, RootFormat::V2).await;
-    let top = conv.turns[47].0;
     // The requested root's own read may still be in flight when the
     // ledger-named roots' reads start: one more than the width.
     for (width, at_least, at_most) in [(256, 47, 48), (5, 5, 6)] {
@@ -767,21 +767,13 @@ async fn roots_in_flight_bounds_the_one_round_of_root_reads() {
         counters
             .max_root_gets_in_flight
             .store(0, std::sync::atomic::Ordering::SeqCst);
-        let roots_before = counters.gets_of_roots();
-        let got = tokio::time::timeout(Duration::from_secs(60), restore(&reader, &conv.id, top))
-            .await
-            .expect("restore finishes");
-        assert_eq!(hit_bytes(got), conv.turns[47].1.encoded());
+        let roots = roots_read_restoring(&counters, &reader, &conv, 47).await;
         let max = counters.max_root_gets();
         assert!(
             (at_least..=at_most).contains(&max),
             "roots_in_flight {width}: {max} root reads in flight"
         );
-        assert_eq!(
-            counters.gets_of_roots() - roots_before,
-            48,
-            "each root read once"
-        );
+        assert_eq!(roots, 48, "each root read once");
     }
 }
 

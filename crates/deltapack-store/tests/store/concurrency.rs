@@ -374,10 +374,7 @@ async fn sixteen_writers_with_readers_eviction_and_sweep() {
         rounds > 0 && hits > 0,
         "readers ({hits} hits) and the collector ({rounds} rounds) ran"
     );
-    let sweep = store
-        .sweep(&deltapack_store::SweepOptions::default())
-        .await
-        .expect("sweep");
+    let sweep = sweep(&store).await;
     assert!(
         sweep.missing.is_empty() && sweep.corrupt.is_empty(),
         "{sweep:?}"

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use crate::common::faults::{FaultPlan, Faulty};
 use crate::common::*;
-use deltapack_store::{Backend, RestoreOutcome, RootFormat, RootStatus, Store, SweepOptions};
+use deltapack_store::{Backend, RestoreOutcome, RootFormat, RootStatus, Store};
 use futures::TryStreamExt;
 
 async fn referenced_and_present(s: &Store) -> (BTreeSet<String>, BTreeSet<String>) {
@@ -143,10 +143,7 @@ async fn crash_sweep(
             referenced.is_subset(&present),
             "crash after {n}: a root references a missing object"
         );
-        let report = reopened
-            .sweep(&SweepOptions::default())
-            .await
-            .expect("sweep");
+        let report = sweep(&reopened).await;
         assert!(
             report.missing.is_empty()
                 && report.corrupt.is_empty()
@@ -235,7 +232,7 @@ async fn a_failed_publication_ends_its_lease_before_it_returns() {
         drop(db);
         let totals = plain.ledger_totals().await.expect("totals");
         assert_eq!(totals.reserved_bytes, 0, "round {round}: nothing reserved");
-        let report = plain.sweep(&SweepOptions::default()).await.expect("sweep");
+        let report = sweep(&plain).await;
         assert!(report.missing.is_empty() && report.corrupt.is_empty());
         let (referenced, present) = referenced_and_present(&plain).await;
         assert_eq!(

@@ -26,8 +26,8 @@ use crate::common::*;
 use deltapack_format::{CacheIdentity, ContextDigest, Snapshot};
 use deltapack_store::wrap::{Intercept, Wrapped};
 use deltapack_store::{
-    keys, Backend, BackendKind, MissReason, PublishOutcome, PublishRequest, RestoreOutcome,
-    RootFormat, Store, StoreError, SweepOptions,
+    keys, MissReason, PublishOutcome, PublishRequest, RestoreOutcome, RootFormat, Store,
+    StoreError, SweepOptions,
 };
 use object_store::memory::InMemory;
 use object_store::path::Path;
@@ -120,6 +120,18 @@ fn enospc() -> object_store::Error {
         store: "x",
         source: Box::new(std::io::Error::from_raw_os_error(28)),
     }
+}
+
+/// A handle on an in-memory store that refuses writes past `budget` bytes,
+/// and the disk (to move its budget).
+fn small_disk(budget: i64) -> (Arc<Wrapped<SmallDisk>>, Store) {
+    let disk = Arc::new(Wrapped(SmallDisk {
+        inner: Arc::new(InMemory::new()),
+        budget: AtomicI64::new(budget),
+        refused: AtomicU64::new(0),
+    }));
+    let store = memory_kind(disk.clone(), config());
+    (disk, store)
 }
 
 #[async_trait::async_trait]
@@ -411,18 +423,7 @@ async fn real_tmpfs_fills_up() {
 
 #[tokio::test]
 async fn injected_enospc() {
-    let disk = Arc::new(Wrapped(SmallDisk {
-        inner: Arc::new(InMemory::new()),
-        budget: AtomicI64::new(2 << 20),
-        refused: AtomicU64::new(0),
-    }));
-    let store = wrapped(
-        Backend {
-            store: disk.clone(),
-            kind: BackendKind::Memory,
-        },
-        config(),
-    );
+    let (disk, store) = small_disk(2 << 20);
     let mut s = Scenario::new(store);
     let (err, failed) = s.fill(200).await;
     assert_capacity(&err);
@@ -465,13 +466,7 @@ async fn every_failure_point_is_clean() {
     let c = ctx(&id, 7, 4096);
     for format in [RootFormat::V2, RootFormat::V1] {
         // Learn the total bytes one publication writes.
-        let probe = wrapped(
-            Backend {
-                store: Arc::new(InMemory::new()),
-                kind: BackendKind::Memory,
-            },
-            config(),
-        );
+        let probe = memory_kind(Arc::new(InMemory::new()), config());
         let total = publish_base(&probe, &id, c, snap.clone(), format)
             .await
             .bytes_written as i64;
@@ -479,18 +474,7 @@ async fn every_failure_point_is_clean() {
         budgets.extend([total - 1, total]);
         let (mut failed, mut root_failures) = (0, 0);
         for budget in budgets {
-            let disk = Arc::new(Wrapped(SmallDisk {
-                inner: Arc::new(InMemory::new()),
-                budget: AtomicI64::new(budget),
-                refused: AtomicU64::new(0),
-            }));
-            let store = wrapped(
-                Backend {
-                    store: disk.clone(),
-                    kind: BackendKind::Memory,
-                },
-                config(),
-            );
+            let (disk, store) = small_disk(budget);
             let req = flat(&id, c, &snap, format);
             match store.publish(req.clone()).await {
                 Ok(r) => assert_eq!(r.outcome, PublishOutcome::Created),

@@ -50,10 +50,7 @@ async fn clear_and_gc_race_publishers_reusing_the_same_objects() {
             "iteration {k}"
         );
     }
-    let sweep = publisher
-        .sweep(&SweepOptions::default())
-        .await
-        .expect("sweep");
+    let sweep = sweep(&publisher).await;
     assert!(
         sweep.missing.is_empty() && sweep.corrupt.is_empty(),
         "{sweep:?}"

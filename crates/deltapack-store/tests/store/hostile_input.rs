@@ -158,6 +158,20 @@ impl Target {
         self.put(&keys::root_key(&self.ns, &self.ctx), bytes).await;
     }
 
+    /// [`Target::expect_corrupt`], and the peak RSS grows by less than
+    /// [`ALLOWED_RSS_GROWTH`] meanwhile.
+    async fn expect_corrupt_in_bounded_memory(&self, case: &str) {
+        reset_peak_rss();
+        let before = peak_rss();
+        self.expect_corrupt(case).await;
+        let grew = peak_rss().saturating_sub(before);
+        assert!(
+            grew < ALLOWED_RSS_GROWTH,
+            "{case}: peak RSS grew by {} MiB",
+            grew >> 20
+        );
+    }
+
     /// Restores and insists on a `corrupt` miss (never an error or a hit).
     async fn expect_corrupt(&self, case: &str) -> String {
         let t0 = Instant::now();
@@ -218,6 +232,16 @@ fn peak_rss() -> u64 {
 /// Resets the peak-RSS mark (Linux ≥ 4.0); returns whether it worked.
 fn reset_peak_rss() -> bool {
     std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// Peak RSS is process-wide, so a test that measures it runs alone in a
+/// child process: `alone!("test_name")` returns at once in the parent.
+macro_rules! alone {
+    ($test:literal) => {
+        if !common::in_own_process(concat!("hostile_input::", $test)) {
+            return;
+        }
+    };
 }
 
 /// Runs `f` and asserts it neither took long nor raised the peak RSS by more
@@ -340,10 +364,7 @@ async fn junk_under_roots_is_ignored_by_listing() {
 
 #[test]
 fn envelope_length_fields_are_bounded_before_use() {
-    // Peak RSS is process-wide: measured alone, in a child process.
-    if !common::in_own_process("hostile_input::envelope_length_fields_are_bounded_before_use") {
-        return;
-    }
+    alone!("envelope_length_fields_are_bounded_before_use");
     let body = b"\xa0".to_vec(); // an empty CBOR map
     for claimed in [1u64 << 63, u64::MAX, (16 << 20) + 1, 1 << 40] {
         let mut r = forge(&body);
@@ -387,10 +408,7 @@ fn body_claiming_extents(tg: &Target, n: u64) -> Vec<u8> {
 
 #[tokio::test]
 async fn root_claiming_2_pow_40_extents_is_refused() {
-    // Peak RSS is process-wide: measured alone, in a child process.
-    if !common::in_own_process("hostile_input::root_claiming_2_pow_40_extents_is_refused") {
-        return;
-    }
+    alone!("root_claiming_2_pow_40_extents_is_refused");
     let tg = target("hostile-2p40-extents");
     for n in [1u64 << 40, 1 << 62, u64::MAX] {
         let r = forge(&body_claiming_extents(&tg, n));
@@ -406,10 +424,7 @@ async fn root_claiming_2_pow_40_extents_is_refused() {
 
 #[tokio::test]
 async fn root_claiming_2_pow_62_payload_is_refused() {
-    // Peak RSS is process-wide: measured alone, in a child process.
-    if !common::in_own_process("hostile_input::root_claiming_2_pow_62_payload_is_refused") {
-        return;
-    }
+    alone!("root_claiming_2_pow_62_payload_is_refused");
     let tg = target("hostile-2p62-payload");
     let snap = small_snapshot();
     let m = v2_manifest(&tg, &snap);
@@ -491,12 +506,7 @@ async fn root_claiming_2_pow_62_payload_is_refused() {
 
 #[tokio::test]
 async fn extent_and_chunk_counts_beyond_the_payload_are_refused() {
-    // Peak RSS is process-wide: measured alone, in a child process.
-    if !common::in_own_process(
-        "hostile_input::extent_and_chunk_counts_beyond_the_payload_are_refused",
-    ) {
-        return;
-    }
+    alone!("extent_and_chunk_counts_beyond_the_payload_are_refused");
     let tg = target("hostile-counts");
     let snap = small_snapshot();
     let m = v2_manifest(&tg, &snap);
@@ -604,15 +614,7 @@ async fn plausible_huge_v2_root_is_a_miss_without_committing_memory() {
     let r = root::encode_v2(&m, None).expect("encode");
     assert!(matches!(root::decode(&r, None), Ok(DecodedRoot::V2(_))));
     tg.put_root(r).await;
-    reset_peak_rss();
-    let before = peak_rss();
-    tg.expect_corrupt("200 GiB v2 root").await;
-    let grew = peak_rss().saturating_sub(before);
-    assert!(
-        grew < ALLOWED_RSS_GROWTH,
-        "peak RSS grew by {} MiB",
-        grew >> 20
-    );
+    tg.expect_corrupt_in_bounded_memory("200 GiB v2 root").await;
 }
 
 /// A v1 snapshot root declaring `layers` GiB of payload in 2 chunks, none of
@@ -658,15 +660,8 @@ async fn plausible_large_v1_root_is_a_miss_without_committing_memory() {
     // chunk missing without committing 1 GiB of RAM first.
     let tg = target_with("hostile-plausible-v1", Default::default());
     tg.put_root(huge_v1_root(&tg, 1)).await;
-    reset_peak_rss();
-    let before = peak_rss();
-    tg.expect_corrupt("1 GiB v1 root").await;
-    let grew = peak_rss().saturating_sub(before);
-    assert!(
-        grew < ALLOWED_RSS_GROWTH,
-        "restore of a v1 root whose chunks do not exist committed {} MiB",
-        grew >> 20
-    );
+    // (A v1 root whose chunks do not exist.)
+    tg.expect_corrupt_in_bounded_memory("1 GiB v1 root").await;
 }
 
 #[tokio::test]
@@ -680,10 +675,7 @@ async fn unallocatable_v1_root_is_a_miss_not_an_error() {
 
 #[tokio::test]
 async fn zstd_extent_expanding_past_raw_len_is_corrupt() {
-    // Peak RSS is process-wide: measured alone, in a child process.
-    if !common::in_own_process("hostile_input::zstd_extent_expanding_past_raw_len_is_corrupt") {
-        return;
-    }
+    alone!("zstd_extent_expanding_past_raw_len_is_corrupt");
     let tg = target("hostile-zstd-bomb");
     let snap = small_snapshot();
     let raw = snap.encoded();

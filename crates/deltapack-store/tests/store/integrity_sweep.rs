@@ -43,7 +43,7 @@ async fn sweep_suite(t: TestStore) {
     publish_base(s, &id, kc0, c0.clone(), RootFormat::V2).await;
 
     // A clean store sweeps clean, and m subset runs check every object once.
-    let clean = s.sweep(&SweepOptions::default()).await.expect("sweep");
+    let clean = sweep(s).await;
     assert!(
         clean.corrupt.is_empty() && clean.missing.is_empty() && clean.invalidated_roots.is_empty(),
         "{clean:?}"
@@ -102,7 +102,7 @@ async fn sweep_suite(t: TestStore) {
     assert_eq!(graced.orphans_in_grace, 1);
     assert_eq!(graced.orphans_deleted, 0);
 
-    let r = s.sweep(&SweepOptions::default()).await.expect("sweep");
+    let r = sweep(s).await;
     let mut corrupt = r.corrupt.clone();
     corrupt.sort();
     let mut want = vec![bad_v2.to_string(), bad_v1.to_string()];
@@ -152,13 +152,13 @@ async fn sweep_suite(t: TestStore) {
     }
     // Objects only the invalidated roots used are now orphans; a second
     // sweep reclaims them and finds nothing wrong.
-    let again = s.sweep(&SweepOptions::default()).await.expect("sweep");
+    let again = sweep(s).await;
     assert!(
         again.corrupt.is_empty() && again.missing.is_empty() && again.invalidated_roots.is_empty(),
         "{again:?}"
     );
     assert!(again.orphans_deleted > 0);
-    let last = s.sweep(&SweepOptions::default()).await.expect("sweep");
+    let last = sweep(s).await;
     assert_eq!(last.orphans_deleted, 0);
     let RootStatus::Found(r) = s.read_root(&id.namespace(), &ka0).await.expect("read") else {
         panic!()
@@ -201,11 +201,7 @@ async fn sweep_removes_only_old_staging_files() {
         .await
         .expect("sweep");
     assert_eq!(kept.staging_removed, 0);
-    let r = t
-        .store
-        .sweep(&SweepOptions::default())
-        .await
-        .expect("sweep");
+    let r = sweep(&t.store).await;
     assert_eq!(r.staging_removed, 1);
     assert!(!dir.join("aabb#1").exists());
     assert!(

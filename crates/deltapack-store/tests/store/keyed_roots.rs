@@ -7,6 +7,7 @@
 
 use crate::common::*;
 use bytes::Bytes;
+use deltapack_format::{CacheIdentity, ContextDigest};
 use deltapack_store::{keys, MissReason, RestoreOutcome, RootFormat, Store};
 use object_store::{ObjectStoreExt, PutPayload};
 
@@ -29,14 +30,7 @@ async fn suite(url: String) {
 
     // The attacker publishes its own (perfectly well-formed) root.
     publish_base(&attacker, &id, cf, forged.clone(), RootFormat::V2).await;
-    match reader
-        .restore((&id, cf), Default::default())
-        .await
-        .expect("restore")
-    {
-        RestoreOutcome::Miss(MissReason::Unauthenticated { .. }) => {}
-        other => panic!("a root without a valid MAC was accepted: {other:?}"),
-    }
+    assert_unauthenticated(&reader, &id, cf, "a root without a valid MAC was accepted").await;
     // Nor can it overwrite a keyed root with its own bytes.
     let rk = keys::root_key(&id.namespace(), &cg);
     let forged_root = attacker
@@ -65,14 +59,7 @@ async fn suite(url: String) {
     let other = keyed(&url, b"someone else's key");
     let co = ctx(&id, 602, 2048);
     publish_base(&other, &id, co, turn(602, 2048), RootFormat::V2).await;
-    match reader
-        .restore((&id, co), Default::default())
-        .await
-        .expect("restore")
-    {
-        RestoreOutcome::Miss(MissReason::Unauthenticated { .. }) => {}
-        other => panic!("a root under another key was accepted: {other:?}"),
-    }
+    assert_unauthenticated(&reader, &id, co, "a root under another key was accepted").await;
     assert!(reader.stats().miss_unauthenticated >= 2);
     // The secret never appears in debug output.
     assert!(!format!("{:?}", reader.config()).contains("real secret"));
@@ -88,5 +75,22 @@ async fn keyed_roots_local_disk() {
 async fn keyed_roots_s3() {
     if let Some(url) = s3_url() {
         suite(url).await;
+    }
+}
+
+/// Asserts that `reader` refuses the root of `c` as unauthenticated.
+async fn assert_unauthenticated(
+    reader: &Store,
+    id: &CacheIdentity,
+    c: ContextDigest,
+    accepted: &str,
+) {
+    match reader
+        .restore((id, c), Default::default())
+        .await
+        .expect("restore")
+    {
+        RestoreOutcome::Miss(MissReason::Unauthenticated { .. }) => {}
+        other => panic!("{accepted}: {other:?}"),
     }
 }

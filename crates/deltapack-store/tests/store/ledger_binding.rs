@@ -132,7 +132,7 @@ async fn two_ledgers_on_one_bucket_never_lose_an_acknowledged_root() {
             (false, RestoreOutcome::Miss(MissReason::Absent)) => {}
             (p, o) => panic!("{order:?}: present {p}, restore {:?}", o.miss()),
         }
-        let sweep = a.sweep(&SweepOptions::default()).await.expect("sweep");
+        let sweep = sweep(&a).await;
         assert!(
             sweep.missing.is_empty() && sweep.corrupt.is_empty(),
             "{order:?}: {sweep:?}"

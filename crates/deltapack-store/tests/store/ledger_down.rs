@@ -326,26 +326,15 @@ async fn the_store_answers_what_the_ledger_would() {
     assert_eq!(store.source, LookupSource::Store);
     assert_eq!(store.found, ledger.found);
     // Only the first turn's boundary among the candidates.
-    let short: Vec<_> = c
-        .candidates
-        .iter()
-        .filter(|x| x.0 <= 3072)
-        .copied()
-        .collect();
-    let a = impatient
-        .lookup_detailed(&c.id, &short)
-        .await
-        .expect("lookup");
-    assert_eq!(a.found.map(|f| f.0), Some(2048));
-    let none: Vec<_> = c
-        .candidates
-        .iter()
-        .filter(|x| x.0 < 2048)
-        .copied()
-        .collect();
-    let b = impatient
-        .lookup_detailed(&c.id, &none)
-        .await
-        .expect("lookup");
-    assert_eq!(b.found, None);
+    let up_to = |limit: u64| -> Vec<_> {
+        c.candidates
+            .iter()
+            .filter(|x| x.0 <= limit)
+            .copied()
+            .collect()
+    };
+    let a = impatient.lookup_detailed(&c.id, &up_to(3072)).await;
+    assert_eq!(a.expect("lookup").found.map(|f| f.0), Some(2048));
+    let b = impatient.lookup_detailed(&c.id, &up_to(2047)).await;
+    assert_eq!(b.expect("lookup").found, None);
 }

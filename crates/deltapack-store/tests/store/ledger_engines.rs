@@ -190,51 +190,21 @@ async fn two_nodes_publishing_at_once_share_one_hard_budget() {
         Store::open(&bucket, cfg.clone()).expect("node B"),
     ];
     let id = identity("fleet-budget");
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sampler = {
-        let (s, done) = (nodes[0].clone(), done.clone());
-        tokio::spawn(async move {
-            let mut peak = 0;
-            while !done.load(std::sync::atomic::Ordering::SeqCst) {
-                peak = peak.max(listed_bytes(&s).await);
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            peak
-        })
-    };
+    let sampler = PeakBytes::sample(&nodes[0], Duration::from_millis(5));
     let mut tasks = Vec::new();
     for (n, node) in nodes.iter().enumerate() {
         for k in 0..PER_NODE {
             let (s, id) = (node.clone(), id.clone());
             let seed = 960 + n as u64 * PER_NODE + k;
             tasks.push(tokio::spawn(async move {
-                s.publish(deltapack_store::PublishRequest {
-                    identity: id.clone(),
-                    context: ctx(&id, seed, 2048),
-                    snapshot: turn(seed, 2048),
-                    base: None,
-                    format: RootFormat::V2,
-                })
-                .await
+                let snap = turn(seed, 2048);
+                s.publish(flat(&id, ctx(&id, seed, 2048), &snap, RootFormat::V2))
+                    .await
             }));
         }
     }
-    let mut created = 0;
-    for task in tasks {
-        match task.await.expect("task") {
-            Ok(r) => {
-                assert_eq!(r.outcome, deltapack_store::PublishOutcome::Created);
-                created += 1;
-            }
-            Err(deltapack_store::StoreError::Capacity(_)) => {}
-            Err(e) => panic!("unexpected error: {e}"),
-        }
-    }
-    done.store(true, std::sync::atomic::Ordering::SeqCst);
-    let peak = sampler
-        .await
-        .expect("sampler")
-        .max(listed_bytes(&nodes[0]).await);
+    let created = created_or_refused(tasks).await;
+    let peak = sampler.stop().await;
     assert!(created >= 1, "no publication fitted a budget of 2.5");
     assert!(
         peak <= budget,

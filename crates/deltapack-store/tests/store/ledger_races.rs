@@ -12,10 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::faults::{republish_on_delete, FaultPlan, Faulty, FaultyStore, Hook};
 use crate::common::*;
-use deltapack_store::{
-    Backend, PublishOutcome, PublishRequest, RestoreOptions, RestoreOutcome, RootFormat, Store,
-    StoreError,
-};
+use deltapack_store::{Backend, PublishOutcome, RestoreOptions, RestoreOutcome, RootFormat, Store};
 
 /// The bucket `url` and two handles on it sharing `ledger`, with no grace:
 /// `a` through a fault layer (returned before it, no faults planned) and
@@ -118,48 +115,18 @@ async fn concurrent_publications_never_exceed_a_hard_budget() {
             .with_grace(Duration::ZERO),
     );
     let id = identity("budget-race");
-    let done = Arc::new(AtomicBool::new(false));
-    let sampler = {
-        let (s, done) = (t.store.clone(), done.clone());
-        tokio::spawn(async move {
-            let mut peak = 0;
-            while !done.load(std::sync::atomic::Ordering::SeqCst) {
-                peak = peak.max(listed_bytes(&s).await);
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-            peak
-        })
-    };
+    let sampler = PeakBytes::sample(&t.store, Duration::from_millis(2));
     let mut tasks = Vec::new();
     for k in 0..N {
         let (s, id) = (t.store.clone(), id.clone());
         tasks.push(tokio::spawn(async move {
-            s.publish(PublishRequest {
-                identity: id.clone(),
-                context: ctx(&id, 910 + k, 2048),
-                snapshot: turn(910 + k, 2048),
-                base: None,
-                format: RootFormat::V2,
-            })
-            .await
+            let snap = turn(910 + k, 2048);
+            s.publish(flat(&id, ctx(&id, 910 + k, 2048), &snap, RootFormat::V2))
+                .await
         }));
     }
-    let mut created = 0;
-    for task in tasks {
-        match task.await.expect("task") {
-            Ok(r) => {
-                assert_eq!(r.outcome, PublishOutcome::Created);
-                created += 1;
-            }
-            Err(StoreError::Capacity(_)) => {}
-            Err(e) => panic!("unexpected error: {e}"),
-        }
-    }
-    done.store(true, std::sync::atomic::Ordering::SeqCst);
-    let peak = sampler
-        .await
-        .expect("sampler")
-        .max(listed_bytes(&t.store).await);
+    let created = created_or_refused(tasks).await;
+    let peak = sampler.stop().await;
     assert!(
         created >= 1,
         "no publication fitted a budget of 2.5 publications"

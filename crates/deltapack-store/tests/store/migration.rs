@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use crate::common::*;
 use deltapack_format::{DecodedRoot, SCHEMA_V1, SCHEMA_V2, SCHEMA_V2_1};
-use deltapack_store::{RestoreOutcome, RootFormat, RootStatus, Store, SweepOptions};
+use deltapack_store::{RestoreOutcome, RootFormat, RootStatus, Store};
 
 /// A copy of the `2026-11-v1v2` fixture store: its folder and a handle on
 /// it with no grace.
@@ -129,7 +129,7 @@ async fn migrate_fixture_v1_roots_and_a_mixed_chain() {
     }
     let left = files(&sha);
     assert_eq!(left, 0, "v1 chunk objects reclaimed (grace 0)");
-    let sweep = s.sweep(&SweepOptions::default()).await.expect("sweep");
+    let sweep = sweep(&s).await;
     assert!(
         sweep.corrupt.is_empty() && sweep.missing.is_empty() && sweep.invalidated_roots.is_empty(),
         "{sweep:?}"

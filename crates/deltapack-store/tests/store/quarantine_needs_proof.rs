@@ -158,11 +158,7 @@ async fn damage_in_transit_quarantines_nothing_in_a_sweep() {
     let w = world("proof-sweep").await;
     for (flip, fail) in [(1, 0), (0, 1)] {
         w.arm(one_shot("objects/", flip, fail));
-        let report = w
-            .reader()
-            .sweep(&SweepOptions::default())
-            .await
-            .expect("sweep");
+        let report = sweep(&w.reader()).await;
         assert!(
             report.corrupt.is_empty() && report.invalidated_roots.is_empty(),
             "flip {flip} fail {fail}: {report:?}"

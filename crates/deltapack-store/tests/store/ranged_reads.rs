@@ -41,6 +41,16 @@ enum Mischief {
     Flip,
 }
 
+impl Mischief {
+    const ALL: [Mischief; 5] = [
+        Mischief::Short,
+        Mischief::Long,
+        Mischief::Shifted,
+        Mischief::Misplaced,
+        Mischief::Flip,
+    ];
+}
+
 /// Forwards to a real backend; counts object GETs (ranged or not) and the
 /// most in flight at once; answers ranged object GETs wrongly when told;
 /// delivers bodies in 300-byte chunks, so ranges span several chunks.
@@ -305,13 +315,7 @@ async fn ranged_restores_are_bit_exact_and_keep_the_budget() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_answer_once_costs_a_reread_not_the_restore() {
-    for m in [
-        Mischief::Short,
-        Mischief::Long,
-        Mischief::Shifted,
-        Mischief::Misplaced,
-        Mischief::Flip,
-    ] {
+    for m in Mischief::ALL {
         let w = world(&format!("ranged-once-{m:?}"), Duration::ZERO).await;
         for (which, want) in [(w.base.0, &w.base.1), (w.top.0, &w.top.1)] {
             w.ranges.arm(m, 1);
@@ -328,13 +332,7 @@ async fn a_wrong_answer_once_costs_a_reread_not_the_restore() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_that_keeps_answering_wrongly_never_hands_out_wrong_bytes() {
-    for m in [
-        Mischief::Short,
-        Mischief::Long,
-        Mischief::Shifted,
-        Mischief::Misplaced,
-        Mischief::Flip,
-    ] {
+    for m in Mischief::ALL {
         let w = world(&format!("ranged-always-{m:?}"), Duration::ZERO).await;
         w.ranges.arm(m, u64::MAX);
         let s = handle(&w.ranges, ranged_config());

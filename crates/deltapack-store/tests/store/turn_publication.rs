@@ -141,15 +141,7 @@ async fn a_warm_publication_hashes_only_the_new_pages_and_reads_no_base_object()
     let t = local(config());
     let id = identity("warm");
     let base = turn(SEED, 4096);
-    let r = publish_base(
-        &t.store,
-        &id,
-        ctx(&id, SEED, 4096),
-        base.clone(),
-        RootFormat::V2,
-    )
-    .await;
-    let prev = r.turn.expect("turn");
+    let prev = first_turn(&t.store, &id, 4096).await;
 
     // Tail-only.
     let next = turn(SEED, 4608);
@@ -182,30 +174,12 @@ async fn a_warm_publication_hashes_only_the_new_pages_and_reads_no_base_object()
     let mid = turn(SEED, 4608);
     // Re-publishing turn 2 as a full snapshot is idempotent and makes its
     // Arc known to this handle.
-    let again = publish_delta(
-        &t.store,
-        &id,
-        ctx(&id, SEED, 4608),
-        mid.clone(),
-        ctx(&id, SEED, 4096),
-        base.clone(),
-        RootFormat::V2,
-    )
-    .await;
+    let again = seed_delta(&t.store, &id, (4608, &mid), (4096, &base)).await;
     assert_eq!(again.outcome, PublishOutcome::AlreadyPresent);
     assert_eq!(again.snapshot_digest, after.digest());
     let h1 = hashed(&t.store);
     let s2 = t.store.stats();
-    let r3 = publish_delta(
-        &t.store,
-        &id,
-        ctx(&id, SEED, 5120),
-        third.clone(),
-        ctx(&id, SEED, 4608),
-        mid.clone(),
-        RootFormat::V2,
-    )
-    .await;
+    let r3 = seed_delta(&t.store, &id, (5120, &third), (4608, &mid)).await;
     assert_eq!(r3.outcome, PublishOutcome::Created);
     let full_hashed = hashed(&t.store) - h1;
     let new_pages = after.tail_len(5120).expect("len");
@@ -259,35 +233,10 @@ async fn bad_turn_requests_write_nothing() {
     let t = local(config());
     let other = memory(config());
     let id = identity("bad-turns");
-    let base = turn(SEED, 2048);
-    let r = publish_base(
-        &t.store,
-        &id,
-        ctx(&id, SEED, 2048),
-        base.clone(),
-        RootFormat::V2,
-    )
-    .await;
-    let prev = r.turn.expect("turn");
-    let r_other = publish_base(
-        &other.store,
-        &id,
-        ctx(&id, SEED, 2048),
-        base.clone(),
-        RootFormat::V2,
-    )
-    .await;
-    let foreign = r_other.turn.expect("turn");
+    let prev = first_turn(&t.store, &id, 2048).await;
+    let foreign = first_turn(&other.store, &id, 2048).await;
     let other_id = identity("bad-turns-elsewhere");
-    let r_ns = publish_base(
-        &t.store,
-        &other_id,
-        ctx(&other_id, SEED, 2048),
-        base.clone(),
-        RootFormat::V2,
-    )
-    .await;
-    let other_ns = r_ns.turn.expect("turn");
+    let other_ns = first_turn(&t.store, &other_id, 2048).await;
 
     let next = turn(SEED, 2560);
     let tail = prev.tail_of(&next).expect("tail");
@@ -514,15 +463,7 @@ async fn a_process_that_did_not_publish_a_turn_resumes_its_recorded_state() {
     let t = local(config());
     let id = identity("resume");
     let url = format!("file://{}", t._dir.as_ref().expect("dir").path().display());
-    let r = publish_base(
-        &t.store,
-        &id,
-        ctx(&id, SEED, 4096),
-        turn(SEED, 4096),
-        RootFormat::V2,
-    )
-    .await;
-    let mut prev = r.turn.expect("turn");
+    let mut prev = first_turn(&t.store, &id, 4096).await;
     for tokens in [4608u64, 5120] {
         let next = turn(SEED, tokens);
         let tail = prev.tail_of(&next).expect("tail");
@@ -591,16 +532,7 @@ async fn a_process_that_did_not_publish_a_turn_resumes_its_recorded_state() {
     let restored6 = restored(&other, &id, SEED, 5632).await;
     let seven = turn(SEED, 6144);
     let h = hashed(&other);
-    let r7 = publish_delta(
-        &other,
-        &id,
-        ctx(&id, SEED, 6144),
-        seven.clone(),
-        ctx(&id, SEED, 5632),
-        restored6.clone(),
-        RootFormat::V2,
-    )
-    .await;
+    let r7 = seed_delta(&other, &id, (6144, &seven), (5632, &restored6)).await;
     assert_eq!(r7.outcome, PublishOutcome::Created);
     let new_pages = r6.turn.as_ref().expect("turn").tail_len(6144).expect("len");
     assert_eq!(
@@ -674,4 +606,34 @@ async fn a_process_that_did_not_publish_a_turn_resumes_its_recorded_state() {
             "turn at {tokens}"
         );
     }
+}
+
+/// Publishes the conversation of seed [`SEED`] at `tokens` as a flat v2
+/// root and returns its turn.
+async fn first_turn(store: &Store, id: &deltapack_format::CacheIdentity, tokens: u64) -> Turn {
+    let snap = turn(SEED, tokens);
+    let r = publish_base(
+        store,
+        id,
+        ctx(id, SEED, tokens as usize),
+        snap,
+        RootFormat::V2,
+    )
+    .await;
+    r.turn.expect("turn")
+}
+
+/// Publishes the `SEED` conversation's snapshot at `tokens` as a v2 delta
+/// on its snapshot at `base_tokens`.
+async fn seed_delta(
+    store: &Store,
+    id: &deltapack_format::CacheIdentity,
+    (tokens, snap): (u64, &Arc<Snapshot>),
+    (base_tokens, base): (u64, &Arc<Snapshot>),
+) -> deltapack_store::PublishReceipt {
+    let (c, bc) = (
+        ctx(id, SEED, tokens as usize),
+        ctx(id, SEED, base_tokens as usize),
+    );
+    publish_delta(store, id, c, snap.clone(), bc, base.clone(), RootFormat::V2).await
 }

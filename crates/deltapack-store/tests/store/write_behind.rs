@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::common::faults::Faulty;
 use crate::common::*;
-use deltapack_store::{Backend, PublishRequest, RestoreOutcome, RootFormat, WriteBehind};
+use deltapack_store::{PublishRequest, RestoreOutcome, RootFormat, WriteBehind};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_your_writes_under_a_full_queue() {
@@ -16,13 +16,7 @@ async fn read_your_writes_under_a_full_queue() {
     let inner = raw_backend(&format!("file://{}", dir.path().display()));
     // 20 ms per storage operation: the single writer falls behind.
     let slow = Faulty::slowed(inner.store.clone(), Duration::from_millis(20));
-    let store = wrapped(
-        Backend {
-            store: slow,
-            kind: deltapack_store::BackendKind::Memory,
-        },
-        config(),
-    );
+    let store = memory_kind(slow, config());
     let wb = WriteBehind::new(store.clone(), 1, 1);
     let id = identity("write-behind");
     let n = 8u64;
@@ -73,13 +67,7 @@ async fn read_your_writes_under_a_full_queue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_chain_publishes_in_order_through_two_writers() {
     let slow = Faulty::slowed(raw_backend("memory://").store, Duration::from_millis(5));
-    let store = wrapped(
-        Backend {
-            store: slow,
-            kind: deltapack_store::BackendKind::Memory,
-        },
-        config(),
-    );
+    let store = memory_kind(slow, config());
     let wb = WriteBehind::new(store.clone(), 1, 2);
     let id = identity("write-behind-chain");
     let turns: Vec<_> = (1..=8u64)

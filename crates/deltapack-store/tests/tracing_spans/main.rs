@@ -109,6 +109,18 @@ fn one(mut spans: Vec<Closed>, what: &str) -> Closed {
     spans.remove(0)
 }
 
+/// Asserts each `(field, value)` of a closed span.
+fn fields(c: &Closed, want: &[(&str, String)]) {
+    for (name, value) in want {
+        assert_eq!(
+            field(c, name),
+            value.as_str(),
+            "span {} field {name}",
+            c.name
+        );
+    }
+}
+
 fn field<'a>(c: &'a Closed, name: &str) -> &'a str {
     c.fields
         .get(name)
@@ -137,22 +149,32 @@ fn operations_open_spans_with_their_outcome() {
         let receipt = publish_base(s, &id, c, snap.clone(), RootFormat::V2).await;
         let p = one(collect.take("publish"), "publish");
         assert_eq!(p.level, Level::INFO);
-        assert_eq!(field(&p, "namespace"), ns);
-        assert_eq!(field(&p, "context"), short(c.hex()));
-        assert_eq!(field(&p, "schema"), root::SCHEMA_V2_2);
-        assert_eq!(field(&p, "outcome"), "created");
-        assert_eq!(field(&p, "bytes"), receipt.payload_len.to_string());
-        assert_eq!(field(&p, "delta"), "false");
+        fields(
+            &p,
+            &[
+                ("namespace", ns.to_string()),
+                ("context", short(c.hex())),
+                ("schema", root::SCHEMA_V2_2.to_string()),
+                ("outcome", "created".to_string()),
+                ("bytes", receipt.payload_len.to_string()),
+                ("delta", "false".to_string()),
+            ],
+        );
         assert!(!collect.take("write_v2").is_empty(), "inner write span");
 
         assert_eq!(restore_bytes(s, &id, c).await, snap.encoded());
         let r = one(collect.take("restore"), "restore hit");
         assert_eq!(r.level, Level::INFO);
-        assert_eq!(field(&r, "namespace"), ns);
-        assert_eq!(field(&r, "context"), short(c.hex()));
-        assert_eq!(field(&r, "schema"), root::SCHEMA_V2_2);
-        assert_eq!(field(&r, "outcome"), "hit");
-        assert_eq!(field(&r, "bytes"), snap.encoded().len().to_string());
+        fields(
+            &r,
+            &[
+                ("namespace", ns.to_string()),
+                ("context", short(c.hex())),
+                ("schema", root::SCHEMA_V2_2.to_string()),
+                ("outcome", "hit".to_string()),
+                ("bytes", snap.encoded().len().to_string()),
+            ],
+        );
         assert!(!r.fields.contains_key("reason"), "{r:#?}");
         let resolve = collect.take("resolve");
         assert!(
@@ -167,10 +189,15 @@ fn operations_open_spans_with_their_outcome() {
             .expect("restore");
         assert_eq!(miss.miss(), Some(&MissReason::Absent));
         let r = one(collect.take("restore"), "restore miss");
-        assert_eq!(field(&r, "context"), short(unknown.hex()));
-        assert_eq!(field(&r, "outcome"), "miss");
-        assert_eq!(field(&r, "reason"), "absent");
-        assert_eq!(field(&r, "schema"), "unknown");
+        fields(
+            &r,
+            &[
+                ("context", short(unknown.hex())),
+                ("outcome", "miss".to_string()),
+                ("reason", "absent".to_string()),
+                ("schema", "unknown".to_string()),
+            ],
+        );
         assert!(!r.fields.contains_key("bytes"), "{r:#?}");
 
         let mut pool = vec![0u8; snap.encoded().len()];
@@ -188,16 +215,26 @@ fn operations_open_spans_with_their_outcome() {
         assert_eq!(found, Some((2048, c)));
         let l = one(collect.take("lookup"), "lookup");
         assert_eq!(l.level, Level::INFO);
-        assert_eq!(field(&l, "namespace"), ns);
-        assert_eq!(field(&l, "candidates"), "2");
-        assert_eq!(field(&l, "found"), "2048");
+        fields(
+            &l,
+            &[
+                ("namespace", ns.to_string()),
+                ("candidates", "2".to_string()),
+                ("found", "2048".to_string()),
+            ],
+        );
 
         let report = s.sweep(&SweepOptions::default()).await.expect("sweep");
         let w = one(collect.take("sweep"), "sweep");
         assert_eq!(w.level, Level::INFO);
-        assert_eq!(field(&w, "roots"), "1");
-        assert_eq!(field(&w, "checked"), report.checked.to_string());
-        assert_eq!(field(&w, "corrupt"), "0");
-        assert_eq!(field(&w, "dry_run"), "false");
+        fields(
+            &w,
+            &[
+                ("roots", "1".to_string()),
+                ("checked", report.checked.to_string()),
+                ("corrupt", "0".to_string()),
+                ("dry_run", "false".to_string()),
+            ],
+        );
     });
 }

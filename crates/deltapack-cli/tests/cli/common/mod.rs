@@ -68,6 +68,17 @@ pub(crate) fn fleet(name: &str) -> Option<(String, String)> {
     Some((store, ledger))
 }
 
+/// Asserts that each of `lists` is an empty array in a JSON report.
+pub(crate) fn assert_none(report: &serde_json::Value, lists: &[&str]) {
+    for k in lists {
+        assert_eq!(
+            report[*k].as_array().map(Vec::len),
+            Some(0),
+            "{k} in {report}"
+        );
+    }
+}
+
 /// The arguments of a command line written as one string: its words
 /// (no argument a test passes has a space in it; see [`Cli`]).
 pub(crate) fn words(line: &str) -> Vec<&str> {

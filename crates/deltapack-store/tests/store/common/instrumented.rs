@@ -101,8 +101,10 @@ pub(crate) struct Instrumented {
     pub(crate) get_delay: Duration,
 }
 
-fn bump_max(cur: usize, max: &AtomicUsize) {
-    max.fetch_max(cur, Ordering::SeqCst);
+/// One more in flight: raises `max` to the new count.
+fn enter(in_flight: &AtomicUsize, max: &AtomicUsize) {
+    let n = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    max.fetch_max(n, Ordering::SeqCst);
 }
 
 #[async_trait::async_trait]
@@ -117,7 +119,9 @@ impl Intercept for Instrumented {
     ) -> Result<PutResult> {
         let n = self.counters.puts_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         if location.as_ref().starts_with("objects/") {
-            bump_max(n, &self.counters.max_puts_in_flight);
+            self.counters
+                .max_puts_in_flight
+                .fetch_max(n, Ordering::SeqCst);
         }
         let r = self.inner.put_opts(location, payload, opts).await;
         self.counters.puts_in_flight.fetch_sub(1, Ordering::SeqCst);
@@ -130,21 +134,13 @@ impl Intercept for Instrumented {
         }
         let object = location.as_ref().starts_with("objects/");
         if object {
-            let n = self
-                .counters
-                .object_gets_in_flight
-                .fetch_add(1, Ordering::SeqCst)
-                + 1;
-            bump_max(n, &self.counters.max_object_gets_in_flight);
+            let c = &self.counters;
+            enter(&c.object_gets_in_flight, &c.max_object_gets_in_flight);
         }
         let root = location.as_ref().starts_with("roots/");
         if root {
-            let n = self
-                .counters
-                .root_gets_in_flight
-                .fetch_add(1, Ordering::SeqCst)
-                + 1;
-            bump_max(n, &self.counters.max_root_gets_in_flight);
+            let c = &self.counters;
+            enter(&c.root_gets_in_flight, &c.max_root_gets_in_flight);
             self.counters
                 .root_gets_started
                 .fetch_add(1, Ordering::SeqCst);
@@ -183,8 +179,7 @@ impl Intercept for Instrumented {
         self.counters
             .object_bytes
             .fetch_add(bytes.len() as u64, Ordering::SeqCst);
-        let n = self.counters.held.fetch_add(1, Ordering::SeqCst) + 1;
-        bump_max(n, &self.counters.max_held);
+        enter(&self.counters.held, &self.counters.max_held);
         let held = Bytes::from_owner(Held {
             bytes,
             counters: self.counters.clone(),

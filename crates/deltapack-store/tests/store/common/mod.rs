@@ -211,6 +211,18 @@ pub(crate) fn s3(config: StoreConfig) -> Option<TestStore> {
     })
 }
 
+/// A handle on `store` (typically an in-memory store under a test layer)
+/// that the store treats as remote-like memory (`BackendKind::Memory`).
+pub(crate) fn memory_kind(store: Arc<dyn object_store::ObjectStore>, config: StoreConfig) -> Store {
+    wrapped(
+        Backend {
+            store,
+            kind: deltapack_store::BackendKind::Memory,
+        },
+        config,
+    )
+}
+
 /// Wraps an arbitrary backend (e.g. an instrumented one).
 pub(crate) fn wrapped(backend: Backend, config: StoreConfig) -> Store {
     Store::from_backend(backend, config).expect("store")
@@ -391,6 +403,13 @@ pub(crate) async fn stored(
         .expect("bytes")
 }
 
+/// A sweep with the default options (it repairs what it proves damaged).
+pub(crate) async fn sweep(s: &Store) -> deltapack_store::SweepReport {
+    s.sweep(&deltapack_store::SweepOptions::default())
+        .await
+        .expect("sweep")
+}
+
 /// A dry-run sweep with an hour's grace: what it finds, nothing changed.
 pub(crate) async fn dry_sweep(s: &Store) -> deltapack_store::SweepReport {
     s.sweep(
@@ -418,6 +437,61 @@ pub(crate) fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 
 /// Bytes of every object and root under a store's prefix, from its listing
 /// (what the bucket really holds, whatever the ledger says).
+/// The peak of [`listed_bytes`] while publications race for a budget,
+/// sampled every `every` until [`PeakBytes::stop`].
+pub(crate) struct PeakBytes {
+    done: Arc<std::sync::atomic::AtomicBool>,
+    sampler: tokio::task::JoinHandle<u64>,
+    store: Store,
+}
+
+impl PeakBytes {
+    pub(crate) fn sample(store: &Store, every: std::time::Duration) -> Self {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let done = Arc::new(AtomicBool::new(false));
+        let (s, d) = (store.clone(), done.clone());
+        let sampler = tokio::spawn(async move {
+            let mut peak = 0;
+            while !d.load(Ordering::SeqCst) {
+                peak = peak.max(listed_bytes(&s).await);
+                tokio::time::sleep(every).await;
+            }
+            peak
+        });
+        PeakBytes {
+            done,
+            sampler,
+            store: store.clone(),
+        }
+    }
+
+    /// The peak, the bytes listed now included.
+    pub(crate) async fn stop(self) -> u64 {
+        self.done.store(true, std::sync::atomic::Ordering::SeqCst);
+        let peak = self.sampler.await.expect("sampler");
+        peak.max(listed_bytes(&self.store).await)
+    }
+}
+
+/// Awaits racing publications: each is created or refused for capacity
+/// (anything else fails the test); returns how many were created.
+pub(crate) async fn created_or_refused(
+    tasks: Vec<tokio::task::JoinHandle<deltapack_store::Result<deltapack_store::PublishReceipt>>>,
+) -> usize {
+    let mut created = 0;
+    for task in tasks {
+        match task.await.expect("task") {
+            Ok(r) => {
+                assert_eq!(r.outcome, deltapack_store::PublishOutcome::Created);
+                created += 1;
+            }
+            Err(deltapack_store::StoreError::Capacity(_)) => {}
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+    }
+    created
+}
+
 pub(crate) async fn listed_bytes(s: &Store) -> u64 {
     use futures::TryStreamExt;
     let mut total = 0;

@@ -165,7 +165,12 @@ pub(super) async fn check_store(
             if listed.contains(&(*ns, *ctx)) {
                 continue;
             }
-            let mut r = RootResult::missing(ns, ctx, &want.schema, "--expect");
+            let mut r = RootResult::missing(
+                ns,
+                ctx,
+                &want.schema,
+                "--expect lists this root; the store does not hold it",
+            );
             r.snapshot_digest = Some(want.snapshot_digest.to_string());
             r.expected = Some(true);
             print_result(&r, json)?;

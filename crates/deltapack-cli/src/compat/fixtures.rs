@@ -118,7 +118,7 @@ pub(super) async fn check_fixture_dir(
                 &want.namespace,
                 &want.context,
                 &want.schema,
-                "expected.json",
+                "expected.json lists this root; store/ does not hold it",
             );
             r.label = Some(want.label.clone());
             print_result(&r, json)?;

@@ -77,15 +77,12 @@ impl RootResult {
         }
     }
 
-    /// A root an expectation lists and the store does not hold (`lister`
-    /// names where the expectation came from).
-    pub(super) fn missing(ns: &Namespace, ctx: &ContextDigest, schema: &str, lister: &str) -> Self {
+    /// A root an expectation lists and the store does not hold (`detail`
+    /// says which expectation).
+    pub(super) fn missing(ns: &Namespace, ctx: &ContextDigest, schema: &str, detail: &str) -> Self {
         let mut r = RootResult::new(ns, ctx);
         r.schema = Some(schema.to_string());
-        r.fail(
-            "present",
-            format!("{lister} lists this root; the store does not hold it"),
-        );
+        r.fail("present", detail);
         r.status = "missing";
         r
     }

@@ -141,7 +141,7 @@ async fn a_warm_publication_hashes_only_the_new_pages_and_reads_no_base_object()
     let t = local(config());
     let id = identity("warm");
     let base = turn(SEED, 4096);
-    let prev = first_turn(&t.store, &id, 4096).await;
+    let prev = first_turn(&t.store, &id, 4096, &base).await;
 
     // Tail-only.
     let next = turn(SEED, 4608);
@@ -233,10 +233,11 @@ async fn bad_turn_requests_write_nothing() {
     let t = local(config());
     let other = memory(config());
     let id = identity("bad-turns");
-    let prev = first_turn(&t.store, &id, 2048).await;
-    let foreign = first_turn(&other.store, &id, 2048).await;
+    let base = turn(SEED, 2048);
+    let prev = first_turn(&t.store, &id, 2048, &base).await;
+    let foreign = first_turn(&other.store, &id, 2048, &base).await;
     let other_id = identity("bad-turns-elsewhere");
-    let other_ns = first_turn(&t.store, &other_id, 2048).await;
+    let other_ns = first_turn(&t.store, &other_id, 2048, &base).await;
 
     let next = turn(SEED, 2560);
     let tail = prev.tail_of(&next).expect("tail");
@@ -463,7 +464,7 @@ async fn a_process_that_did_not_publish_a_turn_resumes_its_recorded_state() {
     let t = local(config());
     let id = identity("resume");
     let url = format!("file://{}", t._dir.as_ref().expect("dir").path().display());
-    let mut prev = first_turn(&t.store, &id, 4096).await;
+    let mut prev = first_turn(&t.store, &id, 4096, &turn(SEED, 4096)).await;
     for tokens in [4608u64, 5120] {
         let next = turn(SEED, tokens);
         let tail = prev.tail_of(&next).expect("tail");
@@ -608,10 +609,15 @@ async fn a_process_that_did_not_publish_a_turn_resumes_its_recorded_state() {
     }
 }
 
-/// Publishes the conversation of seed [`SEED`] at `tokens` as a flat v2
-/// root and returns its turn.
-async fn first_turn(store: &Store, id: &deltapack_format::CacheIdentity, tokens: u64) -> Turn {
-    let snap = turn(SEED, tokens);
+/// Publishes `snap`, the conversation of seed [`SEED`] at `tokens`, as a
+/// flat v2 root and returns its turn (the handle keeps `snap`'s Arc).
+async fn first_turn(
+    store: &Store,
+    id: &deltapack_format::CacheIdentity,
+    tokens: u64,
+    snap: &Arc<Snapshot>,
+) -> Turn {
+    let snap = snap.clone();
     let r = publish_base(
         store,
         id,

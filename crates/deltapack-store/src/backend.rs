@@ -6,6 +6,11 @@
 //! | `s3://bucket[/prefix]`       | `AmazonS3` (path-style; `AWS_*` env, `?endpoint=…`)  |
 //! | `memory://`                  | `InMemory` (process-local, for tests and demos)      |
 //!
+//! S3 URL options (`s3://bucket/prefix?k=v&…`): `endpoint`, `region`,
+//! `allow_http`, and the client's retries: `max_retries` (10 by default)
+//! and `retry_timeout` (a duration, 3m by default) — a node that must fail
+//! fast when the bucket is down (and serve from its tier) lowers them.
+//!
 //! **Durability.** Every write deltapack makes goes through
 //! [`put_create`]: a create-if-absent `put_opts`. On local disk the backend is
 //! [`crate::local::DirectLocal`] over `LocalFileSystem::with_fsync(true)`:
@@ -332,12 +337,24 @@ pub fn open(url: &str) -> Result<Backend, OpenError> {
         if let Ok(ep) = std::env::var("DELTAPACK_S3_ENDPOINT") {
             b = b.with_endpoint(ep);
         }
+        let mut retry = object_store::RetryConfig::default();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, "true"));
             b = match k {
                 "endpoint" => b.with_endpoint(v),
                 "region" => b.with_region(v),
                 "allow_http" => b.with_allow_http(v == "true"),
+                "max_retries" => {
+                    retry.max_retries = v
+                        .parse()
+                        .map_err(|_| bad(&format!("max_retries={v:?}: a whole number")))?;
+                    b
+                }
+                "retry_timeout" => {
+                    retry.retry_timeout = crate::units::parse_duration(v)
+                        .map_err(|e| bad(&format!("retry_timeout={v:?}: {e}")))?;
+                    b
+                }
                 _ => return Err(bad(&format!("unknown S3 option {k:?}"))),
             };
         }
@@ -350,7 +367,7 @@ pub fn open(url: &str) -> Result<Backend, OpenError> {
         if endpoint_is_http {
             b = b.with_allow_http(true);
         }
-        let s3 = b.build()?;
+        let s3 = b.with_retry(retry).build()?;
         let prefix = prefix.trim_matches('/').to_string();
         let store: Arc<dyn ObjectStore> = if prefix.is_empty() {
             Arc::new(s3)

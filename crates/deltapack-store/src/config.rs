@@ -21,6 +21,8 @@ pub struct StoreConfig {
     pub remote: RemoteIoConfig,
     /// Secret for keyed root authentication (never logged).
     pub mac_secret: Option<Vec<u8>>,
+    /// A node-local tier in front of this store (`None`: no tier).
+    pub tier: Option<crate::TierConfig>,
 }
 
 /// How a publication lays out what it writes. Part of [`StoreConfig`].
@@ -185,6 +187,7 @@ impl std::fmt::Debug for StoreConfig {
             .field("restore", &self.restore)
             .field("capacity", &self.capacity)
             .field("remote", &self.remote)
+            .field("tier", &self.tier)
             .field(
                 "mac_secret",
                 &self.mac_secret.as_ref().map(|_| "<redacted>"),

@@ -196,6 +196,16 @@ pub enum StoreError {
     /// conditional overwrite); nothing was changed.
     #[error("not supported by this store: {0}")]
     Unsupported(#[source] Unsupported),
+    /// A restore the tier could not serve failed in the origin behind it
+    /// (unreachable, or an I/O error there): the tier serves only what it
+    /// holds while the origin is down.
+    #[error("origin {origin} unavailable, and the tier does not hold this root: {source}")]
+    OriginUnavailable {
+        /// The origin (its backend).
+        origin: String,
+        /// What failed there.
+        source: Box<StoreError>,
+    },
     /// An internal invariant broke (a bug): never a data problem.
     #[error("internal invariant broken: {0}")]
     Internal(String),

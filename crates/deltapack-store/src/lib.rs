@@ -123,6 +123,7 @@ mod restore;
 mod stats;
 mod store;
 mod sweep;
+mod tier;
 pub mod units;
 mod verify;
 pub mod wrap;
@@ -163,5 +164,6 @@ pub use restore::{
 };
 pub use store::{RootInfo, RootStatus, Store};
 pub use sweep::{SweepOptions, SweepReport};
+pub use tier::{TierConfig, TierStats};
 pub use verify::{ObjectVerdict, RootVerdict};
 pub use write_behind::{WriteBehind, WriteBehindReport};

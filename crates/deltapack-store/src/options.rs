@@ -55,6 +55,7 @@ setters!(crate::StoreConfig {
     with_ledger => capacity.ledger: Option<String>,
     with_prefill_tokens_per_s => restore.prefill_tokens_per_s: Option<f64>,
     with_ledger_deadline => capacity.ledger_deadline: std::time::Duration,
+    with_tier => tier: Option<crate::TierConfig>,
 });
 
 setters!(crate::ChainPolicy {

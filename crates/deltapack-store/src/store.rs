@@ -57,6 +57,8 @@ pub(crate) struct Inner {
     /// The root lock of object-store backends (see [`Store::root_lock`]).
     pub(crate) root_mutex: Arc<tokio::sync::Mutex<()>>,
     pub(crate) flushed: Mutex<crate::stats::StatsSnapshot>,
+    /// The node-local tier in front of this store, if configured.
+    pub(crate) tier: Option<Arc<crate::tier::Tier>>,
 }
 
 /// Persists this handle's counters into the ledger when the last clone of
@@ -193,6 +195,10 @@ impl Store {
             ));
         }
         let mac_key = config.mac_secret.as_deref().map(root::mac_key);
+        let tier = match &config.tier {
+            Some(tc) => Some(Arc::new(crate::tier::Tier::open(&config, tc)?)),
+            None => None,
+        };
         Ok(Store {
             inner: Arc::new(Inner {
                 backend,
@@ -213,6 +219,7 @@ impl Store {
                 reconcile_full: std::sync::atomic::AtomicBool::new(false),
                 root_mutex: Arc::new(tokio::sync::Mutex::new(())),
                 flushed: Mutex::new(Default::default()),
+                tier,
             }),
         })
     }

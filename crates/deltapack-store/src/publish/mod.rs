@@ -88,7 +88,10 @@ impl Store {
         let progress: Progress<'_> = opts.progress.unwrap_or(&|_, _| {});
         let start = Instant::now();
         let asked = req.format.schema();
-        let out = self.publish_uncounted(req, progress).await;
+        let out = match self.tier() {
+            None => self.publish_uncounted(req, progress).await,
+            Some(_) => self.publish_through(req, progress).await,
+        };
         let span = tracing::Span::current();
         let seconds = start.elapsed().as_secs_f64();
         match &out {
@@ -121,7 +124,7 @@ impl Store {
     }
 
     /// The publication itself (`publish_with` counts it).
-    async fn publish_uncounted(
+    pub(crate) async fn publish_uncounted(
         &self,
         req: PublishRequest,
         progress: &(dyn Fn(u64, u64) + Send + Sync),

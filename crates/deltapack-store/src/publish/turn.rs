@@ -231,6 +231,7 @@ impl Store {
     /// `prev`'s root is gone or names another snapshot.
     pub async fn publish_turn(&self, prev: &Turn, req: TurnRequest) -> Result<PublishReceipt> {
         let start = Instant::now();
+        let (req_ns, req_ctx) = (req.identity.namespace(), req.context);
         // The lease ends before this returns, on every path (see
         // `publish_uncounted`).
         let mut guard = None;
@@ -239,6 +240,11 @@ impl Store {
             .await;
         if let Some(g) = guard.take() {
             g.finish().await;
+        }
+        if let Ok(r) = &out {
+            if r.outcome != PublishOutcome::Conflict {
+                self.after_origin_publish((req_ns, req_ctx).into());
+            }
         }
         let seconds = start.elapsed().as_secs_f64();
         let schema = deltapack_format::root::SCHEMA_V2_2;

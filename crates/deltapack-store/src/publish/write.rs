@@ -320,7 +320,7 @@ impl Store {
     /// With `parts` (a v2 extent), on a remote backend, an object larger
     /// than [`StoreConfig::remote.part_bytes`](crate::RemoteIoConfig::part_bytes) is a multipart upload whose
     /// parts take permits of `parts` (see [`Store::write_multipart`]).
-    pub(super) async fn write_object(
+    pub(crate) async fn write_object(
         &self,
         key: &object_store::path::Path,
         payload: PutPayload,

@@ -106,11 +106,8 @@ impl Store {
         key: impl Into<RootKey>,
         opts: RestoreOptions,
     ) -> Result<RestoreOutcome> {
-        let RootKey {
-            namespace: ns,
-            context,
-        } = key.into();
-        record_key(&ns, &context);
+        let key = key.into();
+        record_key(&key.namespace, &key.context);
         let start = Instant::now();
         if opts
             .deadline
@@ -120,6 +117,25 @@ impl Store {
             self.record_restore(start, None, Err(&reason));
             return Ok(RestoreOutcome::Miss(reason));
         }
+        if let Some(hit) = self.tier_restore(key, opts).await {
+            let (boundary, len) = (hit.snapshot.boundary(), hit.snapshot.encoded().len());
+            self.record_restore(start, Some(hit.schema), Ok((boundary, len as u64)));
+            return Ok(RestoreOutcome::Hit(hit));
+        }
+        self.restore_origin(key, opts, start)
+            .await
+            .map_err(|e| self.origin_failed(e))
+    }
+
+    /// [`Store::restore`] from this store itself (not its tier); a hit
+    /// starts the tier's fill.
+    async fn restore_origin(
+        &self,
+        key: RootKey,
+        opts: RestoreOptions,
+        start: Instant,
+    ) -> Result<RestoreOutcome> {
+        let (ns, context) = (key.namespace, key.context);
         let fut = self.restore_root(ns, context, Vec::new());
         let out = match opts.deadline {
             None => fut.await,
@@ -133,11 +149,14 @@ impl Store {
             Err(shared) => StoreError::Internal(format!("shared restore failed: {shared}")),
         })?;
         match &out {
-            RestoreOutcome::Hit(r) => self.record_restore(
-                start,
-                Some(r.schema),
-                Ok((r.snapshot.boundary(), r.snapshot.encoded().len() as u64)),
-            ),
+            RestoreOutcome::Hit(r) => {
+                self.after_origin_hit(key);
+                self.record_restore(
+                    start,
+                    Some(r.schema),
+                    Ok((r.snapshot.boundary(), r.snapshot.encoded().len() as u64)),
+                )
+            }
             RestoreOutcome::Miss(m) => self.record_restore(start, schema, Err(m)),
         }
         Ok(out)
@@ -248,6 +267,36 @@ impl Store {
         {
             return miss(MissReason::DeadlineExceeded, None);
         }
+        if let Some(hit) = self
+            .tier_restore_into((ns, context).into(), buf, opts)
+            .await
+        {
+            if let RestoreIntoOutcome::Hit { len, .. } = &hit {
+                let boundary =
+                    deltapack_format::snapshot::decode_prefix(buf).map_or(0, |(h, _)| h.boundary);
+                self.record_restore(start, None, Ok((boundary, *len)));
+            }
+            return Ok(hit);
+        }
+        self.restore_into_origin(ns, context, buf, opts, start)
+            .await
+            .map_err(|e| self.origin_failed(e))
+    }
+
+    /// [`Store::restore_into`] from this store itself (not its tier); a
+    /// hit starts the tier's fill.
+    async fn restore_into_origin(
+        &self,
+        ns: Namespace,
+        context: ContextDigest,
+        buf: &mut [u8],
+        opts: RestoreOptions,
+        start: Instant,
+    ) -> Result<RestoreIntoOutcome> {
+        let miss = |reason: MissReason, schema: Option<&'static str>| {
+            self.record_restore(start, schema, Err(&reason));
+            Ok(RestoreIntoOutcome::Miss { reason })
+        };
         let multi_thread = tokio::runtime::Handle::current().runtime_flavor()
             == tokio::runtime::RuntimeFlavor::MultiThread;
         let direct = multi_thread || matches!(self.backend_kind(), BackendKind::Local { .. });
@@ -292,6 +341,7 @@ impl Store {
             Ok(_) => {
                 self.count_reads(&r.what, &tally);
                 self.ledger_touch(&ns, &context).await;
+                self.after_origin_hit((ns, context).into());
                 self.record_restore(start, Some(r.schema), Ok((r.boundary, r.result_len)));
                 Ok(RestoreIntoOutcome::Hit {
                     len: r.result_len,
@@ -316,7 +366,10 @@ impl Store {
         buf: &mut [u8],
         opts: RestoreOptions,
     ) -> Result<RestoreIntoOutcome> {
-        match self.restore((ns, context), opts).await? {
+        match self
+            .restore_origin((ns, context).into(), opts, Instant::now())
+            .await?
+        {
             RestoreOutcome::Miss(reason) => Ok(RestoreIntoOutcome::Miss { reason }),
             RestoreOutcome::Hit(r) => {
                 let enc = r.snapshot.encoded();

@@ -34,5 +34,6 @@ mod ranged_reads;
 mod restore_into_contract;
 mod root_verification;
 mod s3_faults;
+mod tiers;
 mod turn_publication;
 mod write_behind;

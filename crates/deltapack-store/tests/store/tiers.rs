@@ -1,0 +1,283 @@
+//! Tiers: a node-local tier in front of an origin (the S3 test server in
+//! CI, a local directory otherwise). Why: a node restores the same roots
+//! again and again, and the tier must serve them from its own disk with
+//! the same verification, fall through to the origin on anything it cannot
+//! prove, fill itself only with checked bytes, never change the origin,
+//! and never serve a root the origin no longer holds once it has checked.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::common::*;
+use deltapack_store::{RestoreOutcome, RootFormat, Store, StoreError, TierConfig, TierStats};
+
+/// The origin: a fresh S3 prefix when the test server is there, else a
+/// local directory.
+fn origin_url(dir: &tempfile::TempDir) -> String {
+    s3_url().unwrap_or_else(|| format!("file://{}", dir.path().join("origin").display()))
+}
+
+/// A handle on `origin` with a tier in `tier_dir`, checking the origin at
+/// most every `interval`.
+fn tiered(origin: &str, tier_dir: &Path, interval: Duration) -> Store {
+    let tier =
+        TierConfig::new(format!("file://{}", tier_dir.display())).with_check_interval(interval);
+    Store::open(origin, config().with_tier(Some(tier))).expect("tiered store")
+}
+
+fn tier_stats(s: &Store) -> TierStats {
+    s.tier_stats().expect("a tier is configured")
+}
+
+/// Every object file in a store directory, largest first.
+fn object_files(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![root.join("objects")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out.sort_by_key(|p| std::cmp::Reverse(std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)));
+    out
+}
+
+/// Publishes a flat turn and three deltas on it through `store`; the
+/// contexts and snapshots, oldest first.
+async fn chain_of_four(
+    store: &Store,
+    id: &deltapack_format::CacheIdentity,
+    seed: u64,
+) -> Vec<(
+    deltapack_format::ContextDigest,
+    std::sync::Arc<deltapack_format::Snapshot>,
+)> {
+    let mut turns: Vec<(
+        deltapack_format::ContextDigest,
+        std::sync::Arc<deltapack_format::Snapshot>,
+    )> = Vec::new();
+    for i in 1..=4u64 {
+        let (c, snap) = (ctx(id, seed, (i * 1024) as usize), turn(seed, i * 1024));
+        let req = match turns.last() {
+            None => flat(id, c, &snap, RootFormat::V2),
+            Some((bc, b)) => delta(id, c, &snap, *bc, b, RootFormat::V2),
+        };
+        store.publish(req).await.expect("publish");
+        turns.push((c, snap));
+    }
+    turns
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_second_restore_on_a_node_is_served_by_the_tier() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let origin = origin_url(&dir);
+    let id = identity("tier-fill");
+    // Published by another node: the tier has never seen these roots.
+    let plain = Store::open(&origin, config()).expect("origin");
+    let turns = chain_of_four(&plain, &id, 301).await;
+    let node = tiered(&origin, &dir.path().join("tier"), Duration::from_secs(60));
+
+    for (c, snap) in &turns {
+        assert_eq!(restore_bytes(&node, &id, *c).await, snap.encoded());
+        node.tier_settle().await;
+    }
+    let filled = tier_stats(&node);
+    assert_eq!(filled.hits, 0, "{filled:?}");
+    assert_eq!(filled.misses, 4, "{filled:?}");
+    assert!(filled.fills >= 1 && filled.fill_bytes > 0, "{filled:?}");
+    assert_eq!(filled.fills_failed, 0, "{filled:?}");
+
+    // Again: every turn from the tier, not one object read from the origin.
+    let before = node.stats();
+    for (c, snap) in &turns {
+        assert_eq!(restore_bytes(&node, &id, *c).await, snap.encoded());
+        let mut buf = vec![0u8; snap.encoded().len()];
+        let out = node
+            .restore_into((&id, *c), &mut buf, Default::default())
+            .await
+            .expect("restore_into");
+        assert!(
+            matches!(out, deltapack_store::RestoreIntoOutcome::Hit { .. }),
+            "{out:?}"
+        );
+        assert_eq!(buf, snap.encoded());
+    }
+    let after = node.stats();
+    assert_eq!(
+        after.objects_read, before.objects_read,
+        "the origin was read"
+    );
+    assert_eq!(tier_stats(&node).hits, 8);
+    assert_eq!(
+        after.hits - before.hits,
+        8,
+        "tier hits are hits of the handle"
+    );
+    // The tier holds exactly the origin's roots (copied verbatim).
+    let tier = node.tier_store().expect("tier");
+    for (c, _) in &turns {
+        let ns = id.namespace();
+        assert_eq!(
+            tier.peek_root(&ns, c).await.expect("tier root"),
+            plain.peek_root(&ns, c).await.expect("origin root"),
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_through_publication_fills_both_and_acknowledges_the_origin() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let origin = origin_url(&dir);
+    let id = identity("tier-write");
+    let node = tiered(&origin, &dir.path().join("tier"), Duration::from_secs(60));
+    let turns = chain_of_four(&node, &id, 302).await;
+
+    // The origin has every root, readable by a handle without a tier.
+    let plain = Store::open(&origin, config()).expect("origin");
+    for (c, snap) in &turns {
+        assert_eq!(restore_bytes(&plain, &id, *c).await, snap.encoded());
+    }
+    // The node reads them from its tier, without a fill.
+    for (c, snap) in &turns {
+        assert_eq!(restore_bytes(&node, &id, *c).await, snap.encoded());
+    }
+    let s = tier_stats(&node);
+    assert_eq!((s.hits, s.fills, s.publish_failures), (4, 0, 0), "{s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_byte_in_the_tier_falls_through_and_is_quarantined_there_only() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let origin = origin_url(&dir);
+    let tier_dir = dir.path().join("tier");
+    let id = identity("tier-flip");
+    let node = tiered(&origin, &tier_dir, Duration::from_secs(60));
+    let (c, snap) = (ctx(&id, 303, 4096), turn(303, 4096));
+    node.publish(flat(&id, c, &snap, RootFormat::V2))
+        .await
+        .expect("publish");
+
+    // Damage the tier's largest extent (a real byte of a real file).
+    let victim = object_files(&tier_dir)
+        .into_iter()
+        .next()
+        .expect("a tier object");
+    let mut bytes = std::fs::read(&victim).expect("read");
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x20;
+    std::fs::write(&victim, &bytes).expect("write");
+
+    // A hit with the right bytes, from the origin.
+    assert_eq!(restore_bytes(&node, &id, c).await, snap.encoded());
+    let s = tier_stats(&node);
+    assert_eq!((s.hits, s.fall_throughs), (0, 1), "{s:?}");
+    let tier = node.tier_store().expect("tier");
+    assert!(
+        tier.stats().quarantined >= 1,
+        "the tier quarantined the proven damage"
+    );
+    // The origin is untouched: intact, nothing quarantined there.
+    let plain = Store::open(&origin, config()).expect("origin");
+    let verdict = plain.verify_root((&id, c)).await.expect("verify");
+    assert!(verdict.is_intact(), "{verdict:?}");
+    assert_eq!(
+        node.stats().quarantined,
+        0,
+        "the origin quarantined nothing"
+    );
+
+    // The fill puts the object back, and the tier serves again.
+    node.tier_settle().await;
+    assert_eq!(restore_bytes(&node, &id, c).await, snap.encoded());
+    assert_eq!(tier_stats(&node).hits, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origin_invalidation_is_not_served_from_the_tier_after_the_check() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let origin = origin_url(&dir);
+    let id = identity("tier-coherence");
+    // Interval zero: every tier hit is checked against the origin.
+    let node = tiered(&origin, &dir.path().join("tier"), Duration::ZERO);
+    let turns = chain_of_four(&node, &id, 304).await;
+    let (top, _) = turns[3];
+    let (bottom, bottom_snap) = &turns[0];
+    assert_eq!(restore_bytes(&node, &id, top).await, turns[3].1.encoded());
+    assert_eq!(tier_stats(&node).hits, 1);
+
+    // Another handle invalidates the top turn in the origin.
+    let plain = Store::open(&origin, config()).expect("origin");
+    let plan = plain
+        .invalidate_plan(id.namespace(), Some(top))
+        .await
+        .expect("plan");
+    plain.execute(plan).await.expect("invalidate");
+
+    let out = node
+        .restore((&id, top), Default::default())
+        .await
+        .expect("restore");
+    assert!(
+        matches!(out, RestoreOutcome::Miss(_)),
+        "served a root the origin invalidated"
+    );
+    let s = tier_stats(&node);
+    assert_eq!(s.refused, 1, "{s:?}");
+    // The tier dropped its copy; the turns below it still serve.
+    let tier = node.tier_store().expect("tier");
+    assert!(matches!(
+        tier.peek_root(&id.namespace(), &top).await.expect("peek"),
+        deltapack_store::RootStatus::Absent
+    ));
+    assert_eq!(
+        restore_bytes(&node, &id, *bottom).await,
+        bottom_snap.encoded()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_origin_down_the_tier_serves_what_it_holds_and_misses_name_the_origin() {
+    let Some(endpoint) = s3_endpoint() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let origin = origin_url(&dir);
+    let tier_dir = dir.path().join("tier");
+    let id = identity("tier-down");
+    let node = tiered(&origin, &tier_dir, Duration::ZERO);
+    let (c, snap) = (ctx(&id, 305, 2048), turn(305, 2048));
+    node.publish(flat(&id, c, &snap, RootFormat::V2))
+        .await
+        .expect("publish");
+    drop(node);
+
+    // The same bucket and prefix behind an endpoint nothing listens on: the
+    // origin is down (no retries, so the test does not wait minutes).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let down = origin
+        .replace(&endpoint, &format!("http://127.0.0.1:{port}"))
+        .replace("?endpoint", "?max_retries=0&retry_timeout=1s&endpoint");
+    assert_ne!(down, origin);
+    let node = tiered(&down, &tier_dir, Duration::ZERO);
+    assert_eq!(restore_bytes(&node, &id, c).await, snap.encoded());
+    let s = tier_stats(&node);
+    assert_eq!((s.hits, s.unchecked), (1, 1), "{s:?}");
+
+    let unknown = ctx(&id, 306, 2048);
+    match node.restore((&id, unknown), Default::default()).await {
+        Err(e @ StoreError::OriginUnavailable { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains("origin s3://"), "{text}");
+        }
+        other => panic!("expected the origin to be named as down, got {other:?}"),
+    }
+}

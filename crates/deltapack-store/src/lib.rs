@@ -164,6 +164,6 @@ pub use restore::{
 };
 pub use store::{RootInfo, RootStatus, Store};
 pub use sweep::{SweepOptions, SweepReport};
-pub use tier::{TierConfig, TierStats};
+pub use tier::{TierAck, TierConfig, TierStats, UploadReport, UPLOAD_HOLD};
 pub use verify::{ObjectVerdict, RootVerdict};
 pub use write_behind::{WriteBehind, WriteBehindReport};

@@ -199,7 +199,7 @@ impl Store {
             Some(tc) => Some(Arc::new(crate::tier::Tier::open(&config, tc)?)),
             None => None,
         };
-        Ok(Store {
+        let store = Store {
             inner: Arc::new(Inner {
                 backend,
                 config,
@@ -221,7 +221,14 @@ impl Store {
                 flushed: Mutex::new(Default::default()),
                 tier,
             }),
-        })
+        };
+        // Publications a previous process acknowledged in the tier and did
+        // not upload are resumed (in the background, when there is a
+        // runtime; else at the first publication or `tier_upload`).
+        if let Some(t) = store.tier() {
+            t.start_uploader(&store);
+        }
+        Ok(store)
     }
 
     /// The backend's object store.

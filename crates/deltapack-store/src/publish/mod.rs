@@ -88,9 +88,10 @@ impl Store {
         let progress: Progress<'_> = opts.progress.unwrap_or(&|_, _| {});
         let start = Instant::now();
         let asked = req.format.schema();
-        let out = match self.tier() {
+        let out = match self.tier().map(|t| t.config.ack) {
             None => self.publish_uncounted(req, progress).await,
-            Some(_) => self.publish_through(req, progress).await,
+            Some(crate::TierAck::Origin) => self.publish_through(req, progress).await,
+            Some(crate::TierAck::Tier) => self.publish_behind(req, progress).await,
         };
         let span = tracing::Span::current();
         let seconds = start.elapsed().as_secs_f64();

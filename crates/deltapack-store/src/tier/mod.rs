@@ -43,14 +43,20 @@
 //! memory at once across all fills. A fill the tier's budget cannot take
 //! fails quietly (counted): the origin still has the root.
 //!
-//! **Publication.** Write-through: the same publication goes to the tier
-//! and to the origin concurrently, and the caller's receipt is the
-//! origin's: a root is acknowledged when it is durable in the origin. A
-//! tier failure is counted and logged, never returned.
+//! **Publication.** Write-through ([`TierAck::Origin`], the default): the
+//! same publication goes to the tier and to the origin concurrently, and
+//! the caller's receipt is the origin's: a root is acknowledged when it is
+//! durable in the origin. A tier failure is counted and logged, never
+//! returned. Behind ([`TierAck::Tier`]): acknowledged when durable in the
+//! tier and journaled there; uploaded in the background (`upload.rs`).
 
+mod copy;
 mod fill;
 mod read;
+mod upload;
 mod write;
+
+pub use upload::{UploadReport, UPLOAD_HOLD};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -85,9 +91,30 @@ pub struct TierConfig {
     pub check_timeout: Duration,
     /// Roots filled at once; a fill beyond that is skipped (2 by default).
     pub fill_roots_in_flight: usize,
-    /// Objects held in memory at once across all fills (4 by default; each
-    /// at most one extent, so 4 × 64 MiB at the production extent size).
+    /// Objects held in memory at once across all fills and uploads (4 by
+    /// default; each at most one extent, so 4 × 64 MiB at the production
+    /// extent size).
     pub fill_objects_in_flight: usize,
+    /// When a publication is acknowledged: durable in the origin (the
+    /// default) or in the tier, uploaded behind.
+    pub ack: TierAck,
+    /// Roots uploaded to the origin at once (2 by default).
+    pub uploads_in_flight: usize,
+    /// Pending uploads beyond which a publication is written through
+    /// instead of queued (256 by default).
+    pub max_upload_backlog: usize,
+}
+
+/// When a publication through a tiered store is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TierAck {
+    /// When it is durable in the origin (write-through; the default).
+    #[default]
+    Origin,
+    /// When it is durable in the tier; the upload to the origin is
+    /// journaled in the tier and runs behind.
+    Tier,
 }
 
 impl TierConfig {
@@ -100,7 +127,17 @@ impl TierConfig {
             check_timeout: Duration::from_secs(1),
             fill_roots_in_flight: 2,
             fill_objects_in_flight: 4,
+            ack: TierAck::Origin,
+            uploads_in_flight: 2,
+            max_upload_backlog: 256,
         }
+    }
+
+    /// Sets when publications are acknowledged (builder style).
+    #[must_use]
+    pub fn with_ack(mut self, ack: TierAck) -> Self {
+        self.ack = ack;
+        self
     }
 
     /// Sets the budget (builder style).
@@ -131,6 +168,11 @@ pub(crate) struct TierCounters {
     pub(crate) fills_failed: Counter,
     pub(crate) fills_skipped: Counter,
     pub(crate) publish_failures: Counter,
+    pub(crate) uploads: Counter,
+    pub(crate) upload_bytes: Counter,
+    pub(crate) upload_failures: Counter,
+    pub(crate) upload_conflicts: Counter,
+    pub(crate) uploads_inline: Counter,
 }
 
 /// What a handle's tier did (process-local counters).
@@ -158,8 +200,18 @@ pub struct TierStats {
     pub fills_skipped: u64,
     /// Write-through publications the tier did not take.
     pub publish_failures: u64,
-    /// Publications waiting to be uploaded to the origin (always 0 in
-    /// write-through mode).
+    /// Roots uploaded to the origin (acknowledged in the tier before).
+    pub uploads: u64,
+    /// Bytes those uploads wrote to the origin.
+    pub upload_bytes: u64,
+    /// Upload attempts that failed (the root stays journaled).
+    pub upload_failures: u64,
+    /// Uploads that found another snapshot in the origin (origin wins).
+    pub upload_conflicts: u64,
+    /// Publications written through because the upload backlog was full.
+    pub uploads_inline: u64,
+    /// Publications journaled in the tier and not yet in the origin, as
+    /// last seen by this handle.
     pub upload_backlog: u64,
 }
 
@@ -177,6 +229,11 @@ impl TierCounters {
             fills_failed: g(&self.fills_failed),
             fills_skipped: g(&self.fills_skipped),
             publish_failures: g(&self.publish_failures),
+            uploads: g(&self.uploads),
+            upload_bytes: g(&self.upload_bytes),
+            upload_failures: g(&self.upload_failures),
+            upload_conflicts: g(&self.upload_conflicts),
+            uploads_inline: g(&self.uploads_inline),
             upload_backlog: 0,
         }
     }
@@ -192,10 +249,27 @@ pub(crate) struct Tier {
     checked: Mutex<HashMap<(Namespace, ContextDigest), Instant>>,
     /// Roots being filled (one fill per root).
     filling: Mutex<HashSet<(Namespace, ContextDigest)>>,
-    /// Permits for objects held by fills.
-    fill_objects: Arc<tokio::sync::Semaphore>,
+    /// Permits for objects held in memory by copies (fills and uploads).
+    copy_objects: Arc<tokio::sync::Semaphore>,
     /// Running fills ([`Store::tier_settle`] waits for them).
     fill_tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// This handle's uploader (`upload.rs`).
+    uploader: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Wakes the uploader (a publication was journaled).
+    upload_wake: Arc<tokio::sync::Notify>,
+    /// Pending uploads as last counted.
+    backlog: std::sync::atomic::AtomicU64,
+    /// One upload round at a time in this process (the uploader's, or a
+    /// caller's [`Store::tier_upload`]).
+    upload_round: tokio::sync::Mutex<()>,
+}
+
+impl Drop for Tier {
+    fn drop(&mut self) {
+        if let Some(t) = lock(&self.uploader).take() {
+            t.abort();
+        }
+    }
 }
 
 impl std::fmt::Debug for Tier {
@@ -229,9 +303,14 @@ impl Tier {
                 tc.url
             )));
         }
-        if tc.fill_roots_in_flight == 0 || tc.fill_objects_in_flight == 0 {
+        if tc.fill_roots_in_flight == 0
+            || tc.fill_objects_in_flight == 0
+            || tc.uploads_in_flight == 0
+        {
             return Err(StoreError::Invalid(
-                "tier fill_roots_in_flight and fill_objects_in_flight must be at least 1".into(),
+                "tier fill_roots_in_flight, fill_objects_in_flight and uploads_in_flight must be \
+                 at least 1"
+                    .into(),
             ));
         }
         let mut config = origin.clone();
@@ -245,8 +324,12 @@ impl Tier {
             counters: TierCounters::default(),
             checked: Mutex::new(HashMap::new()),
             filling: Mutex::new(HashSet::new()),
-            fill_objects: Arc::new(tokio::sync::Semaphore::new(tc.fill_objects_in_flight)),
+            copy_objects: Arc::new(tokio::sync::Semaphore::new(tc.fill_objects_in_flight)),
             fill_tasks: Mutex::new(Vec::new()),
+            uploader: Mutex::new(None),
+            upload_wake: Arc::new(tokio::sync::Notify::new()),
+            backlog: std::sync::atomic::AtomicU64::new(0),
+            upload_round: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -268,7 +351,13 @@ impl Tier {
             }
             Ok(Err(object_store::Error::NotFound { .. })) => {
                 lock(&self.checked).remove(&k);
-                Coherence::Refuse
+                // A publication acknowledged in the tier and not uploaded
+                // yet is not stale: it is on its way to the origin.
+                if self.upload_pending(key).await {
+                    Coherence::Serve
+                } else {
+                    Coherence::Refuse
+                }
             }
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, %path, "origin check failed; serving the verified tier copy");
@@ -305,7 +394,9 @@ impl Tier {
 
     /// The counters.
     pub(crate) fn stats(&self) -> TierStats {
-        self.counters.snapshot()
+        let mut s = self.counters.snapshot();
+        s.upload_backlog = self.backlog.load(std::sync::atomic::Ordering::Relaxed);
+        s
     }
 }
 

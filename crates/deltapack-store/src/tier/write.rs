@@ -53,7 +53,7 @@ impl Store {
     /// The request the tier publishes: the caller's, flat when the tier
     /// does not hold the base (evicted, or published before the tier was
     /// there), so the tier starts a chain of its own instead of failing.
-    async fn tier_request(&self, req: &PublishRequest) -> PublishRequest {
+    pub(super) async fn tier_request(&self, req: &PublishRequest) -> PublishRequest {
         let mut out = req.clone();
         if let (Some(tier), Some(BaseInput { context, .. })) = (self.tier(), &req.base) {
             let ns = req.identity.namespace();

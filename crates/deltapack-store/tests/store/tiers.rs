@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::common::*;
-use deltapack_store::{RestoreOutcome, RootFormat, Store, StoreError, TierConfig, TierStats};
+use deltapack_store::{
+    RestoreOutcome, RootFormat, Store, StoreError, TierAck, TierConfig, TierStats,
+};
 
 /// The origin: a fresh S3 prefix when the test server is there, else a
 /// local directory.
@@ -259,13 +261,7 @@ async fn with_the_origin_down_the_tier_serves_what_it_holds_and_misses_name_the_
 
     // The same bucket and prefix behind an endpoint nothing listens on: the
     // origin is down (no retries, so the test does not wait minutes).
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
-    let down = origin
-        .replace(&endpoint, &format!("http://127.0.0.1:{port}"))
-        .replace("?endpoint", "?max_retries=0&retry_timeout=1s&endpoint");
+    let down = down(&origin, &endpoint);
     assert_ne!(down, origin);
     let node = tiered(&down, &tier_dir, Duration::ZERO);
     assert_eq!(restore_bytes(&node, &id, c).await, snap.encoded());
@@ -279,5 +275,158 @@ async fn with_the_origin_down_the_tier_serves_what_it_holds_and_misses_name_the_
             assert!(text.contains("origin s3://"), "{text}");
         }
         other => panic!("expected the origin to be named as down, got {other:?}"),
+    }
+}
+
+/// A tiered handle that acknowledges publications in the tier.
+fn behind(origin: &str, tier_dir: &Path) -> Store {
+    let tier = TierConfig::new(format!("file://{}", tier_dir.display()))
+        .with_check_interval(Duration::ZERO)
+        .with_ack(TierAck::Tier);
+    Store::open(origin, config().with_tier(Some(tier))).expect("tiered store")
+}
+
+/// `origin` behind an endpoint nothing listens on, failing at once.
+fn down(origin: &str, endpoint: &str) -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    origin
+        .replace(endpoint, &format!("http://127.0.0.1:{port}"))
+        .replace("?endpoint", "?max_retries=0&retry_timeout=1s&endpoint")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_mode_acknowledges_in_the_tier_and_uploads_behind() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let origin = origin_url(&dir);
+    let id = identity("tier-behind");
+    let node = behind(&origin, &dir.path().join("tier"));
+    let turns = chain_of_four(&node, &id, 307).await;
+    // Read-your-writes on the node, whatever the upload has done so far.
+    for (c, snap) in &turns {
+        assert_eq!(restore_bytes(&node, &id, *c).await, snap.encoded());
+    }
+    // Everything reaches the origin.
+    let report = node.tier_upload().await.expect("upload");
+    assert_eq!((report.failed, report.remaining), (0, 0), "{report:?}");
+    assert_eq!(node.tier_backlog().await.expect("backlog"), 0);
+    let plain = Store::open(&origin, config()).expect("origin");
+    for (c, snap) in &turns {
+        assert_eq!(restore_bytes(&plain, &id, *c).await, snap.encoded());
+        assert!(plain
+            .verify_root((&id, *c))
+            .await
+            .expect("verify")
+            .is_intact());
+    }
+    assert_eq!(tier_stats(&node).uploads, 4, "{:?}", tier_stats(&node));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_through_with_the_origin_down_fails_and_keeps_nothing_in_the_tier() {
+    let Some(endpoint) = s3_endpoint() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let origin = down(&origin_url(&dir), &endpoint);
+    let id = identity("tier-through-down");
+    let node = tiered(&origin, &dir.path().join("tier"), Duration::ZERO);
+    let (c, snap) = (ctx(&id, 308, 2048), turn(308, 2048));
+    let out = node.publish(flat(&id, c, &snap, RootFormat::V2)).await;
+    assert!(
+        out.is_err(),
+        "a write-through publication with the origin down: {out:?}"
+    );
+    let tier = node.tier_store().expect("tier");
+    assert!(matches!(
+        tier.peek_root(&id.namespace(), &c).await.expect("peek"),
+        deltapack_store::RootStatus::Absent
+    ));
+}
+
+/// The child of [`a_killed_node_resumes_its_uploads_and_the_origin_never_shows_a_root_early`]:
+/// publishes two turns acknowledged in the tier with the origin down, says
+/// so, and waits to be killed.
+const CHILD: &str = "DELTAPACK_TEST_TIER_CHILD";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_node_resumes_its_uploads_and_the_origin_never_shows_a_root_early() {
+    let Some(endpoint) = s3_endpoint() else {
+        return;
+    };
+    let id = identity("tier-kill9");
+    let (c1, s1) = (ctx(&id, 309, 1024), turn(309, 1024));
+    let (c2, s2) = (ctx(&id, 309, 2048), turn(309, 2048));
+    if let Ok(spec) = std::env::var(CHILD) {
+        let (origin, tier_dir) = spec.split_once('\n').expect("child spec");
+        let node = behind(origin, Path::new(tier_dir));
+        node.publish(flat(&id, c1, &s1, RootFormat::V2))
+            .await
+            .expect("acknowledged in the tier");
+        node.publish(delta(&id, c2, &s2, c1, &s1, RootFormat::V2))
+            .await
+            .expect("acknowledged in the tier");
+        println!("ACKED");
+        tokio::time::sleep(Duration::from_secs(300)).await;
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let origin = origin_url(&dir);
+    let tier_dir = dir.path().join("tier");
+    let mut child = std::process::Command::new(std::env::current_exe().expect("exe"))
+        .args([
+            "tiers::a_killed_node_resumes_its_uploads_and_the_origin_never_shows_a_root_early",
+            "--exact",
+            "--nocapture",
+        ])
+        .env(
+            CHILD,
+            format!("{}\n{}", down(&origin, &endpoint), tier_dir.display()),
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn the node");
+    let stdout = child.stdout.take().expect("stdout");
+    let acked = std::thread::spawn(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(std::result::Result::ok)
+            .any(|l| l.contains("ACKED"))
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !acked.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill(); // SIGKILL
+    let _ = child.wait();
+    assert!(
+        acked.join().expect("reader"),
+        "the node acknowledged in its tier"
+    );
+
+    // Nothing reached the origin while it was down.
+    let plain = Store::open(&origin, config()).expect("origin");
+    for c in [c1, c2] {
+        assert!(matches!(
+            plain.peek_root(&id.namespace(), &c).await.expect("peek"),
+            deltapack_store::RootStatus::Absent
+        ));
+    }
+    // The restarted node finds its journal and uploads, objects first.
+    let node = behind(&origin, &tier_dir);
+    assert_eq!(node.tier_backlog().await.expect("backlog"), 2);
+    let report = node.tier_upload().await.expect("upload");
+    assert_eq!((report.failed, report.remaining), (0, 0), "{report:?}");
+    for (c, s) in [(c1, &s1), (c2, &s2)] {
+        assert!(plain
+            .verify_root((&id, c))
+            .await
+            .expect("verify")
+            .is_intact());
+        assert_eq!(restore_bytes(&plain, &id, c).await, s.encoded());
     }
 }

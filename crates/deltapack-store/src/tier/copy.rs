@@ -1,0 +1,196 @@
+//! Copying a root, with the chain links below it the target lacks, from
+//! one store to another: the origin into the tier (the fill) and the tier
+//! into the origin (the upload of a publication acknowledged in the tier).
+//!
+//! Owns the copy's order — every object checked against its root's record
+//! and durable in the target before the root, base links before the deltas
+//! on them — so the target, like any store, never shows a root before its
+//! objects. Must never write to the source, or copy a byte it has not
+//! checked.
+
+use bytes::Bytes;
+use deltapack_format::root::DecodedRoot;
+use deltapack_format::Digest;
+use futures::{StreamExt, TryStreamExt};
+use object_store::ObjectStoreExt;
+
+use crate::error::{Result, StoreError};
+use crate::gc::ProtectGuard;
+use crate::keys::RootKey;
+use crate::publish::{PublishOutcome, PublishReceipt};
+use crate::store::{RootStatus, Store};
+use crate::verify::{check_object, Expected};
+
+/// One chain link to copy: its key, the source's root bytes, decoded.
+struct Link {
+    key: RootKey,
+    bytes: Bytes,
+    root: DecodedRoot,
+}
+
+/// A copy from `from` to `to` and its bounds.
+pub(crate) struct Copy<'a> {
+    pub(crate) from: &'a Store,
+    pub(crate) to: &'a Store,
+    /// Permits for objects held in memory (shared by every copy of a tier).
+    pub(crate) objects: &'a tokio::sync::Semaphore,
+    /// Objects of one link copied at once.
+    pub(crate) in_flight: usize,
+    /// Permits for multipart parts, for a remote target (large extents go
+    /// up as concurrent parts, as a publication's do).
+    pub(crate) parts: Option<&'a tokio::sync::Semaphore>,
+    /// What the copy is, for its errors.
+    pub(crate) what: &'static str,
+}
+
+/// What a copy did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Copied {
+    /// Bytes written to the target (objects and roots it created).
+    pub(crate) bytes: u64,
+    /// Whether the target already held another snapshot at some link
+    /// (nothing of that link was made visible; the target's root wins).
+    pub(crate) conflict: bool,
+}
+
+impl Copy<'_> {
+    /// Copies `key` and the links below it the target lacks, bottom first.
+    pub(crate) async fn root(&self, key: RootKey) -> Result<Copied> {
+        // Only the target's own ledger may publish into it (as for any
+        // publication).
+        self.to.require_owner("copy").await?;
+        let links = self.links(key).await?;
+        let mut out = Copied::default();
+        for link in links.into_iter().rev() {
+            let (bytes, conflict) = self.link(link).await?;
+            out.bytes += bytes;
+            if conflict {
+                out.conflict = true;
+                break;
+            }
+        }
+        Ok(out)
+    }
+    /// The chain from `key` down to the first link below it the target
+    /// already holds (or the flat bottom), top first, read from the source
+    /// without side effects there.
+    async fn links(&self, key: RootKey) -> Result<Vec<Link>> {
+        let what = self.what;
+        let mut links = Vec::new();
+        let mut at = Some(key);
+        let max_depth = self.from.config().restore.max_base_depth;
+        while let Some(key) = at.take() {
+            let (ns, ctx) = (key.namespace, key.context);
+            // The requested root is copied even if the target has it: its
+            // objects may be gone (quarantined there); below it, a link the
+            // target holds ends the walk.
+            let below = !links.is_empty();
+            if below && matches!(self.to.peek_root(&ns, &ctx).await?, RootStatus::Found(_)) {
+                break;
+            }
+            if links.len() > max_depth {
+                return Err(StoreError::Invalid(format!(
+                    "{what}: the chain below {ns}/{ctx} is deeper than {max_depth}"
+                )));
+            }
+            let (status, bytes) = self.from.read_root_bytes(&ns, &ctx, false).await?;
+            let (RootStatus::Found(root), Some(bytes)) = (status, bytes) else {
+                return Err(StoreError::Invalid(format!(
+                    "{what}: the source no longer holds a usable root at {ns}/{ctx}"
+                )));
+            };
+            at = root
+                .summary()
+                .and_then(|s| s.base)
+                .map(|b| RootKey::from((b.namespace, b.context)));
+            links.push(Link {
+                key,
+                bytes,
+                root: *root,
+            });
+        }
+        Ok(links)
+    }
+
+    /// Copies one link: every object it names (checked against the root),
+    /// then the root; the bytes written, and whether the target held
+    /// another snapshot there. The objects are protected in the target's
+    /// ledger from before they are written until the root is recorded.
+    async fn link(&self, link: Link) -> Result<(u64, bool)> {
+        let (tier, what) = (self.to, self.what);
+        let wanted = Expected::of_root(&link.root)
+            .map_err(|e| StoreError::Invalid(format!("{what}: extent plan: {e}")))?;
+        let guard = ProtectGuard::new(tier).await?;
+        let out = async {
+            let need =
+                wanted.iter().map(Expected::stored_len).sum::<u64>() + link.bytes.len() as u64;
+            tier.make_room(need, &guard).await?;
+            let protector = guard.protector();
+            let written = futures::stream::iter(wanted)
+                .map(|want| {
+                    let protector = &protector;
+                    async move {
+                        let key = want.object().path();
+                        protector.protect(vec![key.to_string()]).await?;
+                        if let Ok(meta) = tier.object_store().head(&key).await {
+                            if meta.size == want.stored_len() {
+                                return Ok(0);
+                            }
+                        }
+                        let _permit = self
+                            .objects
+                            .acquire()
+                            .await
+                            .map_err(|e| StoreError::Internal(format!("fill permits: {e}")))?;
+                        let stored = verified(self.from, want, what).await?;
+                        let len = stored.len() as u64;
+                        tier.write_object(&key, stored.into(), self.parts).await?;
+                        Ok::<u64, StoreError>(len)
+                    }
+                })
+                .buffer_unordered(self.in_flight.max(1))
+                .try_fold(0u64, |a, b| async move { Ok(a + b) })
+                .await?;
+            let (ns, ctx) = (link.key.namespace, link.key.context);
+            // Another fill (of a turn above) may create this root first:
+            // the same snapshot digest makes that idempotent success.
+            let digest = link
+                .root
+                .summary()
+                .map_or_else(|| Digest::blake3(&[]), |s| s.result_snapshot_digest);
+            let mut receipt = PublishReceipt::empty(ns, ctx, digest);
+            tier.create_root(&ns, &ctx, link.bytes.clone(), &mut receipt, None)
+                .await?;
+            let root = match receipt.outcome {
+                PublishOutcome::Created => link.bytes.len() as u64,
+                _ => 0,
+            };
+            Ok((written + root, receipt.outcome == PublishOutcome::Conflict))
+        }
+        .await;
+        guard.finish().await;
+        out
+    }
+}
+
+/// Reads one object from the origin and checks it against its root's
+/// record; the stored bytes, as the tier must hold them.
+async fn verified(from: &Store, want: Expected, what: &str) -> Result<Bytes> {
+    let key = want.object().path();
+    let stored = match from.fetch_exact(&key, want.stored_len()).await {
+        Ok(b) => b,
+        Err(fault) => {
+            let fault = fault.into_error()?;
+            return Err(StoreError::Invalid(format!(
+                "{what}: source object {key}: {}",
+                fault.check.map_or(crate::ObjectCheck::Missing, |c| *c)
+            )));
+        }
+    };
+    let check = stored.clone();
+    tokio::task::spawn_blocking(move || check_object(&want, check).map(|_| ()))
+        .await
+        .map_err(|e| StoreError::task("copy check", e))?
+        .map_err(|c| StoreError::Invalid(format!("{what}: source object {key}: {c}")))?;
+    Ok(stored)
+}

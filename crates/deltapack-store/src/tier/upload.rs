@@ -1,0 +1,269 @@
+//! Publication acknowledged in the tier ([`super::TierAck::Tier`]), and
+//! the upload behind it.
+//!
+//! Owns the upload journal and the uploader. Must never drop an
+//! acknowledged publication, let the tier evict it before the origin has
+//! it, or show it in the origin before its objects.
+//!
+//! **Journal.** A publication acknowledged in the tier is durable there
+//! (objects, then root, fsync'd) and carries a persistent hold named
+//! [`UPLOAD_HOLD`] (a marker file under the tier's `holds/`, written with
+//! fsync before the call returns). The hold is the journal entry: it keeps
+//! the root — and every base below it — out of the tier's eviction, a
+//! restarted process finds it by listing the tier's holds, and it is
+//! released only once the origin holds the root. While it is there, the
+//! coherence rule serves the tier's copy without asking the origin.
+//!
+//! **Upload.** Each pending root is copied into the origin by `copy.rs`:
+//! objects checked and durable first, base links before deltas, the root
+//! last — so the origin never shows a root before its objects. A failed
+//! upload (the origin down) stays in the journal and is tried again with a
+//! backoff (up to 10 s); nothing is dropped. A root the origin already
+//! holds with another snapshot (another node published first) is a
+//! conflict: the origin wins, the tier's copy is removed, and it is
+//! counted.
+//!
+//! **Bounds.** At most [`super::TierConfig::uploads_in_flight`] roots are
+//! uploaded at once, through the tier's object permits. When
+//! [`super::TierConfig::max_upload_backlog`] roots are pending, the next
+//! publication is written through (acknowledged by the origin) instead of
+//! queued, and counted.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use futures::StreamExt;
+use object_store::ObjectStoreExt;
+use serde::Serialize;
+
+use super::copy::Copy;
+use super::{lock, Tier};
+use crate::error::Result;
+use crate::keys::{self, HoldName, RootKey};
+use crate::publish::{Progress, PublishOutcome, PublishReceipt, PublishRequest};
+use crate::stats::Stats;
+use crate::store::{Inner, Store};
+
+/// The name of the tier hold that journals a pending upload.
+pub const UPLOAD_HOLD: &str = "deltapack-upload";
+
+/// Longest pause between upload rounds while uploads fail.
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+/// What one upload round did.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UploadReport {
+    /// Roots now in the origin (uploaded, or found there).
+    pub uploaded: u64,
+    /// Roots the origin holds with another snapshot (the tier's copy was
+    /// removed).
+    pub conflicts: u64,
+    /// Roots whose upload failed this round (still journaled).
+    pub failed: u64,
+    /// Roots still pending after the round.
+    pub remaining: u64,
+}
+
+fn upload_hold() -> HoldName {
+    HoldName::new(UPLOAD_HOLD).unwrap_or_else(|| unreachable!("a valid constant hold name"))
+}
+
+impl Tier {
+    /// The roots journaled for upload (by any process of this node).
+    pub(crate) async fn pending_uploads(&self) -> Result<Vec<RootKey>> {
+        let name = upload_hold();
+        Ok(self
+            .store
+            .list_holds()
+            .await?
+            .into_iter()
+            .filter(|(n, _, _)| *n == name)
+            .map(|(_, ns, ctx)| RootKey::from((ns, ctx)))
+            .collect())
+    }
+
+    /// Whether `key` is journaled for upload (its origin copy may not
+    /// exist yet, and that is not staleness).
+    pub(crate) async fn upload_pending(&self, key: RootKey) -> bool {
+        let marker = keys::hold_key(&upload_hold(), &key.namespace, &key.context);
+        self.store.object_store().head(&marker).await.is_ok()
+    }
+
+    /// Starts this handle's uploader if it is not running (it needs a
+    /// runtime; without one it starts at the first async call).
+    pub(crate) fn start_uploader(self: &Arc<Self>, origin: &Store) {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let mut slot = lock(&self.uploader);
+        if slot.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let (tier, weak) = (Arc::downgrade(self), Arc::downgrade(&origin.inner));
+        *slot = Some(tokio::spawn(uploader(tier, weak)));
+    }
+
+    /// One upload round: every pending root, [`super::TierConfig::uploads_in_flight`]
+    /// at a time.
+    pub(crate) async fn upload_round(&self, origin: &Store) -> Result<UploadReport> {
+        let _one = self.upload_round.lock().await;
+        let pending = self.pending_uploads().await?;
+        let parts = tokio::sync::Semaphore::new(origin.config().remote.parts_in_flight.max(1));
+        let parts = origin.backend_kind().is_remote().then_some(&parts);
+        let outcomes: Vec<_> = futures::stream::iter(pending)
+            .map(|key| self.upload_one(origin, key, parts))
+            .buffer_unordered(self.config.uploads_in_flight.max(1))
+            .collect()
+            .await;
+        let mut report = UploadReport::default();
+        for o in outcomes {
+            match o {
+                Upload::Done => report.uploaded += 1,
+                Upload::Conflict => report.conflicts += 1,
+                Upload::Failed => report.failed += 1,
+            }
+        }
+        report.remaining = self.pending_uploads().await?.len() as u64;
+        self.backlog
+            .store(report.remaining, std::sync::atomic::Ordering::Relaxed);
+        Ok(report)
+    }
+
+    /// Uploads one root and settles its journal entry.
+    async fn upload_one(
+        &self,
+        origin: &Store,
+        key: RootKey,
+        parts: Option<&tokio::sync::Semaphore>,
+    ) -> Upload {
+        let copy = Copy {
+            from: &self.store,
+            to: origin,
+            objects: &self.copy_objects,
+            in_flight: self.config.fill_objects_in_flight,
+            parts,
+            what: "tier upload",
+        };
+        let copied = match copy.root(key).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "upload to the origin failed; it stays journaled and is tried again");
+                Stats::add(&self.counters.upload_failures, 1);
+                return Upload::Failed;
+            }
+        };
+        // Another process of the node may have uploaded and released it
+        // meanwhile: counted by whoever releases it.
+        let released = match self
+            .store
+            .release(UPLOAD_HOLD, key.namespace, key.context)
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "uploaded, but the journal entry stays (uploaded again later, idempotently)");
+                false
+            }
+        };
+        if copied.conflict {
+            tracing::warn!(root = %keys::root_key(&key.namespace, &key.context), "the origin holds another snapshot for a root acknowledged in the tier; the origin wins");
+            Stats::add(&self.counters.upload_conflicts, 1);
+            self.drop_root(key).await;
+            return Upload::Conflict;
+        }
+        if released {
+            Stats::add(&self.counters.uploads, 1);
+        }
+        Stats::add(&self.counters.upload_bytes, copied.bytes);
+        self.seen_in_origin(key);
+        Upload::Done
+    }
+}
+
+/// How one upload ended.
+enum Upload {
+    Done,
+    Conflict,
+    Failed,
+}
+
+/// The background uploader of one handle: rounds while anything is
+/// pending (with a backoff while they fail), woken by publications; it ends
+/// with the handle.
+async fn uploader(tier: Weak<Tier>, origin: Weak<Inner>) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let (Some(t), Some(inner)) = (tier.upgrade(), origin.upgrade()) else {
+            return;
+        };
+        let origin = Store { inner };
+        let round = t.upload_round(&origin).await;
+        let wake = t.upload_wake.clone();
+        drop((t, origin));
+        let idle = match round {
+            Ok(r) if r.remaining == 0 => {
+                backoff = Duration::from_millis(100);
+                Duration::from_secs(30)
+            }
+            Ok(r) if r.failed == 0 => Duration::ZERO,
+            Ok(_) | Err(_) => {
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                backoff
+            }
+        };
+        if !idle.is_zero() {
+            let _ = tokio::time::timeout(idle, wake.notified()).await;
+        }
+    }
+}
+
+impl Store {
+    /// A publication acknowledged in the tier: durable there and journaled
+    /// for upload when this returns (the receipt is the tier's). With the
+    /// backlog full it is written through instead.
+    pub(crate) async fn publish_behind(
+        &self,
+        req: PublishRequest,
+        progress: Progress<'_>,
+    ) -> Result<PublishReceipt> {
+        let Some(tier) = self.tier() else {
+            return self.publish_uncounted(req, progress).await;
+        };
+        tier.start_uploader(self);
+        let backlog = tier.pending_uploads().await?.len();
+        if backlog >= tier.config.max_upload_backlog {
+            Stats::add(&tier.counters.uploads_inline, 1);
+            return self.publish_through(req, progress).await;
+        }
+        let (ns, ctx) = (req.identity.namespace(), req.context);
+        let tier_req = self.tier_request(&req).await;
+        let receipt = tier.store.publish_uncounted(tier_req, progress).await?;
+        if receipt.outcome == PublishOutcome::Conflict {
+            return Ok(receipt);
+        }
+        tier.store.hold(UPLOAD_HOLD, ns, ctx).await?;
+        tier.backlog
+            .store(backlog as u64 + 1, std::sync::atomic::Ordering::Relaxed);
+        tier.upload_wake.notify_one();
+        Ok(receipt)
+    }
+
+    /// Uploads every publication journaled in the tier now (any process's,
+    /// including one that was killed), and says what happened. A failed
+    /// upload stays journaled. `Ok` with an empty report without a tier.
+    pub async fn tier_upload(&self) -> Result<UploadReport> {
+        match self.tier() {
+            Some(t) => t.upload_round(self).await,
+            None => Ok(UploadReport::default()),
+        }
+    }
+
+    /// The publications journaled in the tier and not yet in the origin.
+    pub async fn tier_backlog(&self) -> Result<u64> {
+        match self.tier() {
+            Some(t) => Ok(t.pending_uploads().await?.len() as u64),
+            None => Ok(0),
+        }
+    }
+}

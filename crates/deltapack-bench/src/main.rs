@@ -93,6 +93,11 @@ enum Command {
     /// `publish --tail` in a fresh process) against the durable write floor
     /// of the bytes written.
     Turn(scenarios::turn::TurnArgs),
+    /// A node-local tier in front of the bandwidth-shaped S3 emulation: the
+    /// first and second restore on a node (flat and a chain) against the
+    /// shaped and the local-disk restore, and write-through and behind
+    /// publication against the shaped and the local publication.
+    Tiers(scenarios::tiers::TiersArgs),
     /// One benchmark job in a child process (used by the suites).
     #[command(hide = true)]
     BenchOne(BenchOneArgs),
@@ -123,6 +128,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Command::All(a) => scenarios::run(Suite::All, a).await,
             Command::LedgerDown(a) => scenarios::ledger_down::run(a).await,
             Command::Turn(a) => scenarios::turn::run(a).await,
+            Command::Tiers(a) => scenarios::tiers::run(a).await,
             Command::BenchOne(a) => bench_one::run_one(a).await,
         }
     })

@@ -81,25 +81,26 @@ async fn list(store: &Store, ns: Option<&Namespace>, json: bool) -> Result<ExitC
                     .map(|b| common::short(b).to_string())
                     .unwrap_or_else(|| "-".into()),
             ]
+            .into_iter()
+            // With a tier: where each root lives.
+            .chain(r.location.clone())
+            .collect()
         })
         .collect();
-    print!(
-        "{}",
-        common::table(
-            &[
-                "NAMESPACE",
-                "CONTEXT",
-                "SCHEMA",
-                "KIND",
-                "BOUNDARY",
-                "OBJECTS",
-                "STORED",
-                "BASE"
-            ],
-            &rows,
-            &[4, 5, 6],
-        )
-    );
+    let mut header = vec![
+        "NAMESPACE",
+        "CONTEXT",
+        "SCHEMA",
+        "KIND",
+        "BOUNDARY",
+        "OBJECTS",
+        "STORED",
+        "BASE",
+    ];
+    if roots.iter().any(|r| r.location.is_some()) {
+        header.push("WHERE");
+    }
+    print!("{}", common::table(&header, &rows, &[4, 5, 6]));
     let stored: u64 = roots.iter().map(|r| r.stored_bytes).sum();
     println!(
         "{} roots, {} referenced (objects shared between roots counted per root)",

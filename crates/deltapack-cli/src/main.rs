@@ -35,6 +35,7 @@ mod restore;
 mod settings;
 mod sweep;
 mod synth;
+mod tier;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -97,6 +98,9 @@ enum Command {
     Ledger(ops::LedgerArgs),
     /// Ledger gauges and counters (`--prometheus` for the text exposition).
     Stats(ops::StatsArgs),
+    /// The node-local tier (`--tier`): upload what was acknowledged in it
+    /// (`upload`), or show what it holds (`status`).
+    Tier(tier::TierCmdArgs),
     /// Migrate legacy v1 roots to v2 (each replaced atomically after its
     /// snapshot digest is proven unchanged); `--check` proves it for every
     /// v1 root without writing anything (exits 3 if one would not migrate).
@@ -211,6 +215,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     Command::Invalidate(a) => ops::invalidate(a).await,
                     Command::Ledger(a) => ops::ledger(a).await,
                     Command::Stats(a) => ops::stats(a).await,
+                    Command::Tier(a) => tier::run(a).await,
                     Command::Migrate(a) => ops::migrate(a).await,
                     Command::Compat(a) => compat::run(a).await,
                     Command::Identity(_)

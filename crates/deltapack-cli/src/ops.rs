@@ -461,6 +461,28 @@ pub(crate) async fn stats(a: StatsArgs) -> Result<ExitCode> {
         for (name, v) in &report.counters {
             println!("{name:<28} {v}");
         }
+        if let Some(t) = &report.tier {
+            println!(
+                "tier       {} ({} roots, {} of budget {}, {} to upload)",
+                t.url,
+                t.ledger.roots,
+                human_bytes(t.ledger.used_bytes),
+                t.budget_bytes
+                    .map(human_bytes)
+                    .unwrap_or_else(|| "none".into()),
+                t.upload_backlog
+            );
+            let p = &t.process;
+            println!(
+                "tier hits {}, misses {}, fall-throughs {}, refused {}, fills {} ({})",
+                p.hits,
+                p.misses,
+                p.fall_throughs,
+                p.refused,
+                p.fills,
+                human_bytes(p.fill_bytes)
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

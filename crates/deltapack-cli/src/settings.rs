@@ -279,6 +279,64 @@ pub(crate) struct StoreArgs {
     /// to 5GiB (default 8MiB); a smaller extent is one PUT.
     #[arg(long, value_name = "SIZE", env = "DELTAPACK_PART_BYTES", value_parser = parse_size)]
     pub(crate) part_bytes: Option<u64>,
+    #[command(flatten)]
+    pub(crate) tier: TierArgs,
+}
+
+/// A node-local tier in front of the store: restores read it first (the
+/// same verification), fill it from the store, and publications write
+/// through it.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct TierArgs {
+    /// A node-local tier in front of the store: a local directory
+    /// (file:///nvme/deltapack or a path) with its own ledger and budget.
+    #[arg(long, value_name = "URL", env = "DELTAPACK_TIER")]
+    pub(crate) tier: Option<String>,
+    /// The tier's size budget, e.g. 500GiB (its least recently used roots
+    /// are evicted to stay within it; default: none).
+    #[arg(long, value_name = "SIZE", env = "DELTAPACK_TIER_BUDGET", value_parser = parse_size)]
+    pub(crate) tier_budget: Option<u64>,
+    /// When a publication is acknowledged: origin (durable in the store;
+    /// the default) or tier (durable in the tier, uploaded behind; see
+    /// `deltapack tier upload`).
+    #[arg(long, value_name = "WHEN", value_enum, env = "DELTAPACK_TIER_ACK")]
+    pub(crate) tier_ack: Option<TierAckArg>,
+    /// How long the store's answer that it holds a root is trusted before a
+    /// tier hit for it is checked again (default 5s).
+    #[arg(long, value_name = "DURATION", env = "DELTAPACK_TIER_CHECK_INTERVAL", value_parser = parse_duration)]
+    pub(crate) tier_check_interval: Option<Duration>,
+}
+
+/// When a publication through a tier is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum TierAckArg {
+    /// Durable in the store (write-through).
+    Origin,
+    /// Durable in the tier; uploaded to the store behind.
+    Tier,
+}
+
+impl TierAckArg {
+    fn ack(self) -> deltapack_store::TierAck {
+        match self {
+            TierAckArg::Origin => deltapack_store::TierAck::Origin,
+            TierAckArg::Tier => deltapack_store::TierAck::Tier,
+        }
+    }
+
+    fn from_file(a: deltapack_store::TierAck) -> Self {
+        match a {
+            deltapack_store::TierAck::Tier => TierAckArg::Tier,
+            _ => TierAckArg::Origin,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            TierAckArg::Origin => "origin",
+            TierAckArg::Tier => "tier",
+        }
+    }
 }
 
 /// How a publishing command lays out v2 payloads: extent size and codec
@@ -399,6 +457,7 @@ pub(crate) fn resolve(
     resolve_capacity(s, &file, &mut c, &mut shown)?;
     resolve_reads(s, &file, &mut c, &mut shown)?;
     resolve_publication(extents, chain, &file, &mut c, &mut shown)?;
+    resolve_tier(&s.tier, &file, &mut c, &mut shown)?;
 
     Ok(Resolved {
         url: url.map(|(u, _)| u),
@@ -511,6 +570,51 @@ fn resolve_capacity(
             .unwrap_or_else(|| "default (next to the store)".into()),
         ledger.map_or(Source::Default, |(_, s)| s),
     );
+    Ok(())
+}
+
+/// The node-local tier, its budget, when publications are acknowledged and
+/// the coherence check interval, in the order `config` shows them.
+fn resolve_tier(
+    t: &TierArgs,
+    file: &ConfigFile,
+    c: &mut StoreConfig,
+    shown: &mut Shown,
+) -> Result<()> {
+    let url = pick("tier", &t.tier, &file.tier);
+    let budget = pick("tier_budget", &t.tier_budget, &file.tier_budget);
+    let ack = pick(
+        "tier_ack",
+        &t.tier_ack,
+        &file.tier_ack.map(TierAckArg::from_file),
+    );
+    let interval = pick(
+        "tier_check_interval",
+        &t.tier_check_interval,
+        &file.tier_check_interval,
+    );
+    let Some((url, src)) = url else {
+        if budget.is_some() || ack.is_some() || interval.is_some() {
+            bail!("--tier-budget, --tier-ack and --tier-check-interval need --tier");
+        }
+        shown.push("tier", "none".into(), Source::Default);
+        return Ok(());
+    };
+    let mut tier = deltapack_store::TierConfig::new(url.clone());
+    shown.push("tier", url, src);
+    tier.budget_bytes = budget.as_ref().map(|(v, _)| *v);
+    shown.push(
+        "tier-budget",
+        shown_size(tier.budget_bytes),
+        budget.map_or(Source::Default, |(_, s)| s),
+    );
+    let (ack, src) = ack.unwrap_or((TierAckArg::Origin, Source::Default));
+    tier.ack = ack.ack();
+    shown.push("tier-ack", ack.name().into(), src);
+    let (interval, src) = interval.unwrap_or((tier.check_interval, Source::Default));
+    tier.check_interval = interval;
+    shown.push("tier-check-interval", units::format_duration(interval), src);
+    c.tier = Some(tier);
     Ok(())
 }
 

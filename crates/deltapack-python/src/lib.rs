@@ -508,7 +508,7 @@ impl Store {
     #[new]
     #[pyo3(signature = (url, *, ledger=None, ledger_url=None, budget=None, min_free=None,
         grace=None, root_key=None, max_extent_bytes=None, compression=None, max_chain_depth=None,
-        max_read_overhead=None, prefill_rate=None))]
+        max_read_overhead=None, prefill_rate=None, tier=None, tier_budget=None, tier_ack=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -524,7 +524,22 @@ impl Store {
         max_chain_depth: Option<u32>,
         max_read_overhead: Option<f64>,
         prefill_rate: Option<f64>,
+        tier: Option<String>,
+        tier_budget: Option<u64>,
+        tier_ack: Option<&str>,
     ) -> PyResult<Self> {
+        let tier_ack_tier = match tier_ack {
+            None | Some("origin") => false,
+            Some("tier") => true,
+            Some(other) => {
+                return Err(bad_input(format!(
+                    "tier_ack={other:?}: use \"origin\" (default) or \"tier\""
+                )))
+            }
+        };
+        if tier.is_none() && (tier_budget.is_some() || tier_ack.is_some()) {
+            return Err(bad_input("tier_budget and tier_ack need tier"));
+        }
         let ledger = match ledger {
             None | Some("load") => store::LedgerPolicy::Load,
             Some("rebuild") => store::LedgerPolicy::Rebuild,
@@ -554,6 +569,9 @@ impl Store {
             max_chain_depth,
             max_read_overhead,
             prefill_rate,
+            tier,
+            tier_budget,
+            tier_ack_tier,
         };
         let engine = py.detach(|| {
             let _rt = runtime().enter();
@@ -800,6 +818,13 @@ impl Store {
     fn stats(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let e = self.engine.clone();
         let v = blocking(py, async move { e.stats().await })?;
+        to_py(py, &v)
+    }
+
+    /// Uploads what was acknowledged in the tier; returns the report.
+    fn tier_upload(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let e = self.engine.clone();
+        let v = blocking(py, async move { e.tier_upload().await })?;
         to_py(py, &v)
     }
 

@@ -152,6 +152,13 @@ pub(crate) struct OpenOptions {
     pub(crate) max_read_overhead: Option<f64>,
     /// Prefill rate in tokens/s, to count hits that beat recomputation.
     pub(crate) prefill_rate: Option<f64>,
+    /// A node-local tier in front of the store (its directory).
+    pub(crate) tier: Option<String>,
+    /// The tier's byte budget.
+    pub(crate) tier_budget: Option<u64>,
+    /// Whether publications are acknowledged in the tier (uploaded behind)
+    /// rather than in the origin.
+    pub(crate) tier_ack_tier: bool,
 }
 
 /// A base for a delta publication: its context and its snapshot.
@@ -198,7 +205,16 @@ impl Engine {
                 LedgerPolicy::Rebuild => ds::ColdStart::Rebuild,
             })
             .with_prefill_tokens_per_s(o.prefill_rate)
-            .with_ledger(o.ledger_url);
+            .with_ledger(o.ledger_url)
+            .with_tier(o.tier.map(|url| {
+                ds::TierConfig::new(url)
+                    .with_budget_bytes(o.tier_budget)
+                    .with_ack(if o.tier_ack_tier {
+                        ds::TierAck::Tier
+                    } else {
+                        ds::TierAck::Origin
+                    })
+            }));
         let store = ds::Store::open(&o.url, config)?;
         Ok(Engine { store, url: o.url })
     }
@@ -341,6 +357,11 @@ impl Engine {
     /// Ledger gauges, persisted counters and this process's counters.
     pub(crate) async fn stats(&self) -> Result<serde_json::Value> {
         json(&self.store.stats_report().await?)
+    }
+
+    /// Uploads what was acknowledged in the tier; the report.
+    pub(crate) async fn tier_upload(&self) -> Result<serde_json::Value> {
+        json(&self.store.tier_upload().await?)
     }
 
     /// An integrity sweep.

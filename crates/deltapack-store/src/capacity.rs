@@ -188,6 +188,30 @@ impl Store {
         Ok(())
     }
 
+    /// The tier's part of [`Store::stats_report`].
+    async fn tier_report(&self) -> Result<Option<crate::stats::TierReport>> {
+        let Some(t) = self.tier() else {
+            return Ok(None);
+        };
+        let tier = &t.store;
+        let ledger = tier.ledger().await?;
+        let free_bytes = match tier.backend_kind() {
+            BackendKind::Local { root } => free_space(root),
+            _ => None,
+        };
+        let upload_backlog = self.tier_backlog().await?;
+        let mut process = t.stats();
+        process.upload_backlog = upload_backlog;
+        Ok(Some(crate::stats::TierReport {
+            url: t.config.url.clone(),
+            ledger: ledger.run(|l| l.totals()).await?,
+            budget_bytes: t.config.budget_bytes,
+            free_bytes,
+            upload_backlog,
+            process,
+        }))
+    }
+
     /// Gauges, persisted counters and this process's counters. Also
     /// refreshes the ledger gauges of [`Store::register_metrics`].
     pub async fn stats_report(&self) -> Result<crate::stats::StatsReport> {
@@ -203,6 +227,7 @@ impl Store {
             budget_bytes: self.config().capacity.budget_bytes,
             counters: ledger.run(|l| l.counters()).await?,
             process: self.stats(),
+            tier: self.tier_report().await?,
         };
         self.metrics().ledger_totals(&report.ledger, true);
         self.metrics()

@@ -15,6 +15,9 @@
 //! grace = "1h"
 //! cold-start = "load"
 //!
+//! tier = "file:///nvme/deltapack"
+//! tier-budget = "500GiB"
+//!
 //! [chain]
 //! max-depth = 16
 //! ```
@@ -126,6 +129,21 @@ pub struct ConfigFile {
     /// [`StoreConfig::publication.chain`](crate::PublicationConfig::chain).
     #[serde(default)]
     pub chain: FileChainPolicy,
+    /// [`StoreConfig::tier`]: the node-local tier's directory
+    /// ([`crate::TierConfig::url`]).
+    pub tier: Option<String>,
+    /// [`crate::TierConfig::budget_bytes`] (needs `tier`).
+    #[serde(default, deserialize_with = "de_size")]
+    pub tier_budget: Option<u64>,
+    /// [`crate::TierConfig::ack`]: `origin` or `tier` (needs `tier`).
+    pub tier_ack: Option<crate::TierAck>,
+    /// [`crate::TierConfig::check_interval`] (needs `tier`).
+    #[serde(
+        default,
+        deserialize_with = "de_duration",
+        serialize_with = "se_duration"
+    )]
+    pub tier_check_interval: Option<Duration>,
 }
 
 /// Why a configuration file was refused.
@@ -238,6 +256,13 @@ impl ConfigFile {
                 return Err(format!("prefill-rate = {r}: a positive number of tokens/s"));
             }
         }
+        if self.tier.is_none()
+            && (self.tier_budget.is_some()
+                || self.tier_ack.is_some()
+                || self.tier_check_interval.is_some())
+        {
+            return Err("tier-budget, tier-ack and tier-check-interval need tier".into());
+        }
         if self.chain.max_read_overhead.is_some_and(f64::is_nan) {
             return Err("chain.max-read-overhead is not a number".into());
         }
@@ -249,6 +274,17 @@ impl ConfigFile {
     /// [`StoreConfig`]; the caller opens the one and reads the other).
     #[must_use]
     pub fn apply(&self, mut c: StoreConfig) -> StoreConfig {
+        if let Some(url) = &self.tier {
+            let mut t = crate::TierConfig::new(url.clone());
+            t.budget_bytes = self.tier_budget;
+            if let Some(a) = self.tier_ack {
+                t.ack = a;
+            }
+            if let Some(i) = self.tier_check_interval {
+                t.check_interval = i;
+            }
+            c.tier = Some(t);
+        }
         if let Some(v) = &self.ledger {
             c.capacity.ledger = Some(v.clone());
         }

@@ -162,6 +162,7 @@ pub use restore::{
     Restoration, RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored, Target,
     RESTORE_IN_FLIGHT,
 };
+pub use stats::{StatsReport, StatsSnapshot, TierReport};
 pub use store::{RootInfo, RootStatus, Store};
 pub use sweep::{SweepOptions, SweepReport};
 pub use tier::{TierAck, TierConfig, TierStats, UploadReport, UPLOAD_HOLD};

@@ -143,6 +143,27 @@ pub struct StatsReport {
     pub counters: Vec<(String, u64)>,
     /// This process's live counters.
     pub process: StatsSnapshot,
+    /// The node-local tier, if one is configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<TierReport>,
+}
+
+/// The tier's part of a [`StatsReport`].
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct TierReport {
+    /// The tier's directory.
+    pub url: String,
+    /// The tier ledger's totals.
+    pub ledger: crate::ledger::Totals,
+    /// The tier's budget.
+    pub budget_bytes: Option<u64>,
+    /// Free bytes on the tier's filesystem.
+    pub free_bytes: Option<u64>,
+    /// Publications journaled in the tier and not yet in the origin.
+    pub upload_backlog: u64,
+    /// This process's tier counters.
+    pub process: crate::TierStats,
 }
 
 /// What accumulated between two snapshots of the counters, by name.

@@ -153,6 +153,10 @@ pub struct RootInfo {
     pub base_context: Option<String>,
     /// Size of the root object itself.
     pub root_bytes: u64,
+    /// Where the root lives, on a store with a tier: `origin`, `tier`,
+    /// `origin+tier` or `tier (upload pending)`; `None` without a tier.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
 }
 
 impl Store {
@@ -308,6 +312,9 @@ impl Store {
             matches!(self.backend_kind(), BackendKind::Local { .. }),
             registry,
         );
+        if let Some(t) = self.tier() {
+            t.register_metrics(registry);
+        }
     }
 
     /// Fetches an object whose stored size must be exactly `expected_len`
@@ -736,6 +743,15 @@ impl Store {
 
     /// Summaries of every root (optionally one namespace).
     pub async fn inspect(&self, ns: Option<&Namespace>) -> Result<Vec<RootInfo>> {
+        let mut out = self.inspect_here(ns).await?;
+        if let Some(tier) = self.tier() {
+            tier.locate(&mut out, ns).await?;
+        }
+        Ok(out)
+    }
+
+    /// [`Store::inspect`] of this store alone (not its tier).
+    pub(crate) async fn inspect_here(&self, ns: Option<&Namespace>) -> Result<Vec<RootInfo>> {
         let roots = self.list_roots(ns).await?;
         let mut out = Vec::with_capacity(roots.len());
         for (n, c) in roots {
@@ -764,6 +780,7 @@ impl Store {
                         stored_bytes: s.objects.iter().map(|o| o.1).sum(),
                         base_context: s.base.map(|b| b.context.hex()),
                         root_bytes,
+                        location: None,
                     }
                 }
                 RootStatus::Absent => continue,
@@ -780,6 +797,7 @@ impl Store {
                     stored_bytes: 0,
                     base_context: None,
                     root_bytes,
+                    location: None,
                 },
             };
             out.push(info);

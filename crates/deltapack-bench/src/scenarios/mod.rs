@@ -13,6 +13,7 @@ pub(crate) mod chain;
 pub(crate) mod ledger_down;
 pub(crate) mod publish;
 pub(crate) mod restore;
+pub(crate) mod tiers;
 pub(crate) mod turn;
 pub(crate) mod zstd;
 

@@ -17,4 +17,5 @@ mod multi_process_ledger;
 mod one_bucket_one_ledger;
 mod output_contract;
 mod stats_prometheus;
+mod tiers;
 mod turn_publication;

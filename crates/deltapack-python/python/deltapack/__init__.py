@@ -578,6 +578,13 @@ class Store:
     * ``max_extent_bytes``, ``compression`` (zstd level), ``max_chain_depth``
       (0: unbounded), ``max_read_overhead`` (negative: unbounded),
       ``prefill_rate`` (tokens/s, to count hits cheaper than prefill).
+    * ``tier`` -- a node-local tier in front of the store (a local
+      directory, ``"file:///nvme/deltapack"``): restores read it first with
+      the same verification and fall through to the store on a miss or
+      damage; restores from the store fill it in the background;
+      publications go to both. ``tier_budget`` bounds it (bytes or text);
+      ``tier_ack="tier"`` acknowledges publications once durable in the
+      tier and uploads them behind (:meth:`tier_upload` uploads now).
 
     A handle is safe to share between threads. Every method that touches
     storage releases the GIL while it runs, and has an ``*_async`` twin
@@ -608,6 +615,9 @@ class Store:
         max_chain_depth: Optional[int] = None,
         max_read_overhead: Optional[float] = None,
         prefill_rate: Optional[float] = None,
+        tier: Optional[str] = None,
+        tier_budget: Union[int, str, None] = None,
+        tier_ack: Optional[str] = None,
     ) -> None:
         if isinstance(root_key, str):
             root_key = root_key.encode()
@@ -624,6 +634,9 @@ class Store:
             max_chain_depth=max_chain_depth,
             max_read_overhead=max_read_overhead,
             prefill_rate=prefill_rate,
+            tier=None if tier is None else str(tier),
+            tier_budget=None if tier_budget is None else parse_size(tier_budget),
+            tier_ack=tier_ack,
         )
 
     @property
@@ -833,6 +846,12 @@ class Store:
         process (local stores), this process's counters, free space and
         budget."""
         return self._native.stats()
+
+    def tier_upload(self) -> Dict[str, Any]:
+        """Uploads every publication acknowledged in the tier (by any process
+        of this node) to the store now; returns ``uploaded``, ``conflicts``,
+        ``failed`` and ``remaining`` (still journaled in the tier)."""
+        return self._native.tier_upload()
 
     def sweep(self, grace: Union[float, str] = 3600.0, dry_run: bool = False) -> Dict[str, Any]:
         """Integrity sweep: verifies every referenced object, quarantines

@@ -106,7 +106,7 @@ pub struct TierConfig {
 }
 
 /// When a publication through a tiered store is acknowledged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum TierAck {
     /// When it is durable in the origin (write-through; the default).
@@ -390,6 +390,83 @@ impl Tier {
         if let Err(e) = out {
             tracing::warn!(error = %e, "could not remove a stale root from the tier");
         }
+    }
+
+    /// Says where each of the origin's `roots` lives, and adds the roots
+    /// only the tier holds (`inspect`).
+    pub(crate) async fn locate(
+        &self,
+        roots: &mut Vec<crate::RootInfo>,
+        ns: Option<&Namespace>,
+    ) -> Result<()> {
+        let pending: HashSet<(String, String)> = self
+            .pending_uploads()
+            .await?
+            .into_iter()
+            .map(|k| (k.namespace.hex(), k.context.hex()))
+            .collect();
+        let mut index = HashMap::new();
+        for (i, r) in roots.iter_mut().enumerate() {
+            r.location = Some("origin".into());
+            index.insert((r.namespace.clone(), r.context.clone()), i);
+        }
+        for mut t in self.store.inspect_here(ns).await? {
+            let key = (t.namespace.clone(), t.context.clone());
+            match index.get(&key) {
+                Some(&i) => roots[i].location = Some("origin+tier".into()),
+                None => {
+                    let pending = pending.contains(&key);
+                    t.location = Some(
+                        if pending {
+                            "tier (upload pending)"
+                        } else {
+                            "tier"
+                        }
+                        .into(),
+                    );
+                    roots.push(t);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Registers the tier's counters (`deltapack_tier_*`) and its upload
+    /// backlog with `registry`.
+    pub(crate) fn register_metrics(
+        self: &Arc<Self>,
+        registry: &mut prometheus_client::registry::Registry,
+    ) {
+        let c = &self.counters;
+        let r = registry.sub_registry_with_prefix("deltapack_tier");
+        #[rustfmt::skip]
+        let counters: [(&str, &str, &Counter); 13] = [
+            ("hits", "Restores served from the tier", &c.hits),
+            ("misses", "Restores the tier held no root for", &c.misses),
+            ("fall_throughs", "Restores the tier could not serve (damage, errors), served by the origin", &c.fall_throughs),
+            ("refused", "Tier hits refused: the origin no longer holds the root", &c.refused),
+            ("unchecked", "Tier hits served while the origin did not answer", &c.unchecked),
+            ("fills", "Roots copied into the tier from the origin", &c.fills),
+            ("fill_bytes", "Bytes copied into the tier", &c.fill_bytes),
+            ("fills_failed", "Fills that failed", &c.fills_failed),
+            ("fills_skipped", "Fills not started (enough running)", &c.fills_skipped),
+            ("publish_failures", "Write-through publications the tier did not take", &c.publish_failures),
+            ("uploads", "Roots acknowledged in the tier and uploaded to the origin", &c.uploads),
+            ("upload_failures", "Upload attempts that failed (still journaled)", &c.upload_failures),
+            ("upload_conflicts", "Uploads that found another snapshot in the origin", &c.upload_conflicts),
+        ];
+        for (name, help, counter) in counters {
+            r.register(name, help, counter.clone());
+        }
+        let backlog =
+            prometheus_client::metrics::gauge::Gauge::<u64, std::sync::atomic::AtomicU64>::default(
+            );
+        backlog.set(self.backlog.load(std::sync::atomic::Ordering::Relaxed));
+        r.register(
+            "upload_backlog",
+            "Publications journaled in the tier and not yet in the origin (as of registration)",
+            backlog,
+        );
     }
 
     /// The counters.

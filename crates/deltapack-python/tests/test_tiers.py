@@ -60,7 +60,7 @@ def test_acknowledged_in_the_tier_then_uploaded(store_url, ident, tmp_path):
 def test_tier_options_are_checked(tmp_path):
     import pytest
 
-    with pytest.raises(ValueError):
+    with pytest.raises(deltapack.BadInput):
         deltapack.Store(str(tmp_path / "s"), tier_budget="1GiB")
-    with pytest.raises(ValueError):
+    with pytest.raises(deltapack.BadInput):
         deltapack.Store(str(tmp_path / "s"), tier=str(tmp_path / "t"), tier_ack="later")

@@ -34,7 +34,8 @@ use serde::Serialize;
 use crate::measure::{median_duration as median, ms, proc_status};
 use crate::shaped::{shaped_local_store, shaped_memory_store, Shaping};
 use crate::workload::{
-    open_local_with, synth_at, touched_buffer, turn_request, Conversation, Fmt, Workload, MIB,
+    evict, open_local_with, synth_at, touched_buffer, turn_request, warm_page_cache, Conversation,
+    Fmt, Workload, MIB,
 };
 
 /// Options of `tiers`.
@@ -238,7 +239,8 @@ async fn restore_rows(
     for _ in 0..repeats {
         today.push(timed_restore(&plain, s.context, &mut buf).await?);
     }
-    let (mut first, mut fill, mut second, mut local) = (vec![], vec![], vec![], vec![]);
+    let (mut first, mut fill) = (vec![], vec![]);
+    let (mut second, mut local, mut second_cold, mut local_cold) = (vec![], vec![], vec![], vec![]);
     for i in 0..repeats {
         let tier_dir = dir.join(format!("tier-{}-{i}", s.name));
         let tiered = config.clone().with_tier(Some(TierConfig::new(format!(
@@ -254,12 +256,23 @@ async fn restore_rows(
         if stats.fills_failed > 0 || stats.fills == 0 {
             bail!("the tier fill did not complete: {stats:?}");
         }
-        second.push(timed_restore(&node, s.context, &mut buf).await?);
-        if node.tier_stats().map(|t| t.hits) != Some(1) {
-            bail!("the second restore was not served by the tier");
-        }
+        // The fill wrote with direct I/O (nothing in the page cache); the
+        // two restores compared start from the same cache state, warm (as
+        // the committed local-disk restores) and cold.
         let files = open_local_with(&tier_dir, config.clone())?;
-        local.push(timed_restore(&files, s.context, &mut buf).await?);
+        for (tiered, plain, cold) in [
+            (&mut second, &mut local, false),
+            (&mut second_cold, &mut local_cold, true),
+        ] {
+            let hits = node.tier_stats().map_or(0, |t| t.hits);
+            prepare(&tier_dir, cold)?;
+            tiered.push(timed_restore(&node, s.context, &mut buf).await?);
+            if node.tier_stats().map_or(0, |t| t.hits) != hits + 1 {
+                bail!("the second restore was not served by the tier");
+            }
+            prepare(&tier_dir, cold)?;
+            plain.push(timed_restore(&files, s.context, &mut buf).await?);
+        }
         drop((node, files));
         let _ = std::fs::remove_dir_all(&tier_dir);
     }
@@ -278,6 +291,23 @@ async fn restore_rows(
         median(second),
         Some((format!("restore-{n}-local"), local, 1.15)),
     ));
+    let local_cold = median(local_cold);
+    rows.push(row(format!("restore-{n}-local-cold"), local_cold, None));
+    rows.push(row(
+        format!("restore-{n}-tier-second-cold"),
+        median(second_cold),
+        Some((format!("restore-{n}-local-cold"), local_cold, 1.15)),
+    ));
+    Ok(())
+}
+
+/// Puts a store's files in the page cache (`cold`: drops them from it).
+fn prepare(dir: &Path, cold: bool) -> Result<()> {
+    if cold {
+        evict(dir)?;
+    } else {
+        warm_page_cache(dir)?;
+    }
     Ok(())
 }
 

@@ -123,6 +123,10 @@ pub(crate) async fn run(args: RestoreArgs) -> Result<ExitCode> {
                 ));
                 say(format!("out       {}", args.out.display()));
             }
+            // A restore the store served fills the node's tier in the
+            // background; this process waits for it before it exits (the
+            // report above is already out).
+            store.tier_settle().await;
             Ok(ExitCode::SUCCESS)
         }
         RestoreOutcome::Miss(reason) => {

@@ -111,6 +111,7 @@ mod lookup;
 mod metrics;
 mod migrate_v1;
 mod object_check;
+mod open;
 mod options;
 mod ownership;
 mod paths;

@@ -12,7 +12,7 @@ use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 
-use crate::backend::{self, Backend, BackendKind};
+use crate::backend::{Backend, BackendKind};
 use crate::config::StoreConfig;
 use crate::error::{MissReason, Result, StoreError, Unsupported};
 use crate::fault::{FaultKind, ObjectFault};
@@ -57,8 +57,10 @@ pub(crate) struct Inner {
     /// The root lock of object-store backends (see [`Store::root_lock`]).
     pub(crate) root_mutex: Arc<tokio::sync::Mutex<()>>,
     pub(crate) flushed: Mutex<crate::stats::StatsSnapshot>,
-    /// The node-local tier in front of this store, if configured.
-    pub(crate) tier: Option<Arc<crate::tier::Tier>>,
+    /// The node-local tier in front of this store, if configured: its
+    /// store and what this handle knows of it (`tier/`).
+    pub(crate) tier_store: Option<Store>,
+    pub(crate) tier: Option<Arc<crate::tier::TierState>>,
 }
 
 /// Persists this handle's counters into the ledger when the last clone of
@@ -160,81 +162,6 @@ pub struct RootInfo {
 }
 
 impl Store {
-    /// Opens a store from a URL: `file:///path` (or a plain path) for local
-    /// disk (fsync'd, direct I/O), `s3://bucket[/prefix]` for an
-    /// S3-compatible bucket (`AWS_*` settings, `?endpoint=…`), `memory://`
-    /// for a process-local store. See [`crate::open_backend`].
-    pub fn open(url: &str, config: StoreConfig) -> Result<Self> {
-        let backend = backend::open(url)?;
-        Self::from_backend(backend, config)
-    }
-
-    /// Wraps an already-built backend (used by tests to inject an
-    /// instrumented or fault-injecting `ObjectStore`).
-    pub fn from_backend(backend: Backend, config: StoreConfig) -> Result<Self> {
-        if deltapack_format::ExtentPlan::new(0, config.publication.max_extent_bytes).is_err() {
-            return Err(StoreError::Invalid(format!(
-                "max_extent_bytes {} must be a power of two between 1 KiB and 1 GiB",
-                config.publication.max_extent_bytes
-            )));
-        }
-        if deltapack_format::ExtentPlan::new(0, config.remote.range_bytes).is_err() {
-            return Err(StoreError::Invalid(format!(
-                "range_bytes {} must be a power of two between 1 KiB and 1 GiB",
-                config.remote.range_bytes
-            )));
-        }
-        if config.remote.part_bytes < 5 << 20 || config.remote.part_bytes > 5 << 30 {
-            return Err(StoreError::Invalid(format!(
-                "part_bytes {} must be between 5 MiB and 5 GiB (the S3 multipart limits)",
-                config.remote.part_bytes
-            )));
-        }
-        if config.remote.ranges_in_flight == 0
-            || config.remote.parts_in_flight == 0
-            || config.remote.roots_in_flight == 0
-        {
-            return Err(StoreError::Invalid(
-                "ranges_in_flight, parts_in_flight and roots_in_flight must be at least 1".into(),
-            ));
-        }
-        let mac_key = config.mac_secret.as_deref().map(root::mac_key);
-        let tier = match &config.tier {
-            Some(tc) => Some(Arc::new(crate::tier::Tier::open(&config, tc)?)),
-            None => None,
-        };
-        let store = Store {
-            inner: Arc::new(Inner {
-                backend,
-                config,
-                mac_key,
-                stats: Stats::default(),
-                metrics: Default::default(),
-                inflight: Mutex::new(HashMap::new()),
-                base_cache: Mutex::new(BaseCache::default()),
-                ledger: tokio::sync::OnceCell::new(),
-                pins: Mutex::new(HashMap::new()),
-                touches: Mutex::new(HashMap::new()),
-                touch_flush_scheduled: std::sync::atomic::AtomicBool::new(false),
-                touch_task: Mutex::new(None),
-                ledger_down_logged: std::sync::atomic::AtomicBool::new(false),
-                ledger_rest_until: Mutex::new(None),
-                reconciled: tokio::sync::OnceCell::new(),
-                reconcile_full: std::sync::atomic::AtomicBool::new(false),
-                root_mutex: Arc::new(tokio::sync::Mutex::new(())),
-                flushed: Mutex::new(Default::default()),
-                tier,
-            }),
-        };
-        // Publications a previous process acknowledged in the tier and did
-        // not upload are resumed (in the background, when there is a
-        // runtime; else at the first publication or `tier_upload`).
-        if let Some(t) = store.tier() {
-            t.start_uploader(&store);
-        }
-        Ok(store)
-    }
-
     /// The backend's object store.
     pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
         &self.inner.backend.store
@@ -312,7 +239,7 @@ impl Store {
             matches!(self.backend_kind(), BackendKind::Local { .. }),
             registry,
         );
-        if let Some(t) = self.tier() {
+        if let Some(t) = &self.inner.tier {
             t.register_metrics(registry);
         }
     }
@@ -738,15 +665,6 @@ impl Store {
             .filter_map(|m| keys::parse_root_key(&m.location))
             .collect();
         out.sort();
-        Ok(out)
-    }
-
-    /// Summaries of every root (optionally one namespace).
-    pub async fn inspect(&self, ns: Option<&Namespace>) -> Result<Vec<RootInfo>> {
-        let mut out = self.inspect_here(ns).await?;
-        if let Some(tier) = self.tier() {
-            tier.locate(&mut out, ns).await?;
-        }
         Ok(out)
     }
 

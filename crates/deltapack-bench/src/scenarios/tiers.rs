@@ -96,6 +96,15 @@ struct Results {
     rows: Vec<Row>,
 }
 
+/// Where and how every measure runs.
+#[derive(Clone, Copy)]
+struct Env<'a> {
+    dir: &'a Path,
+    shaping: Shaping,
+    config: &'a StoreConfig,
+    repeats: u32,
+}
+
 /// What one restore measurement is of.
 struct Subject<'a> {
     name: &'static str,
@@ -142,6 +151,12 @@ async fn measure_all(a: &TiersArgs, dir: &Path) -> Result<ExitCode> {
     let final_ctx = publish_chain(&chain_dir, &conv, config.clone()).await?;
 
     let mut rows = Vec::new();
+    let env = Env {
+        dir,
+        shaping,
+        config: &config,
+        repeats: a.repeats,
+    };
     for subject in [
         Subject {
             name: "flat",
@@ -156,12 +171,9 @@ async fn measure_all(a: &TiersArgs, dir: &Path) -> Result<ExitCode> {
             len: result.encoded().len(),
         },
     ] {
-        restore_rows(&subject, dir, shaping, &config, a.repeats, &mut rows).await?;
+        restore_rows(&subject, &env, &mut rows).await?;
     }
-    publish_rows(
-        &result, rctx, &w, dir, shaping, &config, a.repeats, &mut rows,
-    )
-    .await?;
+    publish_rows((&w, &result, rctx), &env, &mut rows).await?;
 
     let results = Results {
         result_tokens: w.result_tokens,
@@ -225,14 +237,13 @@ async fn timed_restore(store: &Store, ctx: ContextDigest, buf: &mut [u8]) -> Res
 }
 
 /// The restore rows of one subject.
-async fn restore_rows(
-    s: &Subject<'_>,
-    dir: &Path,
-    shaping: Shaping,
-    config: &StoreConfig,
-    repeats: u32,
-    rows: &mut Vec<Row>,
-) -> Result<()> {
+async fn restore_rows(s: &Subject<'_>, env: &Env<'_>, rows: &mut Vec<Row>) -> Result<()> {
+    let Env {
+        dir,
+        shaping,
+        config,
+        repeats,
+    } = *env;
     let mut buf = touched_buffer(s.len);
     let (plain, _) = shaped_local_store(s.origin, shaping, config.clone())?;
     let mut today = Vec::new();
@@ -312,26 +323,21 @@ fn prepare(dir: &Path, cold: bool) -> Result<()> {
 }
 
 /// The publication rows.
-#[allow(clippy::too_many_arguments)]
 async fn publish_rows(
-    result: &Arc<Snapshot>,
-    ctx: ContextDigest,
-    w: &Workload,
-    dir: &Path,
-    shaping: Shaping,
-    config: &StoreConfig,
-    repeats: u32,
+    (w, result, ctx): (&Workload, &Arc<Snapshot>, ContextDigest),
+    env: &Env<'_>,
     rows: &mut Vec<Row>,
 ) -> Result<()> {
+    let Env {
+        dir,
+        shaping,
+        config,
+        repeats,
+    } = *env;
     let req = || flat_result(w, result, ctx);
     let (mut today, mut through, mut behind, mut upload, mut local) =
         (vec![], vec![], vec![], vec![], vec![]);
     for i in 0..repeats {
-        let (plain, _) = shaped_memory_store(Some(shaping), config.clone())?;
-        let t = Instant::now();
-        plain.publish(req()?).await?;
-        today.push(t.elapsed());
-
         let tier = |ack| {
             Some(
                 TierConfig::new(format!(
@@ -341,38 +347,43 @@ async fn publish_rows(
                 .with_ack(ack),
             )
         };
-        let (node, _) = shaped_memory_store(
-            Some(shaping),
-            config.clone().with_tier(tier(TierAck::Origin)),
-        )?;
-        let t = Instant::now();
-        node.publish(req()?).await?;
-        through.push(t.elapsed());
-
-        let (node, _) =
-            shaped_memory_store(Some(shaping), config.clone().with_tier(tier(TierAck::Tier)))?;
-        let t = Instant::now();
-        node.publish(req()?).await?;
-        behind.push(t.elapsed());
-        let t = Instant::now();
-        let r = node.tier_upload().await?;
-        if r.remaining > 0 || r.failed > 0 {
-            bail!("the upload did not complete: {r:?}");
+        // Each store is dropped (its memory, its directory) before the next.
+        {
+            let (plain, _) = shaped_memory_store(Some(shaping), config.clone())?;
+            let t = Instant::now();
+            plain.publish(req()?).await?;
+            today.push(t.elapsed());
         }
-        upload.push(t.elapsed());
-
+        {
+            let with_tier = config.clone().with_tier(tier(TierAck::Origin));
+            let (node, _) = shaped_memory_store(Some(shaping), with_tier)?;
+            let t = Instant::now();
+            node.publish(req()?).await?;
+            through.push(t.elapsed());
+        }
+        let _ = std::fs::remove_dir_all(dir.join(format!("pt-{i}-Origin")));
+        {
+            let with_tier = config.clone().with_tier(tier(TierAck::Tier));
+            let (node, _) = shaped_memory_store(Some(shaping), with_tier)?;
+            let t = Instant::now();
+            node.publish(req()?).await?;
+            behind.push(t.elapsed());
+            let t = Instant::now();
+            let r = node.tier_upload().await?;
+            if r.remaining > 0 || r.failed > 0 {
+                bail!("the upload did not complete: {r:?}");
+            }
+            upload.push(t.elapsed());
+        }
+        let _ = std::fs::remove_dir_all(dir.join(format!("pt-{i}-Tier")));
         let local_dir = dir.join(format!("local-publish-{i}"));
-        let plain = open_local_with(&local_dir, config.clone())?;
-        let t = Instant::now();
-        plain.publish(req()?).await?;
-        local.push(t.elapsed());
-        for d in [
-            format!("pt-{i}-Origin"),
-            format!("pt-{i}-Tier"),
-            format!("local-publish-{i}"),
-        ] {
-            let _ = std::fs::remove_dir_all(dir.join(d));
+        {
+            let plain = open_local_with(&local_dir, config.clone())?;
+            let t = Instant::now();
+            plain.publish(req()?).await?;
+            local.push(t.elapsed());
         }
+        let _ = std::fs::remove_dir_all(&local_dir);
     }
     let (today, local) = (median(today), median(local));
     rows.push(row("publish-shaped".into(), today, None));

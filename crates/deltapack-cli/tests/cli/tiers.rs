@@ -137,6 +137,15 @@ fn a_publication_acknowledged_in_the_tier_reaches_the_store_with_tier_upload() {
     );
     let status = json(&Cli(dir).ok(format!("tier status {opts} --json")));
     assert_eq!(status["upload_backlog"], 0, "{status}");
+
+    // Another node's `restore` is served by the store and fills its tier
+    // before the process exits.
+    let other = format!("--store {store} --tier {}", dir.join("tier-b").display());
+    Cli(dir).ok(format!(
+        "restore {other} --identity id.json --tokens a.tok --out c.snap"
+    ));
+    let status = json(&Cli(dir).ok(format!("tier status {other} --json")));
+    assert_eq!(status["ledger"]["roots"], 1, "{status}");
 }
 
 #[test]

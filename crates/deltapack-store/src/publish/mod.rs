@@ -88,10 +88,12 @@ impl Store {
         let progress: Progress<'_> = opts.progress.unwrap_or(&|_, _| {});
         let start = Instant::now();
         let asked = req.format.schema();
-        let out = match self.tier().map(|t| t.config.ack) {
+        let out = match self.tier() {
             None => self.publish_uncounted(req, progress).await,
-            Some(crate::TierAck::Origin) => self.publish_through(req, progress).await,
-            Some(crate::TierAck::Tier) => self.publish_behind(req, progress).await,
+            Some(t) => match t.config.ack {
+                crate::TierAck::Origin => self.publish_through(&t, req, progress).await,
+                crate::TierAck::Tier => self.publish_behind(&t, req, progress).await,
+            },
         };
         let span = tracing::Span::current();
         let seconds = start.elapsed().as_secs_f64();

@@ -4,19 +4,17 @@
 //! Owns when a fill starts and how many run. Must never delay the restore
 //! that started it or run without bound (the copy itself is `copy.rs`'s).
 
-use std::sync::Arc;
-
 use super::copy::Copy;
-use super::{lock, Tier};
+use super::handle::Tier;
+use super::state::lock;
 use crate::keys::RootKey;
 use crate::stats::Stats;
-use crate::store::Store;
 
-impl Tier {
+impl Tier<'_> {
     /// Starts the background fill of `key` from `origin`, unless the root
     /// is already being filled or [`super::TierConfig::fill_roots_in_flight`]
     /// fills are running (then it is skipped and counted).
-    pub(crate) fn schedule_fill(self: &Arc<Self>, origin: &Store, key: RootKey) {
+    pub(crate) fn schedule_fill(&self, key: RootKey) {
         let k = (key.namespace, key.context);
         {
             let mut filling = lock(&self.filling);
@@ -29,11 +27,12 @@ impl Tier {
             }
             filling.insert(k);
         }
-        let (tier, origin) = (self.clone(), origin.clone());
+        let origin = self.origin.clone();
         let task = tokio::spawn(async move {
+            let Some(tier) = origin.tier() else { return };
             let copy = Copy {
                 from: &origin,
-                to: &tier.store,
+                to: tier.store,
                 objects: &tier.copy_objects,
                 in_flight: tier.config.fill_objects_in_flight,
                 parts: None,

@@ -7,7 +7,7 @@
 
 use futures::future::{BoxFuture, FutureExt};
 
-use super::Coherence;
+use super::state::Coherence;
 use crate::error::{MissReason, StoreError};
 use crate::keys::RootKey;
 use crate::restore::{RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored};
@@ -32,21 +32,13 @@ impl Store {
 
     async fn tier_restore_boxed(&self, key: RootKey, opts: RestoreOptions) -> Option<Restored> {
         let tier = self.tier()?;
-        let (out, coherence) =
-            tokio::join!(tier.store.restore(key, opts), tier.coherence(self, key));
+        let (out, coherence) = tokio::join!(tier.store.restore(key, opts), tier.coherence(key));
         match out {
             Ok(RestoreOutcome::Hit(hit)) => {
                 self.serve_tier_hit(key, coherence).await.then_some(hit)
             }
-            Ok(RestoreOutcome::Miss(reason)) => {
-                self.tier_missed(&reason);
-                None
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "tier restore failed; reading from the origin");
-                Stats::add(&tier.counters.fall_throughs, 1);
-                None
-            }
+            Ok(RestoreOutcome::Miss(reason)) => self.not_served(Ok(&reason)),
+            Err(e) => self.not_served(Err(&e)),
         }
     }
 
@@ -72,7 +64,7 @@ impl Store {
         let tier = self.tier()?;
         let (out, coherence) = tokio::join!(
             tier.store.restore_into(key, &mut *buf, opts),
-            tier.coherence(self, key)
+            tier.coherence(key)
         );
         match out {
             Ok(hit @ RestoreIntoOutcome::Hit { .. }) => {
@@ -83,15 +75,8 @@ impl Store {
                     None
                 }
             }
-            Ok(RestoreIntoOutcome::Miss { reason }) => {
-                self.tier_missed(&reason);
-                None
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "tier restore failed; reading from the origin");
-                Stats::add(&tier.counters.fall_throughs, 1);
-                None
-            }
+            Ok(RestoreIntoOutcome::Miss { reason }) => self.not_served(Ok(&reason)),
+            Err(e) => self.not_served(Err(&e)),
         }
     }
 
@@ -119,16 +104,22 @@ impl Store {
         }
     }
 
-    /// Counts a tier miss: absent is a miss, anything else (damage, a
-    /// missing object, the deadline) a fall-through.
-    fn tier_missed(&self, reason: &MissReason) {
+    /// Counts a tier answer that sends the restore to the origin: absent
+    /// is a miss, anything else (damage, a missing object, the deadline, a
+    /// tier error) a fall-through. Always `None`.
+    fn not_served<T>(&self, why: std::result::Result<&MissReason, &StoreError>) -> Option<T> {
         if let Some(tier) = self.tier() {
-            let c = match reason {
-                MissReason::Absent => &tier.counters.misses,
-                _ => &tier.counters.fall_throughs,
+            let c = match why {
+                Ok(MissReason::Absent) => &tier.counters.misses,
+                Ok(_) => &tier.counters.fall_throughs,
+                Err(e) => {
+                    tracing::warn!(error = %e, "tier restore failed; reading from the origin");
+                    &tier.counters.fall_throughs
+                }
             };
             Stats::add(c, 1);
         }
+        None
     }
 
     /// After the origin served `key`: it holds the root now, and the tier
@@ -136,7 +127,7 @@ impl Store {
     pub(crate) fn after_origin_hit(&self, key: RootKey) {
         if let Some(tier) = self.tier() {
             tier.seen_in_origin(key);
-            tier.schedule_fill(self, key);
+            tier.schedule_fill(key);
         }
     }
 

@@ -37,7 +37,8 @@ use object_store::ObjectStoreExt;
 use serde::Serialize;
 
 use super::copy::Copy;
-use super::{lock, Tier};
+use super::handle::Tier;
+use super::state::lock;
 use crate::error::Result;
 use crate::keys::{self, HoldName, RootKey};
 use crate::publish::{Progress, PublishOutcome, PublishReceipt, PublishRequest};
@@ -69,7 +70,7 @@ fn upload_hold() -> HoldName {
     HoldName::new(UPLOAD_HOLD).unwrap_or_else(|| unreachable!("a valid constant hold name"))
 }
 
-impl Tier {
+impl Tier<'_> {
     /// The roots journaled for upload (by any process of this node).
     pub(crate) async fn pending_uploads(&self) -> Result<Vec<RootKey>> {
         let name = upload_hold();
@@ -92,7 +93,7 @@ impl Tier {
 
     /// Starts this handle's uploader if it is not running (it needs a
     /// runtime; without one it starts at the first async call).
-    pub(crate) fn start_uploader(self: &Arc<Self>, origin: &Store) {
+    pub(crate) fn start_uploader(&self) {
         if tokio::runtime::Handle::try_current().is_err() {
             return;
         }
@@ -100,19 +101,19 @@ impl Tier {
         if slot.as_ref().is_some_and(|t| !t.is_finished()) {
             return;
         }
-        let (tier, weak) = (Arc::downgrade(self), Arc::downgrade(&origin.inner));
-        *slot = Some(tokio::spawn(uploader(tier, weak)));
+        *slot = Some(tokio::spawn(uploader(Arc::downgrade(&self.origin.inner))));
     }
 
     /// One upload round: every pending root, [`super::TierConfig::uploads_in_flight`]
     /// at a time.
-    pub(crate) async fn upload_round(&self, origin: &Store) -> Result<UploadReport> {
+    pub(crate) async fn upload_round(&self) -> Result<UploadReport> {
+        let origin = self.origin;
         let _one = self.upload_round.lock().await;
         let pending = self.pending_uploads().await?;
         let parts = tokio::sync::Semaphore::new(origin.config().remote.parts_in_flight.max(1));
         let parts = origin.backend_kind().is_remote().then_some(&parts);
         let outcomes: Vec<_> = futures::stream::iter(pending)
-            .map(|key| self.upload_one(origin, key, parts))
+            .map(|key| self.upload_one(key, parts))
             .buffer_unordered(self.config.uploads_in_flight.max(1))
             .collect()
             .await;
@@ -131,15 +132,10 @@ impl Tier {
     }
 
     /// Uploads one root and settles its journal entry.
-    async fn upload_one(
-        &self,
-        origin: &Store,
-        key: RootKey,
-        parts: Option<&tokio::sync::Semaphore>,
-    ) -> Upload {
+    async fn upload_one(&self, key: RootKey, parts: Option<&tokio::sync::Semaphore>) -> Upload {
         let copy = Copy {
-            from: &self.store,
-            to: origin,
+            from: self.store,
+            to: self.origin,
             objects: &self.copy_objects,
             in_flight: self.config.fill_objects_in_flight,
             parts,
@@ -191,16 +187,17 @@ enum Upload {
 /// The background uploader of one handle: rounds while anything is
 /// pending (with a backoff while they fail), woken by publications; it ends
 /// with the handle.
-async fn uploader(tier: Weak<Tier>, origin: Weak<Inner>) {
+async fn uploader(origin: Weak<Inner>) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        let (Some(t), Some(inner)) = (tier.upgrade(), origin.upgrade()) else {
+        let Some(inner) = origin.upgrade() else {
             return;
         };
         let origin = Store { inner };
-        let round = t.upload_round(&origin).await;
+        let Some(t) = origin.tier() else { return };
+        let round = t.upload_round().await;
         let wake = t.upload_wake.clone();
-        drop((t, origin));
+        drop(origin);
         let idle = match round {
             Ok(r) if r.remaining == 0 => {
                 backoff = Duration::from_millis(100);
@@ -224,17 +221,15 @@ impl Store {
     /// backlog full it is written through instead.
     pub(crate) async fn publish_behind(
         &self,
+        tier: &Tier<'_>,
         req: PublishRequest,
         progress: Progress<'_>,
     ) -> Result<PublishReceipt> {
-        let Some(tier) = self.tier() else {
-            return self.publish_uncounted(req, progress).await;
-        };
-        tier.start_uploader(self);
+        tier.start_uploader();
         let backlog = tier.pending_uploads().await?.len();
         if backlog >= tier.config.max_upload_backlog {
             Stats::add(&tier.counters.uploads_inline, 1);
-            return self.publish_through(req, progress).await;
+            return self.publish_through(tier, req, progress).await;
         }
         let (ns, ctx) = (req.identity.namespace(), req.context);
         let tier_req = self.tier_request(&req).await;
@@ -254,7 +249,7 @@ impl Store {
     /// upload stays journaled. `Ok` with an empty report without a tier.
     pub async fn tier_upload(&self) -> Result<UploadReport> {
         match self.tier() {
-            Some(t) => t.upload_round(self).await,
+            Some(t) => t.upload_round().await,
             None => Ok(UploadReport::default()),
         }
     }

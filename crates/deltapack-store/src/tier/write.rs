@@ -5,6 +5,7 @@
 //! Must never acknowledge a root the origin has not made durable, or keep
 //! a tier root the origin refused.
 
+use super::handle::Tier;
 use crate::error::Result;
 use crate::keys::{self, RootKey};
 use crate::publish::{BaseInput, Progress, PublishOutcome, PublishReceipt, PublishRequest};
@@ -18,12 +19,10 @@ impl Store {
     /// removed again.
     pub(crate) async fn publish_through(
         &self,
+        tier: &Tier<'_>,
         req: PublishRequest,
         progress: Progress<'_>,
     ) -> Result<PublishReceipt> {
-        let Some(tier) = self.tier() else {
-            return self.publish_uncounted(req, progress).await;
-        };
         let key = RootKey::from((req.identity.namespace(), req.context));
         let tier_req = self.tier_request(&req).await;
         let (origin, in_tier) = tokio::join!(

@@ -1,0 +1,132 @@
+//! What a tier is configured with ([`TierConfig`], [`TierAck`]) and what
+//! it reports ([`TierStats`]): plain data with defaults.
+//!
+//! Owns the tier's tunables and counters' public shape. Must never do I/O
+//! or name the store (the store's configuration names this file).
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// A node-local tier in front of the store: where it is and what it may
+/// hold. Part of [`crate::StoreConfig`] (`tier`).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct TierConfig {
+    /// The tier's directory: `file:///nvme/deltapack` or a plain path.
+    /// Only local disk: a tier is the node's own copy.
+    pub url: String,
+    /// The tier's hard budget in bytes (its least recently used roots are
+    /// evicted to stay within it); `None` = unbounded.
+    pub budget_bytes: Option<u64>,
+    /// How long the origin's answer that it holds a root is trusted before
+    /// a tier hit for it is checked again (5 s by default).
+    pub check_interval: Duration,
+    /// How long that check may take; an origin that has not answered by
+    /// then cannot refuse the hit (1 s by default).
+    pub check_timeout: Duration,
+    /// Roots filled at once; a fill beyond that is skipped (2 by default).
+    pub fill_roots_in_flight: usize,
+    /// Objects held in memory at once across all fills and uploads (4 by
+    /// default; each at most one extent, so 4 × 64 MiB at the production
+    /// extent size).
+    pub fill_objects_in_flight: usize,
+    /// When a publication is acknowledged: durable in the origin (the
+    /// default) or in the tier, uploaded behind.
+    pub ack: TierAck,
+    /// Roots uploaded to the origin at once (2 by default).
+    pub uploads_in_flight: usize,
+    /// Pending uploads beyond which a publication is written through
+    /// instead of queued (256 by default).
+    pub max_upload_backlog: usize,
+}
+
+/// When a publication through a tiered store is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TierAck {
+    /// When it is durable in the origin (write-through; the default).
+    #[default]
+    Origin,
+    /// When it is durable in the tier; the upload to the origin is
+    /// journaled in the tier and runs behind.
+    Tier,
+}
+
+impl TierConfig {
+    /// A tier at `url` with the default bounds and no budget.
+    pub fn new(url: impl Into<String>) -> Self {
+        TierConfig {
+            url: url.into(),
+            budget_bytes: None,
+            check_interval: Duration::from_secs(5),
+            check_timeout: Duration::from_secs(1),
+            fill_roots_in_flight: 2,
+            fill_objects_in_flight: 4,
+            ack: TierAck::Origin,
+            uploads_in_flight: 2,
+            max_upload_backlog: 256,
+        }
+    }
+
+    /// Sets when publications are acknowledged (builder style).
+    #[must_use]
+    pub fn with_ack(mut self, ack: TierAck) -> Self {
+        self.ack = ack;
+        self
+    }
+
+    /// Sets the budget (builder style).
+    #[must_use]
+    pub fn with_budget_bytes(mut self, budget: Option<u64>) -> Self {
+        self.budget_bytes = budget;
+        self
+    }
+
+    /// Sets the coherence check interval (builder style).
+    #[must_use]
+    pub fn with_check_interval(mut self, interval: Duration) -> Self {
+        self.check_interval = interval;
+        self
+    }
+}
+
+/// What a handle's tier did (process-local counters).
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TierStats {
+    /// Restores served from the tier.
+    pub hits: u64,
+    /// Restores the tier had no root for.
+    pub misses: u64,
+    /// Restores the tier had a root for but could not serve (a damaged or
+    /// missing object, a tier error): served by the origin instead.
+    pub fall_throughs: u64,
+    /// Tier hits refused because the origin no longer holds the root.
+    pub refused: u64,
+    /// Tier hits served while the origin did not answer the check.
+    pub unchecked: u64,
+    /// Roots copied into the tier from the origin.
+    pub fills: u64,
+    /// Bytes copied into the tier (objects and roots).
+    pub fill_bytes: u64,
+    /// Fills that failed (the tier's budget, an origin or tier error).
+    pub fills_failed: u64,
+    /// Fills not started because enough were already running.
+    pub fills_skipped: u64,
+    /// Write-through publications the tier did not take.
+    pub publish_failures: u64,
+    /// Roots uploaded to the origin (acknowledged in the tier before).
+    pub uploads: u64,
+    /// Bytes those uploads wrote to the origin.
+    pub upload_bytes: u64,
+    /// Upload attempts that failed (the root stays journaled).
+    pub upload_failures: u64,
+    /// Uploads that found another snapshot in the origin (origin wins).
+    pub upload_conflicts: u64,
+    /// Publications written through because the upload backlog was full.
+    pub uploads_inline: u64,
+    /// Publications journaled in the tier and not yet in the origin, as
+    /// last seen by this handle.
+    pub upload_backlog: u64,
+}

@@ -192,6 +192,15 @@ impl Turn {
         }
     }
 
+    /// The same turn as a handle on `store`: a tier's copy of a root is
+    /// the same turn as the origin's (same snapshot, same digest state).
+    pub(crate) fn for_store(&self, store: &Store) -> Turn {
+        Turn {
+            store: store.turn_tag(),
+            ..self.clone()
+        }
+    }
+
     /// Namespace of the turn's root.
     pub fn namespace(&self) -> Namespace {
         self.namespace

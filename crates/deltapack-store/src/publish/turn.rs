@@ -231,21 +231,13 @@ impl Store {
     /// `prev`'s root is gone or names another snapshot.
     pub async fn publish_turn(&self, prev: &Turn, req: TurnRequest) -> Result<PublishReceipt> {
         let start = Instant::now();
-        let (req_ns, req_ctx) = (req.identity.namespace(), req.context);
-        // The lease ends before this returns, on every path (see
-        // `publish_uncounted`).
-        let mut guard = None;
-        let out = self
-            .publish_turn_uncounted(prev, req, start, &mut guard)
-            .await;
-        if let Some(g) = guard.take() {
-            g.finish().await;
-        }
-        if let Ok(r) = &out {
-            if r.outcome != PublishOutcome::Conflict {
-                self.after_origin_publish((req_ns, req_ctx).into());
-            }
-        }
+        let out = match self.tier() {
+            None => self.publish_turn_here(prev, req).await,
+            Some(t) => match t.config.ack {
+                crate::TierAck::Origin => self.turn_through(&t, prev, req).await,
+                crate::TierAck::Tier => self.turn_behind(&t, prev, req).await,
+            },
+        };
         let seconds = start.elapsed().as_secs_f64();
         let schema = deltapack_format::root::SCHEMA_V2_2;
         match &out {
@@ -257,6 +249,26 @@ impl Store {
                 tracing::debug!(error = %e, "turn publication failed");
                 self.metrics().publish(seconds, "error", schema, None);
             }
+        }
+        out
+    }
+
+    /// The turn publication in this store alone (`publish_turn` counts it,
+    /// and sends it to a tier too).
+    pub(crate) async fn publish_turn_here(
+        &self,
+        prev: &Turn,
+        req: TurnRequest,
+    ) -> Result<PublishReceipt> {
+        let start = Instant::now();
+        // The lease ends before this returns, on every path (see
+        // `publish_uncounted`).
+        let mut guard = None;
+        let out = self
+            .publish_turn_uncounted(prev, req, start, &mut guard)
+            .await;
+        if let Some(g) = guard.take() {
+            g.finish().await;
         }
         out
     }

@@ -49,6 +49,12 @@
 //! durable in the origin. A tier failure is counted and logged, never
 //! returned. Behind ([`TierAck::Tier`]): acknowledged when durable in the
 //! tier and journaled there; uploaded in the background (`upload.rs`).
+//! A turn ([`Store::publish_turn`]) goes the same two ways from its new
+//! pages alone: the tier publishes its own turn on its copy of the
+//! previous root, so nothing is read back from the origin. A tier that no
+//! longer holds the previous root cannot take a tail alone: write-through
+//! then copies the new root in from the origin (a fill), and behind mode
+//! writes that turn through.
 
 mod config;
 mod copy;

@@ -39,9 +39,11 @@ use serde::Serialize;
 use super::copy::Copy;
 use super::handle::Tier;
 use super::state::lock;
-use crate::error::Result;
+use deltapack_format::{ContextDigest, Namespace};
+
+use crate::error::{Result, StoreError};
 use crate::keys::{self, HoldName, RootKey};
-use crate::publish::{Progress, PublishOutcome, PublishReceipt, PublishRequest};
+use crate::publish::{Progress, PublishOutcome, PublishReceipt, PublishRequest, Turn, TurnRequest};
 use crate::stats::Stats;
 use crate::store::{Inner, Store};
 
@@ -237,10 +239,57 @@ impl Store {
         if receipt.outcome == PublishOutcome::Conflict {
             return Ok(receipt);
         }
+        self.journal(tier, ns, ctx, backlog, receipt).await
+    }
+
+    /// The turn after `prev`, acknowledged in the tier (as
+    /// [`Store::publish_behind`]). A tier without `prev`'s root (evicted
+    /// once uploaded) cannot take the tail alone: the turn is written
+    /// through instead, and the origin decides.
+    pub(crate) async fn turn_behind(
+        &self,
+        tier: &Tier<'_>,
+        prev: &Turn,
+        req: TurnRequest,
+    ) -> Result<PublishReceipt> {
+        tier.start_uploader();
+        let backlog = tier.pending_uploads().await?.len();
+        if backlog >= tier.config.max_upload_backlog {
+            Stats::add(&tier.counters.uploads_inline, 1);
+            return self.turn_through(tier, prev, req).await;
+        }
+        let (ns, ctx) = (req.identity.namespace(), req.context);
+        let receipt = match tier
+            .store
+            .publish_turn_here(&prev.for_store(tier.store), req.clone())
+            .await
+        {
+            Err(StoreError::BaseMismatch { .. }) => {
+                return self.turn_through(tier, prev, req).await;
+            }
+            other => other?,
+        };
+        if receipt.outcome == PublishOutcome::Conflict {
+            return Ok(receipt);
+        }
+        self.journal(tier, ns, ctx, backlog, receipt).await
+    }
+
+    /// Journals a publication the tier made durable for upload, wakes the
+    /// uploader, and hands the receipt's turn out as one on this handle.
+    async fn journal(
+        &self,
+        tier: &Tier<'_>,
+        ns: Namespace,
+        ctx: ContextDigest,
+        backlog: usize,
+        mut receipt: PublishReceipt,
+    ) -> Result<PublishReceipt> {
         tier.store.hold(UPLOAD_HOLD, ns, ctx).await?;
         tier.backlog
             .store(backlog as u64 + 1, std::sync::atomic::Ordering::Relaxed);
         tier.upload_wake.notify_one();
+        receipt.turn = receipt.turn.map(|t| t.for_store(self));
         Ok(receipt)
     }
 

@@ -6,9 +6,11 @@
 //! a tier root the origin refused.
 
 use super::handle::Tier;
-use crate::error::Result;
+use crate::error::{Result, StoreError};
 use crate::keys::{self, RootKey};
-use crate::publish::{BaseInput, Progress, PublishOutcome, PublishReceipt, PublishRequest};
+use crate::publish::{
+    BaseInput, Progress, PublishOutcome, PublishReceipt, PublishRequest, Turn, TurnRequest,
+};
 use crate::stats::Stats;
 use crate::store::{RootStatus, Store};
 
@@ -68,9 +70,47 @@ impl Store {
         out
     }
 
-    /// After a publication the origin made durable by another path (a
-    /// turn): the tier copies it in the background, as after a restore.
-    pub(crate) fn after_origin_publish(&self, key: RootKey) {
-        self.after_origin_hit(key);
+    /// Publishes the turn after `prev` to the origin and, concurrently, to
+    /// the tier (the same new pages; the tier's root is its own turn on its
+    /// copy of `prev`). The origin's result is returned. A tier without
+    /// `prev`'s root (evicted, or never filled) cannot take a tail alone:
+    /// the new root is then copied in from the origin in the background, as
+    /// after a restore. A tier root the origin did not take is removed.
+    pub(crate) async fn turn_through(
+        &self,
+        tier: &Tier<'_>,
+        prev: &Turn,
+        req: TurnRequest,
+    ) -> Result<PublishReceipt> {
+        let key = RootKey::from((req.identity.namespace(), req.context));
+        let in_tier = prev.for_store(tier.store);
+        let (origin, in_tier) = tokio::join!(
+            self.publish_turn_here(prev, req.clone()),
+            tier.store.publish_turn_here(&in_tier, req)
+        );
+        let (tier_holds, tier_created) = match &in_tier {
+            Ok(r) if r.outcome == PublishOutcome::Conflict => {
+                Stats::add(&tier.counters.publish_failures, 1);
+                (false, false)
+            }
+            Ok(r) => (true, r.outcome == PublishOutcome::Created),
+            Err(StoreError::BaseMismatch { .. }) => (false, false),
+            Err(e) => {
+                tracing::warn!(error = %e, "the tier did not take a turn (the origin decides)");
+                Stats::add(&tier.counters.publish_failures, 1);
+                (false, false)
+            }
+        };
+        match &origin {
+            Ok(r) if r.outcome != PublishOutcome::Conflict => {
+                tier.seen_in_origin(key);
+                if !tier_holds {
+                    tier.schedule_fill(key);
+                }
+            }
+            _ if tier_created => tier.drop_root(key).await,
+            _ => {}
+        }
+        origin
     }
 }

@@ -9,8 +9,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::common::*;
+use deltapack_format::{CacheIdentity, ContextDigest, Snapshot};
 use deltapack_store::{
-    RestoreOutcome, RootFormat, Store, StoreError, TierAck, TierConfig, TierStats,
+    PublishOutcome, RestoreOutcome, RootFormat, RootStatus, Store, StoreError, TierAck, TierConfig,
+    TierStats, Turn, TurnRequest,
 };
 
 /// The origin: a fresh S3 prefix when the test server is there, else a
@@ -428,5 +430,136 @@ async fn a_killed_node_resumes_its_uploads_and_the_origin_never_shows_a_root_ear
             .expect("verify")
             .is_intact());
         assert_eq!(restore_bytes(&plain, &id, c).await, s.encoded());
+    }
+}
+
+/// A conversation of `n` turns through `store`: a flat first turn, then
+/// each next one from its new pages alone ([`Store::publish_turn`]) with
+/// the handle the previous publication returned. The contexts and
+/// snapshots, oldest first, and the last turn's handle.
+async fn turn_by_turn(
+    store: &Store,
+    id: &CacheIdentity,
+    seed: u64,
+    n: u64,
+) -> (Vec<(ContextDigest, std::sync::Arc<Snapshot>)>, Turn) {
+    let (c, first) = (ctx(id, seed, 1024), turn(seed, 1024));
+    let r = publish_base(store, id, c, first.clone(), RootFormat::V2).await;
+    let mut prev = r.turn.expect("a v2.2 publication returns a turn");
+    let mut out = vec![(c, first)];
+    for k in 1..n {
+        let tokens = 1024 + 512 * k;
+        let (c, snap) = (ctx(id, seed, tokens as usize), turn(seed, tokens));
+        let tail = prev.tail_of(&snap).expect("tail");
+        let req = TurnRequest {
+            identity: id.clone(),
+            context: c,
+            boundary: tokens,
+            tail,
+        };
+        let r = store.publish_turn(&prev, req).await.expect("publish_turn");
+        assert_eq!(r.outcome, PublishOutcome::Created);
+        prev = r.turn.expect("turn");
+        out.push((c, snap));
+    }
+    (out, prev)
+}
+
+fn held(status: RootStatus) -> bool {
+    matches!(status, RootStatus::Found(_))
+}
+
+/// Turns published through a tiered handle land in the origin and in the
+/// tier from their new pages alone: the tier takes its own turn on its
+/// copy of the previous root, so no fill reads them back from the origin.
+/// A node whose tier lacks the previous turn gets the new one by a fill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_are_written_through_to_the_tier_from_their_new_pages() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let origin = origin_url(&dir);
+    let id = identity("tier-turns");
+    let node = tiered(&origin, &dir.path().join("tier"), Duration::from_secs(60));
+    let (turns, last) = turn_by_turn(&node, &id, 311, 4).await;
+    let plain = Store::open(&origin, config()).expect("origin");
+    let tier = node.tier_store().expect("tier");
+    for (c, snap) in &turns {
+        assert_eq!(restore_bytes(&plain, &id, *c).await, snap.encoded());
+        assert!(held(
+            tier.peek_root(&id.namespace(), c).await.expect("peek")
+        ));
+    }
+    node.tier_settle().await;
+    let s = tier_stats(&node);
+    assert_eq!((s.fills, s.publish_failures), (0, 0), "{s:?}");
+    let before = node.stats();
+    for (c, snap) in &turns {
+        assert_eq!(restore_bytes(&node, &id, *c).await, snap.encoded());
+    }
+    assert_eq!(
+        node.stats().objects_read,
+        before.objects_read,
+        "the origin was read"
+    );
+    assert_eq!(tier_stats(&node).hits, 4);
+
+    // Another node continues the conversation with the same handle; its
+    // tier never saw the previous turn, so the new one is filled in.
+    let other = tiered(&origin, &dir.path().join("tier2"), Duration::from_secs(60));
+    let (c, snap) = (ctx(&id, 311, 3072), turn(311, 3072));
+    let req = TurnRequest {
+        identity: id.clone(),
+        context: c,
+        boundary: 3072,
+        tail: last.tail_of(&snap).expect("tail"),
+    };
+    let r = other.publish_turn(&last, req).await.expect("publish_turn");
+    assert_eq!(r.outcome, PublishOutcome::Created);
+    other.tier_settle().await;
+    let s = tier_stats(&other);
+    assert!(s.fills >= 1 && s.publish_failures == 0, "{s:?}");
+    assert_eq!(restore_bytes(&other, &id, c).await, snap.encoded());
+    assert_eq!(restore_bytes(&plain, &id, c).await, snap.encoded());
+    assert_eq!(tier_stats(&other).hits, 1);
+}
+
+/// Behind mode takes turns too. With the origin unreachable a conversation
+/// goes on turn by turn in the tier — the handle a publication returns is
+/// one for the same store handle, so the next turn takes it — and the node
+/// reads its own writes. Nothing reaches the origin until it is back; then
+/// the upload brings every turn there, base first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_mode_queues_turns_in_the_tier_while_the_origin_is_down() {
+    let Some(endpoint) = s3_endpoint() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let origin = origin_url(&dir);
+    let tier_dir = dir.path().join("tier");
+    let id = identity("tier-behind-turns");
+    let turns = {
+        let node = behind(&down(&origin, &endpoint), &tier_dir);
+        let (turns, _) = turn_by_turn(&node, &id, 313, 4).await;
+        for (c, snap) in &turns {
+            assert_eq!(restore_bytes(&node, &id, *c).await, snap.encoded());
+        }
+        assert_eq!(node.tier_backlog().await.expect("backlog"), 4);
+        turns
+    };
+    let plain = Store::open(&origin, config()).expect("origin");
+    for (c, _) in &turns {
+        assert!(!held(
+            plain.peek_root(&id.namespace(), c).await.expect("peek")
+        ));
+    }
+    let node = behind(&origin, &tier_dir);
+    let report = node.tier_upload().await.expect("upload");
+    assert_eq!((report.failed, report.remaining), (0, 0), "{report:?}");
+    for (c, snap) in &turns {
+        assert_eq!(restore_bytes(&plain, &id, *c).await, snap.encoded());
+        assert!(plain
+            .verify_root((&id, *c))
+            .await
+            .expect("verify")
+            .is_intact());
     }
 }

@@ -27,6 +27,27 @@ pub(crate) fn reset_peak() -> bool {
     std::fs::write("/proc/self/clear_refs", b"5").is_ok()
 }
 
+/// A window for the peak resident memory of one measured section: RSS at
+/// its start, and the peak above that ([`reset_peak`] first).
+pub(crate) struct PeakWindow {
+    rss: u64,
+}
+
+impl PeakWindow {
+    /// Opens a window (resets the process's peak).
+    pub(crate) fn open() -> Self {
+        let rss = proc_status("VmRSS");
+        reset_peak();
+        PeakWindow { rss }
+    }
+
+    /// The peak resident memory since [`PeakWindow::open`], above the RSS
+    /// then (bytes).
+    pub(crate) fn peak(&self) -> u64 {
+        proc_status("VmHWM").saturating_sub(self.rss)
+    }
+}
+
 /// CPU accounting around a timed section: this process's CPU time
 /// (`getrusage`) and the whole machine's busy time (`/proc/stat`), so that a
 /// report can show how much of the machine *other* processes used meanwhile.

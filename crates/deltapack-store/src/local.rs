@@ -160,6 +160,9 @@ const DIRECT_ALIGN: usize = 4096;
 #[cfg(target_os = "linux")]
 const BOUNCE: usize = 32 << 20;
 
+/// Most staging memory one object write holds (two bounce buffers).
+pub(crate) const STAGING_BYTES_PER_WRITE: u64 = 2 * (32 << 20);
+
 /// Idle bounce buffers, reused across writes (each write takes up to two:
 /// one is filled while the other is written). Reuse matters: fresh buffers
 /// would pay a page fault per 4 KiB on every write. At most [`POOL_KEEP`]

@@ -96,7 +96,27 @@ impl Store {
     /// * otherwise (an older v2.2 root, or a snapshot that does not finish
     ///   the recorded state) the snapshot is hashed once and must give the
     ///   root's digest.
+    ///
+    /// With a tier, the tier's root is asked first (a turn acknowledged
+    /// there may not be in the store yet, or the store may be down); the
+    /// store decides when the tier does not hold it.
     pub async fn turn_from(
+        &self,
+        identity: &CacheIdentity,
+        context: ContextDigest,
+        snapshot: &Arc<Snapshot>,
+    ) -> Result<Turn> {
+        if let Some(tier) = self.tier() {
+            match tier.store.turn_from_here(identity, context, snapshot).await {
+                Ok(turn) => return Ok(turn.for_store(self)),
+                Err(e) => tracing::debug!(error = %e, "no turn from the tier; asking the store"),
+            }
+        }
+        self.turn_from_here(identity, context, snapshot).await
+    }
+
+    /// [`Store::turn_from`] in this store alone.
+    async fn turn_from_here(
         &self,
         identity: &CacheIdentity,
         context: ContextDigest,

@@ -28,8 +28,8 @@ pub struct TierConfig {
     /// Roots filled at once; a fill beyond that is skipped (2 by default).
     pub fill_roots_in_flight: usize,
     /// Objects held in memory at once across all fills and uploads (4 by
-    /// default; each at most one extent, so 4 × 64 MiB at the production
-    /// extent size).
+    /// default; each at most one extent, with its write staging: see
+    /// [`TierConfig::fill_buffer_bytes`]).
     pub fill_objects_in_flight: usize,
     /// When a publication is acknowledged: durable in the origin (the
     /// default) or in the tier, uploaded behind.
@@ -88,6 +88,16 @@ impl TierConfig {
     pub fn with_check_interval(mut self, interval: Duration) -> Self {
         self.check_interval = interval;
         self
+    }
+
+    /// The most memory fills and uploads hold at once, for objects of at
+    /// most `extent_bytes`: [`TierConfig::fill_objects_in_flight`] objects,
+    /// each with the staging a local write of it uses (two direct-I/O
+    /// bounce buffers of 32 MiB, or the object's size if smaller). At the
+    /// defaults and 64 MiB extents: 4 × (64 + 64) MiB = 512 MiB.
+    pub fn fill_buffer_bytes(&self, extent_bytes: u64) -> u64 {
+        let staging = crate::local::STAGING_BYTES_PER_WRITE.min(extent_bytes);
+        self.fill_objects_in_flight as u64 * (extent_bytes + staging)
     }
 }
 

@@ -524,8 +524,8 @@ async fn turns_are_written_through_to_the_tier_from_their_new_pages() {
 
 /// Behind mode takes turns too. With the origin unreachable a conversation
 /// goes on turn by turn in the tier — the handle a publication returns is
-/// one for the same store handle, so the next turn takes it — and the node
-/// reads its own writes. Nothing reaches the origin until it is back; then
+/// one for the same store handle, so the next turn takes it, and
+/// `turn_from` finds the tier's root — and the node reads its own writes. Nothing reaches the origin until it is back; then
 /// the upload brings every turn there, base first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_mode_queues_turns_in_the_tier_while_the_origin_is_down() {
@@ -538,11 +538,26 @@ async fn behind_mode_queues_turns_in_the_tier_while_the_origin_is_down() {
     let id = identity("tier-behind-turns");
     let turns = {
         let node = behind(&down(&origin, &endpoint), &tier_dir);
-        let (turns, _) = turn_by_turn(&node, &id, 313, 4).await;
+        let (mut turns, _) = turn_by_turn(&node, &id, 313, 4).await;
+        // A process that did not publish the last turn picks the
+        // conversation up from the tier's root (the origin is down).
+        let (c, last) = turns.last().cloned().expect("turns");
+        let resumed = node.turn_from(&id, c, &last).await.expect("turn_from");
+        let (c, snap) = (ctx(&id, 313, 3072), turn(313, 3072));
+        let req = TurnRequest {
+            identity: id.clone(),
+            context: c,
+            boundary: 3072,
+            tail: resumed.tail_of(&snap).expect("tail"),
+        };
+        node.publish_turn(&resumed, req)
+            .await
+            .expect("publish_turn");
+        turns.push((c, snap));
         for (c, snap) in &turns {
             assert_eq!(restore_bytes(&node, &id, *c).await, snap.encoded());
         }
-        assert_eq!(node.tier_backlog().await.expect("backlog"), 4);
+        assert_eq!(node.tier_backlog().await.expect("backlog"), 5);
         turns
     };
     let plain = Store::open(&origin, config()).expect("origin");

@@ -88,6 +88,18 @@ impl Store {
                 keys::root_key(&ns, &ctx)
             )));
         }
+        self.hold_root(name, ns, ctx).await
+    }
+
+    /// [`Store::hold`] on a root this handle's caller has just created
+    /// (owner and root already checked): the marker, durable, then the
+    /// ledger's row.
+    pub(crate) async fn hold_root(
+        &self,
+        name: &HoldName,
+        ns: Namespace,
+        ctx: ContextDigest,
+    ) -> Result<()> {
         let marker = keys::hold_key(name, &ns, &ctx);
         put_create(self.object_store().as_ref(), &marker, Bytes::new()).await?;
         let name = name.to_string();

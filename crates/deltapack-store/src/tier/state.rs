@@ -82,6 +82,8 @@ pub(crate) struct TierState {
     pub(crate) upload_wake: Arc<tokio::sync::Notify>,
     /// Pending uploads as last counted.
     pub(crate) backlog: std::sync::atomic::AtomicU64,
+    /// Whether `backlog` was counted from the journal yet.
+    pub(crate) backlog_known: std::sync::atomic::AtomicBool,
     /// One upload round at a time in this process (the uploader's, or a
     /// caller's [`Store::tier_upload`]).
     pub(crate) upload_round: tokio::sync::Mutex<()>,
@@ -144,6 +146,7 @@ impl TierState {
             uploader: Mutex::new(None),
             upload_wake: Arc::new(tokio::sync::Notify::new()),
             backlog: std::sync::atomic::AtomicU64::new(0),
+            backlog_known: std::sync::atomic::AtomicBool::new(false),
             upload_round: tokio::sync::Mutex::new(()),
         };
         Ok((state, config))

@@ -27,7 +27,11 @@
 //! uploaded at once, through the tier's object permits. When
 //! [`super::TierConfig::max_upload_backlog`] roots are pending, the next
 //! publication is written through (acknowledged by the origin) instead of
-//! queued, and counted.
+//! queued, and counted. The count is the handle's: the journal as listed
+//! before its first publication and at every upload round, plus its own
+//! publications since — so the bound is soft across the node's processes
+//! (another process's entries count from the next round), and a
+//! publication does not list the journal.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -86,6 +90,27 @@ impl Tier<'_> {
             .collect())
     }
 
+    /// The upload backlog for the bound of a new publication (and starts
+    /// the uploader): as this handle last counted it — every upload round
+    /// recounts the journal, and this handle's own publications add to it —
+    /// or counted now, by listing the journal, before anything counted it. The
+    /// bound is soft across processes: another process's entries count
+    /// from the next round.
+    pub(crate) async fn backlog_as_counted(&self) -> Result<usize> {
+        self.start_uploader();
+        if !self
+            .backlog_known
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            let n = self.pending_uploads().await?.len();
+            self.backlog
+                .store(n as u64, std::sync::atomic::Ordering::Relaxed);
+            self.backlog_known
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+        Ok(self.backlog.load(std::sync::atomic::Ordering::Relaxed) as usize)
+    }
+
     /// Whether `key` is journaled for upload (its origin copy may not
     /// exist yet, and that is not staleness).
     pub(crate) async fn upload_pending(&self, key: RootKey) -> bool {
@@ -130,6 +155,8 @@ impl Tier<'_> {
         report.remaining = self.pending_uploads().await?.len() as u64;
         self.backlog
             .store(report.remaining, std::sync::atomic::Ordering::Relaxed);
+        self.backlog_known
+            .store(true, std::sync::atomic::Ordering::Release);
         Ok(report)
     }
 
@@ -227,8 +254,7 @@ impl Store {
         req: PublishRequest,
         progress: Progress<'_>,
     ) -> Result<PublishReceipt> {
-        tier.start_uploader();
-        let backlog = tier.pending_uploads().await?.len();
+        let backlog = tier.backlog_as_counted().await?;
         if backlog >= tier.config.max_upload_backlog {
             Stats::add(&tier.counters.uploads_inline, 1);
             return self.publish_through(tier, req, progress).await;
@@ -239,7 +265,7 @@ impl Store {
         if receipt.outcome == PublishOutcome::Conflict {
             return Ok(receipt);
         }
-        self.journal(tier, ns, ctx, backlog, receipt).await
+        self.journal(tier, ns, ctx, receipt).await
     }
 
     /// The turn after `prev`, acknowledged in the tier (as
@@ -252,8 +278,7 @@ impl Store {
         prev: &Turn,
         req: TurnRequest,
     ) -> Result<PublishReceipt> {
-        tier.start_uploader();
-        let backlog = tier.pending_uploads().await?.len();
+        let backlog = tier.backlog_as_counted().await?;
         if backlog >= tier.config.max_upload_backlog {
             Stats::add(&tier.counters.uploads_inline, 1);
             return self.turn_through(tier, prev, req).await;
@@ -272,7 +297,7 @@ impl Store {
         if receipt.outcome == PublishOutcome::Conflict {
             return Ok(receipt);
         }
-        self.journal(tier, ns, ctx, backlog, receipt).await
+        self.journal(tier, ns, ctx, receipt).await
     }
 
     /// Journals a publication the tier made durable for upload, wakes the
@@ -282,12 +307,11 @@ impl Store {
         tier: &Tier<'_>,
         ns: Namespace,
         ctx: ContextDigest,
-        backlog: usize,
         mut receipt: PublishReceipt,
     ) -> Result<PublishReceipt> {
-        tier.store.hold(UPLOAD_HOLD, ns, ctx).await?;
+        tier.store.hold_root(&upload_hold(), ns, ctx).await?;
         tier.backlog
-            .store(backlog as u64 + 1, std::sync::atomic::Ordering::Relaxed);
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tier.upload_wake.notify_one();
         receipt.turn = receipt.turn.map(|t| t.for_store(self));
         Ok(receipt)

@@ -578,3 +578,55 @@ async fn behind_mode_queues_turns_in_the_tier_while_the_origin_is_down() {
             .is_intact());
     }
 }
+
+/// The upload backlog is bounded: with `max_upload_backlog` roots pending
+/// (the origin down), the next publication is written through instead of
+/// queued — and fails, since the origin is down — counted as inline. A new
+/// handle on the same tier counts the journal it finds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_upload_backlog_writes_through() {
+    let Some(endpoint) = s3_endpoint() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let origin = origin_url(&dir);
+    let tier_dir = dir.path().join("tier");
+    let id = identity("tier-backlog");
+    let bounded = |origin: &str| {
+        let mut tier = TierConfig::new(format!("file://{}", tier_dir.display()))
+            .with_check_interval(Duration::ZERO)
+            .with_ack(TierAck::Tier);
+        tier.max_upload_backlog = 2;
+        Store::open(origin, config().with_tier(Some(tier))).expect("tiered store")
+    };
+    let snaps: Vec<_> = (1..=4u64)
+        .map(|i| (ctx(&id, 317, (i * 1024) as usize), turn(317 + i, i * 1024)))
+        .collect();
+    {
+        let node = bounded(&down(&origin, &endpoint));
+        for (c, snap) in &snaps[..2] {
+            node.publish(flat(&id, *c, snap, RootFormat::V2))
+                .await
+                .expect("queued in the tier");
+        }
+        let (c, snap) = &snaps[2];
+        let out = node.publish(flat(&id, *c, snap, RootFormat::V2)).await;
+        assert!(out.is_err(), "written through to a down origin: {out:?}");
+        assert_eq!(tier_stats(&node).uploads_inline, 1);
+    }
+    {
+        let node = bounded(&down(&origin, &endpoint));
+        let (c, snap) = &snaps[3];
+        let out = node.publish(flat(&id, *c, snap, RootFormat::V2)).await;
+        assert!(out.is_err(), "the journal it found is full: {out:?}");
+        assert_eq!(tier_stats(&node).uploads_inline, 1);
+        assert_eq!(node.tier_backlog().await.expect("backlog"), 2);
+    }
+    let node = bounded(&origin);
+    let report = node.tier_upload().await.expect("upload");
+    assert_eq!((report.uploaded, report.remaining), (2, 0), "{report:?}");
+    let plain = Store::open(&origin, config()).expect("origin");
+    for (c, snap) in &snaps[..2] {
+        assert_eq!(restore_bytes(&plain, &id, *c).await, snap.encoded());
+    }
+}

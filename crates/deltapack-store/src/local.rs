@@ -156,12 +156,8 @@ impl ObjectStore for DirectLocal {
 #[cfg(target_os = "linux")]
 const DIRECT_ALIGN: usize = 4096;
 
-/// Size of one bounce buffer of a direct-I/O write.
-#[cfg(target_os = "linux")]
-const BOUNCE: usize = 32 << 20;
-
-/// Most staging memory one object write holds (two bounce buffers).
-pub(crate) const STAGING_BYTES_PER_WRITE: u64 = 2 * (32 << 20);
+/// Size of one bounce buffer of a direct-I/O write (a write holds two).
+pub(crate) const BOUNCE: usize = 32 << 20;
 
 /// Idle bounce buffers, reused across writes (each write takes up to two:
 /// one is filled while the other is written). Reuse matters: fresh buffers

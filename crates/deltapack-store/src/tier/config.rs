@@ -96,7 +96,7 @@ impl TierConfig {
     /// bounce buffers of 32 MiB, or the object's size if smaller). At the
     /// defaults and 64 MiB extents: 4 × (64 + 64) MiB = 512 MiB.
     pub fn fill_buffer_bytes(&self, extent_bytes: u64) -> u64 {
-        let staging = crate::local::STAGING_BYTES_PER_WRITE.min(extent_bytes);
+        let staging = (2 * crate::local::BOUNCE as u64).min(extent_bytes);
         self.fill_objects_in_flight as u64 * (extent_bytes + staging)
     }
 }

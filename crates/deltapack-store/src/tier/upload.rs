@@ -43,8 +43,6 @@ use serde::Serialize;
 use super::copy::Copy;
 use super::handle::Tier;
 use super::state::lock;
-use deltapack_format::{ContextDigest, Namespace};
-
 use crate::error::{Result, StoreError};
 use crate::keys::{self, HoldName, RootKey};
 use crate::publish::{Progress, PublishOutcome, PublishReceipt, PublishRequest, Turn, TurnRequest};
@@ -90,13 +88,23 @@ impl Tier<'_> {
             .collect())
     }
 
+    /// Whether a new publication must be written through because the
+    /// upload backlog is full (counted when it is; starts the uploader).
+    pub(crate) async fn backlog_full(&self) -> Result<bool> {
+        let full = self.backlog_as_counted().await? >= self.config.max_upload_backlog;
+        if full {
+            Stats::add(&self.counters.uploads_inline, 1);
+        }
+        Ok(full)
+    }
+
     /// The upload backlog for the bound of a new publication (and starts
     /// the uploader): as this handle last counted it — every upload round
     /// recounts the journal, and this handle's own publications add to it —
     /// or counted now, by listing the journal, before anything counted it. The
     /// bound is soft across processes: another process's entries count
     /// from the next round.
-    pub(crate) async fn backlog_as_counted(&self) -> Result<usize> {
+    async fn backlog_as_counted(&self) -> Result<usize> {
         self.start_uploader();
         if !self
             .backlog_known
@@ -254,18 +262,12 @@ impl Store {
         req: PublishRequest,
         progress: Progress<'_>,
     ) -> Result<PublishReceipt> {
-        let backlog = tier.backlog_as_counted().await?;
-        if backlog >= tier.config.max_upload_backlog {
-            Stats::add(&tier.counters.uploads_inline, 1);
+        if tier.backlog_full().await? {
             return self.publish_through(tier, req, progress).await;
         }
-        let (ns, ctx) = (req.identity.namespace(), req.context);
         let tier_req = self.tier_request(&req).await;
         let receipt = tier.store.publish_uncounted(tier_req, progress).await?;
-        if receipt.outcome == PublishOutcome::Conflict {
-            return Ok(receipt);
-        }
-        self.journal(tier, ns, ctx, receipt).await
+        self.journal(tier, receipt).await
     }
 
     /// The turn after `prev`, acknowledged in the tier (as
@@ -278,12 +280,9 @@ impl Store {
         prev: &Turn,
         req: TurnRequest,
     ) -> Result<PublishReceipt> {
-        let backlog = tier.backlog_as_counted().await?;
-        if backlog >= tier.config.max_upload_backlog {
-            Stats::add(&tier.counters.uploads_inline, 1);
+        if tier.backlog_full().await? {
             return self.turn_through(tier, prev, req).await;
         }
-        let (ns, ctx) = (req.identity.namespace(), req.context);
         let receipt = match tier
             .store
             .publish_turn_here(&prev.for_store(tier.store), req.clone())
@@ -294,21 +293,21 @@ impl Store {
             }
             other => other?,
         };
-        if receipt.outcome == PublishOutcome::Conflict {
-            return Ok(receipt);
-        }
-        self.journal(tier, ns, ctx, receipt).await
+        self.journal(tier, receipt).await
     }
 
     /// Journals a publication the tier made durable for upload, wakes the
-    /// uploader, and hands the receipt's turn out as one on this handle.
+    /// uploader, and hands the receipt's turn out as one on this handle (a
+    /// conflict in the tier is returned as it is).
     async fn journal(
         &self,
         tier: &Tier<'_>,
-        ns: Namespace,
-        ctx: ContextDigest,
         mut receipt: PublishReceipt,
     ) -> Result<PublishReceipt> {
+        if receipt.outcome == PublishOutcome::Conflict {
+            return Ok(receipt);
+        }
+        let (ns, ctx) = (receipt.namespace, receipt.context);
         tier.store.hold_root(&upload_hold(), ns, ctx).await?;
         tier.backlog
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -448,21 +448,32 @@ async fn turn_by_turn(
     let mut prev = r.turn.expect("a v2.2 publication returns a turn");
     let mut out = vec![(c, first)];
     for k in 1..n {
-        let tokens = 1024 + 512 * k;
-        let (c, snap) = (ctx(id, seed, tokens as usize), turn(seed, tokens));
-        let tail = prev.tail_of(&snap).expect("tail");
-        let req = TurnRequest {
-            identity: id.clone(),
-            context: c,
-            boundary: tokens,
-            tail,
-        };
-        let r = store.publish_turn(&prev, req).await.expect("publish_turn");
-        assert_eq!(r.outcome, PublishOutcome::Created);
-        prev = r.turn.expect("turn");
+        let (c, snap, next) = next_turn(store, id, seed, &prev, 1024 + 512 * k).await;
+        prev = next;
         out.push((c, snap));
     }
     (out, prev)
+}
+
+/// Publishes the `seed` conversation at `tokens` as the turn after `prev`
+/// (its new pages alone); its context, snapshot and handle.
+async fn next_turn(
+    store: &Store,
+    id: &CacheIdentity,
+    seed: u64,
+    prev: &Turn,
+    tokens: u64,
+) -> (ContextDigest, std::sync::Arc<Snapshot>, Turn) {
+    let (c, snap) = (ctx(id, seed, tokens as usize), turn(seed, tokens));
+    let req = TurnRequest {
+        identity: id.clone(),
+        context: c,
+        boundary: tokens,
+        tail: prev.tail_of(&snap).expect("tail"),
+    };
+    let r = store.publish_turn(prev, req).await.expect("publish_turn");
+    assert_eq!(r.outcome, PublishOutcome::Created);
+    (c, snap, r.turn.expect("turn"))
 }
 
 fn held(status: RootStatus) -> bool {
@@ -505,15 +516,7 @@ async fn turns_are_written_through_to_the_tier_from_their_new_pages() {
     // Another node continues the conversation with the same handle; its
     // tier never saw the previous turn, so the new one is filled in.
     let other = tiered(&origin, &dir.path().join("tier2"), Duration::from_secs(60));
-    let (c, snap) = (ctx(&id, 311, 3072), turn(311, 3072));
-    let req = TurnRequest {
-        identity: id.clone(),
-        context: c,
-        boundary: 3072,
-        tail: last.tail_of(&snap).expect("tail"),
-    };
-    let r = other.publish_turn(&last, req).await.expect("publish_turn");
-    assert_eq!(r.outcome, PublishOutcome::Created);
+    let (c, snap, _) = next_turn(&other, &id, 311, &last, 3072).await;
     other.tier_settle().await;
     let s = tier_stats(&other);
     assert!(s.fills >= 1 && s.publish_failures == 0, "{s:?}");
@@ -525,8 +528,9 @@ async fn turns_are_written_through_to_the_tier_from_their_new_pages() {
 /// Behind mode takes turns too. With the origin unreachable a conversation
 /// goes on turn by turn in the tier — the handle a publication returns is
 /// one for the same store handle, so the next turn takes it, and
-/// `turn_from` finds the tier's root — and the node reads its own writes. Nothing reaches the origin until it is back; then
-/// the upload brings every turn there, base first.
+/// `turn_from` finds the tier's root — and the node reads its own writes.
+/// Nothing reaches the origin until it is back; then the upload brings
+/// every turn there, base first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_mode_queues_turns_in_the_tier_while_the_origin_is_down() {
     let Some(endpoint) = s3_endpoint() else {
@@ -543,16 +547,7 @@ async fn behind_mode_queues_turns_in_the_tier_while_the_origin_is_down() {
         // conversation up from the tier's root (the origin is down).
         let (c, last) = turns.last().cloned().expect("turns");
         let resumed = node.turn_from(&id, c, &last).await.expect("turn_from");
-        let (c, snap) = (ctx(&id, 313, 3072), turn(313, 3072));
-        let req = TurnRequest {
-            identity: id.clone(),
-            context: c,
-            boundary: 3072,
-            tail: resumed.tail_of(&snap).expect("tail"),
-        };
-        node.publish_turn(&resumed, req)
-            .await
-            .expect("publish_turn");
+        let (c, snap, _) = next_turn(&node, &id, 313, &resumed, 3072).await;
         turns.push((c, snap));
         for (c, snap) in &turns {
             assert_eq!(restore_bytes(&node, &id, *c).await, snap.encoded());

@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::digest::Digest;
 use crate::error::{Error, Result};
+use crate::frame::Framing;
 use crate::layout::{GroupKind, PageLayout};
 use crate::snapshot::{digest_of_encoding, Snapshot, SnapshotHeader};
 
@@ -268,35 +269,14 @@ pub fn encode_with_digests(
     Ok(out)
 }
 
+/// The delta's framing (magic, header bound, messages).
+const FRAMING: Framing = Framing::new(DELTA_MAGIC, MAX_DELTA_HEADER, "delta", Error::Delta)
+    .bad_magic("bad magic (not a page-tail-cow-v1 delta)");
+
 /// Parses the delta header from the first bytes of a delta (which may be
 /// only a prefix). Returns the header and the offset of the tails.
 pub fn decode_header(bytes: &[u8]) -> Result<(DeltaHeader, usize)> {
-    if bytes.len() < DELTA_PREFIX_LEN {
-        return Err(Error::Delta(format!(
-            "{} bytes is shorter than the delta prefix",
-            bytes.len()
-        )));
-    }
-    if bytes[..8] != DELTA_MAGIC {
-        return Err(Error::Delta(
-            "bad magic (not a page-tail-cow-v1 delta)".into(),
-        ));
-    }
-    let hlen = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
-    if hlen > MAX_DELTA_HEADER {
-        return Err(Error::Bounds(format!(
-            "delta header length {hlen} exceeds {MAX_DELTA_HEADER}"
-        )));
-    }
-    let end = DELTA_PREFIX_LEN + hlen as usize;
-    if end > bytes.len() {
-        return Err(Error::Delta(format!(
-            "header length {hlen} runs past the {} bytes present",
-            bytes.len()
-        )));
-    }
-    let header: DeltaHeader = serde_cbor::from_slice(&bytes[DELTA_PREFIX_LEN..end])
-        .map_err(|e| Error::Delta(format!("header: {e}")))?;
+    let (header, end): (DeltaHeader, usize) = FRAMING.decode(bytes)?;
     if header.schema != DELTA_SCHEMA {
         return Err(Error::Delta(format!(
             "unknown delta schema {:?}",

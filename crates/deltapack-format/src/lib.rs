@@ -46,6 +46,7 @@ pub mod delta;
 pub mod digest;
 pub mod error;
 pub mod extent;
+mod frame;
 pub mod identity;
 pub mod layer_digest;
 pub mod layout;

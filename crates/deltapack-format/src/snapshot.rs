@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::digest::Digest;
 use crate::error::{Error, Result};
+use crate::frame::Framing;
 use crate::layout::PageLayout;
 
 /// Magic bytes of an encoded snapshot.
@@ -88,36 +89,20 @@ impl SnapshotHeader {
     }
 }
 
+/// The snapshot's framing (magic, header bound, messages).
+const FRAMING: Framing = Framing::new(
+    SNAPSHOT_MAGIC,
+    MAX_SNAPSHOT_HEADER,
+    "snapshot",
+    Error::Snapshot,
+)
+.bad_magic("bad magic (not an encoded snapshot, or unknown version)");
+
 /// Parses the prefix of an encoded snapshot: returns the header and the
 /// payload offset. Checks every length against `bytes.len()` (which may be
 /// only a prefix of the encoding) before allocating.
 pub fn decode_prefix(bytes: &[u8]) -> Result<(SnapshotHeader, usize)> {
-    if bytes.len() < SNAPSHOT_PREFIX_LEN {
-        return Err(Error::Snapshot(format!(
-            "{} bytes is shorter than the snapshot prefix",
-            bytes.len()
-        )));
-    }
-    if bytes[..8] != SNAPSHOT_MAGIC {
-        return Err(Error::Snapshot(
-            "bad magic (not an encoded snapshot, or unknown version)".into(),
-        ));
-    }
-    let hlen = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
-    if hlen > MAX_SNAPSHOT_HEADER {
-        return Err(Error::Bounds(format!(
-            "snapshot header length {hlen} exceeds {MAX_SNAPSHOT_HEADER}"
-        )));
-    }
-    let end = SNAPSHOT_PREFIX_LEN + hlen as usize;
-    if end > bytes.len() {
-        return Err(Error::Snapshot(format!(
-            "header length {hlen} runs past the {} bytes present",
-            bytes.len()
-        )));
-    }
-    let header: SnapshotHeader = serde_cbor::from_slice(&bytes[SNAPSHOT_PREFIX_LEN..end])
-        .map_err(|e| Error::Snapshot(format!("header: {e}")))?;
+    let (header, end): (SnapshotHeader, usize) = FRAMING.decode(bytes)?;
     header.validate()?;
     Ok((header, end))
 }

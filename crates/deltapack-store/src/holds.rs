@@ -6,7 +6,6 @@
 
 use bytes::Bytes;
 use deltapack_format::{ContextDigest, Namespace};
-use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::ObjectStoreExt;
 
@@ -47,13 +46,9 @@ pub(crate) fn hold_name(name: &str) -> Result<HoldName> {
 impl Store {
     pub(crate) async fn list_holds(&self) -> Result<Vec<(HoldName, Namespace, ContextDigest)>> {
         let prefix = Path::from(keys::HOLDS);
-        let metas: Vec<object_store::ObjectMeta> = self
-            .object_store()
-            .list(Some(&prefix))
-            .try_collect()
-            .await
-            .map_err(|e| StoreError::io(&prefix, e))?;
-        Ok(metas
+        Ok(self
+            .list_all(&prefix)
+            .await?
             .iter()
             .filter_map(|m| keys::parse_hold_key(&m.location))
             .collect())

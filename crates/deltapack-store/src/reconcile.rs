@@ -201,13 +201,9 @@ impl Store {
         full: bool,
     ) -> Result<crate::ledger::MergeReport> {
         let began = now_ms();
-        let prefix = Path::from(keys::ROOTS);
         let listed: Vec<(Namespace, ContextDigest, u64)> = self
-            .object_store()
-            .list(Some(&prefix))
-            .try_collect::<Vec<_>>()
-            .await
-            .map_err(|e| StoreError::io(&prefix, e))?
+            .list_all(&Path::from(keys::ROOTS))
+            .await?
             .iter()
             .filter_map(|m| keys::parse_root_key(&m.location).map(|(n, c)| (n, c, m.size)))
             .collect();
@@ -217,12 +213,7 @@ impl Store {
             .into_iter()
             .map(|(name, ns, ctx)| (name.as_str().to_string(), ns, ctx))
             .collect();
-        let objects: Vec<object_store::ObjectMeta> = self
-            .object_store()
-            .list(Some(&Path::from(keys::OBJECTS)))
-            .try_collect()
-            .await
-            .map_err(|e| StoreError::io(&Path::from(keys::OBJECTS), e))?;
+        let objects = self.list_all(&Path::from(keys::OBJECTS)).await?;
         let present: Vec<(String, u64, u64)> = objects
             .iter()
             .map(|m| {

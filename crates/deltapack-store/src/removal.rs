@@ -20,7 +20,6 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use deltapack_format::{ContextDigest, Namespace};
-use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::ObjectStoreExt;
 use serde::Serialize;
@@ -104,6 +103,46 @@ pub struct RemovalPlan {
     targets: Vec<RootId>,
 }
 
+/// A plan being gathered: each chosen root once, in the order first met.
+struct Gathering {
+    kind: RemovalKind,
+    targets: Vec<RootId>,
+    seen: BTreeSet<RootId>,
+}
+
+impl Gathering {
+    fn new(kind: RemovalKind) -> Gathering {
+        Gathering {
+            kind,
+            targets: Vec::new(),
+            seen: BTreeSet::new(),
+        }
+    }
+
+    /// Whether `root` is in the plan already.
+    fn has(&self, root: &RootId) -> bool {
+        self.seen.contains(root)
+    }
+
+    /// Adds a root with its dependents (those already in, once).
+    fn add(&mut self, group: Vec<RootId>) {
+        for g in group {
+            if self.seen.insert(g) {
+                self.targets.push(g);
+            }
+        }
+    }
+
+    /// The plan, its size recorded on the current span (`targets`).
+    fn plan(self) -> RemovalPlan {
+        tracing::Span::current().record("targets", self.targets.len());
+        RemovalPlan {
+            kind: self.kind,
+            targets: self.targets,
+        }
+    }
+}
+
 impl RemovalPlan {
     /// Why these roots are removed.
     pub fn kind(&self) -> RemovalKind {
@@ -163,13 +202,7 @@ impl Store {
     pub(crate) async fn clear_store(&self) -> Result<()> {
         for prefix in [keys::ROOTS, keys::OBJECTS, keys::HOLDS] {
             let p = Path::from(prefix);
-            let metas: Vec<object_store::ObjectMeta> = self
-                .object_store()
-                .list(Some(&p))
-                .try_collect()
-                .await
-                .map_err(|e| StoreError::io(&p, e))?;
-            for m in metas {
+            for m in self.list_all(&p).await? {
                 match self.object_store().delete(&m.location).await {
                     Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
                     Err(e) => return Err(StoreError::io(&m.location, e)),
@@ -483,15 +516,14 @@ impl Store {
         let t = ledger.run(|l| l.usage()).await?;
         self.metrics().ledger_totals(&t, false);
         let mut live = t.object_bytes + t.root_bytes;
-        let mut targets = Vec::new();
-        let mut gone = BTreeSet::new();
+        let mut plan = Gathering::new(RemovalKind::Evict);
         let image = ledger.run(|l| l.image()).await?;
         for r in &rows {
             if live <= budget {
                 break;
             }
             let k = (r.namespace, r.context);
-            if gone.contains(&k) {
+            if plan.has(&k) {
                 continue;
             }
             let group = graph.with_dependents([k]);
@@ -517,17 +549,9 @@ impl Store {
                 }
             }
             live = live.saturating_sub(freed);
-            for g in group {
-                if gone.insert(g) {
-                    targets.push(g);
-                }
-            }
+            plan.add(group);
         }
-        tracing::Span::current().record("targets", targets.len());
-        Ok(RemovalPlan {
-            kind: RemovalKind::Evict,
-            targets,
-        })
+        Ok(plan.plan())
     }
 
     /// Plans the removal of roots matching `filter` (pinned and held ones
@@ -557,24 +581,14 @@ impl Store {
             seeds.push(k);
         }
         let graph = Self::ledger_graph(&rows);
-        let mut targets = Vec::new();
-        let mut seen = BTreeSet::new();
+        let mut plan = Gathering::new(RemovalKind::Prune);
         for k in seeds {
             let group = graph.with_dependents([k]);
-            if self.any_protected(ledger, &group).await? {
-                continue;
-            }
-            for g in group {
-                if seen.insert(g) {
-                    targets.push(g);
-                }
+            if !self.any_protected(ledger, &group).await? {
+                plan.add(group);
             }
         }
-        tracing::Span::current().record("targets", targets.len());
-        Ok(RemovalPlan {
-            kind: RemovalKind::Prune,
-            targets,
-        })
+        Ok(plan.plan())
     }
 
     /// Plans the removal of every root (or every root of one namespace),

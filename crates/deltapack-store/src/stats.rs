@@ -5,33 +5,43 @@
 use prometheus_client::metrics::counter::Counter;
 use serde::Serialize;
 
-/// Live counters of one store handle. Each is a `prometheus-client`
-/// counter, so the ones exported as metrics are registered as they are.
-#[derive(Debug, Default)]
-pub(crate) struct Stats {
-    pub(crate) hits: Counter,
-    pub(crate) miss_absent: Counter,
-    pub(crate) miss_corrupt: Counter,
-    pub(crate) miss_incompatible: Counter,
-    pub(crate) miss_base_missing: Counter,
-    pub(crate) miss_deadline: Counter,
-    pub(crate) miss_unauthenticated: Counter,
-    pub(crate) objects_read: Counter,
-    pub(crate) bytes_read: Counter,
-    pub(crate) objects_written: Counter,
-    pub(crate) objects_reused: Counter,
-    pub(crate) bytes_written: Counter,
-    pub(crate) roots_written: Counter,
-    pub(crate) conflicts: Counter,
-    pub(crate) quarantined: Counter,
-    pub(crate) restores_shared: Counter,
-    pub(crate) base_cache_hits: Counter,
-    pub(crate) evictions: Counter,
-    pub(crate) hits_cheaper_than_prefill: Counter,
-    pub(crate) hits_dearer_than_prefill: Counter,
-    pub(crate) ledger_fallbacks: Counter,
-    pub(crate) touches_dropped: Counter,
-    pub(crate) snapshot_bytes_hashed: Counter,
+/// Declares a handle's live counters: a struct of `prometheus-client`
+/// counters, one per field of the public snapshot type it copies into, and
+/// that copy (`snapshot`). The fields are listed once, so the live struct
+/// and its snapshot cannot drift apart; fields of the snapshot that are not
+/// counters keep their defaults.
+macro_rules! live_counters {
+    ($(#[$doc:meta])* $name:ident => $snap:ident { $($field:ident),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Default)]
+        pub(crate) struct $name {
+            $(pub(crate) $field: prometheus_client::metrics::counter::Counter,)+
+        }
+
+        impl $name {
+            /// Copies the counters.
+            #[allow(clippy::needless_update)]
+            pub(crate) fn snapshot(&self) -> $snap {
+                $snap {
+                    $($field: self.$field.get(),)+
+                    ..Default::default()
+                }
+            }
+        }
+    };
+}
+pub(crate) use live_counters;
+
+live_counters! {
+    /// Live counters of one store handle. Each is a `prometheus-client`
+    /// counter, so the ones exported as metrics are registered as they are.
+    Stats => StatsSnapshot {
+        hits, miss_absent, miss_corrupt, miss_incompatible, miss_base_missing, miss_deadline,
+        miss_unauthenticated, objects_read, bytes_read, objects_written, objects_reused,
+        bytes_written, roots_written, conflicts, quarantined, restores_shared, base_cache_hits,
+        evictions, hits_cheaper_than_prefill, hits_dearer_than_prefill, ledger_fallbacks,
+        touches_dropped, snapshot_bytes_hashed,
+    }
 }
 
 /// A point-in-time copy of the store's counters (latency is in the
@@ -95,36 +105,6 @@ pub struct StatsSnapshot {
 impl Stats {
     pub(crate) fn add(c: &Counter, n: u64) {
         c.inc_by(n);
-    }
-
-    /// Copies the counters.
-    pub(crate) fn snapshot(&self) -> StatsSnapshot {
-        let g = |c: &Counter| c.get();
-        StatsSnapshot {
-            hits: g(&self.hits),
-            miss_absent: g(&self.miss_absent),
-            miss_corrupt: g(&self.miss_corrupt),
-            miss_incompatible: g(&self.miss_incompatible),
-            miss_base_missing: g(&self.miss_base_missing),
-            miss_deadline: g(&self.miss_deadline),
-            miss_unauthenticated: g(&self.miss_unauthenticated),
-            objects_read: g(&self.objects_read),
-            bytes_read: g(&self.bytes_read),
-            objects_written: g(&self.objects_written),
-            objects_reused: g(&self.objects_reused),
-            bytes_written: g(&self.bytes_written),
-            roots_written: g(&self.roots_written),
-            conflicts: g(&self.conflicts),
-            quarantined: g(&self.quarantined),
-            restores_shared: g(&self.restores_shared),
-            base_cache_hits: g(&self.base_cache_hits),
-            evictions: g(&self.evictions),
-            hits_cheaper_than_prefill: g(&self.hits_cheaper_than_prefill),
-            hits_dearer_than_prefill: g(&self.hits_dearer_than_prefill),
-            ledger_fallbacks: g(&self.ledger_fallbacks),
-            touches_dropped: g(&self.touches_dropped),
-            snapshot_bytes_hashed: g(&self.snapshot_bytes_hashed),
-        }
     }
 }
 

@@ -645,6 +645,15 @@ impl Store {
         }
     }
 
+    /// Every object under `prefix`, listed in full.
+    pub(crate) async fn list_all(&self, prefix: &Path) -> Result<Vec<object_store::ObjectMeta>> {
+        self.object_store()
+            .list(Some(prefix))
+            .try_collect()
+            .await
+            .map_err(|e| StoreError::io(prefix, e))
+    }
+
     /// Every root key in the store (optionally one namespace), sorted.
     pub async fn list_roots(
         &self,
@@ -654,13 +663,9 @@ impl Store {
             Some(n) => keys::namespace_prefix(n),
             None => Path::from(keys::ROOTS),
         };
-        let metas: Vec<_> = self
-            .object_store()
-            .list(Some(&prefix))
-            .try_collect()
-            .await
-            .map_err(|e| StoreError::io(&prefix, e))?;
-        let mut out: Vec<_> = metas
+        let mut out: Vec<_> = self
+            .list_all(&prefix)
+            .await?
             .iter()
             .filter_map(|m| keys::parse_root_key(&m.location))
             .collect();

@@ -26,7 +26,6 @@ use bytes::Bytes;
 use std::time::{Duration, Instant, SystemTime};
 
 use deltapack_format::{ContextDigest, DecodedRoot, Namespace};
-use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::ObjectStoreExt;
 use serde::Serialize;
@@ -239,11 +238,7 @@ impl Store {
 
     /// Every object in the store.
     async fn sweep_list_objects(&self) -> Result<Vec<object_store::ObjectMeta>> {
-        self.object_store()
-            .list(Some(&Path::from(keys::OBJECTS)))
-            .try_collect()
-            .await
-            .map_err(|e| StoreError::io(&Path::from(keys::OBJECTS), e))
+        self.list_all(&Path::from(keys::OBJECTS)).await
     }
 
     /// Step 3: every referenced object (of the chosen subset) is present and

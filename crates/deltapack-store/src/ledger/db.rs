@@ -386,6 +386,16 @@ impl Db {
         }
     }
 
+    /// Runs a query; returns every row as `f` reads it.
+    pub(crate) fn query_map<T>(
+        &mut self,
+        sql: &str,
+        params: &[V],
+        f: impl Fn(&Row) -> Result<T, LedgerError>,
+    ) -> Result<Vec<T>, LedgerError> {
+        self.query(sql, params)?.iter().map(f).collect()
+    }
+
     /// Runs a query expected to return at most one row.
     pub(crate) fn opt(&mut self, sql: &str, params: &[V]) -> Result<Option<Row>, LedgerError> {
         Ok(self.query(sql, params)?.into_iter().next())

@@ -202,32 +202,29 @@ impl Ledger {
                     objects: keys,
                 });
             }
-            let objects = db
-                .query(
-                    "SELECT key, bytes, refs, condemned_at FROM objects ORDER BY key",
-                    &[],
-                )?
-                .iter()
-                .map(|r| {
+            let objects = db.query_map(
+                "SELECT key, bytes, refs, condemned_at FROM objects ORDER BY key",
+                &[],
+                |r| {
                     Ok(ImageObject {
                         key: r.text(0)?,
                         bytes: r.u64(1)?,
                         refs: r.u64(2)?,
                         condemned: r.opt_i64(3)?.is_some(),
                     })
-                })
-                .collect::<Result<_, LedgerError>>()?;
-            let holds = db
-                .query("SELECT name, ns, ctx FROM holds ORDER BY name, ns, ctx", &[])?
-                .iter()
-                .map(|r| {
+                },
+            )?;
+            let holds = db.query_map(
+                "SELECT name, ns, ctx FROM holds ORDER BY name, ns, ctx",
+                &[],
+                |r| {
                     Ok(ImageHold {
                         name: r.text(0)?,
                         namespace: r.text(1)?,
                         context: r.text(2)?,
                     })
-                })
-                .collect::<Result<_, LedgerError>>()?;
+                },
+            )?;
             Ok(LedgerImage { roots, objects, holds })
         })
     }

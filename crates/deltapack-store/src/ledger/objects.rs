@@ -50,15 +50,12 @@ pub(super) const IS_USED: &str = "SELECT COALESCE((SELECT refs FROM objects WHER
 /// The totals, read on `db` (inside a transaction or not).
 pub(super) fn totals_in(db: &mut Db) -> Result<Totals, LedgerError> {
     let mut t = usage_in(db)?;
-    t.per_namespace = db
-        .query(
-            "SELECT ns, CAST(SUM(bytes) AS BIGINT) FROM (SELECT DISTINCT refs.ns AS ns, objects.key AS key, objects.bytes AS bytes
-               FROM refs JOIN objects ON objects.key = refs.key) AS d GROUP BY ns ORDER BY ns",
-            &[],
-        )?
-        .iter()
-        .map(|r| Ok((r.text(0)?, r.u64(1)?)))
-        .collect::<Result<Vec<_>, LedgerError>>()?;
+    t.per_namespace = db.query_map(
+        "SELECT ns, CAST(SUM(bytes) AS BIGINT) FROM (SELECT DISTINCT refs.ns AS ns, objects.key AS key, objects.bytes AS bytes
+           FROM refs JOIN objects ON objects.key = refs.key) AS d GROUP BY ns ORDER BY ns",
+        &[],
+        |r| Ok((r.text(0)?, r.u64(1)?)),
+    )?;
     Ok(t)
 }
 

@@ -404,22 +404,18 @@ impl Ledger {
         self.with(|db| {
             let mut out = std::collections::HashSet::new();
             for chunk in contexts.chunks(1024) {
+                let marks = (1..=chunk.len()).map(|i| format!("?{i}"));
                 let sql = match db.kind() {
                     super::db::Kind::Sqlite => {
-                        let marks: Vec<String> =
-                            (0..chunk.len()).map(|i| format!("(?{})", i + 1)).collect();
+                        let rows: Vec<String> = marks.map(|m| format!("({m})")).collect();
                         format!(
                             "SELECT r.ns, r.ctx FROM (VALUES {}) v CROSS JOIN roots r ON r.ckey = v.column1",
-                            marks.join(", ")
+                            rows.join(", ")
                         )
                     }
                     super::db::Kind::Postgres => {
-                        let marks: Vec<String> =
-                            (0..chunk.len()).map(|i| format!("?{}", i + 1)).collect();
-                        format!(
-                            "SELECT ns, ctx FROM roots WHERE ckey IN ({})",
-                            marks.join(", ")
-                        )
+                        let marks: Vec<String> = marks.collect();
+                        format!("SELECT ns, ctx FROM roots WHERE ckey IN ({})", marks.join(", "))
                     }
                 };
                 let params: Vec<V> = chunk.iter().map(|c| V::I(ckey(c))).collect();

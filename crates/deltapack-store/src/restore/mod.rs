@@ -109,10 +109,7 @@ impl Store {
         let key = key.into();
         record_key(&key.namespace, &key.context);
         let start = Instant::now();
-        if opts
-            .deadline
-            .is_some_and(|d| d <= tokio::time::Instant::now())
-        {
+        if opts.deadline_passed() {
             let reason = MissReason::DeadlineExceeded;
             self.record_restore(start, None, Err(&reason));
             return Ok(RestoreOutcome::Miss(reason));
@@ -261,10 +258,7 @@ impl Store {
             self.record_restore(start, schema, Err(&reason));
             Ok(RestoreIntoOutcome::Miss { reason })
         };
-        if opts
-            .deadline
-            .is_some_and(|d| d <= tokio::time::Instant::now())
-        {
+        if opts.deadline_passed() {
             return miss(MissReason::DeadlineExceeded, None);
         }
         if let Some(hit) = self

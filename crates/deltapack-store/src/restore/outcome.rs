@@ -54,6 +54,15 @@ pub struct RestoreOptions {
     pub deadline: Option<tokio::time::Instant>,
 }
 
+impl RestoreOptions {
+    /// Whether the deadline has passed already (a call then misses before
+    /// it reads anything).
+    pub fn deadline_passed(&self) -> bool {
+        self.deadline
+            .is_some_and(|d| d <= tokio::time::Instant::now())
+    }
+}
+
 /// The result of [`crate::Store::restore_into`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "outcome", rename_all = "kebab-case")]

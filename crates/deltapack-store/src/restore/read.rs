@@ -7,6 +7,7 @@
 //! a short object or a deadline is an `ObjectFault`, blamed only on proof.
 
 use std::fs::File;
+use std::io::Read as _;
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -282,20 +283,8 @@ pub(crate) fn read_extent(
         (_, ExtentCodec::Zstd) => {
             let stored = read_all(source, e)?;
             let raw = unpack_zstd(e, &stored).map_err(|c| ObjectFault::failed(&key, c))?;
-            let mut pos = 0usize;
-            absorb(
-                at,
-                region,
-                header,
-                deadline,
-                |buf| {
-                    let n = buf.len().min(raw.len() - pos);
-                    buf[..n].copy_from_slice(&raw[pos..pos + n]);
-                    pos += n;
-                    Ok(n)
-                },
-                scratch,
-            )
+            let mut rest = &raw[..];
+            absorb(at, region, header, deadline, |buf| rest.read(buf), scratch)
         }
         (Source::Local(root), ExtentCodec::Raw) => {
             let file = open_local(root, &key, e)?;

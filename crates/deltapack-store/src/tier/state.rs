@@ -17,48 +17,15 @@ use super::config::{TierConfig, TierStats};
 use crate::config::StoreConfig;
 use crate::error::{Result, StoreError};
 use crate::keys::RootKey;
+use crate::stats::live_counters;
 
-/// Counters of a handle's tier (see [`TierStats`]).
-#[derive(Debug, Default)]
-pub(crate) struct TierCounters {
-    pub(crate) hits: Counter,
-    pub(crate) misses: Counter,
-    pub(crate) fall_throughs: Counter,
-    pub(crate) refused: Counter,
-    pub(crate) unchecked: Counter,
-    pub(crate) fills: Counter,
-    pub(crate) fill_bytes: Counter,
-    pub(crate) fills_failed: Counter,
-    pub(crate) fills_skipped: Counter,
-    pub(crate) publish_failures: Counter,
-    pub(crate) uploads: Counter,
-    pub(crate) upload_bytes: Counter,
-    pub(crate) upload_failures: Counter,
-    pub(crate) upload_conflicts: Counter,
-    pub(crate) uploads_inline: Counter,
-}
-
-impl TierCounters {
-    fn snapshot(&self) -> TierStats {
-        let g = |c: &Counter| c.get();
-        TierStats {
-            hits: g(&self.hits),
-            misses: g(&self.misses),
-            fall_throughs: g(&self.fall_throughs),
-            refused: g(&self.refused),
-            unchecked: g(&self.unchecked),
-            fills: g(&self.fills),
-            fill_bytes: g(&self.fill_bytes),
-            fills_failed: g(&self.fills_failed),
-            fills_skipped: g(&self.fills_skipped),
-            publish_failures: g(&self.publish_failures),
-            uploads: g(&self.uploads),
-            upload_bytes: g(&self.upload_bytes),
-            upload_failures: g(&self.upload_failures),
-            upload_conflicts: g(&self.upload_conflicts),
-            uploads_inline: g(&self.uploads_inline),
-            upload_backlog: 0,
-        }
+live_counters! {
+    /// Counters of a handle's tier (see [`TierStats`]; its upload backlog
+    /// is a gauge, filled in by [`TierState::stats`]).
+    TierCounters => TierStats {
+        hits, misses, fall_throughs, refused, unchecked, fills, fill_bytes, fills_failed,
+        fills_skipped, publish_failures, uploads, upload_bytes, upload_failures,
+        upload_conflicts, uploads_inline,
     }
 }
 

@@ -207,6 +207,15 @@ pub(crate) fn print_json(v: &impl serde::Serialize) -> Result<()> {
     Ok(())
 }
 
+/// What a report's first line says of a dry run (nothing otherwise).
+pub(crate) fn dry_run_note(dry_run: bool) -> &'static str {
+    if dry_run {
+        " (dry run: nothing changed)"
+    } else {
+        ""
+    }
+}
+
 /// Milliseconds of a duration, with microsecond resolution.
 pub(crate) fn ms(d: Duration) -> f64 {
     d.as_micros() as f64 / 1000.0

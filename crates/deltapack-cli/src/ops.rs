@@ -8,7 +8,7 @@ use anyhow::Result;
 use deltapack_format::{CacheIdentity, Namespace};
 use deltapack_store::{Ownership, PruneFilter, RemovalReport, Store};
 
-use crate::common::{self, human_bytes, print_json};
+use crate::common::{self, dry_run_note, human_bytes, print_json};
 use crate::exit::{Usage, EXIT_ERROR, EXIT_USAGE};
 use crate::settings::StoreArgs;
 
@@ -191,12 +191,7 @@ fn print_removal(what: &str, r: &RemovalReport, json: bool) -> Result<ExitCode> 
     if json {
         print_json(r)?;
     } else {
-        let mode = if r.dry_run {
-            " (dry run: nothing changed)"
-        } else {
-            ""
-        };
-        println!("{what}{mode}: {} roots", r.roots.len());
+        println!("{what}{}: {} roots", dry_run_note(r.dry_run), r.roots.len());
         for k in &r.roots {
             println!("  - {k}");
         }
@@ -518,13 +513,9 @@ pub(crate) async fn migrate(a: MigrateArgs) -> Result<ExitCode> {
     if a.s.json {
         print_json(&r)?;
     } else {
-        let mode = if r.dry_run {
-            " (dry run: nothing changed)"
-        } else {
-            ""
-        };
         println!(
-            "migrate v1 → v2{mode}: {} v1 roots, {} migrated, {} skipped",
+            "migrate v1 → v2{}: {} v1 roots, {} migrated, {} skipped",
+            dry_run_note(r.dry_run),
             r.v1_roots,
             r.migrated.len(),
             r.skipped.len()

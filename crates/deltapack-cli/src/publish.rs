@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use clap::ArgGroup;
 use deltapack_format::{ContextDigest, ContextHasher};
 use deltapack_store::{
-    BaseInput, PublishOutcome, PublishReceipt, PublishRequest, RootFormat, TurnRequest,
+    BaseInput, PublishOutcome, PublishReceipt, PublishRequest, RootFormat, Store, TurnRequest,
 };
 
 use crate::common;
@@ -83,6 +83,39 @@ pub(crate) struct PublishArgs {
     json: bool,
 }
 
+impl PublishArgs {
+    /// Opens the store with these options (the extent and chain ones too).
+    fn open_store(&self) -> Result<Store> {
+        crate::settings::resolve(&self.store, Some(&self.extents), Some(&self.chain))?.open()
+    }
+
+    /// The base root's context: `--base-context`, else the digest of
+    /// `--base-tokens` (returned too), whose count must be the base
+    /// snapshot's `boundary`.
+    fn base_context(
+        &self,
+        hasher: &ContextHasher,
+        boundary: u64,
+    ) -> Result<(ContextDigest, Option<Vec<u32>>)> {
+        match (&self.base_context, &self.base_tokens) {
+            (Some(hex), _) => Ok((common::parse_context(hex)?, None)),
+            (None, Some(path)) => {
+                let t = common::read_tokens(path)?;
+                if t.len() as u64 != boundary {
+                    bail!(
+                        "{} holds {} tokens but the base snapshot covers {}",
+                        path.display(),
+                        t.len(),
+                        boundary
+                    );
+                }
+                Ok((hasher.digest(&t), Some(t)))
+            }
+            (None, None) => bail!("--base-snapshot needs --base-context or --base-tokens"),
+        }
+    }
+}
+
 /// Runs `deltapack publish`.
 pub(crate) async fn run(args: PublishArgs) -> Result<ExitCode> {
     let identity = common::read_identity(&args.identity)?;
@@ -120,29 +153,15 @@ pub(crate) async fn run(args: PublishArgs) -> Result<ExitCode> {
         None => None,
         Some(path) => {
             let base_snapshot = common::read_snapshot(path).await?;
-            let base_context: ContextDigest = match (&args.base_context, &args.base_tokens) {
-                (Some(hex), _) => common::parse_context(hex)?,
-                (None, Some(tpath)) => {
-                    let t = common::read_tokens(tpath)?;
-                    if t.len() as u64 != base_snapshot.boundary() {
-                        bail!(
-                            "{} holds {} tokens but the base snapshot covers {}",
-                            tpath.display(),
-                            t.len(),
-                            base_snapshot.boundary()
-                        );
-                    }
-                    if let Some(full) = &tokens {
-                        if !full.starts_with(&t) {
-                            tracing::warn!(
-                                "the base tokens are not a prefix of the tokens: publishing a delta between unrelated conversations"
-                            );
-                        }
-                    }
-                    hasher.digest(&t)
+            let (base_context, base_tokens) =
+                args.base_context(&hasher, base_snapshot.boundary())?;
+            if let (Some(full), Some(t)) = (&tokens, &base_tokens) {
+                if !full.starts_with(t) {
+                    tracing::warn!(
+                        "the base tokens are not a prefix of the tokens: publishing a delta between unrelated conversations"
+                    );
                 }
-                (None, None) => bail!("--base-snapshot needs --base-context or --base-tokens"),
-            };
+            }
             Some(BaseInput {
                 context: base_context,
                 snapshot: Arc::new(base_snapshot),
@@ -150,8 +169,7 @@ pub(crate) async fn run(args: PublishArgs) -> Result<ExitCode> {
         }
     };
 
-    let store =
-        crate::settings::resolve(&args.store, Some(&args.extents), Some(&args.chain))?.open()?;
+    let store = args.open_store()?;
     let req = PublishRequest {
         identity,
         context,
@@ -183,25 +201,9 @@ async fn run_tail(
     let tokens = common::read_tokens(tpath)?;
     let context = hasher.digest(&tokens);
     let base = Arc::new(common::read_snapshot(bpath).await?);
-    let base_context: ContextDigest = match (&args.base_context, &args.base_tokens) {
-        (Some(hex), _) => common::parse_context(hex)?,
-        (None, Some(p)) => {
-            let t = common::read_tokens(p)?;
-            if t.len() as u64 != base.boundary() {
-                bail!(
-                    "{} holds {} tokens but the base snapshot covers {}",
-                    p.display(),
-                    t.len(),
-                    base.boundary()
-                );
-            }
-            hasher.digest(&t)
-        }
-        (None, None) => bail!("--base-snapshot needs --base-context or --base-tokens"),
-    };
+    let (base_context, _) = args.base_context(hasher, base.boundary())?;
     let tail = common::read_bytes(tail).await?;
-    let store =
-        crate::settings::resolve(&args.store, Some(&args.extents), Some(&args.chain))?.open()?;
+    let store = args.open_store()?;
     let out = async {
         let turn = store.turn_from(&identity, base_context, &base).await?;
         drop(base);

@@ -127,23 +127,56 @@ impl Shown {
         });
     }
 
-    /// Resolves a request count (flag or environment, then file, then
-    /// `default`), refuses 0, and records it under `name`.
+    /// Resolves the option `name` (flag or environment, then file, then
+    /// `default`) and records it as `show` writes it.
+    fn value<T: Clone>(
+        &mut self,
+        name: &'static str,
+        cli: &Option<T>,
+        file: &Option<T>,
+        default: T,
+        show: impl FnOnce(&T) -> String,
+    ) -> T {
+        let (v, src) = pick(&arg_id(name), cli, file).unwrap_or((default, Source::Default));
+        self.push(name, show(&v), src);
+        v
+    }
+
+    /// Resolves the option `name`, which has no default (`None` when no
+    /// source gives it), and records it as `show` writes it.
+    fn optional<T: Clone>(
+        &mut self,
+        name: &'static str,
+        cli: &Option<T>,
+        file: &Option<T>,
+        show: impl FnOnce(Option<&T>) -> String,
+    ) -> Option<T> {
+        let picked = pick(&arg_id(name), cli, file);
+        let src = picked.as_ref().map_or(Source::Default, |(_, s)| *s);
+        let v = picked.map(|(v, _)| v);
+        self.push(name, show(v.as_ref()), src);
+        v
+    }
+
+    /// [`Shown::value`] for a request count; refuses 0.
     fn count(
         &mut self,
-        id: &str,
         name: &'static str,
         cli: &Option<usize>,
         file: &Option<usize>,
         default: usize,
     ) -> Result<usize> {
-        let (v, src) = pick(id, cli, file).unwrap_or((default, Source::Default));
+        let v = self.value(name, cli, file, default, |v| v.to_string());
         if v == 0 {
             bail!("{name} must be at least 1");
         }
-        self.push(name, v.to_string(), src);
         Ok(v)
     }
+}
+
+/// The clap argument id of the option `name` (its field name).
+fn arg_id(name: &str) -> String {
+    name.replace('-', "_")
 }
 
 /// Parses a size with units (`50GiB`, `1.5TB`, `64M`, `1000`) for clap.
@@ -203,12 +236,8 @@ pub(crate) struct StoreArgs {
     /// budget = "50GiB"); flags and DELTAPACK_* variables override it.
     #[arg(long, value_name = "FILE", env = "DELTAPACK_CONFIG")]
     pub(crate) config: Option<PathBuf>,
-    /// File holding the secret that authenticates roots (keyed stores). One
-    /// trailing newline is ignored. Overrides the DELTAPACK_ROOT_KEY
-    /// environment variable (the secret itself). The secret is never
-    /// printed or logged.
-    #[arg(long, value_name = "FILE", env = "DELTAPACK_ROOT_KEY_FILE")]
-    pub(crate) root_key_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) key: KeyArgs,
     /// Hard size budget of the store (objects + roots), e.g. 50GiB or 1.5TB;
     /// publications evict least recently used roots to stay within it.
     #[arg(long, value_name = "SIZE", env = "DELTAPACK_BUDGET", value_parser = parse_size)]
@@ -341,7 +370,7 @@ impl TierAckArg {
 
 /// How a publishing command lays out v2 payloads: extent size and codec
 /// (flattened into `publish`, `demo` and `config show`).
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, Default, clap::Args)]
 pub(crate) struct ExtentArgs {
     /// Extent size for v2 roots (a power of two from 1KiB to 1GiB; 64MiB
     /// by default — smaller values are for tests).
@@ -356,7 +385,7 @@ pub(crate) struct ExtentArgs {
 /// The delta chain policy of a publication (flattened into `publish` and
 /// `config show`; in the file, the `[chain]` table's `max-depth` and
 /// `max-read-overhead`).
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, Default, clap::Args)]
 pub(crate) struct ChainArgs {
     /// Chain policy: publish flat instead of a delta that would sit more
     /// than N deltas above its flat root (0 = no limit).
@@ -374,9 +403,10 @@ pub(crate) struct ChainArgs {
     pub(crate) max_read_overhead: Option<f64>,
 }
 
-/// The root key alone, for commands that take no other store option
-/// (`compat`): `--root-key-file FILE` (or `DELTAPACK_ROOT_KEY_FILE`), else
-/// the secret in `DELTAPACK_ROOT_KEY`.
+/// The root key option: flattened into [`StoreArgs`], and alone into the
+/// commands that take no other store option (`compat`): `--root-key-file
+/// FILE` (or `DELTAPACK_ROOT_KEY_FILE`), else the secret in
+/// `DELTAPACK_ROOT_KEY`.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct KeyArgs {
     /// File holding the secret that authenticates roots (keyed stores). One
@@ -411,9 +441,19 @@ pub(crate) struct Resolved {
     pub(crate) shown: Vec<Setting>,
 }
 
-fn shown_size(v: Option<u64>) -> String {
-    v.map(units::format_size_exact)
-        .unwrap_or_else(|| "none".into())
+/// How `config` shows a size: exact, in human units.
+fn shown_size(v: &u64) -> String {
+    units::format_size_exact(*v)
+}
+
+/// How `config` shows an optional size.
+fn shown_optional_size(v: Option<&u64>) -> String {
+    v.map_or_else(|| "none".into(), shown_size)
+}
+
+/// How `config` shows a duration: in human units.
+fn shown_duration(d: &Duration) -> String {
+    units::format_duration(*d)
 }
 
 /// Resolves store options (and, when given, the extent and chain options)
@@ -476,7 +516,7 @@ fn resolve_root_key(
 ) -> Result<()> {
     // The root key: --root-key-file / DELTAPACK_ROOT_KEY_FILE, else the
     // secret in DELTAPACK_ROOT_KEY, else the file's root-key-file.
-    let key_file = pick("root_key_file", &s.root_key_file, &None);
+    let key_file = pick("root_key_file", &s.key.root_key_file, &None);
     let secret_env = std::env::var_os(ROOT_KEY_ENV);
     let (secret, key_shown, key_src) = match (key_file, secret_env, &file.root_key_file) {
         (Some((p, src)), _, _) => (Some(read_secret_file(&p)?), p.display().to_string(), src),
@@ -509,67 +549,47 @@ fn resolve_capacity(
     shown: &mut Shown,
 ) -> Result<()> {
     let d = StoreConfig::default();
-    let budget = pick("budget", &s.budget, &file.budget);
-    c.capacity.budget_bytes = budget.as_ref().map(|(v, _)| *v);
-    shown.push(
-        "budget",
-        shown_size(c.capacity.budget_bytes),
-        budget.map_or(Source::Default, |(_, s)| s),
+    c.capacity.budget_bytes =
+        shown.optional("budget", &s.budget, &file.budget, shown_optional_size);
+    c.capacity.min_free_bytes =
+        shown.optional("min-free", &s.min_free, &file.min_free, shown_optional_size);
+    c.capacity.grace = shown.value(
+        "grace",
+        &s.grace,
+        &file.grace,
+        d.capacity.grace,
+        shown_duration,
     );
-
-    let min_free = pick("min_free", &s.min_free, &file.min_free);
-    c.capacity.min_free_bytes = min_free.as_ref().map(|(v, _)| *v);
-    shown.push(
-        "min-free",
-        shown_size(c.capacity.min_free_bytes),
-        min_free.map_or(Source::Default, |(_, s)| s),
+    c.capacity.ledger_deadline = shown.value(
+        "ledger-deadline",
+        &s.ledger_deadline,
+        &file.ledger_deadline,
+        d.capacity.ledger_deadline,
+        shown_duration,
     );
-
-    let (grace, src) =
-        pick("grace", &s.grace, &file.grace).unwrap_or((d.capacity.grace, Source::Default));
-    c.capacity.grace = grace;
-    shown.push("grace", units::format_duration(grace), src);
-
-    let (deadline, src) = pick("ledger_deadline", &s.ledger_deadline, &file.ledger_deadline)
-        .unwrap_or((d.capacity.ledger_deadline, Source::Default));
-    c.capacity.ledger_deadline = deadline;
-    shown.push("ledger-deadline", units::format_duration(deadline), src);
-
-    let (cold, src) = pick(
-        "cold_start",
+    let cold = shown.value(
+        "cold-start",
         &s.cold_start,
         &file.cold_start.map(ColdStartArg::from_file),
-    )
-    .unwrap_or((ColdStartArg::Load, Source::Default));
+        ColdStartArg::Load,
+        |c| c.name().into(),
+    );
     c.capacity.cold_start = cold.policy();
-    shown.push("cold-start", cold.name().into(), src);
 
-    let rate = pick("prefill_rate", &s.prefill_rate, &file.prefill_rate);
-    if let Some((r, _)) = rate {
+    let rate = shown.optional("prefill-rate", &s.prefill_rate, &file.prefill_rate, |r| {
+        r.map_or_else(|| "none".into(), |r| r.to_string())
+    });
+    if let Some(r) = rate {
         if !(r.is_finite() && r > 0.0) {
             bail!("--prefill-rate {r}: a positive number of tokens/s");
         }
     }
-    c.restore.prefill_tokens_per_s = rate.map(|(v, _)| v);
-    shown.push(
-        "prefill-rate",
-        c.restore
-            .prefill_tokens_per_s
-            .map(|r| r.to_string())
-            .unwrap_or_else(|| "none".into()),
-        rate.map_or(Source::Default, |(_, s)| s),
-    );
+    c.restore.prefill_tokens_per_s = rate;
 
-    let ledger = pick("ledger", &s.ledger, &file.ledger);
-    c.capacity.ledger = ledger.as_ref().map(|(v, _)| v.clone());
-    shown.push(
-        "ledger",
-        c.capacity
-            .ledger
-            .clone()
-            .unwrap_or_else(|| "default (next to the store)".into()),
-        ledger.map_or(Source::Default, |(_, s)| s),
-    );
+    c.capacity.ledger = shown.optional("ledger", &s.ledger, &file.ledger, |l| {
+        l.cloned()
+            .unwrap_or_else(|| "default (next to the store)".into())
+    });
     Ok(())
 }
 
@@ -581,20 +601,15 @@ fn resolve_tier(
     c: &mut StoreConfig,
     shown: &mut Shown,
 ) -> Result<()> {
-    let url = pick("tier", &t.tier, &file.tier);
-    let budget = pick("tier_budget", &t.tier_budget, &file.tier_budget);
-    let ack = pick(
-        "tier_ack",
-        &t.tier_ack,
-        &file.tier_ack.map(TierAckArg::from_file),
-    );
-    let interval = pick(
-        "tier_check_interval",
-        &t.tier_check_interval,
-        &file.tier_check_interval,
-    );
-    let Some((url, src)) = url else {
-        if budget.is_some() || ack.is_some() || interval.is_some() {
+    let ack_file = file.tier_ack.map(TierAckArg::from_file);
+    let Some((url, src)) = pick("tier", &t.tier, &file.tier) else {
+        let given = t.tier_budget.is_some()
+            || t.tier_ack.is_some()
+            || t.tier_check_interval.is_some()
+            || file.tier_budget.is_some()
+            || file.tier_ack.is_some()
+            || file.tier_check_interval.is_some();
+        if given {
             bail!("--tier-budget, --tier-ack and --tier-check-interval need --tier");
         }
         shown.push("tier", "none".into(), Source::Default);
@@ -602,18 +617,27 @@ fn resolve_tier(
     };
     let mut tier = deltapack_store::TierConfig::new(url.clone());
     shown.push("tier", url, src);
-    tier.budget_bytes = budget.as_ref().map(|(v, _)| *v);
-    shown.push(
+    tier.budget_bytes = shown.optional(
         "tier-budget",
-        shown_size(tier.budget_bytes),
-        budget.map_or(Source::Default, |(_, s)| s),
+        &t.tier_budget,
+        &file.tier_budget,
+        shown_optional_size,
     );
-    let (ack, src) = ack.unwrap_or((TierAckArg::Origin, Source::Default));
+    let ack = shown.value(
+        "tier-ack",
+        &t.tier_ack,
+        &ack_file,
+        TierAckArg::Origin,
+        |a| a.name().into(),
+    );
     tier.ack = ack.ack();
-    shown.push("tier-ack", ack.name().into(), src);
-    let (interval, src) = interval.unwrap_or((tier.check_interval, Source::Default));
-    tier.check_interval = interval;
-    shown.push("tier-check-interval", units::format_duration(interval), src);
+    tier.check_interval = shown.value(
+        "tier-check-interval",
+        &t.tier_check_interval,
+        &file.tier_check_interval,
+        tier.check_interval,
+        shown_duration,
+    );
     c.tier = Some(tier);
     Ok(())
 }
@@ -627,71 +651,72 @@ fn resolve_reads(
     shown: &mut Shown,
 ) -> Result<()> {
     let d = StoreConfig::default();
-    let (v, src) = pick(
-        "base_cache_bytes",
+    c.restore.base_cache_bytes = shown.value(
+        "base-cache-bytes",
         &s.base_cache_bytes,
         &file.base_cache_bytes,
-    )
-    .unwrap_or((d.restore.base_cache_bytes, Source::Default));
-    c.restore.base_cache_bytes = v;
-    shown.push("base-cache-bytes", units::format_size_exact(v), src);
-
-    let (v, src) = pick("max_base_depth", &s.max_base_depth, &file.max_base_depth)
-        .unwrap_or((d.restore.max_base_depth, Source::Default));
-    c.restore.max_base_depth = v;
-    shown.push("max-base-depth", v.to_string(), src);
-
+        d.restore.base_cache_bytes,
+        shown_size,
+    );
+    c.restore.max_base_depth = shown.value(
+        "max-base-depth",
+        &s.max_base_depth,
+        &file.max_base_depth,
+        d.restore.max_base_depth,
+        |v| v.to_string(),
+    );
     c.remote.chain_gets_in_flight = shown.count(
-        "chain_gets_in_flight",
         "chain-gets-in-flight",
         &s.chain_gets_in_flight,
         &file.chain_gets_in_flight,
         d.remote.chain_gets_in_flight,
     )?;
-
     c.remote.roots_in_flight = shown.count(
-        "roots_in_flight",
         "roots-in-flight",
         &s.roots_in_flight,
         &file.roots_in_flight,
         d.remote.roots_in_flight,
     )?;
-
     c.remote.ranges_in_flight = shown.count(
-        "ranges_in_flight",
         "ranges-in-flight",
         &s.ranges_in_flight,
         &file.ranges_in_flight,
         d.remote.ranges_in_flight,
     )?;
 
-    let (v, src) = pick("range_bytes", &s.range_bytes, &file.range_bytes)
-        .unwrap_or((d.remote.range_bytes, Source::Default));
+    let v = shown.value(
+        "range-bytes",
+        &s.range_bytes,
+        &file.range_bytes,
+        d.remote.range_bytes,
+        shown_size,
+    );
     if !v.is_power_of_two() || !(1 << 10..=1 << 30).contains(&v) {
         bail!("range-bytes {v} must be a power of two from 1KiB to 1GiB");
     }
     c.remote.range_bytes = v;
-    shown.push("range-bytes", units::format_size_exact(v), src);
 
-    let (v, src) = pick(
-        "max_restore_bytes",
+    c.restore.max_restore_bytes = shown.value(
+        "max-restore-bytes",
         &s.max_restore_bytes,
         &file.max_restore_bytes,
-    )
-    .unwrap_or((d.restore.max_restore_bytes, Source::Default));
-    c.restore.max_restore_bytes = v;
-    shown.push("max-restore-bytes", units::format_size_exact(v), src);
-
+        d.restore.max_restore_bytes,
+        shown_size,
+    );
     c.remote.parts_in_flight = shown.count(
-        "parts_in_flight",
         "parts-in-flight",
         &s.parts_in_flight,
         &file.parts_in_flight,
         d.remote.parts_in_flight,
     )?;
 
-    let (v, src) = pick("part_bytes", &s.part_bytes, &file.part_bytes)
-        .unwrap_or((d.remote.part_bytes, Source::Default));
+    let v = shown.value(
+        "part-bytes",
+        &s.part_bytes,
+        &file.part_bytes,
+        d.remote.part_bytes,
+        shown_size,
+    );
     if !(5 << 20..=5 << 30).contains(&v) {
         bail!(
             "part-bytes {}: from 5MiB to 5GiB (the S3 multipart limits)",
@@ -699,7 +724,6 @@ fn resolve_reads(
         );
     }
     c.remote.part_bytes = v;
-    shown.push("part-bytes", units::format_size_exact(v), src);
     Ok(())
 }
 
@@ -713,71 +737,51 @@ fn resolve_publication(
     shown: &mut Shown,
 ) -> Result<()> {
     let d = StoreConfig::default();
-    let none_e = ExtentArgs {
-        max_extent_bytes: None,
-        compress: None,
-    };
-    let e = extents.unwrap_or(&none_e);
-    let (v, src) = pick(
-        "max_extent_bytes",
+    let e = extents.cloned().unwrap_or_default();
+    c.publication.max_extent_bytes = shown.value(
+        "max-extent-bytes",
         &e.max_extent_bytes,
         &file.max_extent_bytes,
-    )
-    .unwrap_or((d.publication.max_extent_bytes, Source::Default));
-    c.publication.max_extent_bytes = v;
-    shown.push("max-extent-bytes", units::format_size_exact(v), src);
-    let comp = pick("compress", &e.compress, &file.compress);
-    c.publication.compression = comp.map(|(v, _)| v);
-    shown.push(
-        "compress",
-        c.publication
-            .compression
-            .map(|l| format!("zstd level {l}"))
-            .unwrap_or_else(|| "none (raw)".into()),
-        comp.map_or(Source::Default, |(_, s)| s),
+        d.publication.max_extent_bytes,
+        shown_size,
     );
+    c.publication.compression = shown.optional("compress", &e.compress, &file.compress, |l| {
+        l.map_or_else(|| "none (raw)".into(), |l| format!("zstd level {l}"))
+    });
 
-    let none_c = ChainArgs {
-        max_chain_depth: None,
-        max_read_overhead: None,
-    };
-    let ch = chain.unwrap_or(&none_c);
+    let ch = chain.cloned().unwrap_or_default();
     let dc = ChainPolicy::default();
-    let (depth, src) = pick(
-        "max_chain_depth",
+    let depth = shown.value(
+        "max-chain-depth",
         &ch.max_chain_depth,
         &file.chain.max_depth,
-    )
-    .unwrap_or((dc.max_depth.unwrap_or(0), Source::Default));
-    c.publication.chain.max_depth = (depth > 0).then_some(depth);
-    shown.push(
-        "max-chain-depth",
-        if depth == 0 {
-            "0 (no limit)".into()
-        } else {
-            depth.to_string()
+        dc.max_depth.unwrap_or(0),
+        |depth| {
+            if *depth == 0 {
+                "0 (no limit)".into()
+            } else {
+                depth.to_string()
+            }
         },
-        src,
     );
-    let (over, src) = pick(
-        "max_read_overhead",
+    c.publication.chain.max_depth = (depth > 0).then_some(depth);
+    let over = shown.value(
+        "max-read-overhead",
         &ch.max_read_overhead,
         &file.chain.max_read_overhead,
-    )
-    .unwrap_or((dc.max_read_overhead.unwrap_or(-1.0), Source::Default));
+        dc.max_read_overhead.unwrap_or(-1.0),
+        |over| {
+            if *over < 0.0 {
+                "no limit".into()
+            } else {
+                over.to_string()
+            }
+        },
+    );
     if over.is_nan() {
         bail!("max-read-overhead is not a number");
     }
     c.publication.chain.max_read_overhead = (over >= 0.0).then_some(over);
-    shown.push(
-        "max-read-overhead",
-        if over < 0.0 {
-            "no limit".into()
-        } else {
-            over.to_string()
-        },
-        src,
-    );
     Ok(())
 }
 

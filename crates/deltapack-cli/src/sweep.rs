@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Result};
 use deltapack_store::SweepOptions;
 
-use crate::common::{human_bytes, print_json, spinner};
+use crate::common::{dry_run_note, human_bytes, print_json, spinner};
 use crate::settings::StoreArgs;
 
 /// Arguments of `deltapack sweep`.
@@ -57,30 +57,34 @@ pub(crate) async fn run(a: SweepArgs) -> Result<ExitCode> {
     if a.json {
         print_json(&report)?;
     } else {
-        let mode = if a.dry_run {
-            " (dry run: nothing changed)"
-        } else {
-            ""
-        };
-        println!("sweep of {}{mode}", url);
-        println!("  roots             {:>10}", report.roots);
-        println!("  unusable roots    {:>10}", report.unusable_roots.len());
-        println!(
-            "  checked           {:>10}  ({})",
-            report.checked,
-            human_bytes(report.checked_bytes)
-        );
-        println!("  corrupt           {:>10}", report.corrupt.len());
-        println!("  missing           {:>10}", report.missing.len());
-        println!("  quarantined       {:>10}", report.quarantined);
-        println!("  invalidated roots {:>10}", report.invalidated_roots.len());
-        println!(
-            "  orphans deleted   {:>10}  ({} reclaimed)",
-            report.orphans_deleted,
-            human_bytes(report.reclaimed_bytes)
-        );
-        println!("  orphans in grace  {:>10}", report.orphans_in_grace);
-        println!("  staging removed   {:>10}", report.staging_removed);
+        println!("sweep of {}{}", url, dry_run_note(a.dry_run));
+        let count = |keys: &[String]| keys.len() as u64;
+        let rows: [(&str, u64, Option<String>); 10] = [
+            ("roots", report.roots, None),
+            ("unusable roots", count(&report.unusable_roots), None),
+            (
+                "checked",
+                report.checked,
+                Some(human_bytes(report.checked_bytes)),
+            ),
+            ("corrupt", count(&report.corrupt), None),
+            ("missing", count(&report.missing), None),
+            ("quarantined", report.quarantined, None),
+            ("invalidated roots", count(&report.invalidated_roots), None),
+            (
+                "orphans deleted",
+                report.orphans_deleted,
+                Some(format!("{} reclaimed", human_bytes(report.reclaimed_bytes))),
+            ),
+            ("orphans in grace", report.orphans_in_grace, None),
+            ("staging removed", report.staging_removed, None),
+        ];
+        for (label, n, note) in rows {
+            match note {
+                Some(note) => println!("  {label:<17} {n:>10}  ({note})"),
+                None => println!("  {label:<17} {n:>10}"),
+            }
+        }
         for k in report
             .corrupt
             .iter()

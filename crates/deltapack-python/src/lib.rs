@@ -14,6 +14,7 @@
 //! methods use too; so Python threads restore concurrently and an event
 //! loop never blocks.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -492,9 +493,22 @@ fn seconds(s: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
 /// Runs a store future on the runtime with the GIL released.
 fn blocking<T: Send>(
     py: Python<'_>,
-    fut: impl std::future::Future<Output = store::Result<T>> + Send,
+    fut: impl Future<Output = store::Result<T>> + Send,
 ) -> PyResult<T> {
     py.detach(|| runtime().block_on(fut)).map_err(PyErr::from)
+}
+
+/// Runs a store future as a Python awaitable on the runtime; `convert`
+/// builds its Python value (with the GIL).
+fn awaitable<'py, T: Send + 'static, R: for<'a> IntoPyObject<'a> + Send + 'static>(
+    py: Python<'py>,
+    fut: impl Future<Output = store::Result<T>> + Send + 'static,
+    convert: impl FnOnce(Python<'_>, T) -> PyResult<R> + Send + 'static,
+) -> PyResult<Bound<'py, PyAny>> {
+    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        let v = fut.await?;
+        Python::attach(|py| convert(py, v))
+    })
 }
 
 /// The native store handle (the public class is `deltapack.Store`).
@@ -614,10 +628,7 @@ impl Store {
         base_snapshot: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let fut = self.publish_future(identity, tokens, snapshot, base_tokens, base_snapshot)?;
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let v = fut.await?;
-            Python::attach(|py| receipt_py(py, v))
-        })
+        awaitable(py, fut, receipt_py)
     }
 
     /// Publishes the turn after `prev` from its new pages `tail` (any
@@ -645,10 +656,7 @@ impl Store {
         tail: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let fut = self.publish_turn_future(identity, tokens, prev, tail)?;
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let v = fut.await?;
-            Python::attach(|py| receipt_py(py, v))
-        })
+        awaitable(py, fut, receipt_py)
     }
 
     /// A turn handle for `snapshot`, published under `tokens`' context.
@@ -675,14 +683,8 @@ impl Store {
         tokens: &Bound<'_, PyAny>,
         timeout: Option<f64>,
     ) -> PyResult<Py<PyAny>> {
-        let (ctx, _) = identity.context_of(tokens)?;
-        let (e, ns, t) = (
-            self.engine.clone(),
-            identity.inner.namespace(),
-            seconds(timeout, "timeout")?,
-        );
-        let r = blocking(py, async move { e.restore(ns, ctx, t).await })?;
-        restore_value(py, r)
+        let fut = self.restore_future(identity, tokens, timeout)?;
+        restore_value(py, blocking(py, fut)?)
     }
 
     /// `restore` as an awaitable.
@@ -694,16 +696,8 @@ impl Store {
         tokens: &Bound<'py, PyAny>,
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (ctx, _) = identity.context_of(tokens)?;
-        let (e, ns, t) = (
-            self.engine.clone(),
-            identity.inner.namespace(),
-            seconds(timeout, "timeout")?,
-        );
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let r = e.restore(ns, ctx, t).await?;
-            Python::attach(|py| restore_value(py, r))
-        })
+        let fut = self.restore_future(identity, tokens, timeout)?;
+        awaitable(py, fut, restore_value)
     }
 
     /// Restores into `out` in place: `("hit", len, digest, address)` or `("miss", reason, detail, object)`.
@@ -716,19 +710,8 @@ impl Store {
         out: &Bound<'_, PyAny>,
         timeout: Option<f64>,
     ) -> PyResult<Py<PyAny>> {
-        let (ctx, _) = identity.context_of(tokens)?;
-        let mut buf = Borrowed::write(out, "out")?;
-        let addr = buf.addr();
-        let (e, ns, t) = (
-            self.engine.clone(),
-            identity.inner.namespace(),
-            seconds(timeout, "timeout")?,
-        );
-        let r = blocking(py, async move {
-            let bytes = buf.bytes_mut().map_err(|e| Failure::Other(e.to_string()))?;
-            e.restore_into(ns, ctx, bytes, t).await
-        })?;
-        restore_into_value(py, r, addr)
+        let (fut, addr) = self.restore_into_future(identity, tokens, out, timeout)?;
+        restore_into_value(py, blocking(py, fut)?, addr)
     }
 
     /// `restore_into` as an awaitable (`out` is borrowed until it completes).
@@ -741,22 +724,8 @@ impl Store {
         out: &Bound<'py, PyAny>,
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (ctx, _) = identity.context_of(tokens)?;
-        let mut buf = Borrowed::write(out, "out")?;
-        let addr = buf.addr();
-        let (e, ns, t) = (
-            self.engine.clone(),
-            identity.inner.namespace(),
-            seconds(timeout, "timeout")?,
-        );
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let r = {
-                let bytes = buf.bytes_mut()?;
-                e.restore_into(ns, ctx, bytes, t).await?
-            };
-            drop(buf);
-            Python::attach(|py| restore_into_value(py, r, addr))
-        })
+        let (fut, addr) = self.restore_into_future(identity, tokens, out, timeout)?;
+        awaitable(py, fut, move |py, r| restore_into_value(py, r, addr))
     }
 
     /// Exact encoded size from the root alone, or None.
@@ -766,8 +735,7 @@ impl Store {
         identity: &CacheIdentity,
         tokens: &Bound<'_, PyAny>,
     ) -> PyResult<Option<u64>> {
-        let (ctx, _) = identity.context_of(tokens)?;
-        let (e, ns) = (self.engine.clone(), identity.inner.namespace());
+        let (e, ns, ctx) = self.at(identity, tokens)?;
         blocking(py, async move { e.snapshot_size(ns, ctx).await })
     }
 
@@ -778,11 +746,12 @@ impl Store {
         identity: &CacheIdentity,
         tokens: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (ctx, _) = identity.context_of(tokens)?;
-        let (e, ns) = (self.engine.clone(), identity.inner.namespace());
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            Ok(e.snapshot_size(ns, ctx).await?)
-        })
+        let (e, ns, ctx) = self.at(identity, tokens)?;
+        awaitable(
+            py,
+            async move { e.snapshot_size(ns, ctx).await },
+            |_, size| Ok(size),
+        )
     }
 
     /// The longest stored prefix `(boundary, context, source)` of the token
@@ -793,10 +762,8 @@ impl Store {
         identity: &CacheIdentity,
         tokens: &Bound<'_, PyAny>,
     ) -> PyResult<Option<(u64, String, &'static str)>> {
-        let candidates = identity.hasher()?.boundaries(&buffer::tokens(tokens)?);
-        let (e, id) = (self.engine.clone(), identity.inner.clone());
-        let r = blocking(py, async move { e.lookup(&id, &candidates).await })?;
-        Ok(r.map(|(b, c, s)| (b, c.hex(), s)))
+        let fut = self.lookup_future(identity, tokens)?;
+        Ok(lookup_value(blocking(py, fut)?))
     }
 
     /// `lookup` as an awaitable.
@@ -806,43 +773,31 @@ impl Store {
         identity: &CacheIdentity,
         tokens: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let candidates = identity.hasher()?.boundaries(&buffer::tokens(tokens)?);
-        let (e, id) = (self.engine.clone(), identity.inner.clone());
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let r = e.lookup(&id, &candidates).await?;
-            Ok(r.map(|(b, c, s)| (b, c.hex(), s)))
-        })
+        let fut = self.lookup_future(identity, tokens)?;
+        awaitable(py, fut, |_, r| Ok(lookup_value(r)))
     }
 
     /// Ledger gauges and counters.
     fn stats(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let e = self.engine.clone();
-        let v = blocking(py, async move { e.stats().await })?;
-        to_py(py, &v)
+        self.report(py, |e| async move { e.stats().await })
     }
 
     /// Uploads what was acknowledged in the tier; returns the report.
     fn tier_upload(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let e = self.engine.clone();
-        let v = blocking(py, async move { e.tier_upload().await })?;
-        to_py(py, &v)
+        self.report(py, |e| async move { e.tier_upload().await })
     }
 
     /// Integrity sweep; returns the report.
     #[pyo3(signature = (grace=3600.0, dry_run=false))]
     fn sweep(&self, py: Python<'_>, grace: f64, dry_run: bool) -> PyResult<Py<PyAny>> {
         let g = seconds(Some(grace), "grace")?.unwrap_or_default();
-        let e = self.engine.clone();
-        let v = blocking(py, async move { e.sweep(g, dry_run).await })?;
-        to_py(py, &v)
+        self.report(py, move |e| async move { e.sweep(g, dry_run).await })
     }
 
     /// Evicts least recently used roots down to `to` bytes; returns the report.
     #[pyo3(signature = (to, dry_run=false))]
     fn evict(&self, py: Python<'_>, to: u64, dry_run: bool) -> PyResult<Py<PyAny>> {
-        let e = self.engine.clone();
-        let v = blocking(py, async move { e.evict(to, dry_run).await })?;
-        to_py(py, &v)
+        self.report(py, move |e| async move { e.evict(to, dry_run).await })
     }
 
     /// Places a named, persistent hold on a stored context.
@@ -853,8 +808,7 @@ impl Store {
         tokens: &Bound<'_, PyAny>,
         name: String,
     ) -> PyResult<()> {
-        let (ctx, _) = identity.context_of(tokens)?;
-        let (e, ns) = (self.engine.clone(), identity.inner.namespace());
+        let (e, ns, ctx) = self.at(identity, tokens)?;
         blocking(py, async move { e.hold(&name, ns, ctx).await })
     }
 
@@ -866,8 +820,7 @@ impl Store {
         tokens: &Bound<'_, PyAny>,
         name: String,
     ) -> PyResult<bool> {
-        let (ctx, _) = identity.context_of(tokens)?;
-        let (e, ns) = (self.engine.clone(), identity.inner.namespace());
+        let (e, ns, ctx) = self.at(identity, tokens)?;
         blocking(py, async move { e.release(&name, ns, ctx).await })
     }
 
@@ -875,9 +828,7 @@ impl Store {
     #[pyo3(signature = (identity=None))]
     fn inspect(&self, py: Python<'_>, identity: Option<&CacheIdentity>) -> PyResult<Py<PyAny>> {
         let ns = identity.map(|i| i.inner.namespace());
-        let e = self.engine.clone();
-        let v = blocking(py, async move { e.inspect(ns).await })?;
-        to_py(py, &v)
+        self.report(py, move |e| async move { e.inspect(ns).await })
     }
 
     /// Persists this handle's counters into the ledger.
@@ -888,6 +839,77 @@ impl Store {
 }
 
 impl Store {
+    /// The engine and the `(namespace, context)` that `tokens` name under
+    /// `identity`.
+    fn at(
+        &self,
+        identity: &CacheIdentity,
+        tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<(Engine, deltapack_format::Namespace, ContextDigest)> {
+        let (ctx, _) = identity.context_of(tokens)?;
+        Ok((self.engine.clone(), identity.inner.namespace(), ctx))
+    }
+
+    /// Runs a store call that returns a JSON report (with the GIL
+    /// released) and returns the report as Python values.
+    fn report<F: Future<Output = store::Result<serde_json::Value>> + Send>(
+        &self,
+        py: Python<'_>,
+        call: impl FnOnce(Engine) -> F,
+    ) -> PyResult<Py<PyAny>> {
+        let v = blocking(py, call(self.engine.clone()))?;
+        to_py(py, &v)
+    }
+
+    /// Validates a restore's arguments (with the GIL) and returns the
+    /// future that performs it.
+    fn restore_future(
+        &self,
+        identity: &CacheIdentity,
+        tokens: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<impl Future<Output = store::Result<store::Restore>> + Send + 'static> {
+        let (e, ns, ctx) = self.at(identity, tokens)?;
+        let t = seconds(timeout, "timeout")?;
+        Ok(async move { e.restore(ns, ctx, t).await })
+    }
+
+    /// Validates a `restore_into`'s arguments (with the GIL) and returns the
+    /// future that performs it, which holds `out` until it completes, and
+    /// `out`'s address.
+    fn restore_into_future(
+        &self,
+        identity: &CacheIdentity,
+        tokens: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<(
+        impl Future<Output = store::Result<store::RestoreInto>> + Send + 'static,
+        usize,
+    )> {
+        let (e, ns, ctx) = self.at(identity, tokens)?;
+        let mut buf = Borrowed::write(out, "out")?;
+        let addr = buf.addr();
+        let t = seconds(timeout, "timeout")?;
+        let fut = async move {
+            let bytes = buf.bytes_mut().map_err(|e| Failure::Other(e.to_string()))?;
+            e.restore_into(ns, ctx, bytes, t).await
+        };
+        Ok((fut, addr))
+    }
+
+    /// Hashes a lookup's candidate boundaries (with the GIL) and returns the
+    /// future that checks them.
+    fn lookup_future(
+        &self,
+        identity: &CacheIdentity,
+        tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<impl Future<Output = store::Result<LookupAnswer>> + Send + 'static> {
+        let candidates = identity.hasher()?.boundaries(&buffer::tokens(tokens)?);
+        let (e, id) = (self.engine.clone(), identity.inner.clone());
+        Ok(async move { e.lookup(&id, &candidates).await })
+    }
+
     /// Validates the arguments of a publication (with the GIL) and returns
     /// the future that performs it.
     fn publish_future(
@@ -897,12 +919,7 @@ impl Store {
         snapshot: &Bound<'_, PyAny>,
         base_tokens: Option<&Bound<'_, PyAny>>,
         base_snapshot: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<
-        impl std::future::Future<
-                Output = store::Result<(serde_json::Value, Option<deltapack_store::Turn>)>,
-            > + Send
-            + 'static,
-    > {
+    ) -> PyResult<impl Future<Output = store::Result<store::Published>> + Send + 'static> {
         let (ctx, n) = identity.context_of(tokens)?;
         let snap = snapshot_arg(snapshot, "snapshot")?;
         if let Some(n) = n.filter(|n| *n != snap.boundary()) {
@@ -943,12 +960,7 @@ impl Store {
         tokens: &Bound<'_, PyAny>,
         prev: &Turn,
         tail: &Bound<'_, PyAny>,
-    ) -> PyResult<
-        impl std::future::Future<
-                Output = store::Result<(serde_json::Value, Option<deltapack_store::Turn>)>,
-            > + Send
-            + 'static,
-    > {
+    ) -> PyResult<impl Future<Output = store::Result<store::Published>> + Send + 'static> {
         let (ctx, n) = identity.context_of(tokens)?;
         let Some(boundary) = n else {
             return Err(bad_input(
@@ -965,11 +977,17 @@ impl Store {
     }
 }
 
+/// A lookup's answer from the store: the longest stored prefix's
+/// `(boundary, context, source)`, if any.
+type LookupAnswer = Option<(u64, ContextDigest, &'static str)>;
+
+/// A lookup's answer as Python values: `(boundary, context hex, source)`.
+fn lookup_value(r: LookupAnswer) -> Option<(u64, String, &'static str)> {
+    r.map(|(b, c, s)| (b, c.hex(), s))
+}
+
 /// A receipt as a Python dict, with its `turn` (a [`Turn`] or `None`).
-fn receipt_py(
-    py: Python<'_>,
-    (v, turn): (serde_json::Value, Option<deltapack_store::Turn>),
-) -> PyResult<Py<PyAny>> {
+fn receipt_py(py: Python<'_>, (v, turn): store::Published) -> PyResult<Py<PyAny>> {
     let obj = to_py(py, &v)?;
     let turn = match turn {
         Some(t) => Py::new(py, Turn { inner: t })?.into_any(),

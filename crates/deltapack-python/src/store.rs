@@ -124,6 +124,10 @@ pub(crate) enum LedgerPolicy {
     Rebuild,
 }
 
+/// A publication's result: its receipt (as JSON) and the [`ds::Turn`] that
+/// continues the conversation, when the root records one.
+pub(crate) type Published = (serde_json::Value, Option<ds::Turn>);
+
 /// Everything needed to open a store.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct OpenOptions {
@@ -233,7 +237,7 @@ impl Engine {
         context: ContextDigest,
         snapshot: Arc<Snapshot>,
         base: Option<Base>,
-    ) -> Result<(serde_json::Value, Option<ds::Turn>)> {
+    ) -> Result<Published> {
         let req = ds::PublishRequest {
             identity,
             context,
@@ -258,7 +262,7 @@ impl Engine {
         context: ContextDigest,
         boundary: u64,
         tail: bytes::Bytes,
-    ) -> Result<(serde_json::Value, Option<ds::Turn>)> {
+    ) -> Result<Published> {
         let req = ds::TurnRequest {
             identity,
             context,
@@ -424,7 +428,7 @@ fn json(v: &impl serde::Serialize) -> Result<serde_json::Value> {
 
 /// A receipt as JSON (timings in ms) and its turn handle; a conflict is a
 /// [`Failure::Conflict`].
-fn receipt_value(receipt: ds::PublishReceipt) -> Result<(serde_json::Value, Option<ds::Turn>)> {
+fn receipt_value(receipt: ds::PublishReceipt) -> Result<Published> {
     if let Some(conflict) = receipt.conflict_message() {
         return Err(Failure::Conflict(conflict));
     }

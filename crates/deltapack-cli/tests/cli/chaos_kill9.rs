@@ -39,12 +39,15 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::common::{assert_none, deltapack, expect_code, wait_or_kill, words, Ended, Rng};
+use crate::common::{
+    assert_none, command, deltapack, expect_code, files_below, local_store, wait_or_kill, words,
+    Ended, Rng,
+};
 
 /// A process still running after this long is a hang: it is killed and the
 /// test fails.
@@ -149,11 +152,9 @@ fn launch(sh: &Shared, kind: &'static str, args: &[String], rng: &mut Rng, slot:
         let span = sh.typical(kind).mul_f64(1.5).as_micros().max(1) as u64;
         start + Duration::from_micros(rng.below(span))
     });
-    let mut child = Command::new(env!("CARGO_BIN_EXE_deltapack"))
+    let mut child = command()
         .args(args)
         .current_dir(&sh.dir)
-        .env("RUST_LOG", "error")
-        .env_remove("DELTAPACK_ROOT_KEY")
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
@@ -356,18 +357,27 @@ fn restorer(sh: &Shared, me: usize, seed: u64) {
     }
 }
 
-fn sweeper(sh: &Shared, me: usize, seed: u64) {
-    let mut rng = Rng(seed ^ ((me as u64) << 48) ^ 0x5ee);
+/// Runs a background worker's rounds until the publishers are done, each
+/// after a random pause of up to `pause_ms`; `round` gets the worker's
+/// random stream and the round's number.
+fn paced_rounds(sh: &Shared, mut rng: Rng, pause_ms: u64, mut round: impl FnMut(&mut Rng, u64)) {
     let mut n = 0;
     while campaign_running(sh) {
         n += 1;
-        std::thread::sleep(Duration::from_millis(rng.below(100)));
+        std::thread::sleep(Duration::from_millis(rng.below(pause_ms)));
+        round(&mut rng, n);
+    }
+}
+
+fn sweeper(sh: &Shared, me: usize, seed: u64) {
+    let rng = Rng(seed ^ ((me as u64) << 48) ^ 0x5ee);
+    paced_rounds(sh, rng, 100, |rng, n| {
         let grace = if rng.chance(0.8) { "0s" } else { "1h" };
         let args = strings(&["sweep", "--store", &sh.store, "--grace", grace, "--json"]);
         let Ran::Exited(code, stdout, stderr) =
-            launch(sh, "sweep", &args, &mut rng, &format!("s{me}-{n}"))
+            launch(sh, "sweep", &args, rng, &format!("s{me}-{n}"))
         else {
-            continue;
+            return;
         };
         match code {
             // 4: the sweep found damage (which the counters record).
@@ -388,15 +398,12 @@ fn sweeper(sh: &Shared, me: usize, seed: u64) {
             }
             other => sh.fail(format!("sweep exited {other:?}: {}", first_line(&stderr))),
         }
-    }
+    });
 }
 
 fn collector(sh: &Shared, me: usize, seed: u64) {
-    let mut rng = Rng(seed ^ ((me as u64) << 52) ^ 0x6c);
-    let mut n = 0;
-    while campaign_running(sh) {
-        n += 1;
-        std::thread::sleep(Duration::from_millis(rng.below(200)));
+    let rng = Rng(seed ^ ((me as u64) << 52) ^ 0x6c);
+    paced_rounds(sh, rng, 200, |rng, n| {
         let (kind, args) = match rng.below(10) {
             0..=4 => {
                 let to = (60_000 + rng.below(140_000)).to_string();
@@ -423,15 +430,15 @@ fn collector(sh: &Shared, me: usize, seed: u64) {
                 ))),
             ),
         };
-        let Ran::Exited(code, _, stderr) = launch(sh, kind, &args, &mut rng, &format!("g{me}-{n}"))
+        let Ran::Exited(code, _, stderr) = launch(sh, kind, &args, rng, &format!("g{me}-{n}"))
         else {
-            continue;
+            return;
         };
         match code {
             Some(0) => sh.count(format!("{kind}: ok")),
             other => sh.fail(format!("{kind} exited {other:?}: {}", first_line(&stderr))),
         }
-    }
+    });
 }
 
 fn context_hex(dir: &Path, tok: &str) -> String {
@@ -449,21 +456,6 @@ fn context_hex(dir: &Path, tok: &str) -> String {
         .hex()
 }
 
-fn files_under(p: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(p) {
-        for e in rd.flatten() {
-            let path = e.path();
-            if path.is_dir() {
-                out.extend(files_under(&path));
-            } else {
-                out.push(path);
-            }
-        }
-    }
-    out
-}
-
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
@@ -479,7 +471,7 @@ fn publishers_restorers_sweeps_and_gc_killed_at_random_lose_nothing() {
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path().to_path_buf();
     std::fs::create_dir_all(dir.join("work")).expect("work dir");
-    let store = format!("file://{}", dir.join("store").display());
+    let store = local_store(&dir);
     std::fs::write(
         dir.join("id.json"),
         expect_code(&dir, &["identity", "--example"], 0),
@@ -638,7 +630,13 @@ fn publishers_restorers_sweeps_and_gc_killed_at_random_lose_nothing() {
     // every quarantined root is an intact delta (a stranded one).
     let qdir = dir.join("store").join("quarantine");
     let mut stranded_quarantined = 0;
-    for f in files_under(&qdir) {
+    // The directory exists once something was quarantined.
+    let quarantined = if qdir.exists() {
+        files_below(&qdir)
+    } else {
+        Vec::new()
+    };
+    for f in quarantined {
         let rel = f.strip_prefix(&qdir).expect("under quarantine");
         let rel = rel.to_string_lossy();
         if !rel.starts_with("roots/") {

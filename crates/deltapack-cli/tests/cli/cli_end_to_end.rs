@@ -11,7 +11,7 @@
 
 use std::path::PathBuf;
 
-use crate::common::{assert_none, conversation, expect_code, words, Cli};
+use crate::common::{assert_none, expect_code, scratch_conversation, words, Cli};
 
 fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}):\n{text}"))
@@ -19,11 +19,10 @@ fn json(text: &str) -> serde_json::Value {
 
 #[test]
 fn publish_restore_inspect_corrupt_and_demo() {
-    let tmp = tempfile::tempdir().expect("tempdir");
+    // Identity and two turns of one tiny conversation.
+    let (tmp, store) = scratch_conversation(&[("a", 7, 2048), ("b", 7, 4096)]);
     let dir = tmp.path();
     let store_dir = dir.join("store");
-    // Identity and two turns of one tiny conversation.
-    let store = conversation(dir, &[("a", 7, 2048), ("b", 7, 4096)]);
     let s = store.as_str();
 
     // Base (v2) via --tokens, then the delta against it.

@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::common::{expect_code, words};
+use crate::common::{expect_code, files_below, words};
 
 /// The secret of the fixture sets' keyed roots (fixtures/README.md).
 const FIXTURE_SECRET: &str = "deltapack-fixture-secret-2026-11";
@@ -91,6 +91,16 @@ impl Work {
     fn run(&self, args: &[&str], code: i32) -> String {
         expect_code(self.dir(), args, code)
     }
+    /// Runs `compat check` over `set`'s store with the fixture key and the
+    /// arguments `more`; asserts the exit code and returns stdout.
+    fn check(&self, set: &str, more: &str, code: i32) -> String {
+        let line = format!(
+            "compat check --store {} --root-key-file {} {more}",
+            self.store(set),
+            self.key()
+        );
+        self.run(&words(&line), code)
+    }
 }
 
 /// The JSON lines of a `--json` run.
@@ -110,19 +120,18 @@ fn expected_roots(set_dir: &Path) -> Vec<serde_json::Value> {
     exp["roots"].as_array().expect("roots").clone()
 }
 
-fn flip_byte(path: &Path, at: usize) {
-    let mut b = std::fs::read(path).expect("read");
+/// Flips a bit of byte `at` (or of the last byte) of the `nth` file below
+/// `dir`, in sorted order; returns that file.
+fn flip_byte(dir: &Path, nth: usize, at: usize) -> PathBuf {
+    let victim = files_below(dir)
+        .into_iter()
+        .nth(nth)
+        .expect("a file to damage");
+    let mut b = std::fs::read(&victim).expect("read");
     let i = at.min(b.len() - 1);
     b[i] ^= 0x01;
-    std::fs::write(path, b).expect("write");
-}
-
-/// The sorted files under `dir`.
-fn files(dir: &Path) -> Vec<PathBuf> {
-    listing(dir)
-        .into_iter()
-        .filter_map(|(p, c)| c.map(|_| dir.join(p)))
-        .collect()
+    std::fs::write(&victim, b).expect("write");
+    victim
 }
 
 fn store_key(store_dir: &Path, file: &Path) -> String {
@@ -161,13 +170,7 @@ fn fixture_sets_pass_and_are_not_changed() {
             };
             assert_eq!(g["mac"], mac, "{g}");
         }
-        let out = w.run(
-            &words(&format!(
-                "compat check --store {} --root-key-file {key}",
-                w.store(set)
-            )),
-            0,
-        );
+        let out = w.check(set, "", 0);
         assert!(
             out.contains(&format!(
                 "{} roots, {} ok, 0 failed",
@@ -195,20 +198,10 @@ fn a_flipped_object_byte_names_the_root_and_the_object() {
     let key = w.key();
     for (set, algo) in [("2026-11-v1v2", "sha256"), ("2026-12-v2.1-chain", "blake3")] {
         let store_dir = w.set(set).join("store");
-        let victim = files(&store_dir.join("objects").join(algo))
-            .into_iter()
-            .next()
-            .expect("an object");
-        flip_byte(&victim, 100);
+        let victim = flip_byte(&store_dir.join("objects").join(algo), 0, 100);
         let object = store_key(&store_dir, &victim);
         let before = listing(&w.set(set));
-        let out = w.run(
-            &words(&format!(
-                "compat check --store {} --root-key-file {key} --json",
-                w.store(set)
-            )),
-            3,
-        );
+        let out = w.check(set, "--json", 3);
         let got = lines(&out);
         // The roots whose own objects include it fail the object check;
         // the deltas built on them fail their restore; all name it.
@@ -267,21 +260,10 @@ fn a_flipped_root_byte_names_the_root() {
     let w = Work::new();
     let set = "2026-12-v2.1-chain";
     let store_dir = w.set(set).join("store");
-    let victim = files(&store_dir.join("roots"))
-        .into_iter()
-        .nth(2)
-        .expect("a root");
-    flip_byte(&victim, 200);
+    let victim = flip_byte(&store_dir.join("roots"), 2, 200);
     let root = store_key(&store_dir, &victim);
     let before = listing(&w.set(set));
-    let out = w.run(
-        &words(&format!(
-            "compat check --store {} --root-key-file {} --json",
-            w.store(set),
-            w.key()
-        )),
-        3,
-    );
+    let out = w.check(set, "--json", 3);
     let got = lines(&out);
     let bad: Vec<_> = got.iter().filter(|r| r["root"] == root.as_str()).collect();
     assert_eq!(bad.len(), 1, "{out}");
@@ -296,14 +278,7 @@ fn a_flipped_root_byte_names_the_root() {
         "the check changed the store"
     );
     // The text output names it too.
-    let out = w.run(
-        &words(&format!(
-            "compat check --store {} --root-key-file {}",
-            w.store(set),
-            w.key()
-        )),
-        3,
-    );
+    let out = w.check(set, "", 3);
     let ctx = Path::new(&root).file_name().expect("ctx").to_string_lossy();
     assert!(
         out.lines()
@@ -516,11 +491,7 @@ fn freeze_writes_a_set_that_compat_fixtures_passes() {
         "a refused freeze changed the directory"
     );
     // A damaged frozen object fails the frozen set.
-    let victim = files(&frozen.join("store/objects"))
-        .into_iter()
-        .next()
-        .expect("object");
-    flip_byte(&victim, 10);
+    flip_byte(&frozen.join("store/objects"), 0, 10);
     w.run(
         &["compat", "fixtures", frozen_s, "--root-key-file", &key],
         3,
@@ -555,12 +526,7 @@ fn migrate_check_proves_every_v1_digest_and_writes_nothing() {
         "migrate --check wrote to the store"
     );
     // A corrupted v1 chunk: that root would not migrate identically.
-    let store_dir = w.set(set).join("store");
-    let victim = files(&store_dir.join("objects/sha256"))
-        .into_iter()
-        .next()
-        .expect("a v1 chunk");
-    flip_byte(&victim, 50);
+    flip_byte(&w.set(set).join("store/objects/sha256"), 0, 50);
     let damaged = listing(&w.set(set));
     let out = w.run(&["migrate", "--check", "--store", &store, "--json"], 3);
     let got = lines(&out);

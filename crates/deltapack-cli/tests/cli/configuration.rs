@@ -10,16 +10,13 @@
 //! key named and nothing opened; and the store URL itself may come from any
 //! of the three.
 
-use crate::common::words;
+use crate::common::{command, scratch, words};
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn run(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_deltapack"));
-    c.args(args)
-        .current_dir(dir)
-        .env("RUST_LOG", "error")
-        .env_remove("DELTAPACK_ROOT_KEY");
+    let mut c = command();
+    c.args(args).current_dir(dir);
     // No setting leaks in from the environment running the tests.
     for (k, _) in std::env::vars() {
         if k.starts_with("DELTAPACK_") && k != "DELTAPACK_STATE_DIR" {
@@ -53,9 +50,8 @@ fn setting(v: &serde_json::Value, name: &str) -> (String, String) {
 
 #[test]
 fn flag_beats_env_beats_file_beats_default() {
-    let tmp = tempfile::tempdir().expect("tempdir");
+    let (tmp, store) = scratch();
     let dir = tmp.path();
-    let store = format!("file://{}", dir.join("store").display());
     let cfg = dir.join("deltapack.toml");
     std::fs::write(
         &cfg,
@@ -139,9 +135,8 @@ fn flag_beats_env_beats_file_beats_default() {
 
 #[test]
 fn bad_files_and_units_are_refused_and_nothing_is_opened() {
-    let tmp = tempfile::tempdir().expect("tempdir");
+    let (tmp, store) = scratch();
     let dir = tmp.path();
-    let store = format!("file://{}", dir.join("store").display());
     for (text, needle) in [
         ("budgett = \"1G\"\n", "budgett"),
         ("budget = \"lots\"\n", "lots"),

@@ -8,31 +8,10 @@
 //! `DELTAPACK_KILL9_ITERS` sets the number of kills (default 12 for CI; the
 //! full campaign in docs/reliability.md ran ≥ 100).
 
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use crate::common::{assert_none, mix, words};
-
-fn bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_deltapack"));
-    c.env("RUST_LOG", "error").env_remove("DELTAPACK_ROOT_KEY");
-    c
-}
-
-fn run_ok(dir: &Path, args: &[&str]) -> String {
-    let out = bin()
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run deltapack");
-    assert!(
-        out.status.success(),
-        "deltapack {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use crate::common::{assert_none, command, deltapack, mix, ok, scratch, words};
 
 #[test]
 fn publish_killed_at_random_moments_never_tears() {
@@ -40,17 +19,16 @@ fn publish_killed_at_random_moments_never_tears() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(12);
-    let tmp = tempfile::tempdir().expect("tmp");
+    let (tmp, store) = scratch();
     let dir = tmp.path();
-    let store = format!("file://{}", dir.join("store").display());
-    std::fs::write(dir.join("id.json"), run_ok(dir, &["identity", "--example"])).expect("id");
+    std::fs::write(dir.join("id.json"), ok(dir, &["identity", "--example"])).expect("id");
     // Base and eight candidate results of one conversation (tiny preset, many
     // 4 KiB extents so a publication takes many fsync'd writes).
-    run_ok(
+    ok(
         dir,
         &words("synth --preset tiny --tokens 2048 --seed 9 --out base.snap --tokens-out base.tok"),
     );
-    run_ok(
+    ok(
         dir,
         &words(&format!(
             "publish --store {store} --identity id.json --tokens base.tok --snapshot base.snap"
@@ -59,7 +37,7 @@ fn publish_killed_at_random_moments_never_tears() {
     let variants = 8u64;
     for v in 0..variants {
         let n = (16384 + 2048 * v).to_string();
-        run_ok(
+        ok(
             dir,
             &words(&format!(
                 "synth --preset tiny --tokens {n} --seed 9 --out r{v}.snap --tokens-out r{v}.tok"
@@ -79,7 +57,7 @@ fn publish_killed_at_random_moments_never_tears() {
     let scratch = format!("file://{}", dir.join("scratch").display());
     let mut timing_args = publish_args(0);
     timing_args[2] = scratch.clone();
-    run_ok(
+    ok(
         dir,
         &words(&format!(
             "publish --store {scratch} --identity id.json --tokens base.tok --snapshot base.snap"
@@ -87,7 +65,7 @@ fn publish_killed_at_random_moments_never_tears() {
     );
     let t = Instant::now();
     let targs: Vec<&str> = timing_args.iter().map(String::as_str).collect();
-    run_ok(dir, &targs);
+    ok(dir, &targs);
     let full = t.elapsed().max(Duration::from_millis(20));
 
     let mut reported = std::collections::BTreeSet::new();
@@ -95,7 +73,7 @@ fn publish_killed_at_random_moments_never_tears() {
     for i in 0..iters {
         let v = mix(i ^ 0xdead) % variants;
         let args = publish_args(v);
-        let mut child = bin()
+        let mut child = command()
             .args(&args)
             .current_dir(dir)
             .stdout(Stdio::piped())
@@ -125,15 +103,14 @@ fn publish_killed_at_random_moments_never_tears() {
     // Staging files of killed writers count as abandoned after 2 s.
     std::thread::sleep(Duration::from_millis(2100));
     // The sweep finds no damage and reclaims every orphan.
-    let out = bin()
-        .args(["sweep", "--store", &store, "--grace", "0s", "--json"])
-        .current_dir(dir)
-        .output()
-        .expect("sweep");
+    let out = deltapack(
+        dir,
+        &["sweep", "--store", &store, "--grace", "0s", "--json"],
+    );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("sweep json");
     assert_eq!(out.status.code(), Some(0), "sweep found damage: {report}");
     assert_none(&report, &["corrupt", "missing", "invalidated_roots"]);
-    let again = run_ok(
+    let again = ok(
         dir,
         &["sweep", "--store", &store, "--grace", "0s", "--json"],
     );
@@ -147,11 +124,10 @@ fn publish_killed_at_random_moments_never_tears() {
     // Reported publications restore exactly; the rest are exact or absent.
     let mut restorable = 0;
     for v in 0..variants {
-        let out = bin()
-            .args(words(&format!("restore --store {store} --identity id.json --tokens r{v}.tok --out out{v}.snap --json")))
-            .current_dir(dir)
-            .output()
-            .expect("restore");
+        let line = format!(
+            "restore --store {store} --identity id.json --tokens r{v}.tok --out out{v}.snap --json"
+        );
+        let out = deltapack(dir, &words(&line));
         match out.status.code() {
             Some(0) => {
                 let got = std::fs::read(dir.join(format!("out{v}.snap"))).expect("restored");

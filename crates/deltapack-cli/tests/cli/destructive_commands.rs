@@ -8,22 +8,15 @@
 
 use std::path::Path;
 
-use crate::common::{conversation, expect_code, words, Cli};
+use crate::common::{expect_code, files_below, scratch_conversation, words, Cli};
 
-/// Every file below `dir`, sorted.
+/// The roots and objects below the store directory `dir` (paths relative to
+/// it), sorted.
 fn files(dir: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push(p.strip_prefix(dir).expect("prefix").display().to_string());
-            }
-        }
-    }
+    let mut out: Vec<String> = files_below(dir)
+        .iter()
+        .map(|p| p.strip_prefix(dir).expect("prefix").display().to_string())
+        .collect();
     out.retain(|f| f.starts_with("roots/") || f.starts_with("objects/"));
     out.sort();
     out
@@ -31,9 +24,8 @@ fn files(dir: &Path) -> Vec<String> {
 
 #[test]
 fn only_clear_with_yes_empties_a_store() {
-    let tmp = tempfile::tempdir().expect("tempdir");
+    let (tmp, store) = scratch_conversation(&[("a", 3, 2048)]);
     let dir = tmp.path();
-    let store = conversation(dir, &[("a", 3, 2048)]);
     let s = store.as_str();
     Cli(dir).ok(format!(
         "publish --store {s} --identity id.json --tokens a.tok --snapshot a.snap"

@@ -21,10 +21,10 @@
 //! and the shared ledger equals a rebuild from the bucket.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use crate::common::{assert_none, mix, wait_or_kill, words, Ended};
+use crate::common::{assert_none, command, mix, wait_or_kill, words, Ended};
 
 const CONTEXTS: u64 = 6;
 const ROUNDS: u64 = 8;
@@ -44,12 +44,10 @@ fn run(
         ^ std::process::id() as u64);
     let out_path = dir.join(format!("out-{tag:x}-{}.txt", args.join("_").len()));
     let err_path = out_path.with_extension("err");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_deltapack"))
+    let mut child = command()
         .args(args)
         .current_dir(dir)
-        .env("RUST_LOG", "error")
         .env("DELTAPACK_LEDGER", ledger)
-        .env_remove("DELTAPACK_ROOT_KEY")
         .stdout(std::fs::File::create(&out_path).expect("stdout file"))
         .stderr(std::fs::File::create(&err_path).expect("stderr file"))
         .stdin(Stdio::null())

@@ -9,26 +9,16 @@
 
 use std::path::Path;
 
-use crate::common::{deltapack, expect_code, words};
+use crate::common::{code_and_text, deltapack, ok, scratch, words};
 
 fn run(dir: &Path, args: &[&str]) -> (i32, String, String) {
-    let out = deltapack(dir, args);
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn ok(dir: &Path, args: &[&str]) -> String {
-    expect_code(dir, args, 0)
+    code_and_text(&deltapack(dir, args))
 }
 
 #[test]
 fn lookup_and_restore_answer_from_the_store_when_the_ledger_is_unreadable() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let (dir, store) = scratch();
     let d = dir.path();
-    let store = format!("file://{}", d.join("store").display());
     let ledger_path = d.join("ledger.sqlite3");
     let ledger = format!("sqlite://{}", ledger_path.display());
     std::fs::write(d.join("id.json"), ok(d, &["identity", "--example"])).expect("id");

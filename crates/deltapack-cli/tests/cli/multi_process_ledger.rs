@@ -6,22 +6,11 @@
 //! one rebuilt from the store, it agrees with the bytes on disk, and the
 //! budget held.
 
-use crate::common::words;
+use crate::common::{deltapack, files_below, scratch, words};
 use std::path::Path;
-use std::process::Command;
-
-fn bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_deltapack"));
-    c.env("RUST_LOG", "error").env_remove("DELTAPACK_ROOT_KEY");
-    c
-}
 
 fn run(dir: &Path, args: &[&str]) -> (i32, String) {
-    let out = bin()
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run deltapack");
+    let out = deltapack(dir, args);
     let code = out.status.code().unwrap_or(-1);
     if code != 0 {
         // Shown with the failing assertion's output.
@@ -33,27 +22,18 @@ fn run(dir: &Path, args: &[&str]) -> (i32, String) {
     (code, String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Bytes of the files below `p`.
 fn dir_bytes(p: &Path) -> u64 {
-    std::fs::read_dir(p)
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| {
-                    if e.path().is_dir() {
-                        dir_bytes(&e.path())
-                    } else {
-                        e.metadata().map(|m| m.len()).unwrap_or(0)
-                    }
-                })
-                .sum()
-        })
-        .unwrap_or(0)
+    files_below(p)
+        .iter()
+        .map(|f| f.metadata().map(|m| m.len()).unwrap_or(0))
+        .sum()
 }
 
 #[test]
 fn concurrent_processes_share_one_ledger() {
-    let tmp = tempfile::tempdir().expect("tmp");
+    let (tmp, store) = scratch();
     let dir = tmp.path();
-    let store = format!("file://{}", dir.join("store").display());
     let shown = hammer(dir, &store, None);
     let on_disk = dir_bytes(&dir.join("store/objects")) + dir_bytes(&dir.join("store/roots"));
     let used = shown["used_bytes"].as_u64().expect("used");

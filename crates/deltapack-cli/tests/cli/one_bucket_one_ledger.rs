@@ -12,7 +12,7 @@
 //! its publication survives A's collection. Real processes, real moto, real
 //! SQLite files under two `DELTAPACK_STATE_DIR`s.
 
-use crate::common::{assert_none, words};
+use crate::common::{assert_none, code_and_text, s3_prefix, words};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -29,11 +29,7 @@ fn run(dir: &Path, state: &Path, args: &[&str]) -> (i32, String, String) {
         .env("RUST_LOG", "warn")
         .output()
         .expect("run deltapack");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    code_and_text(&out)
 }
 
 fn ok(dir: &Path, state: &Path, args: &[&str]) -> String {
@@ -54,16 +50,7 @@ fn s3_store() -> Option<String> {
             return None;
         }
     };
-    let bucket = std::env::var("DELTAPACK_TEST_S3_BUCKET").unwrap_or("deltapack-test".into());
-    let unique = format!(
-        "{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    );
-    Some(format!("s3://{bucket}/one-ledger-{unique}?endpoint={ep}"))
+    Some(s3_prefix("one-ledger", &ep))
 }
 
 #[test]

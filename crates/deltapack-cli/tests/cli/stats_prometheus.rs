@@ -11,7 +11,7 @@
 //! (it restored nothing). Each CLI restore persists its own counters before
 //! exiting, so the hit and the miss are both counted exactly once.
 
-use crate::common::{conversation, Cli};
+use crate::common::{scratch_conversation, Cli};
 
 /// The value of the series `series` (name and labels exactly as printed).
 fn value(text: &str, series: &str) -> Option<f64> {
@@ -22,9 +22,8 @@ fn value(text: &str, series: &str) -> Option<f64> {
 
 #[test]
 fn stats_prometheus_prints_the_registry_after_cli_work() {
-    let tmp = tempfile::tempdir().expect("tempdir");
+    let (tmp, store) = scratch_conversation(&[("a", 7, 2048), ("other", 8, 2048)]);
     let dir = tmp.path();
-    let store = conversation(dir, &[("a", 7, 2048), ("other", 8, 2048)]);
     let s = store.as_str();
     Cli(dir).ok(format!(
         "publish --store {s} --identity id.json --tokens a.tok --snapshot a.snap"

@@ -7,24 +7,13 @@
 
 use std::path::Path;
 
-use crate::common::{assert_none, conversation, words, Cli};
+use crate::common::{assert_none, conversation, s3_prefix, words, Cli};
 
 /// The store every test here publishes to: the S3 test server when it is
 /// there, else a local directory.
 fn origin(dir: &Path) -> String {
     match std::env::var("DELTAPACK_TEST_S3_ENDPOINT") {
-        Ok(ep) if !ep.is_empty() => {
-            let bucket = std::env::var("DELTAPACK_TEST_S3_BUCKET")
-                .unwrap_or_else(|_| "deltapack-test".into());
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0);
-            format!(
-                "s3://{bucket}/tiers-{}-{nanos}?endpoint={ep}",
-                std::process::id()
-            )
-        }
+        Ok(ep) if !ep.is_empty() => s3_prefix("tiers", &ep),
         _ => format!("file://{}", dir.join("origin").display()),
     }
 }

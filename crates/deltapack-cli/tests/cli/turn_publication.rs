@@ -3,7 +3,7 @@
 //! snapshot would; a tail of the wrong length is `invalid-input` and writes
 //! nothing.
 
-use crate::common::{conversation, Cli};
+use crate::common::{scratch_conversation, Cli};
 
 fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}):\n{text}"))
@@ -25,9 +25,8 @@ fn tail(base: &deltapack_format::Snapshot, next: &deltapack_format::Snapshot) ->
 
 #[test]
 fn publish_tail_restores_bit_exactly_and_refuses_a_wrong_tail() {
-    let tmp = tempfile::tempdir().expect("tempdir");
+    let (tmp, store) = scratch_conversation(&[("a", 9, 2048), ("b", 9, 3072)]);
     let dir = tmp.path();
-    let store = conversation(dir, &[("a", 9, 2048), ("b", 9, 3072)]);
     let s = store.as_str();
     let read = |n: &str| {
         deltapack_format::Snapshot::from_encoded(std::fs::read(dir.join(n)).expect("read"))

@@ -1,20 +1,35 @@
 //! Helpers shared by the CLI's test binaries: run the `deltapack` binary
 //! as a user would and check its exit code.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output};
 use std::time::{Duration, Instant};
 
-/// Runs `deltapack` with `args` in `dir` (quiet logs, no root key from the
-/// environment).
+/// The `deltapack` binary with quiet logs and no root key from the
+/// environment, for a test to give its arguments (and more settings).
+pub(crate) fn command() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_deltapack"));
+    c.env("RUST_LOG", "error").env_remove("DELTAPACK_ROOT_KEY");
+    c
+}
+
+/// Runs `deltapack` with `args` in `dir` ([`command`]).
 pub(crate) fn deltapack(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_deltapack"))
+    command()
         .args(args)
         .current_dir(dir)
-        .env("RUST_LOG", "error")
-        .env_remove("DELTAPACK_ROOT_KEY")
         .output()
         .expect("run the deltapack binary")
+}
+
+/// A finished run as (exit code, or -1 when a signal ended it; stdout;
+/// stderr).
+pub(crate) fn code_and_text(out: &Output) -> (i32, String, String) {
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// Runs and asserts the exit code, returning stdout.
@@ -28,6 +43,11 @@ pub(crate) fn expect_code(dir: &Path, args: &[&str], code: i32) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
+}
+
+/// Runs and asserts success, returning stdout ([`expect_code`] 0).
+pub(crate) fn ok(dir: &Path, args: &[&str]) -> String {
+    expect_code(dir, args, 0)
 }
 
 /// A fleet to test on: a fresh prefix of the moto bucket and a PostgreSQL
@@ -55,17 +75,41 @@ pub(crate) fn fleet(name: &str) -> Option<(String, String)> {
     drop(c);
     let sep = if pg.contains('?') { '&' } else { '?' };
     let ledger = format!("{pg}{sep}options=-c%20search_path%3D{schema}");
+    Some((s3_prefix(name, &endpoint), ledger))
+}
+
+/// The URL of a fresh prefix, `name-<pid>-<nanos>`, of the test bucket
+/// (`DELTAPACK_TEST_S3_BUCKET`, else `deltapack-test`) on the S3 server at
+/// `endpoint`.
+pub(crate) fn s3_prefix(name: &str, endpoint: &str) -> String {
     let bucket =
         std::env::var("DELTAPACK_TEST_S3_BUCKET").unwrap_or_else(|_| "deltapack-test".into());
-    let store = format!(
-        "s3://{bucket}/{name}-{}-{}?endpoint={endpoint}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    );
-    Some((store, ledger))
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "s3://{bucket}/{name}-{}-{nanos}?endpoint={endpoint}",
+        std::process::id()
+    )
+}
+
+/// Every file below `dir` (recursively), sorted.
+pub(crate) fn files_below(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
 }
 
 /// Asserts that each of `lists` is an empty array in a JSON report.
@@ -109,10 +153,31 @@ impl Cli<'_> {
     }
 }
 
+/// The URL of a local store in `dir/store` (created by the first
+/// publication).
+pub(crate) fn local_store(dir: &Path) -> String {
+    format!("file://{}", dir.join("store").display())
+}
+
+/// A new temporary folder for a test and the URL of a [`local_store`] in
+/// it.
+pub(crate) fn scratch() -> (tempfile::TempDir, String) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let store = local_store(tmp.path());
+    (tmp, store)
+}
+
+/// [`scratch`], with a [`conversation`] of `turns` set up in the folder.
+pub(crate) fn scratch_conversation(turns: &[(&str, u64, u64)]) -> (tempfile::TempDir, String) {
+    let (tmp, store) = scratch();
+    conversation(tmp.path(), turns);
+    (tmp, store)
+}
+
 /// A tiny conversation set up in `dir`: the example identity in `id.json`
 /// and, per `(name, seed, tokens)`, a synthetic snapshot `name.snap` with
-/// its tokens in `name.tok`. Returns the URL of a local store in
-/// `dir/store` (created by the first publication).
+/// its tokens in `name.tok`. Returns the URL of the [`local_store`] in
+/// `dir`.
 pub(crate) fn conversation(dir: &Path, turns: &[(&str, u64, u64)]) -> String {
     let id = Cli(dir).ok("identity --example");
     std::fs::write(dir.join("id.json"), id).expect("write id.json");
@@ -121,7 +186,7 @@ pub(crate) fn conversation(dir: &Path, turns: &[(&str, u64, u64)]) -> String {
             "synth --preset tiny --seed {seed} --tokens {n} --out {name}.snap --tokens-out {name}.tok"
         ));
     }
-    format!("file://{}", dir.join("store").display())
+    local_store(dir)
 }
 
 /// SplitMix64: a well-mixed 64-bit value from `z` (test randomness that a

@@ -253,6 +253,12 @@ impl JobOutput {
         );
     }
 
+    /// Adds a run of scenario `id` to the runs of several scenarios this job
+    /// reports ([`JobOutput::sub`]).
+    pub(crate) fn push_sub(&mut self, id: String, run: JobOutput) {
+        self.sub.entry(id).or_default().push(run);
+    }
+
     /// A numeric info figure.
     pub(crate) fn num(&self, k: &str) -> Option<f64> {
         self.info.get(k).and_then(|v| v.as_f64())

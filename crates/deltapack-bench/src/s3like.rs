@@ -73,6 +73,26 @@ fn chunked(
     .boxed()
 }
 
+/// A GET forwarded to `inner`, answered under the inner answer's head with
+/// the body `body` makes of that answer (a HEAD's body stays empty): the
+/// `get_opts` of a layer that re-chunks or paces bodies.
+pub(crate) async fn get_rebodied(
+    inner: &dyn ObjectStore,
+    location: &ObjPath,
+    options: GetOptions,
+    body: impl FnOnce(GetResult) -> BoxStream<'static, object_store::Result<Bytes>>,
+) -> object_store::Result<GetResult> {
+    let head = options.head;
+    let r = inner.get_opts(location, options).await?;
+    let reply = ReadHead::of(&r);
+    let body = if head {
+        futures::stream::empty().boxed()
+    } else {
+        body(r)
+    };
+    Ok(reply.stream(body))
+}
+
 #[async_trait::async_trait]
 impl Intercept for StreamedObjects {
     deltapack_store::layer_basics!("StreamedObjects");
@@ -82,18 +102,11 @@ impl Intercept for StreamedObjects {
         location: &ObjPath,
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
-        let head = options.head;
-        let r = self.inner.get_opts(location, options).await?;
-        if matches!(r.payload, GetResultPayload::Stream(_)) {
-            return Ok(r);
-        }
-        let reply = ReadHead::of(&r);
-        let body = match r.payload {
-            _ if head => futures::stream::empty().boxed(),
-            GetResultPayload::File(file, _) => chunked(file, reply.range.clone()),
+        get_rebodied(&*self.inner, location, options, |r| match r.payload {
+            GetResultPayload::File(file, _) => chunked(file, r.range),
             GetResultPayload::Stream(s) => s,
-        };
-        Ok(reply.stream(body))
+        })
+        .await
     }
 }
 

@@ -63,8 +63,8 @@ use tokio::time::Instant;
 use anyhow::{Context, Result};
 use deltapack_store::{Backend, BackendKind, Store, StoreConfig};
 
-use crate::s3like::{StreamedObjects, BODY_CHUNK};
-use deltapack_store::wrap::{Intercept, ReadHead, Wrapped};
+use crate::s3like::{get_rebodied, StreamedObjects, BODY_CHUNK};
+use deltapack_store::wrap::{Intercept, Wrapped};
 
 /// The shaping parameters: first-byte latency, per-connection and aggregate
 /// bandwidth (bytes are 10⁶ per MB throughout).
@@ -381,13 +381,8 @@ impl Intercept for ShapedStore {
         location: &ObjPath,
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
-        let head = options.head;
         self.shaper.first_byte().await;
-        let r = self.inner.get_opts(location, options).await?;
-        let reply = ReadHead::of(&r);
-        let body: BoxStream<'static, object_store::Result<Bytes>> = if head {
-            futures::stream::empty().boxed()
-        } else {
+        get_rebodied(&*self.inner, location, options, |r| {
             // A stream as it is; a file's bytes as object_store streams them.
             let inner = r.into_stream();
             match self.shaper.connect() {
@@ -405,8 +400,8 @@ impl Intercept for ShapedStore {
                     .boxed()
                 }
             }
-        };
-        Ok(reply.stream(body))
+        })
+        .await
     }
 
     async fn copy_opts(

@@ -427,45 +427,53 @@ pub(crate) fn s3_child_url(url: &str, leaf: &str) -> String {
 /// CLI's variables) when set, so a run can compare settings; a value that does
 /// not parse is ignored with a warning.
 pub(crate) fn with_env_knobs(mut c: StoreConfig) -> StoreConfig {
-    let size = |name: &str| {
-        let v = std::env::var(name).ok()?;
-        match deltapack_store::units::parse_size(&v) {
-            Ok(n) => Some(n),
-            Err(e) => {
-                eprintln!("bench: {name}={v} ignored: {e}");
-                None
-            }
+    let r = &mut c.remote;
+    for (name, knob) in [
+        (
+            "DELTAPACK_RANGES_IN_FLIGHT",
+            Knob::Count(&mut r.ranges_in_flight),
+        ),
+        ("DELTAPACK_RANGE_BYTES", Knob::Size(&mut r.range_bytes)),
+        (
+            "DELTAPACK_PARTS_IN_FLIGHT",
+            Knob::Count(&mut r.parts_in_flight),
+        ),
+        ("DELTAPACK_PART_BYTES", Knob::Size(&mut r.part_bytes)),
+        (
+            "DELTAPACK_CHAIN_GETS_IN_FLIGHT",
+            Knob::Count(&mut r.chain_gets_in_flight),
+        ),
+        (
+            "DELTAPACK_ROOTS_IN_FLIGHT",
+            Knob::Count(&mut r.roots_in_flight),
+        ),
+    ] {
+        let Ok(v) = std::env::var(name) else {
+            continue;
+        };
+        let set = match knob {
+            Knob::Count(field) => match v.parse::<usize>() {
+                Ok(n) if n > 0 => {
+                    *field = n;
+                    Ok(())
+                }
+                _ => Err("not a positive integer".to_string()),
+            },
+            Knob::Size(field) => deltapack_store::units::parse_size(&v).map(|n| *field = n),
+        };
+        if let Err(why) = set {
+            eprintln!("bench: {name}={v} ignored: {why}");
         }
-    };
-    let count = |name: &str| {
-        let v = std::env::var(name).ok()?;
-        match v.parse::<usize>() {
-            Ok(n) if n > 0 => Some(n),
-            _ => {
-                eprintln!("bench: {name}={v} ignored: not a positive integer");
-                None
-            }
-        }
-    };
-    if let Some(n) = count("DELTAPACK_RANGES_IN_FLIGHT") {
-        c.remote.ranges_in_flight = n;
-    }
-    if let Some(n) = size("DELTAPACK_RANGE_BYTES") {
-        c.remote.range_bytes = n;
-    }
-    if let Some(n) = count("DELTAPACK_PARTS_IN_FLIGHT") {
-        c.remote.parts_in_flight = n;
-    }
-    if let Some(n) = size("DELTAPACK_PART_BYTES") {
-        c.remote.part_bytes = n;
-    }
-    if let Some(n) = count("DELTAPACK_CHAIN_GETS_IN_FLIGHT") {
-        c.remote.chain_gets_in_flight = n;
-    }
-    if let Some(n) = count("DELTAPACK_ROOTS_IN_FLIGHT") {
-        c.remote.roots_in_flight = n;
     }
     c
+}
+
+/// A setting of [`with_env_knobs`].
+enum Knob<'a> {
+    /// A positive integer.
+    Count(&'a mut usize),
+    /// A size in bytes (`64MiB`, `1000`, …).
+    Size(&'a mut u64),
 }
 
 #[cfg(test)]

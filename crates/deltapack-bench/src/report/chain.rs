@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::types::{ChainSummary, FloorRef, Row, Scenario, Target};
-use super::units::{mib, secs};
+use super::units::{markdown_table, mib, secs};
 use crate::job::Acc;
 
 /// Allowed slowdown of a chain restore over the flat one (local, warm).
@@ -83,12 +83,8 @@ pub(crate) fn scenarios(c: &ChainSummary, accs: &BTreeMap<String, Acc>) -> Vec<S
         ids.push(format!("chain-n{n}-floor-write"));
         ids.push(format!("chain-n{n}-publish"));
     }
-    let mut out = Vec::new();
-    for id in ids {
-        let Some(a) = accs.get(&id) else { continue };
-        let Some((group, label, floor_id)) = describe(&id, c.latency_ms) else {
-            continue;
-        };
+    Scenario::rows(ids, accs, &INFO, |id, a| {
+        let (group, label, floor_id) = describe(id, c.latency_ms)?;
         let floor = floor_id.and_then(|f| {
             accs.get(&f).map(|fa| FloorRef {
                 id: f,
@@ -120,8 +116,8 @@ pub(crate) fn scenarios(c: &ChainSummary, accs: &BTreeMap<String, Acc>) -> Vec<S
         } else {
             "objects"
         });
-        let row = Row {
-            id,
+        Some(Row {
+            id: id.to_string(),
             group,
             label,
             bytes,
@@ -130,10 +126,8 @@ pub(crate) fn scenarios(c: &ChainSummary, accs: &BTreeMap<String, Acc>) -> Vec<S
             own_peak: group != "floor",
             bound_bytes: (group == "restore").then_some(c.bound_bytes),
             note,
-        };
-        out.push(Scenario::from_runs(row, a, &INFO));
-    }
-    out
+        })
+    })
 }
 
 /// The breakdown figures of the chain rows.
@@ -220,6 +214,11 @@ pub(crate) fn targets(c: &ChainSummary) -> Vec<Target> {
     t
 }
 
+/// The head of the chain table.
+const CHAIN_TABLE_HEAD: &str = "\
+| turns | last turn (tokens) | last turn payload | store objects | publish last turn | write floor | restore local | / flat | `restore_into` | / flat | S3-like | − flat | in latencies | peak / bound |
+|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
+
 /// The chain section of `results.md`.
 pub(crate) fn markdown(c: &ChainSummary, s: &mut String) {
     let _ = writeln!(s, "\n## Chain: restore cost against the number of turns\n");
@@ -235,22 +234,12 @@ pub(crate) fn markdown(c: &ChainSummary, s: &mut String) {
         c.flat_s3like_ms.map(secs).unwrap_or_default(),
         mib(c.bound_bytes),
     );
-    let _ = writeln!(
-        s,
-        "| turns | last turn (tokens) | last turn payload | store objects | publish last turn | write floor | restore local | / flat | `restore_into` | / flat | S3-like | − flat | in latencies | peak / bound |"
-    );
-    let _ = writeln!(
-        s,
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-    );
     let f = |x: Option<f64>| x.map(secs).unwrap_or_default();
     let x = |x: Option<f64>| x.map(|v| format!("{v:.2}×")).unwrap_or_default();
-    for r in &c.rows {
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            r.turns,
-            r.last_turn_tokens,
+    s.push_str(&markdown_table(CHAIN_TABLE_HEAD, &c.rows, |r| {
+        vec![
+            r.turns.to_string(),
+            r.last_turn_tokens.to_string(),
             mib(r.last_payload_bytes),
             mib(r.store_bytes),
             f(r.publish_ms),
@@ -269,8 +258,8 @@ pub(crate) fn markdown(c: &ChainSummary, s: &mut String) {
             r.peak_over_bound
                 .map(|v| format!("{v:.2}"))
                 .unwrap_or_default(),
-        );
-    }
+        ]
+    }));
     for k in &c.skipped {
         let _ = writeln!(s, "\nNot run: {k}.");
     }

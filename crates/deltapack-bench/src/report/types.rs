@@ -88,6 +88,24 @@ pub(crate) struct Row<'a> {
 }
 
 impl Scenario {
+    /// The rows of the scenarios in `ids` that ran (have runs in `accs`),
+    /// in that order: `row` describes each from its runs (`None`: not a row
+    /// of this report), [`Scenario::from_runs`] makes it, with the medians
+    /// of the `info_keys` figures.
+    pub(crate) fn rows<'a, I: AsRef<str>>(
+        ids: impl IntoIterator<Item = I>,
+        accs: &'a BTreeMap<String, Acc>,
+        info_keys: &[&str],
+        mut row: impl FnMut(&str, &'a Acc) -> Option<Row<'a>>,
+    ) -> Vec<Scenario> {
+        ids.into_iter()
+            .filter_map(|id| {
+                let a = accs.get(id.as_ref())?;
+                Some(Scenario::from_runs(row(id.as_ref(), a)?, a, info_keys))
+            })
+            .collect()
+    }
+
     /// A report row from a scenario's runs: the median and every
     /// repetition, throughput, the ratio to the floor, CPU time (for a
     /// restore also its ratio to the floor's), the peak memory, and the

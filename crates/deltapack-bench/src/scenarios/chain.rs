@@ -115,7 +115,6 @@ pub(crate) async fn job_publish(s: ChainPublishSpec) -> Result<JobOutput> {
     let last = synth_at(c.final_tokens).await?;
     let last_ctx = ctx_at(c.final_tokens);
     let mut out = JobOutput::default();
-    let mut sub: BTreeMap<String, Vec<JobOutput>> = BTreeMap::new();
     for round in 0..s.rounds {
         // The floor: the same payload bytes, cut into extent-sized files,
         // written durably (buffered one stream; direct I/O one and two).
@@ -126,9 +125,7 @@ pub(crate) async fn job_publish(s: ChainPublishSpec) -> Result<JobOutput> {
         let dir = s.scratch.join(format!("chain-n{n}-floor-{round}"));
         let floors = tokio::task::block_in_place(|| write_floors(&dir, chunks, &[1], &[1, 2]))?;
         for (variant, o) in floors {
-            sub.entry(format!("chain-n{n}-floor-write-{variant}"))
-                .or_default()
-                .push(o);
+            out.push_sub(format!("chain-n{n}-floor-write-{variant}"), o);
         }
 
         // The timed publication of the last turn, into a clone of the store
@@ -161,9 +158,7 @@ pub(crate) async fn job_publish(s: ChainPublishSpec) -> Result<JobOutput> {
             );
         }
         o.put("root_chain_depth", depth);
-        sub.entry(format!("chain-n{n}-publish"))
-            .or_default()
-            .push(o);
+        out.push_sub(format!("chain-n{n}-publish"), o);
         drop(store);
         if round + 1 == s.rounds {
             if s.keep.exists() {
@@ -175,7 +170,6 @@ pub(crate) async fn job_publish(s: ChainPublishSpec) -> Result<JobOutput> {
         }
     }
     std::fs::remove_dir_all(&prefix)?;
-    out.sub = sub;
     out.put("turns", n);
     out.put("boundaries", &bounds);
     out.put("prefix_publish_ms", prefix_ms);

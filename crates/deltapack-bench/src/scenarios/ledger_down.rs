@@ -33,6 +33,8 @@ use deltapack_store::{
 };
 use serde::Serialize;
 
+use crate::report::markdown_table;
+
 use crate::s3like::throttled_store;
 
 /// Options of `ledger-down`.
@@ -137,14 +139,7 @@ pub(crate) async fn run(a: LedgerDownArgs) -> Result<ExitCode> {
     if a.tokens < 1024 || a.tokens % 512 != 0 {
         bail!("--tokens must be a multiple of 512, at least 1,024");
     }
-    let work = std::env::temp_dir().join(format!(
-        "deltapack-ledger-down-{}-{}",
-        std::process::id(),
-        crate::workload::unique()
-    ));
-    let result = measure(&a, &work).await;
-    let _ = std::fs::remove_dir_all(&work);
-    result
+    super::in_work_dir(None, "ledger-down", async |work| measure(&a, work).await).await
 }
 
 async fn measure(a: &LedgerDownArgs, work: &Path) -> Result<ExitCode> {
@@ -175,72 +170,80 @@ async fn measure(a: &LedgerDownArgs, work: &Path) -> Result<ExitCode> {
         .await?;
         s.close().await?;
     }
-    let mut rows = Vec::new();
     let lat = a.latency_ms as f64;
     let rounds = |d: Duration| (lat > 0.0).then(|| ms(d) / lat);
+    // A row of a measure through the S3-like emulation (its median also in
+    // rounds), with the source of a lookup.
+    let row = |measure, d, source: Option<LookupSource>, target, met| Row {
+        measure,
+        median_ms: ms(d),
+        rounds: rounds(d),
+        source: source.map(source_name),
+        target,
+        met,
+    };
+    let mut rows = Vec::new();
 
     let local = throttled_store(&store_dir, 0, config(&good))?;
     let (d, src) = lookup_median(&local, &id, &candidates, a.repeats, Some(stored)).await?;
     rows.push(Row {
-        measure: "lookup, ledger up, local (no latency)",
-        median_ms: ms(d),
+        // No latency, no rounds.
         rounds: None,
-        source: Some(source_name(src)),
-        target: "p50 <= 1 ms",
-        met: d <= Duration::from_millis(1) && src == LookupSource::Ledger,
+        ..row(
+            "lookup, ledger up, local (no latency)",
+            d,
+            Some(src),
+            "p50 <= 1 ms",
+            d <= Duration::from_millis(1) && src == LookupSource::Ledger,
+        )
     });
     let up = throttled_store(&store_dir, a.latency_ms, config(&good))?;
     let (d, src) = lookup_median(&up, &id, &candidates, a.repeats, Some(stored)).await?;
-    rows.push(Row {
-        measure: "lookup, ledger up, S3-like",
-        median_ms: ms(d),
-        rounds: rounds(d),
-        source: Some(source_name(src)),
-        target: "one query + one HEAD",
-        met: src == LookupSource::Ledger,
-    });
+    rows.push(row(
+        "lookup, ledger up, S3-like",
+        d,
+        Some(src),
+        "one query + one HEAD",
+        src == LookupSource::Ledger,
+    ));
     let restore_up = restore_median(&up, &id, stored_ctx, a.repeats).await?;
 
     // The ledger goes down: a file that is not a database in its place.
     let bad = work.join("down.sqlite3");
     std::fs::write(&bad, vec![0x5a; 8192])?;
     let down = throttled_store(&store_dir, a.latency_ms, config(&bad))?;
-    let (d, src) = lookup_median(&down, &id, &candidates, a.repeats, Some(stored)).await?;
-    rows.push(Row {
-        measure: "lookup, ledger down, S3-like, stored prefix at half",
-        median_ms: ms(d),
-        rounds: rounds(d),
-        source: Some(source_name(src)),
-        target: "<= 20 rounds",
-        met: rounds(d).is_none_or(|r| r <= 20.0) && src == LookupSource::Store,
-    });
-    let (d, src) = lookup_median(&down, &id, &unknown, a.repeats, None).await?;
-    rows.push(Row {
-        measure: "lookup, ledger down, S3-like, nothing stored (every candidate)",
-        median_ms: ms(d),
-        rounds: rounds(d),
-        source: Some(source_name(src)),
-        target: "<= 20 rounds",
-        met: rounds(d).is_none_or(|r| r <= 20.0) && src == LookupSource::Store,
-    });
+    for (measure, asked, want) in [
+        (
+            "lookup, ledger down, S3-like, stored prefix at half",
+            &candidates,
+            Some(stored),
+        ),
+        (
+            "lookup, ledger down, S3-like, nothing stored (every candidate)",
+            &unknown,
+            None,
+        ),
+    ] {
+        let (d, src) = lookup_median(&down, &id, asked, a.repeats, want).await?;
+        let met = rounds(d).is_none_or(|r| r <= 20.0) && src == LookupSource::Store;
+        rows.push(row(measure, d, Some(src), "<= 20 rounds", met));
+    }
     let restore_down = restore_median(&down, &id, stored_ctx, a.repeats).await?;
     let ratio = restore_down.as_secs_f64() / restore_up.as_secs_f64().max(1e-9);
-    rows.push(Row {
-        measure: "restore, ledger up, S3-like",
-        median_ms: ms(restore_up),
-        rounds: rounds(restore_up),
-        source: None,
-        target: "reference",
-        met: true,
-    });
-    rows.push(Row {
-        measure: "restore, ledger down, S3-like",
-        median_ms: ms(restore_down),
-        rounds: rounds(restore_down),
-        source: None,
-        target: "<= 1.05 x up",
-        met: ratio <= 1.05,
-    });
+    rows.push(row(
+        "restore, ledger up, S3-like",
+        restore_up,
+        None,
+        "reference",
+        true,
+    ));
+    rows.push(row(
+        "restore, ledger down, S3-like",
+        restore_down,
+        None,
+        "<= 1.05 x up",
+        ratio <= 1.05,
+    ));
     let results = Results {
         request_tokens: a.tokens,
         candidates: candidates.len(),
@@ -254,31 +257,33 @@ async fn measure(a: &LedgerDownArgs, work: &Path) -> Result<ExitCode> {
     report(&a.out, &results)
 }
 
+/// The head of the `results.md` table.
+const TABLE_HEAD: &str = "\
+| measure | median | rounds | source | target | met |
+|---|---:|---:|---|---|---|";
+
 /// Writes `results.json` and `results.md` (and prints the table).
 fn report(out: &Path, results: &Results) -> Result<ExitCode> {
-    super::write_results_json(out, results)?;
     let mut md = format!(
         "# Lookup and restore with the ledger up and down\n\n\
          Request of {} tokens ({} candidate boundaries), stored root at {} tokens, \
-         S3-like latency {} ms per request, medians of {}. Rounds = time / latency.\n\n\
-         | measure | median | rounds | source | target | met |\n|---|---:|---:|---|---|---|\n",
+         S3-like latency {} ms per request, medians of {}. Rounds = time / latency.\n\n",
         results.request_tokens,
         results.candidates,
         results.stored_boundary,
         results.latency_ms,
         results.repeats
     );
-    for r in &results.rows {
-        md.push_str(&format!(
-            "| {} | {:.1} ms | {} | {} | {} | {} |\n",
-            r.measure,
-            r.median_ms,
+    md.push_str(&markdown_table(TABLE_HEAD, &results.rows, |r| {
+        vec![
+            r.measure.to_string(),
+            format!("{:.1} ms", r.median_ms),
             r.rounds.map_or("–".into(), |x| format!("{x:.1}")),
-            r.source.unwrap_or("–"),
-            r.target,
-            if r.met { "yes" } else { "**no**" }
-        ));
-    }
+            r.source.unwrap_or("–").to_string(),
+            r.target.to_string(),
+            if r.met { "yes" } else { "**no**" }.to_string(),
+        ]
+    }));
     md.push_str(&format!(
         "\nRestore with the ledger down / up: {:.3}×. The restored root is the stored \
          prefix (tiny preset, {} bytes): its cost is request rounds, which is what the \
@@ -294,7 +299,6 @@ fn report(out: &Path, results: &Results) -> Result<ExitCode> {
             "release"
         }
     ));
-    std::fs::write(out.join("results.md"), &md)?;
-    print!("{md}");
+    super::write_study(out, results, &md)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -32,14 +32,37 @@ use crate::runner::{child, pin_exe, round_robin, set_wait_idle};
 use crate::shaped::Shaping;
 use crate::workload::{s3_child_url, unique, Fmt, Workload};
 
-/// Writes a study's `results.json` (pretty-printed) into `out`, creating
-/// the directory.
-pub(crate) fn write_results_json(out: &Path, results: &impl serde::Serialize) -> Result<()> {
+/// Runs a study (`ledger-down`, `tiers`, `turn`) in a fresh work
+/// directory named after it under `parent` (default: the temporary
+/// directory), removed afterwards whatever the outcome.
+pub(crate) async fn in_work_dir<T>(
+    parent: Option<&Path>,
+    name: &str,
+    study: impl AsyncFnOnce(&Path) -> Result<T>,
+) -> Result<T> {
+    let work = parent
+        .map_or_else(std::env::temp_dir, Path::to_path_buf)
+        .join(format!(
+            "deltapack-{name}-{}-{}",
+            std::process::id(),
+            unique()
+        ));
+    std::fs::create_dir_all(&work)?;
+    let out = study(&work).await;
+    let _ = std::fs::remove_dir_all(&work);
+    out
+}
+
+/// Writes a study's `results.json` (pretty-printed) and `results.md` into
+/// `out`, creating the directory, and prints the markdown.
+pub(crate) fn write_study(out: &Path, results: &impl serde::Serialize, md: &str) -> Result<()> {
     std::fs::create_dir_all(out)?;
     std::fs::write(
         out.join("results.json"),
         serde_json::to_string_pretty(results)?,
     )?;
+    std::fs::write(out.join("results.md"), md)?;
+    print!("{md}");
     Ok(())
 }
 

@@ -79,7 +79,6 @@ pub(crate) async fn job_publish_suite(
 ) -> Result<JobOutput> {
     let (base, result) = w.synth_pair().await?;
     let mut out = JobOutput::default();
-    let mut sub: BTreeMap<String, Vec<JobOutput>> = BTreeMap::new();
     for round in 0..rounds {
         // The write floor on the same bytes (the encoded delta, cut into
         // extent-sized files).
@@ -88,16 +87,12 @@ pub(crate) async fn job_publish_suite(
         let dir = scratch.join(format!("floor-{round}"));
         let floors = tokio::task::block_in_place(|| write_floors(&dir, chunks, &[2, 1], &[2, 1]))?;
         for (variant, o) in floors {
-            sub.entry(format!("floor-write-{variant}"))
-                .or_default()
-                .push(o);
+            out.push_sub(format!("floor-write-{variant}"), o);
         }
         for (format, keep) in [(Fmt::V2, keep_v2), (Fmt::V1, keep_v1)] {
             let dir = scratch.join(format!("{}-{round}", format.name()));
             let o = publish_once(&w, format, &dir, &base, &result).await?;
-            sub.entry(format!("publish-{}", format.name()))
-                .or_default()
-                .push(o);
+            out.push_sub(format!("publish-{}", format.name()), o);
             if round + 1 == rounds {
                 if keep.exists() {
                     std::fs::remove_dir_all(keep)?;
@@ -109,17 +104,22 @@ pub(crate) async fn job_publish_suite(
         }
     }
     let costs = publication_costs(base.clone(), result.clone(), w.extent_bytes).await?;
-    if let Some(runs) = sub.get_mut("publish-v2") {
+    if let Some(runs) = out.sub.get_mut("publish-v2") {
         for run in runs.iter_mut() {
             for (k, v) in &costs {
                 run.put(k, v);
             }
         }
     }
-    out.sub = sub;
+    put_sizes(&mut out, &base, &result);
+    Ok(out)
+}
+
+/// Records the encoded sizes of the base and the result a publication job
+/// published.
+fn put_sizes(out: &mut JobOutput, base: &Snapshot, result: &Snapshot) {
     out.put("base_bytes", base.encoded().len());
     out.put("result_bytes", result.encoded().len());
-    Ok(out)
 }
 
 /// Where a publication's CPU goes, piece by piece (same bytes, wall ms).
@@ -190,8 +190,7 @@ pub(crate) async fn job_s3_publish(w: Workload, url_v2: &str, url_v1: &str) -> R
         );
         out.put("payload_bytes", receipt.payload_len);
     }
-    out.put("base_bytes", base.encoded().len());
-    out.put("result_bytes", result.encoded().len());
+    put_sizes(&mut out, &base, &result);
     Ok(out)
 }
 
@@ -225,7 +224,6 @@ pub(crate) async fn job_shaped_publish(
 ) -> Result<JobOutput> {
     let (base, result) = w.synth_pair().await?;
     let mut out = JobOutput::default();
-    let mut sub: BTreeMap<String, Vec<JobOutput>> = BTreeMap::new();
     for _ in 0..rounds {
         for (id, shaping) in [
             ("publish-v2-inmem", None),
@@ -249,11 +247,9 @@ pub(crate) async fn job_shaped_publish(
             if let (Some(sh), Some(b)) = (&shaper, before) {
                 put_shaped_counters(&mut o, sh, b);
             }
-            sub.entry(id.to_string()).or_default().push(o);
+            out.push_sub(id.to_string(), o);
         }
     }
-    out.sub = sub;
-    out.put("base_bytes", base.encoded().len());
-    out.put("result_bytes", result.encoded().len());
+    put_sizes(&mut out, &base, &result);
     Ok(out)
 }

@@ -38,6 +38,8 @@ use deltapack_format::{ContextDigest, Snapshot};
 use deltapack_store::{RestoreIntoOutcome, Store, StoreConfig, TierAck, TierConfig, TurnRequest};
 use serde::Serialize;
 
+use crate::report::markdown_table;
+
 use crate::measure::{median_duration as median, ms, PeakWindow};
 use crate::shaped::{shaped_local_store, shaped_memory_store, Shaping};
 use crate::workload::{
@@ -168,16 +170,10 @@ pub(crate) async fn run(a: TiersArgs) -> Result<ExitCode> {
     if a.shaped_conn_mb_s <= 0.0 || a.shaped_aggregate_mb_s <= 0.0 {
         bail!("the shaped bandwidths must be positive");
     }
-    let parent = a.scratch.clone().unwrap_or_else(std::env::temp_dir);
-    let work = parent.join(format!(
-        "deltapack-tiers-{}-{}",
-        std::process::id(),
-        crate::workload::unique()
-    ));
-    std::fs::create_dir_all(&work)?;
-    let out = measure_all(&a, &work).await;
-    let _ = std::fs::remove_dir_all(&work);
-    out
+    super::in_work_dir(a.scratch.as_deref(), "tiers", async |work| {
+        measure_all(&a, work).await
+    })
+    .await
 }
 
 /// The suite in `dir` (removed by the caller).
@@ -596,10 +592,13 @@ impl Rows {
     }
 }
 
+/// The head of the `results.md` table.
+const TABLE_HEAD: &str = "\
+| measure | median ms | ratio | against | target | met | peak MiB | bound MiB | met |
+|---|---:|---:|---|---:|---|---:|---:|---|";
+
 /// Writes results.json and results.md.
 fn report(out: &Path, r: &Results) -> Result<()> {
-    std::fs::create_dir_all(out)?;
-    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(r)?)?;
     let mib = |b: u64| format!("{:.0}", b as f64 / MIB as f64);
     let mut md = format!(
         "# Tiers: a local tier in front of the shaped S3 emulation\n\n\
@@ -611,9 +610,7 @@ fn report(out: &Path, r: &Results) -> Result<()> {
          fill buffer (objects in flight with their write staging). `fill-*` is \
          the node from its first restore until the fill finished. The \
          publications' shaped origin is in memory: `upload-behind`'s peak \
-         includes the uploaded bytes the origin keeps.\n\n\
-         | measure | median ms | ratio | against | target | met | peak MiB | bound MiB | met |\n\
-         |---|---:|---:|---|---:|---|---:|---:|---|\n",
+         includes the uploaded bytes the origin keeps.\n\n",
         r.result_tokens,
         r.result_bytes as f64 / 1e6,
         r.chain_turns,
@@ -623,12 +620,11 @@ fn report(out: &Path, r: &Results) -> Result<()> {
         r.shaping,
         mib(r.fill_buffer_bytes),
     );
-    let yes = |m: Option<bool>| m.map_or("", |m| if m { "yes" } else { "no" });
-    for row in &r.rows {
-        md.push_str(&format!(
-            "| {} | {:.1} | {} | {} | {} | {} | {} | {} | {} |\n",
-            row.id,
-            row.median_ms,
+    md.push_str(&markdown_table(TABLE_HEAD, &r.rows, |row| {
+        let yes = |m: Option<bool>| m.map_or("", |m| if m { "yes" } else { "no" }).to_string();
+        vec![
+            row.id.clone(),
+            format!("{:.1}", row.median_ms),
             row.ratio.map_or("".into(), |x| format!("{x:.2}")),
             row.against.clone().unwrap_or_default(),
             row.target.map_or("".into(), |x| format!("≤ {x}")),
@@ -636,9 +632,7 @@ fn report(out: &Path, r: &Results) -> Result<()> {
             mib(row.peak_bytes),
             row.peak_bound_bytes.map_or("".into(), mib),
             yes(row.peak_met),
-        ));
-    }
-    std::fs::write(out.join("results.md"), md)?;
-    print!("{}", std::fs::read_to_string(out.join("results.md"))?);
-    Ok(())
+        ]
+    }));
+    super::write_study(out, r, &md)
 }

@@ -50,6 +50,8 @@ use deltapack_store::{
 };
 use serde::Serialize;
 
+use crate::report::markdown_table;
+
 /// Options of `turn`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct TurnArgs {
@@ -158,13 +160,6 @@ pub(crate) async fn run(a: TurnArgs) -> Result<ExitCode> {
     {
         bail!("--tokens and --turns must be positive multiples of 256");
     }
-    let parent = a.dir.clone().unwrap_or_else(std::env::temp_dir);
-    let work = parent.join(format!(
-        "deltapack-turn-{}-{}",
-        std::process::id(),
-        crate::workload::unique()
-    ));
-    std::fs::create_dir_all(&work)?;
     let cli = if a.modes.contains(&Mode::Cli) {
         let path = match &a.cli {
             Some(p) => p.clone(),
@@ -181,9 +176,10 @@ pub(crate) async fn run(a: TurnArgs) -> Result<ExitCode> {
     } else {
         None
     };
-    let result = measure(&a, &work, cli.as_deref()).await;
-    let _ = std::fs::remove_dir_all(&work);
-    result
+    super::in_work_dir(a.dir.as_deref(), "turn", async |work| {
+        measure(&a, work, cli.as_deref()).await
+    })
+    .await
 }
 
 fn config() -> StoreConfig {
@@ -634,6 +630,11 @@ fn turn_rows(
     rows
 }
 
+/// The head of the `results.md` table.
+const TABLE_HEAD: &str = "\
+| conversation | turn | mode | median | floor | ratio | written | hashed | open → close | target | met |
+|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|";
+
 /// Writes `results.json` and `results.md` (and prints the table).
 fn report(a: &TurnArgs, rows: Vec<Row>) -> Result<ExitCode> {
     // The tail-only ratio at the longest conversation over the shortest.
@@ -663,43 +664,38 @@ fn report(a: &TurnArgs, rows: Vec<Row>) -> Result<ExitCode> {
         rows,
         tail_ratio_longest_over_shortest: spread,
     };
-    super::write_results_json(&a.out, &results)?;
     let mut md = format!(
         "# Publishing one more turn\n\n\
          Default preset, local disk, medians of {}; each row's floor is the durable write of \
          the bytes it wrote (as many files as objects + root, fsync each, then the directory), \
          measured in the same run. Binary profile: {}.\n\n\
          The open → close column is what a fresh process pays through the library (the cold \
-         rows: `Store::open`, the publication, `Store::close`; the cli row: its wall time).\n\n\
-         | conversation | turn | mode | median | floor | ratio | written | hashed | open → close | target | met |\n\
-         |---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|\n",
+         rows: `Store::open`, the publication, `Store::close`; the cli row: its wall time).\n\n",
         results.repeats, results.profile
     );
-    for r in &results.rows {
-        md.push_str(&format!(
-            "| {} | {} | {} | {:.1} ms | {:.1} ms | {:.2}× | {} B | {} | {} | {} | {} |\n",
-            r.conversation_tokens,
-            r.turn_tokens,
-            r.mode,
-            r.median_ms,
-            r.floor_ms,
-            r.ratio,
-            r.bytes_written,
+    md.push_str(&markdown_table(TABLE_HEAD, &results.rows, |r| {
+        vec![
+            r.conversation_tokens.to_string(),
+            r.turn_tokens.to_string(),
+            r.mode.to_string(),
+            format!("{:.1} ms", r.median_ms),
+            format!("{:.1} ms", r.floor_ms),
+            format!("{:.2}×", r.ratio),
+            format!("{} B", r.bytes_written),
             r.bytes_hashed
                 .map_or_else(|| "-".to_string(), |h| format!("{h} B")),
             r.open_to_close_ms
                 .map_or_else(|| "-".to_string(), |t| format!("{t:.1} ms")),
-            r.target,
-            if r.met { "yes" } else { "**no**" }
-        ));
-    }
+            r.target.to_string(),
+            if r.met { "yes" } else { "**no**" }.to_string(),
+        ]
+    }));
     for (t, x) in &results.tail_ratio_longest_over_shortest {
         md.push_str(&format!(
             "\nWarm tail-only ratio, {long} over {short} tokens, {t}-token turn: {x:.2}× \
              (target ≤ 1.25×).\n"
         ));
     }
-    std::fs::write(a.out.join("results.md"), &md)?;
-    print!("{md}");
+    super::write_study(&a.out, &results, &md)?;
     Ok(ExitCode::SUCCESS)
 }

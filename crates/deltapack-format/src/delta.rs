@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::digest::Digest;
 use crate::error::{Error, Result};
-use crate::frame::Framing;
+use crate::frame::{self, Framing};
 use crate::layout::{GroupKind, PageLayout};
 use crate::snapshot::{digest_of_encoding, Snapshot, SnapshotHeader};
 
@@ -40,7 +40,7 @@ pub const DELTA_MAGIC: [u8; 8] = *b"DPDELTA\x01";
 /// Largest accepted delta header (CBOR).
 pub const MAX_DELTA_HEADER: u32 = 1 << 20;
 /// Bytes before the CBOR header.
-pub const DELTA_PREFIX_LEN: usize = 12;
+pub const DELTA_PREFIX_LEN: usize = frame::PREFIX_LEN;
 
 /// The header of an encoded page delta.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

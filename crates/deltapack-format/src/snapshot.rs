@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::digest::Digest;
 use crate::error::{Error, Result};
-use crate::frame::Framing;
+use crate::frame::{self, Framing};
 use crate::layout::PageLayout;
 
 /// Magic bytes of an encoded snapshot.
@@ -31,7 +31,7 @@ pub const SNAPSHOT_MAGIC: [u8; 8] = *b"DPSNAP\0\x01";
 /// Largest accepted snapshot header (CBOR) in bytes.
 pub const MAX_SNAPSHOT_HEADER: u32 = 1 << 20;
 /// Bytes before the CBOR header.
-pub const SNAPSHOT_PREFIX_LEN: usize = 12;
+pub const SNAPSHOT_PREFIX_LEN: usize = frame::PREFIX_LEN;
 
 /// The header of an encoded snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -273,25 +273,94 @@ fn five_turn_inputs(dir: &Path) -> (Vec<u64>, Vec<Arc<Snapshot>>) {
     (tokens, snaps)
 }
 
-/// The identity of the fixture namespace `label` (written to
-/// `inputs/identity-{label}.json`, whose name is returned) and a handle on
-/// the set's store with extents of `m` bytes, keyed or not.
-fn fixture_handle(dir: &Path, label: &str, m: u64, keyed: bool) -> (CacheIdentity, String, Store) {
-    let url = format!("file://{}", dir.join("store").display());
-    let id = identity(&format!("fixture-{label}"));
-    let id_file = format!("inputs/identity-{label}.json");
-    std::fs::write(dir.join(&id_file), id.to_json_pretty()).expect("w");
-    let cfg = StoreConfig::default()
-        .with_max_extent_bytes(m)
-        .with_mac_secret(keyed.then(|| FIXTURE_SECRET.to_vec()));
-    let store = Store::open(&url, cfg).expect("open");
-    (id, id_file, store)
+/// Extent size of the five-turn fixture sets.
+const FIVE_TURN_M: u64 = 4096;
+
+/// One namespace of a five-turn fixture set: its identity (written to
+/// `inputs/identity-{label}.json`) and a handle on the set's store.
+struct FixtureNs {
+    label: String,
+    keyed: bool,
+    id: CacheIdentity,
+    id_file: String,
+    store: Store,
 }
 
-/// Writes the set's `expected.json` and drops its ledger (derived state,
-/// rebuilt from the store by any reader).
-fn write_set(dir: &Path, exp: &Expected) {
-    write_expected(dir, exp);
+impl FixtureNs {
+    /// The set's two namespaces, each opened when its turn comes: `label`,
+    /// unkeyed, then `{label}-keyed`, with a keyed root MAC.
+    fn both<'a>(dir: &'a Path, label: &str) -> impl Iterator<Item = FixtureNs> + 'a {
+        [(label.to_string(), false), (format!("{label}-keyed"), true)]
+            .into_iter()
+            .map(move |(label, keyed)| FixtureNs::open(dir, label, keyed))
+    }
+
+    /// The namespace `label`, its identity written, on the set's store,
+    /// keyed or not.
+    fn open(dir: &Path, label: String, keyed: bool) -> FixtureNs {
+        let url = format!("file://{}", dir.join("store").display());
+        let id = identity(&format!("fixture-{label}"));
+        let id_file = format!("inputs/identity-{label}.json");
+        std::fs::write(dir.join(&id_file), id.to_json_pretty()).expect("w");
+        let cfg = StoreConfig::default()
+            .with_max_extent_bytes(FIVE_TURN_M)
+            .with_mac_secret(keyed.then(|| FIXTURE_SECRET.to_vec()));
+        let store = Store::open(&url, cfg).expect("open");
+        FixtureNs {
+            label,
+            keyed,
+            id,
+            id_file,
+            store,
+        }
+    }
+
+    /// The context of the conversation at `t` tokens.
+    fn ctx(&self, t: u64) -> ContextDigest {
+        ctx(&self.id, 2026, t as usize)
+    }
+
+    /// Publishes turn `k` of the five: flat if it is the first, else as a
+    /// full-snapshot delta on the turn before.
+    async fn publish_full(
+        &self,
+        k: usize,
+        tokens: &[u64],
+        snaps: &[Arc<Snapshot>],
+    ) -> deltapack_store::PublishReceipt {
+        let (c, snap) = (self.ctx(tokens[k]), snaps[k].clone());
+        if k == 0 {
+            return publish_base(&self.store, &self.id, c, snap, RootFormat::V2).await;
+        }
+        let (bc, base) = (self.ctx(tokens[k - 1]), snaps[k - 1].clone());
+        publish_delta(&self.store, &self.id, c, snap, bc, base, RootFormat::V2).await
+    }
+
+    /// The expected entry of turn `k` (at `t` tokens), whose root has
+    /// `schema` and restores to `snapshot_digest`.
+    fn root(&self, k: usize, t: u64, schema: String, snapshot_digest: Digest) -> ExpectedRoot {
+        ExpectedRoot {
+            label: format!("{}-turn-{}", self.label, k + 1),
+            identity_file: self.id_file.clone(),
+            namespace: self.id.namespace(),
+            context: self.ctx(t),
+            schema,
+            keyed: self.keyed,
+            snapshot_file: format!("inputs/turn-{t}.snapshot"),
+            snapshot_digest,
+        }
+    }
+}
+
+/// Writes a five-turn set's `expected.json` and drops its ledger (derived
+/// state, rebuilt from the store by any reader).
+fn write_five_turn_set(dir: &Path, description: &str, roots: Vec<ExpectedRoot>) {
+    let exp = Expected {
+        description: description.into(),
+        max_extent_bytes: FIVE_TURN_M,
+        roots,
+    };
+    write_expected(dir, &exp);
     std::fs::remove_dir_all(dir.join("store/ledger")).expect("rm ledger");
 }
 
@@ -299,43 +368,23 @@ fn write_set(dir: &Path, exp: &Expected) {
 /// 1,024 tokens per turn): turn 1 a flat v2 root, turns 2–5 v2.1 deltas,
 /// each on the turn before; once unkeyed, once with a keyed root MAC.
 async fn write_chain_set(dir: &Path) {
-    let m = 4096;
     let (tokens, snaps) = five_turn_inputs(dir);
     let mut roots = Vec::new();
-    for (label, keyed) in [("chain", false), ("chain-keyed", true)] {
-        let (id, id_file, store) = fixture_handle(dir, label, m, keyed);
+    for ns in FixtureNs::both(dir, "chain") {
         for (k, (t, snap)) in tokens.iter().zip(&snaps).enumerate() {
-            let c = ctx(&id, 2026, *t as usize);
-            let receipt = if k == 0 {
-                publish_base(&store, &id, c, snap.clone(), RootFormat::V2).await
-            } else {
-                let bc = ctx(&id, 2026, tokens[k - 1] as usize);
-                let base = snaps[k - 1].clone();
-                publish_delta(&store, &id, c, snap.clone(), bc, base, RootFormat::V2).await
-            };
+            let receipt = ns.publish_full(k, &tokens, &snaps).await;
             assert_eq!(receipt.chain_depth as usize, k);
-            roots.push(ExpectedRoot {
-                label: format!("{label}-turn-{}", k + 1),
-                identity_file: id_file.clone(),
-                namespace: id.namespace(),
-                context: c,
-                schema: receipt.schema.clone(),
-                keyed,
-                snapshot_file: format!("inputs/turn-{t}.snapshot"),
-                snapshot_digest: snap.digest(),
-            });
+            roots.push(ns.root(k, *t, receipt.schema, snap.digest()));
         }
     }
-    let exp = Expected {
-        description: "Five-turn synthetic conversation (tiny preset, seed 2026, 1024 tokens per turn): \
-                      turn 1 a flat v2 root, turns 2-5 deltapack-page-delta-manifest/v2.1 roots (chain hints: the \
-                      roots below the base, the chain's payload bytes, the delta header), each on the \
-                      turn before; in two namespaces, unkeyed and with a keyed root MAC. M = 4096 bytes."
-            .into(),
-        max_extent_bytes: m,
+    write_five_turn_set(
+        dir,
+        "Five-turn synthetic conversation (tiny preset, seed 2026, 1024 tokens per turn): \
+         turn 1 a flat v2 root, turns 2-5 deltapack-page-delta-manifest/v2.1 roots (chain hints: the \
+         roots below the base, the chain's payload bytes, the delta header), each on the \
+         turn before; in two namespaces, unkeyed and with a keyed root MAC. M = 4096 bytes.",
         roots,
-    };
-    write_set(dir, &exp);
+    );
 }
 
 /// `2026-12-v2.2-layers`: a five-turn conversation (tiny preset, seed
@@ -344,28 +393,21 @@ async fn write_chain_set(dir: &Path) {
 /// turns (`publish_turn`), each on the turn before; once unkeyed, once with
 /// a keyed root MAC.
 async fn write_layers_set(dir: &Path) {
-    let m = 4096;
     let (tokens, snaps) = five_turn_inputs(dir);
     let mut roots = Vec::new();
-    for (label, keyed) in [("layers", false), ("layers-keyed", true)] {
-        let (id, id_file, store) = fixture_handle(dir, label, m, keyed);
+    for ns in FixtureNs::both(dir, "layers") {
         let mut prev: Option<deltapack_store::Turn> = None;
         for (k, (t, snap)) in tokens.iter().zip(&snaps).enumerate() {
-            let c = ctx(&id, 2026, *t as usize);
-            let receipt = if k == 0 {
-                publish_base(&store, &id, c, snap.clone(), RootFormat::V2).await
-            } else if k < 3 {
-                let bc = ctx(&id, 2026, tokens[k - 1] as usize);
-                let base = snaps[k - 1].clone();
-                publish_delta(&store, &id, c, snap.clone(), bc, base, RootFormat::V2).await
+            let receipt = if k < 3 {
+                ns.publish_full(k, &tokens, &snaps).await
             } else {
                 let p = prev.as_ref().expect("turn");
-                store
+                ns.store
                     .publish_turn(
                         p,
                         deltapack_store::TurnRequest {
-                            identity: id.clone(),
-                            context: c,
+                            identity: ns.id.clone(),
+                            context: ns.ctx(*t),
                             boundary: *t,
                             tail: p.tail_of(snap).expect("tail"),
                         },
@@ -376,29 +418,18 @@ async fn write_layers_set(dir: &Path) {
             assert_eq!(receipt.chain_depth as usize, k);
             assert_eq!(receipt.schema, root::SCHEMA_V2_2);
             prev = receipt.turn.clone();
-            roots.push(ExpectedRoot {
-                label: format!("{label}-turn-{}", k + 1),
-                identity_file: id_file.clone(),
-                namespace: id.namespace(),
-                context: c,
-                schema: receipt.schema.clone(),
-                keyed,
-                snapshot_file: format!("inputs/turn-{t}.snapshot"),
-                snapshot_digest: receipt.snapshot_digest,
-            });
+            roots.push(ns.root(k, *t, receipt.schema, receipt.snapshot_digest));
         }
     }
-    let exp = Expected {
-        description: "Five-turn synthetic conversation (tiny preset, seed 2026, 1024 tokens per turn) \
-                      with the layered snapshot digest (blake3-layers): turn 1 a flat \
-                      deltapack-page-delta-manifest/v2.2 root, turns 2-3 full-snapshot deltas, turns 4-5 \
-                      tail-only turns, each a v2.2 delta with chain hints on the turn before; in two \
-                      namespaces, unkeyed and with a keyed root MAC. M = 4096 bytes."
-            .into(),
-        max_extent_bytes: m,
+    write_five_turn_set(
+        dir,
+        "Five-turn synthetic conversation (tiny preset, seed 2026, 1024 tokens per turn) \
+         with the layered snapshot digest (blake3-layers): turn 1 a flat \
+         deltapack-page-delta-manifest/v2.2 root, turns 2-3 full-snapshot deltas, turns 4-5 \
+         tail-only turns, each a v2.2 delta with chain hints on the turn before; in two \
+         namespaces, unkeyed and with a keyed root MAC. M = 4096 bytes.",
         roots,
-    };
-    write_set(dir, &exp);
+    );
 }
 
 fn write_expected(dir: &Path, exp: &Expected) {

@@ -6,7 +6,7 @@
 
 use crate::common::*;
 use bytes::Bytes;
-use deltapack_format::{root, CacheIdentity, ContextDigest, DecodedRoot, Digest};
+use deltapack_format::{CacheIdentity, ContextDigest, DecodedRoot, Digest};
 use deltapack_store::{keys, MissReason, RestoreOutcome, RootFormat, RootStatus, Store};
 use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
@@ -18,8 +18,8 @@ struct Fixture {
     ctx: ContextDigest,
 }
 
-async fn fixture(make: &dyn Fn() -> Option<TestStore>, format: RootFormat) -> Option<Fixture> {
-    let t = make()?;
+async fn fixture(on: Scratch, format: RootFormat) -> Option<Fixture> {
+    let t = on.store(config())?;
     let id = identity("bad-input");
     let (a, b) = (turn(11, 2048), turn(11, 4096));
     let (ca, cb) = (ctx(&id, 11, 2048), ctx(&id, 11, 4096));
@@ -68,8 +68,8 @@ async fn expect_miss(f: &Fixture, ctx: ContextDigest, want: &str) -> MissReason 
 }
 
 /// Flip a byte at the start, middle and end of each object in turn.
-async fn flipped_bytes(make: &dyn Fn() -> Option<TestStore>, format: RootFormat) {
-    let Some(probe) = fixture(make, format).await else {
+async fn flipped_bytes(on: Scratch, format: RootFormat) {
+    let Some(probe) = fixture(on, format).await else {
         return;
     };
     let n = object_keys(&probe.t.store, &probe.id, &probe.ctx)
@@ -77,7 +77,7 @@ async fn flipped_bytes(make: &dyn Fn() -> Option<TestStore>, format: RootFormat)
         .len();
     for i in 0..n {
         for pos in [0.0, 0.5, 1.0] {
-            let f = fixture(make, format).await.expect("fixture");
+            let f = fixture(on, format).await.expect("fixture");
             let s = &f.t.store;
             let key = object_keys(s, &f.id, &f.ctx).await[i].clone();
             let mut b = get(s, &key).await;
@@ -108,9 +108,9 @@ async fn flipped_bytes(make: &dyn Fn() -> Option<TestStore>, format: RootFormat)
     }
 }
 
-async fn truncated_extended_missing(make: &dyn Fn() -> Option<TestStore>, format: RootFormat) {
+async fn truncated_extended_missing(on: Scratch, format: RootFormat) {
     for case in ["truncate", "extend", "delete", "swap"] {
-        let Some(f) = fixture(make, format).await else {
+        let Some(f) = fixture(on, format).await else {
             return;
         };
         let s = &f.t.store;
@@ -146,9 +146,9 @@ async fn truncated_extended_missing(make: &dyn Fn() -> Option<TestStore>, format
     }
 }
 
-async fn damaged_roots(make: &dyn Fn() -> Option<TestStore>) {
+async fn damaged_roots(on: Scratch) {
     // Wrong body digest.
-    let Some(f) = fixture(make, RootFormat::V2).await else {
+    let Some(f) = fixture(on, RootFormat::V2).await else {
         return;
     };
     let s = &f.t.store;
@@ -164,7 +164,7 @@ async fn damaged_roots(make: &dyn Fn() -> Option<TestStore>) {
     );
 
     // A root copied under another context is refused.
-    let f = fixture(make, RootFormat::V2).await.expect("fixture");
+    let f = fixture(on, RootFormat::V2).await.expect("fixture");
     let s = &f.t.store;
     let rk = keys::root_key(&f.id.namespace(), &f.ctx);
     let elsewhere = ctx(&f.id, 12, 4096);
@@ -183,22 +183,12 @@ async fn damaged_roots(make: &dyn Fn() -> Option<TestStore>) {
     );
 
     // Unknown schema and unknown envelope version: incompatible.
-    let body = serde_cbor::to_vec(&serde_cbor::Value::Map(
-        [(
-            serde_cbor::Value::Text("schema".into()),
-            serde_cbor::Value::Text("deltapack-page-delta-manifest/v9".into()),
-        )]
-        .into_iter()
-        .collect(),
-    ))
+    let body = serde_cbor::to_vec(&std::collections::BTreeMap::from([(
+        "schema",
+        "deltapack-page-delta-manifest/v9",
+    )]))
     .expect("cbor");
-    let mut env = Vec::new();
-    env.extend_from_slice(&root::ROOT_MAGIC);
-    env.extend_from_slice(&1u16.to_le_bytes());
-    env.extend_from_slice(&0u16.to_le_bytes());
-    env.extend_from_slice(&(body.len() as u64).to_le_bytes());
-    env.extend_from_slice(blake3::hash(&body).as_bytes());
-    env.extend_from_slice(&body);
+    let env = forge(&body);
     let c9 = ctx(&f.id, 13, 256);
     put(s, &keys::root_key(&f.id.namespace(), &c9), env.clone()).await;
     expect_miss(&f, c9, "incompatible").await;
@@ -236,8 +226,8 @@ async fn damaged_roots(make: &dyn Fn() -> Option<TestStore>) {
 /// A well-formed root whose manifest lists an object digest whose key holds
 /// other bytes with the right length: verification, not the size check,
 /// must catch it.
-async fn substituted_object(make: &dyn Fn() -> Option<TestStore>) {
-    let Some(f) = fixture(make, RootFormat::V2).await else {
+async fn substituted_object(on: Scratch) {
+    let Some(f) = fixture(on, RootFormat::V2).await else {
         return;
     };
     let s = &f.t.store;
@@ -255,39 +245,29 @@ async fn substituted_object(make: &dyn Fn() -> Option<TestStore>) {
     );
 }
 
-fn mem() -> Option<TestStore> {
-    Some(memory(config()))
-}
-fn disk() -> Option<TestStore> {
-    Some(local(config()))
-}
-fn bucket() -> Option<TestStore> {
-    s3(config())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flipped_bytes_in_every_object_local_v2_and_v1() {
-    flipped_bytes(&disk, RootFormat::V2).await;
-    flipped_bytes(&disk, RootFormat::V1).await;
+    flipped_bytes(Scratch::Local, RootFormat::V2).await;
+    flipped_bytes(Scratch::Local, RootFormat::V1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flipped_bytes_in_every_object_s3() {
-    flipped_bytes(&bucket, RootFormat::V2).await;
+    flipped_bytes(Scratch::S3, RootFormat::V2).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn truncated_extended_missing_swapped_objects() {
-    for make in [&mem as &dyn Fn() -> Option<TestStore>, &disk, &bucket] {
-        truncated_extended_missing(make, RootFormat::V2).await;
-        truncated_extended_missing(make, RootFormat::V1).await;
+    for on in [Scratch::Memory, Scratch::Local, Scratch::S3] {
+        truncated_extended_missing(on, RootFormat::V2).await;
+        truncated_extended_missing(on, RootFormat::V1).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn damaged_misplaced_unknown_and_huge_roots() {
-    for make in [&mem as &dyn Fn() -> Option<TestStore>, &disk, &bucket] {
-        damaged_roots(make).await;
-        substituted_object(make).await;
+    for on in [Scratch::Memory, Scratch::Local, Scratch::S3] {
+        damaged_roots(on).await;
+        substituted_object(on).await;
     }
 }

@@ -17,19 +17,13 @@ use deltapack_store::{
     ColdStart, PruneFilter, RestoreOutcome, RootFormat, RootStatus, Store, StoreError,
 };
 
+/// Bytes of every file below `p`.
 fn dir_bytes(p: &Path) -> u64 {
-    let mut total = 0;
-    if let Ok(rd) = std::fs::read_dir(p) {
-        for e in rd.flatten() {
-            let path = e.path();
-            if path.is_dir() {
-                total += dir_bytes(&path);
-            } else if let Ok(m) = e.metadata() {
-                total += m.len();
-            }
-        }
-    }
-    total
+    files_under(p)
+        .iter()
+        .filter_map(|f| std::fs::metadata(f).ok())
+        .map(|m| m.len())
+        .sum()
 }
 
 fn store_bytes(root: &Path) -> u64 {
@@ -42,6 +36,13 @@ fn open(dir: &Path, budget: Option<u64>, grace: Duration) -> Store {
         config().with_budget_bytes(budget).with_grace(grace),
     )
     .expect("open")
+}
+
+/// A store in a fresh temp dir (see [`open`]), and the dir.
+fn scratch(budget: Option<u64>, grace: Duration) -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = open(dir.path(), budget, grace);
+    (dir, s)
 }
 
 async fn assert_no_orphan_deltas(s: &Store) {
@@ -93,9 +94,8 @@ async fn publish_turn(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn budget_held_through_a_random_workload_and_ledger_equals_rebuild() {
-    let dir = tempfile::tempdir().expect("tmp");
     let budget = 60_000;
-    let s = open(dir.path(), Some(budget), Duration::ZERO);
+    let (dir, s) = scratch(Some(budget), Duration::ZERO);
     let id = identity("budget");
     let mut turns = [0u64; 6];
     let mut x = 0x2545_f491_4f6c_dd1du64;
@@ -143,13 +143,7 @@ async fn budget_held_through_a_random_workload_and_ledger_equals_rebuild() {
         assert_no_orphan_deltas(&s).await;
     }
     assert!(evicted_some, "the workload exceeded the budget and evicted");
-    let incremental = s.ledger_image().await.expect("image");
-    s.rebuild_ledger().await.expect("rebuild");
-    assert_eq!(
-        s.ledger_image().await.expect("image"),
-        incremental,
-        "rebuild == incremental"
-    );
+    let incremental = assert_ledger_equals_rebuild(&s, "rebuild == incremental").await;
     // A second process opening the store loads the persisted ledger.
     let other = open(dir.path(), Some(budget), Duration::ZERO);
     assert_eq!(other.ledger_image().await.expect("image"), incremental);
@@ -157,8 +151,7 @@ async fn budget_held_through_a_random_workload_and_ledger_equals_rebuild() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_and_pinned_roots_survive_eviction() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let s = open(dir.path(), Some(30_000), Duration::ZERO);
+    let (_dir, s) = scratch(Some(30_000), Duration::ZERO);
     let id = identity("protect");
     let held = publish_turn(&s, &id, 0, 0).await.expect("publish");
     let pinned = publish_turn(&s, &id, 2, 0).await.expect("publish");
@@ -190,8 +183,7 @@ async fn held_and_pinned_roots_survive_eviction() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_objects_are_counted_once_and_v1_v2_share_the_ledger() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let s = open(dir.path(), None, Duration::ZERO);
+    let (dir, s) = scratch(None, Duration::ZERO);
     let (a, b) = (identity("share-a"), identity("share-b"));
     let snap = turn(5, 2048);
     publish_base(&s, &a, ctx(&a, 5, 2048), snap.clone(), RootFormat::V2).await;
@@ -203,7 +195,7 @@ async fn shared_objects_are_counted_once_and_v1_v2_share_the_ledger() {
     assert_eq!(two.object_bytes, one.object_bytes);
     assert_eq!(two.roots, 2);
     // v1 roots land in the same ledger.
-    publish_base(&s, &a, ctx(&a, 6, 1024), turn(6, 1024), RootFormat::V1).await;
+    publish_seed(&s, &a, 6, 1024, RootFormat::V1).await;
     let three = s.ledger_totals().await.expect("totals");
     assert_eq!(three.roots, 3);
     assert!(three.objects > two.objects);
@@ -212,8 +204,7 @@ async fn shared_objects_are_counted_once_and_v1_v2_share_the_ledger() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publication_that_cannot_fit_writes_nothing() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let s = open(dir.path(), Some(5_000), Duration::ZERO);
+    let (dir, s) = scratch(Some(5_000), Duration::ZERO);
     let id = identity("too-big");
     let err = publish_turn(&s, &id, 0, 0).await.expect_err("does not fit");
     assert!(matches!(err, StoreError::Capacity(_)), "{err}");
@@ -222,9 +213,8 @@ async fn a_publication_that_cannot_fit_writes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grace_keeps_condemned_bytes_counted_until_deleted() {
-    let dir = tempfile::tempdir().expect("tmp");
     let grace = Duration::from_millis(1500);
-    let s = open(dir.path(), Some(15_000), grace);
+    let (dir, s) = scratch(Some(15_000), grace);
     let id = identity("grace");
     publish_turn(&s, &id, 0, 0).await.expect("first");
     publish_turn(&s, &id, 2, 0).await.expect("second");
@@ -254,8 +244,7 @@ async fn grace_keeps_condemned_bytes_counted_until_deleted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prune_clear_invalidate_and_cold_start() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let s = open(dir.path(), None, Duration::ZERO);
+    let (dir, s) = scratch(None, Duration::ZERO);
     let (a, b) = (identity("ops-a"), identity("ops-b"));
     let a0 = publish_turn(&s, &a, 0, 0).await.expect("p");
     let a1 = publish_turn(&s, &a, 0, 1).await.expect("p");
@@ -326,9 +315,8 @@ async fn prune_clear_invalidate_and_cold_start() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn minimum_free_space_is_kept() {
-    let dir = tempfile::tempdir().expect("tmp");
     let id = identity("min-free");
-    let s = open(dir.path(), None, Duration::ZERO);
+    let (dir, s) = scratch(None, Duration::ZERO);
     publish_turn(&s, &id, 0, 0).await.expect("fits");
     // Demand more free space than the filesystem has: the store evicts what
     // it can, then refuses the publication before writing anything.
@@ -369,14 +357,7 @@ async fn a_rebuild_racing_a_publication_does_not_lose_its_objects() {
     let publisher = Store::open(&url, cfg.clone()).expect("store");
     let id = identity("rebuild-race");
     for seed in 93..96 {
-        publish_base(
-            &publisher,
-            &id,
-            ctx(&id, seed, 1024),
-            turn(seed, 1024),
-            RootFormat::V2,
-        )
-        .await;
+        publish_seed(&publisher, &id, seed, 1024, RootFormat::V2).await;
     }
     let raw = raw_backend(&url);
     let slow = Faulty::slowed(raw.store.clone(), Duration::from_millis(400));
@@ -399,12 +380,9 @@ async fn a_rebuild_racing_a_publication_does_not_lose_its_objects() {
     // The next garbage collection, in any process.
     rebuilding.collect_garbage().await.expect("gc");
     let fresh = Store::open(&url, cfg).expect("store");
-    match fresh
-        .restore((&id, cr), Default::default())
-        .await
-        .expect("restore")
-    {
-        RestoreOutcome::Hit(h) => assert_eq!(h.snapshot.encoded(), r.encoded()),
-        RestoreOutcome::Miss(m) => panic!("a published root lost its objects to GC: {m}"),
-    }
+    assert_eq!(
+        restore_bytes(&fresh, &id, cr).await,
+        r.encoded(),
+        "a published root lost its objects to GC"
+    );
 }

@@ -187,6 +187,15 @@ fn fresh(s: &Store, config: StoreConfig) -> Store {
     .expect("store")
 }
 
+/// [`fresh`], with its ledger open as a serving process's is: a new handle
+/// on a remote store builds its ledger on first use, reading every root,
+/// and here that is done before the reads a test counts.
+async fn fresh_with_ledger(s: &Store, config: StoreConfig) -> Store {
+    let reader = fresh(s, config);
+    reader.ledger_totals().await.expect("ledger");
+    reader
+}
+
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -482,16 +491,24 @@ async fn legacy_v1_self_base_is_a_miss_not_a_hang() {
     }
 }
 
-fn instrumented(delay: Duration, config: StoreConfig) -> (Store, Arc<Counters>) {
-    common::instrumented::instrumented_store(raw_backend("memory://"), delay, config)
+/// A fresh memory store behind the instrumented layer (object GETs delayed
+/// by `delay`, chains unbounded) with `conv` published on it as v2 roots:
+/// the store, its counters and the receipts.
+async fn instrumented(
+    conv: &Conversation,
+    delay: Duration,
+) -> (Store, Arc<Counters>, Vec<deltapack_store::PublishReceipt>) {
+    let (s, counters) =
+        common::instrumented::instrumented_store(raw_backend("memory://"), delay, unbounded(1024));
+    let receipts = conv.publish(&s, RootFormat::V2).await;
+    (s, counters, receipts)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_next_turn_reads_only_its_delta() {
     let l = layout(2, 1, 128, 40);
     let conv = Conversation::new("chain-warm", &l, &[2, 1, 2, 1, 2, 3], 9, &[]);
-    let (s, counters) = instrumented(Duration::ZERO, unbounded(1024));
-    let receipts = conv.publish(&s, RootFormat::V2).await;
+    let (s, counters, receipts) = instrumented(&conv, Duration::ZERO).await;
     let reader = fresh(&s, unbounded(1024));
     // Cold: turn 5 reads its chain, each needed extent once (v2.1 roots
     // carry their delta headers: no header probes).
@@ -551,8 +568,7 @@ async fn read_counters_count_what_a_chain_restore_fetched() {
     // replaced and some of their extents are not needed at all.
     let edits = [vec![], vec![0, 1], vec![2], vec![0, 5], vec![1, 3, 4]];
     let conv = Conversation::new("chain-reads", &l, &[3, 1, 2, 1, 2, 1], 23, &edits);
-    let (s, counters) = instrumented(Duration::ZERO, unbounded(1024));
-    conv.publish(&s, RootFormat::V2).await;
+    let (s, counters, _) = instrumented(&conv, Duration::ZERO).await;
     // What the counters used to say: every extent of every turn, whole.
     let mut every_extent = 0u64;
     for (c, _) in &conv.turns {
@@ -602,8 +618,7 @@ async fn read_counters_count_what_a_chain_restore_fetched() {
 async fn a_chain_is_fetched_in_one_round_of_root_reads() {
     let l = layout(1, 1, 128, 24);
     let conv = Conversation::new("chain-hints", &l, &[1; 12], 3, &[]);
-    let (s, counters) = instrumented(Duration::from_millis(20), unbounded(1024));
-    let receipts = conv.publish(&s, RootFormat::V2).await;
+    let (s, counters, receipts) = instrumented(&conv, Duration::from_millis(20)).await;
     assert_eq!(receipts[0].chain_depth, 0);
     for (i, r) in receipts.iter().enumerate().skip(1) {
         assert_eq!(r.chain_depth as usize, i, "turn {i}'s depth");
@@ -622,10 +637,7 @@ async fn a_chain_is_fetched_in_one_round_of_root_reads() {
         10,
         "every root below the base is listed"
     );
-    let reader = fresh(&s, unbounded(1024));
-    // (A new handle on a remote store builds its ledger on first use, from
-    // every root: done here so that only the restore's reads are counted.)
-    reader.ledger_totals().await.expect("ledger");
+    let reader = fresh_with_ledger(&s, unbounded(1024)).await;
     let roots = roots_read_restoring(&counters, &reader, &conv, 11).await;
     // The base and the ten roots below it were read concurrently, not one
     // per turn.
@@ -665,13 +677,10 @@ async fn roots_read_restoring(
 async fn the_ledger_names_a_chains_roots_while_its_root_is_read() {
     let l = layout(1, 1, 128, 24);
     let conv = Conversation::new("chain-ledger", &l, &[1; 12], 7, &[]);
-    let (s, counters) = instrumented(Duration::from_millis(5), unbounded(1024));
-    conv.publish(&s, RootFormat::V2).await;
+    let (s, counters, _) = instrumented(&conv, Duration::from_millis(5)).await;
     let top = conv.turns[11].0;
-    let reader = fresh(&s, unbounded(1024));
-    // The ledger is open (a serving process's is); building it reads every
-    // root, before the gate is set.
-    reader.ledger_totals().await.expect("ledger");
+    // The ledger is open, its roots read before the gate is set.
+    let reader = fresh_with_ledger(&s, unbounded(1024)).await;
     let started = counters
         .root_gets_started
         .load(std::sync::atomic::Ordering::SeqCst);
@@ -757,16 +766,12 @@ async fn a_stale_or_forged_ledger_costs_reads_never_bytes() {
 async fn roots_in_flight_bounds_the_one_round_of_root_reads() {
     let l = layout(1, 1, 128, 24);
     let conv = Conversation::new("chain-wide", &l, &[1; 48], 5, &[]);
-    let (s, counters) = instrumented(Duration::from_millis(20), unbounded(1024));
-    conv.publish(&s, RootFormat::V2).await;
+    let (s, counters, _) = instrumented(&conv, Duration::from_millis(20)).await;
     // The requested root's own read may still be in flight when the
     // ledger-named roots' reads start: one more than the width.
     for (width, at_least, at_most) in [(256, 47, 48), (5, 5, 6)] {
-        let reader = fresh(&s, unbounded(1024).with_roots_in_flight(width));
-        reader.ledger_totals().await.expect("ledger");
-        counters
-            .max_root_gets_in_flight
-            .store(0, std::sync::atomic::Ordering::SeqCst);
+        let reader = fresh_with_ledger(&s, unbounded(1024).with_roots_in_flight(width)).await;
+        counters.root_gets.reset_max();
         let roots = roots_read_restoring(&counters, &reader, &conv, 47).await;
         let max = counters.max_root_gets();
         assert!(
@@ -781,8 +786,7 @@ async fn roots_in_flight_bounds_the_one_round_of_root_reads() {
 async fn concurrent_restores_of_one_conversation_share_work() {
     let l = layout(2, 0, 128, 40);
     let conv = Conversation::new("chain-share", &l, &[2, 2, 2, 2, 2, 2, 2], 4, &[]);
-    let (s, _counters) = instrumented(Duration::from_millis(20), unbounded(1024));
-    conv.publish(&s, RootFormat::V2).await;
+    let (s, _counters, _) = instrumented(&conv, Duration::from_millis(20)).await;
     let reader = fresh(&s, unbounded(1024));
     let (c6, c7) = (conv.turns[5].0, conv.turns[6].0);
     let r6 = {

@@ -103,6 +103,13 @@ struct Tally {
 }
 
 impl Tally {
+    /// Wrong bytes handed out (or left in a caller's buffer): counted, and
+    /// recorded as a problem.
+    fn wrong_bytes(&mut self, seed: u64, backend: &str, what: String) {
+        self.wrong_bytes += 1;
+        self.problem(seed, backend, what);
+    }
+
     fn problem(&mut self, seed: u64, backend: &str, what: String) {
         eprintln!("chaos_faults: seed {seed} ({backend}): {what}");
         if self.problems.len() < 40 {
@@ -268,8 +275,7 @@ fn check_restore(
     match out {
         Ok(RestoreOutcome::Hit(h)) => {
             if h.snapshot.encoded() != want.encoded() {
-                tally.wrong_bytes += 1;
-                tally.problem(
+                tally.wrong_bytes(
                     seed,
                     backend,
                     format!("WRONG BYTES from restore at {}", want.boundary()),
@@ -310,11 +316,10 @@ async fn restore_into_checked(
     .await
     .expect("restore_into hung");
     let untouched_or_zeroed = buf.iter().all(|b| *b == FILL) || buf.iter().all(|b| *b == 0);
-    match out {
+    let refusal = match out {
         Ok(RestoreIntoOutcome::Hit { .. }) => {
             if buf != want {
-                tally.wrong_bytes += 1;
-                tally.problem(
+                tally.wrong_bytes(
                     seed,
                     backend,
                     format!("WRONG BYTES from restore_into at {}", t.snap.boundary()),
@@ -322,29 +327,23 @@ async fn restore_into_checked(
             } else {
                 tally.hits += 1;
             }
+            return;
         }
         Ok(RestoreIntoOutcome::Miss { reason }) => {
             *tally.misses.entry(reason.label()).or_default() += 1;
-            if !untouched_or_zeroed {
-                tally.wrong_bytes += 1;
-                tally.problem(
-                    seed,
-                    backend,
-                    format!("restore_into miss ({reason}) left unverified bytes in the buffer"),
-                );
-            }
+            format!("miss ({reason})")
         }
         Err(e) => {
             tally.restore_errors += 1;
-            if !untouched_or_zeroed {
-                tally.wrong_bytes += 1;
-                tally.problem(
-                    seed,
-                    backend,
-                    format!("restore_into error ({e}) left unverified bytes in the buffer"),
-                );
-            }
+            format!("error ({e})")
         }
+    };
+    if !untouched_or_zeroed {
+        tally.wrong_bytes(
+            seed,
+            backend,
+            format!("restore_into {refusal} left unverified bytes in the buffer"),
+        );
     }
 }
 

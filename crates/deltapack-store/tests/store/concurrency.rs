@@ -256,12 +256,7 @@ async fn deadline_inside_restore_into_is_a_miss_and_blames_nothing() {
     assert_eq!(s.stats().miss_deadline, 1);
     assert_eq!(s.stats().quarantined, 0, "a deadline blames no object");
     // Without a deadline the same buffer receives the snapshot.
-    let out = s
-        .restore_into((&id, c), &mut buf, RestoreOptions::default())
-        .await
-        .expect("restore_into");
-    assert!(matches!(out, RestoreIntoOutcome::Hit { .. }), "{out:?}");
-    assert_eq!(buf, snap.encoded());
+    assert_restored_into(&s, (&id, c), &mut buf, snap.encoded(), "no deadline").await;
 }
 
 /// 16 writers race on 4 contexts (mixed v1/v2, identical and different
@@ -374,11 +369,7 @@ async fn sixteen_writers_with_readers_eviction_and_sweep() {
         rounds > 0 && hits > 0,
         "readers ({hits} hits) and the collector ({rounds} rounds) ran"
     );
-    let sweep = sweep(&store).await;
-    assert!(
-        sweep.missing.is_empty() && sweep.corrupt.is_empty(),
-        "{sweep:?}"
-    );
+    assert_no_damage(&sweep(&store).await, "after the race");
 }
 
 /// A publication whose root creation loses the race to another writer,
@@ -391,10 +382,8 @@ async fn sixteen_writers_with_readers_eviction_and_sweep() {
 async fn a_root_lost_to_a_writer_whose_root_then_vanished_is_not_an_internal_error() {
     use common::faults::{FaultPlan, Faulty};
 
-    for name in ["memory", "local"] {
-        let dir = tempfile::tempdir().expect("tmp");
-        let url = scratch_url(name, &dir);
-        let raw = raw_backend(&url);
+    for on in [Scratch::Memory, Scratch::Local] {
+        let (raw, _dir) = on.backend().expect("a scratch backend");
         let faulty = Arc::new(Faulty::new(
             raw.store.clone(),
             FaultPlan {
@@ -410,14 +399,14 @@ async fn a_root_lost_to_a_writer_whose_root_then_vanished_is_not_an_internal_err
         // (retrying the create) and the root restores to its bytes.
         let r = match out {
             Ok(r) => r,
-            Err(e) => panic!("{name}: a lost create race whose winner vanished failed: {e}"),
+            Err(e) => panic!("{on:?}: a lost create race whose winner vanished failed: {e}"),
         };
-        assert_eq!(r.outcome, PublishOutcome::Created, "{name}");
+        assert_eq!(r.outcome, PublishOutcome::Created, "{on:?}");
         let fresh = wrapped(raw.clone(), config());
         assert_eq!(
             restore_bytes(&fresh, &id, c).await,
             snap.encoded(),
-            "{name}"
+            "{on:?}"
         );
     }
 }

@@ -9,12 +9,15 @@
 use std::sync::Arc;
 
 use crate::common::*;
-use deltapack_format::synth;
+use deltapack_format::{synth, ContextDigest, Snapshot};
 use deltapack_store::{
-    BaseInput, MissReason, PublishOutcome, PublishRequest, RestoreIntoOutcome, RestoreOptions,
-    RestoreOutcome, RootFormat, Store, StoreError,
+    MissReason, PublishOutcome, PublishRequest, RestoreOptions, RestoreOutcome, RootFormat, Store,
+    StoreError,
 };
 use futures::TryStreamExt;
+
+/// Whether a refused publication's error is the one expected.
+type Refusal = fn(&StoreError) -> bool;
 
 async fn object_count(store: &Store) -> usize {
     store
@@ -108,61 +111,42 @@ async fn suite(t: TestStore) {
     // --- Validation before any write.
     let before = object_count(s).await;
     let bad_boundary = Arc::new(synth::snapshot(synth::Preset::Tiny, 3, 1000).expect("synth"));
-    let err = s
-        .publish(PublishRequest {
-            identity: id.clone(),
-            context: ctx(&id, 3, 1000),
-            snapshot: bad_boundary,
-            base: None,
-            format: RootFormat::V2,
-        })
-        .await
-        .expect_err("boundary 1000 is not a multiple of 256");
-    assert!(matches!(err, StoreError::Invalid(_)), "{err}");
-    let err = s
-        .publish(delta(
+    // A delta of conversation 1 at `n` tokens on `base`, published (or
+    // not) under `bc`.
+    let delta_at = |n: u64, bc: ContextDigest, base: &Arc<Snapshot>| {
+        delta(
             &id,
-            ctx(&id, 1, 8192),
-            &turn(1, 8192),
-            c1,
-            &other,
+            ctx(&id, 1, n as usize),
+            &turn(1, n),
+            bc,
+            base,
             RootFormat::V2,
-        ))
-        .await
-        .expect_err("base snapshot does not match the base root");
-    assert!(
-        matches!(
-            err,
-            StoreError::Invalid(_) | StoreError::BaseMismatch { .. }
+        )
+    };
+    let refused: [(&str, PublishRequest, Refusal); 4] = [
+        (
+            "boundary 1000 is not a multiple of 256",
+            flat(&id, ctx(&id, 3, 1000), &bad_boundary, RootFormat::V2),
+            |e| matches!(e, StoreError::Invalid(_)),
         ),
-        "{err}"
-    );
-    let err = s
-        .publish(PublishRequest {
-            identity: id.clone(),
-            context: ctx(&id, 1, 8192),
-            snapshot: turn(1, 8192),
-            base: Some(BaseInput {
-                context: ctx(&id, 7, 2048),
-                snapshot: turn(7, 2048),
-            }),
-            format: RootFormat::V2,
-        })
-        .await
-        .expect_err("no base root");
-    assert!(matches!(err, StoreError::BaseMismatch { .. }), "{err}");
-    let err = s
-        .publish(delta(
-            &id,
-            ctx(&id, 1, 2048),
-            &turn(1, 2048),
-            c1,
-            &b1,
-            RootFormat::V2,
-        ))
-        .await
-        .expect_err("base above result");
-    assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+        (
+            "base snapshot does not match the base root",
+            delta_at(8192, c1, &other),
+            |e| matches!(e, StoreError::Invalid(_) | StoreError::BaseMismatch { .. }),
+        ),
+        (
+            "no base root",
+            delta_at(8192, ctx(&id, 7, 2048), &turn(7, 2048)),
+            |e| matches!(e, StoreError::BaseMismatch { .. }),
+        ),
+        ("base above result", delta_at(2048, c1, &b1), |e| {
+            matches!(e, StoreError::Invalid(_))
+        }),
+    ];
+    for (why, req, expected) in refused {
+        let err = s.publish(req).await.expect_err(why);
+        assert!(expected(&err), "{name}: {why}: {err}");
+    }
     assert_eq!(
         object_count(s).await,
         before,
@@ -179,12 +163,7 @@ async fn suite(t: TestStore) {
         other => panic!("{name}: expected absent, got {other:?}"),
     }
     let mut buf = vec![0u8; b2.encoded().len()];
-    let out = s
-        .restore_into((&id, c2), &mut buf, RestoreOptions::default())
-        .await
-        .expect("restore_into");
-    assert!(matches!(out, RestoreIntoOutcome::Hit { .. }));
-    assert_eq!(buf, b2.encoded());
+    assert_restored_into(s, (&id, c2), &mut buf, b2.encoded(), name).await;
     let mut small = vec![0u8; 10];
     assert!(s
         .restore_into((&id, c2), &mut small, RestoreOptions::default())

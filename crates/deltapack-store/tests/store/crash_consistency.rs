@@ -45,13 +45,7 @@ fn crashing_after(backend: &Backend, n: u64) -> Store {
             ..Default::default()
         },
     ));
-    wrapped(
-        Backend {
-            store: faulty,
-            kind: backend.kind.clone(),
-        },
-        config(),
-    )
+    through(backend, faulty, config())
 }
 
 /// Publishes `result` as a delta on `base` (context `cb`) at context `cr`.
@@ -71,27 +65,18 @@ async fn publish_on(
     s.publish(delta(id, cr, &result, cb, &base, format)).await
 }
 
-async fn crash_sweep(
-    make: &dyn Fn() -> Option<(Backend, Option<tempfile::TempDir>)>,
-    format: RootFormat,
-) {
+async fn crash_sweep(on: Scratch, format: RootFormat) {
     let id = identity("crash");
     let (base, result) = (turn(71, 1024), turn(71, 6144));
     let (cb, cr) = (ctx(&id, 71, 1024), ctx(&id, 71, 6144));
     // Count the operations of one uninterrupted publication.
-    let Some((backend, _keep)) = make() else {
+    let Some((backend, _keep)) = on.backend() else {
         return;
     };
     let plain = wrapped(backend.clone(), config());
     publish_base(&plain, &id, cb, base.clone(), RootFormat::V2).await;
     let counter = Arc::new(Faulty::new(backend.store.clone(), FaultPlan::default()));
-    let counted = wrapped(
-        Backend {
-            store: counter.clone(),
-            kind: backend.kind.clone(),
-        },
-        config(),
-    );
+    let counted = through(&backend, counter.clone(), config());
     publish_delta(&counted, &id, cr, result.clone(), cb, base.clone(), format).await;
     let total = counter.ops();
     assert!(
@@ -102,7 +87,7 @@ async fn crash_sweep(
     let mut restorable = 0;
     let mut absent = 0;
     for n in 0..=total {
-        let Some((backend, _keep)) = make() else {
+        let Some((backend, _keep)) = on.backend() else {
             return;
         };
         let plain = wrapped(backend.clone(), config());
@@ -166,27 +151,15 @@ async fn crash_sweep(
     );
 }
 
-fn local_backend() -> Option<(Backend, Option<tempfile::TempDir>)> {
-    let dir = tempfile::tempdir().expect("tmp");
-    Some((
-        raw_backend(&format!("file://{}", dir.path().display())),
-        Some(dir),
-    ))
-}
-
-fn s3_backend() -> Option<(Backend, Option<tempfile::TempDir>)> {
-    s3_url().map(|u| (raw_backend(&u), None))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_after_every_operation_local_disk_v2_and_v1() {
-    crash_sweep(&local_backend, RootFormat::V2).await;
-    crash_sweep(&local_backend, RootFormat::V1).await;
+    crash_sweep(Scratch::Local, RootFormat::V2).await;
+    crash_sweep(Scratch::Local, RootFormat::V1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_after_every_operation_s3() {
-    crash_sweep(&s3_backend, RootFormat::V2).await;
+    crash_sweep(Scratch::S3, RootFormat::V2).await;
 }
 
 /// A failed publication ends its lease before `publish` returns: no bytes
@@ -202,7 +175,7 @@ async fn a_failed_publication_ends_its_lease_before_it_returns() {
     let (base, result) = (turn(73, 1024), turn(73, 6144));
     let (cb, cr) = (ctx(&id, 73, 1024), ctx(&id, 73, 6144));
     for round in 0..20 {
-        let (backend, _keep) = local_backend().expect("local");
+        let (backend, _keep) = Scratch::Local.backend().expect("local");
         let plain = wrapped(backend.clone(), config());
         publish_base(&plain, &id, cb, base.clone(), RootFormat::V2).await;
         // Crash at the first object write after the reservation.
@@ -232,8 +205,7 @@ async fn a_failed_publication_ends_its_lease_before_it_returns() {
         drop(db);
         let totals = plain.ledger_totals().await.expect("totals");
         assert_eq!(totals.reserved_bytes, 0, "round {round}: nothing reserved");
-        let report = sweep(&plain).await;
-        assert!(report.missing.is_empty() && report.corrupt.is_empty());
+        assert_no_damage(&sweep(&plain).await, &format!("round {round}"));
         let (referenced, present) = referenced_and_present(&plain).await;
         assert_eq!(
             referenced, present,

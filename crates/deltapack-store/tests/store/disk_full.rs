@@ -269,22 +269,8 @@ impl Scenario {
                 other => panic!("the failed publication left something behind: {other:?}"),
             }
         }
-        let report = self
-            .store
-            .sweep(
-                &SweepOptions::default()
-                    .with_grace(std::time::Duration::from_secs(3600))
-                    .with_dry_run(true),
-            )
-            .await
-            .expect("sweep");
-        assert!(report.missing.is_empty(), "missing: {:?}", report.missing);
-        assert!(report.corrupt.is_empty(), "corrupt: {:?}", report.corrupt);
-        assert!(
-            report.unusable_roots.is_empty(),
-            "unusable: {:?}",
-            report.unusable_roots
-        );
+        let report = dry_sweep(&self.store).await;
+        assert_nothing_lost(&report);
         assert!(report.invalidated_roots.is_empty());
     }
 

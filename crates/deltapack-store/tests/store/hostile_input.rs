@@ -51,18 +51,6 @@ const ALLOWED_TIME: Duration = Duration::from_secs(5);
 
 // ---------------------------------------------------------------- helpers
 
-/// The envelope, built by hand: magic, version 1, flags 0, body_len, BLAKE3.
-fn forge(body: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(52 + body.len());
-    out.extend_from_slice(b"DPKROOT\0");
-    out.extend_from_slice(&1u16.to_le_bytes());
-    out.extend_from_slice(&0u16.to_le_bytes());
-    out.extend_from_slice(&(body.len() as u64).to_le_bytes());
-    out.extend_from_slice(blake3::hash(body).as_bytes());
-    out.extend_from_slice(body);
-    out
-}
-
 fn text(s: &str) -> Value {
     Value::Text(s.into())
 }
@@ -131,6 +119,15 @@ fn target(name: &str) -> Target {
     target_with(name, config())
 }
 
+/// [`target`], [`small_snapshot`] and a valid v2 manifest of it under the
+/// target's keys ([`v2_manifest`]).
+fn small_target(name: &str) -> (Target, Snapshot, ManifestV2) {
+    let tg = target(name);
+    let snap = small_snapshot();
+    let m = v2_manifest(&tg, &snap);
+    (tg, snap, m)
+}
+
 /// [`target`] on a memory store with `config`.
 fn target_with(name: &str, config: StoreConfig) -> Target {
     let id = identity(name);
@@ -192,10 +189,9 @@ impl Target {
     }
 }
 
-/// A valid v2 snapshot manifest for `snap` under the target's keys.
-fn v2_manifest(tg: &Target, snap: &Snapshot) -> ManifestV2 {
-    let x = root::v2_extents(snap.encoded(), TEST_EXTENT, None).expect("extents");
-    let meta = root::RootMeta {
+/// What a flat root of `snap` under the target's keys says of its result.
+fn flat_meta(tg: &Target, snap: &Snapshot) -> root::RootMeta {
+    root::RootMeta {
         namespace: tg.ns,
         context: tg.ctx,
         chunk_tokens: 256,
@@ -203,9 +199,14 @@ fn v2_manifest(tg: &Target, snap: &Snapshot) -> ManifestV2 {
         result_snapshot_digest: snap.digest(),
         result_snapshot_len: snap.encoded().len() as u64,
         base: None,
-    };
+    }
+}
+
+/// A valid v2 snapshot manifest for `snap` under the target's keys.
+fn v2_manifest(tg: &Target, snap: &Snapshot) -> ManifestV2 {
+    let x = root::v2_extents(snap.encoded(), TEST_EXTENT, None).expect("extents");
     ManifestV2::new(
-        &meta,
+        &flat_meta(tg, snap),
         snap.encoded().len() as u64,
         x.payload_digest,
         TEST_EXTENT,
@@ -333,9 +334,7 @@ fn path_like_ids_do_not_parse() {
 
 #[tokio::test]
 async fn junk_under_roots_is_ignored_by_listing() {
-    let tg = target("hostile-junk-keys");
-    let snap = small_snapshot();
-    let m = v2_manifest(&tg, &snap);
+    let (tg, _, m) = small_target("hostile-junk-keys");
     let good_root = root::encode_v2(&m, None).expect("encode");
     let ns_hex = tg.ns.hex();
     for (s, _) in hostile_id_strings() {
@@ -425,9 +424,7 @@ async fn root_claiming_2_pow_40_extents_is_refused() {
 #[tokio::test]
 async fn root_claiming_2_pow_62_payload_is_refused() {
     alone!("root_claiming_2_pow_62_payload_is_refused");
-    let tg = target("hostile-2p62-payload");
-    let snap = small_snapshot();
-    let m = v2_manifest(&tg, &snap);
+    let (tg, _, m) = small_target("hostile-2p62-payload");
 
     // v2 snapshot root: payload_len must equal the result; v2 delta-shaped
     // body: 2^62 bytes need 2^32 extents of 1 GiB, over the limit.
@@ -463,40 +460,14 @@ async fn root_claiming_2_pow_62_payload_is_refused() {
     // v1 can describe 2^62 consistently (2 chunks of 2^61 bytes over a
     // layout of 2^32 pages of 1 GiB): decode may accept it, restore must not
     // allocate it — the store's restore limit turns it into a corrupt miss.
-    let huge = layout(1, 1 << 30);
-    let boundary = 1u64 << 36; // 2^32 pages of 16 tokens
-    let hdr = SnapshotHeader::new(huge.clone(), boundary);
-    let result_len = hdr.encoded_len().expect("len");
-    let fake = Digest::blake3(b"not the real snapshot");
-    let ct = 1u32 << 31;
-    let k = boundary / u64::from(ct);
-    let chunks: Vec<ChunkEntryV1> = root::v1_chunk_ranges(result_len, k)
-        .into_iter()
-        .enumerate()
-        .map(|(i, r)| ChunkEntryV1 {
-            digest: Digest::sha256(&i.to_le_bytes()),
-            bytes: r.end - r.start,
-            logical_start: i as u64 * u64::from(ct),
-            logical_end: (i as u64 + 1) * u64::from(ct),
-        })
-        .collect();
-    let v1 = ManifestV1 {
-        schema: SCHEMA_V1.into(),
-        namespace: tg.ns,
-        context: tg.ctx,
-        kind: RootKind::Snapshot,
-        boundary,
-        logical_chunk_tokens: ct,
-        layout: huge,
-        block_counts: hdr.block_counts.clone(),
-        result_snapshot_digest: fake,
-        result_snapshot_len: result_len,
-        base: None,
-        payload_len: result_len,
-        payload_digest: fake,
-        chunks,
-    };
-    assert!(result_len > 1 << 61);
+    let v1 = phantom_v1(
+        &tg,
+        layout(1, 1 << 30),
+        1 << 36, // 2^32 pages of 16 tokens
+        1 << 31,
+        Digest::blake3(b"not the real snapshot"),
+    );
+    assert!(v1.result_snapshot_len > 1 << 61);
     let r = forge(&serde_cbor::to_vec(&v1).expect("cbor"));
     let _ = bounded("v1 2^62 decode", || root::decode(&r, None));
     tg.put_root(r).await;
@@ -507,9 +478,7 @@ async fn root_claiming_2_pow_62_payload_is_refused() {
 #[tokio::test]
 async fn extent_and_chunk_counts_beyond_the_payload_are_refused() {
     alone!("extent_and_chunk_counts_beyond_the_payload_are_refused");
-    let tg = target("hostile-counts");
-    let snap = small_snapshot();
-    let m = v2_manifest(&tg, &snap);
+    let (tg, snap, m) = small_target("hostile-counts");
     assert_eq!(m.extents.len(), 1);
 
     // v2: 1000 copies of the one extent the payload needs.
@@ -535,15 +504,7 @@ async fn extent_and_chunk_counts_beyond_the_payload_are_refused() {
     // v1: far more chunks than boundary / chunk_tokens.
     let x = root::v1_chunks(snap.encoded(), 256, 256).expect("chunks");
     let v1 = ManifestV1::new(
-        &root::RootMeta {
-            namespace: tg.ns,
-            context: tg.ctx,
-            chunk_tokens: 256,
-            result_header: snap.header().clone(),
-            result_snapshot_digest: snap.digest(),
-            result_snapshot_len: snap.encoded().len() as u64,
-            base: None,
-        },
+        &flat_meta(&tg, &snap),
         snap.encoded().len() as u64,
         snap.digest(),
         x.clone(),
@@ -617,30 +578,30 @@ async fn plausible_huge_v2_root_is_a_miss_without_committing_memory() {
     tg.expect_corrupt_in_bounded_memory("200 GiB v2 root").await;
 }
 
-/// A v1 snapshot root declaring `layers` GiB of payload in 2 chunks, none of
-/// which exists.
-fn huge_v1_root(tg: &Target, layers: usize) -> Vec<u8> {
-    let lay = layout(layers, 1 << 29);
-    let hdr = SnapshotHeader::new(lay.clone(), 32); // 2 pages of 512 MiB per layer
+/// A v1 snapshot manifest under the target's keys of `lay` at `boundary`
+/// tokens, in chunks of `ct` tokens none of which exists; `fake` stands for
+/// its snapshot and payload digests.
+fn phantom_v1(tg: &Target, lay: PageLayout, boundary: u64, ct: u32, fake: Digest) -> ManifestV1 {
+    let hdr = SnapshotHeader::new(lay.clone(), boundary);
     let len = hdr.encoded_len().expect("len");
-    let fake = Digest::blake3(b"never written");
-    let chunks = root::v1_chunk_ranges(len, 2)
+    let ct64 = u64::from(ct);
+    let chunks = root::v1_chunk_ranges(len, boundary / ct64)
         .into_iter()
         .enumerate()
         .map(|(i, r)| ChunkEntryV1 {
             digest: Digest::sha256(&i.to_le_bytes()),
             bytes: r.end - r.start,
-            logical_start: i as u64 * 16,
-            logical_end: (i as u64 + 1) * 16,
+            logical_start: i as u64 * ct64,
+            logical_end: (i as u64 + 1) * ct64,
         })
         .collect();
-    let v1 = ManifestV1 {
+    ManifestV1 {
         schema: SCHEMA_V1.into(),
         namespace: tg.ns,
         context: tg.ctx,
         kind: RootKind::Snapshot,
-        boundary: 32,
-        logical_chunk_tokens: 16,
+        boundary,
+        logical_chunk_tokens: ct,
         layout: lay,
         block_counts: hdr.block_counts.clone(),
         result_snapshot_digest: fake,
@@ -649,7 +610,15 @@ fn huge_v1_root(tg: &Target, layers: usize) -> Vec<u8> {
         payload_len: len,
         payload_digest: fake,
         chunks,
-    };
+    }
+}
+
+/// A v1 snapshot root declaring `layers` GiB of payload in 2 chunks, none of
+/// which exists.
+fn huge_v1_root(tg: &Target, layers: usize) -> Vec<u8> {
+    // 2 pages of 512 MiB per layer, in chunks of one page.
+    let lay = layout(layers, 1 << 29);
+    let v1 = phantom_v1(tg, lay, 32, 16, Digest::blake3(b"never written"));
     v1.validate().expect("consistent");
     root::encode_v1(&v1, None).expect("encode")
 }
@@ -734,9 +703,7 @@ async fn zstd_extent_expanding_past_raw_len_is_corrupt() {
 
 #[tokio::test]
 async fn path_like_digest_strings_in_a_root_do_not_decode() {
-    let tg = target("hostile-path-digests");
-    let snap = small_snapshot();
-    let m = v2_manifest(&tg, &snap);
+    let (tg, snap, m) = small_target("hostile-path-digests");
     let hex = "0123456789abcdef".repeat(4);
     let path_like = [
         "blake3:../../../../etc/passwd".to_string(),
@@ -835,9 +802,7 @@ async fn path_like_digest_strings_in_a_root_do_not_decode() {
 
 #[test]
 fn unknown_fields_and_wrong_types_in_a_body_do_not_decode() {
-    let tg = target("hostile-shapes");
-    let snap = small_snapshot();
-    let m = v2_manifest(&tg, &snap);
+    let (_, _, m) = small_target("hostile-shapes");
     let good = to_value(&m);
     let mut cases: Vec<(&str, Value)> = Vec::new();
     let mut v = good.clone();

@@ -225,10 +225,8 @@ async fn sweep_does_not_quarantine_a_root_republished_after_it_read_it() {
     use futures::TryStreamExt;
 
     let mut failures = Vec::new();
-    for name in ["memory", "local"] {
-        let dir = tempfile::tempdir().expect("tmp");
-        let url = scratch_url(name, &dir);
-        let raw = raw_backend(&url);
+    for on in [Scratch::Memory, Scratch::Local] {
+        let (raw, _dir) = on.backend().expect("a scratch backend");
         let (faulty, s) = faulty_handle(&raw, config());
         let id = identity("sweep-republished");
         let (b, r) = (turn(64, 1024), turn(64, 2048));
@@ -279,12 +277,12 @@ async fn sweep_does_not_quarantine_a_root_republished_after_it_read_it() {
             .expect("sweep");
         if raw.store.head(&rk).await.is_err() {
             failures.push(format!(
-                "{name}: the republished flat root was moved to quarantine: {report:?}"
+                "{on:?}: the republished flat root was moved to quarantine: {report:?}"
             ));
             continue;
         }
         let fresh = wrapped(raw.clone(), config());
-        assert_eq!(restore_bytes(&fresh, &id, kr).await, r.encoded(), "{name}");
+        assert_eq!(restore_bytes(&fresh, &id, kr).await, r.encoded(), "{on:?}");
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }

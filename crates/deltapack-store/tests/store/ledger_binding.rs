@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use deltapack_format::Snapshot;
 use deltapack_store::{
-    MissReason, Ownership, PublishOutcome, RestoreIntoOutcome, RestoreOutcome, RootFormat, Store,
-    StoreConfig, StoreError, SweepOptions,
+    MissReason, Ownership, PublishOutcome, RestoreOutcome, RootFormat, Store, StoreConfig,
+    StoreError, SweepOptions,
 };
 use futures::TryStreamExt;
 
@@ -40,8 +40,25 @@ async fn listing(s: &Store) -> Vec<(String, u64)> {
     out
 }
 
+/// A store in `dir`, and a fresh S3 prefix when the test server is there.
+fn local_and_s3(dir: &tempfile::TempDir) -> Vec<String> {
+    let local = format!("file://{}", dir.path().join("store").display());
+    std::iter::once(local).chain(s3_url()).collect()
+}
+
 fn is_mismatch<T: std::fmt::Debug>(r: &Result<T, StoreError>) -> bool {
     matches!(r, Err(StoreError::LedgerMismatch { .. }))
+}
+
+/// Publishes `turns[k]` as a delta on `turns[k - 1]`.
+async fn publish_on_previous(
+    s: &Store,
+    id: &deltapack_format::CacheIdentity,
+    turns: &[(deltapack_format::ContextDigest, Arc<Snapshot>)],
+    k: usize,
+) {
+    let ((c, snap), (bc, base)) = (&turns[k], &turns[k - 1]);
+    publish_delta(s, id, *c, snap.clone(), *bc, base.clone(), RootFormat::V2).await;
 }
 
 async fn publish(
@@ -132,11 +149,7 @@ async fn two_ledgers_on_one_bucket_never_lose_an_acknowledged_root() {
             (false, RestoreOutcome::Miss(MissReason::Absent)) => {}
             (p, o) => panic!("{order:?}: present {p}, restore {:?}", o.miss()),
         }
-        let sweep = sweep(&a).await;
-        assert!(
-            sweep.missing.is_empty() && sweep.corrupt.is_empty(),
-            "{order:?}: {sweep:?}"
-        );
+        assert_no_damage(&sweep(&a).await, &format!("{order:?}"));
     }
 }
 
@@ -158,9 +171,7 @@ fn permutations(v: &mut Vec<&'static str>, k: usize, out: &mut Vec<Vec<&'static 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreign_ledger_reads_and_is_refused_every_change() {
     let dir = tempfile::tempdir().expect("tmp");
-    let mut urls = vec![format!("file://{}", dir.path().join("store").display())];
-    urls.extend(s3_url());
-    for url in urls {
+    for url in local_and_s3(&dir) {
         let owner = Store::open(&url, config()).expect("owner");
         let id = identity("foreign-reader");
         let (c1, s1) = (ctx(&id, 41, 2048), turn(41, 2048));
@@ -185,12 +196,7 @@ async fn a_foreign_ledger_reads_and_is_refused_every_change() {
         // Reads.
         assert_eq!(restore_bytes(&f, &id, c2).await, s2.encoded(), "{url}");
         let mut buf = vec![0u8; s2.encoded().len()];
-        let out = f
-            .restore_into((&id, c2), &mut buf, Default::default())
-            .await
-            .expect("restore_into");
-        assert!(matches!(out, RestoreIntoOutcome::Hit { .. }), "{url}");
-        assert_eq!(buf, s2.encoded());
+        assert_restored_into(&f, (&id, c2), &mut buf, s2.encoded(), &url).await;
         let found = f
             .lookup(&id, &[(2048, c1), (4096, c2)])
             .await
@@ -201,7 +207,7 @@ async fn a_foreign_ledger_reads_and_is_refused_every_change() {
             .sweep(&SweepOptions::default().with_dry_run(true))
             .await
             .expect("a dry-run sweep reads");
-        assert!(dry.corrupt.is_empty() && dry.missing.is_empty(), "{dry:?}");
+        assert_no_damage(&dry, &url);
         // Changes.
         let (c3, s3) = (ctx(&id, 42, 2048), turn(42, 2048));
         assert!(
@@ -248,9 +254,7 @@ async fn a_foreign_ledger_reads_and_is_refused_every_change() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adopting_a_store_after_losing_the_ledger_loses_nothing() {
     let dir = tempfile::tempdir().expect("tmp");
-    let mut urls = vec![format!("file://{}", dir.path().join("store").display())];
-    urls.extend(s3_url());
-    for url in urls {
+    for url in local_and_s3(&dir) {
         let state = tempfile::tempdir().expect("state");
         let ledger = state.path().join("ledger.sqlite3");
         let id = identity("adopt");
@@ -261,16 +265,7 @@ async fn adopting_a_store_after_losing_the_ledger_loses_nothing() {
         {
             let old = Store::open(&url, with_sqlite(&ledger)).expect("old");
             publish_base(&old, &id, turns[0].0, turns[0].1.clone(), RootFormat::V2).await;
-            publish_delta(
-                &old,
-                &id,
-                turns[1].0,
-                turns[1].1.clone(),
-                turns[0].0,
-                turns[0].1.clone(),
-                RootFormat::V2,
-            )
-            .await;
+            publish_on_previous(&old, &id, &turns, 1).await;
             old.close().await.expect("close");
         }
         // The state directory is lost; a copy of the old ledger survives
@@ -303,19 +298,8 @@ async fn adopting_a_store_after_losing_the_ledger_loses_nothing() {
         );
         assert_eq!(fresh.ownership().await.expect("own"), Ownership::Owner);
         // Nothing lost, and the new owner publishes and collects.
-        for (c, s) in &turns[..2] {
-            assert_eq!(restore_bytes(&fresh, &id, *c).await, s.encoded(), "{url}");
-        }
-        publish_delta(
-            &fresh,
-            &id,
-            turns[2].0,
-            turns[2].1.clone(),
-            turns[1].0,
-            turns[1].1.clone(),
-            RootFormat::V2,
-        )
-        .await;
+        assert_restores(&fresh, &id, &turns[..2], &url).await;
+        publish_on_previous(&fresh, &id, &turns, 2).await;
         fresh.collect_garbage().await.expect("gc");
         assert_eq!(fresh.ledger_totals().await.expect("totals").roots, 3);
         // The old ledger is refused, though its id is the one it had.
@@ -329,9 +313,7 @@ async fn adopting_a_store_after_losing_the_ledger_loses_nothing() {
             ),
             "{url}"
         );
-        for (c, s) in &turns {
-            assert_eq!(restore_bytes(&fresh, &id, *c).await, s.encoded(), "{url}");
-        }
+        assert_restores(&fresh, &id, &turns, &url).await;
         // Adopting again is a no-op for the binding.
         let again = fresh.adopt(Duration::ZERO).await.expect("adopt again");
         assert!(!again.changed);

@@ -170,14 +170,7 @@ async fn two_nodes_publishing_at_once_share_one_hard_budget() {
     let one = {
         let scratch = Store::open(&s3_url().expect("s3"), config()).expect("scratch");
         let id = identity("fleet-budget-scratch");
-        publish_base(
-            &scratch,
-            &id,
-            ctx(&id, 950, 2048),
-            turn(950, 2048),
-            RootFormat::V2,
-        )
-        .await;
+        publish_seed(&scratch, &id, 950, 2048, RootFormat::V2).await;
         listed_bytes(&scratch).await
     };
     let budget = one * 5 / 2;
@@ -320,7 +313,7 @@ async fn the_ledger_in_use_is_reported() {
 /// shared SQLite file (two handles) and with PostgreSQL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collector_and_a_publisher_racing_on_one_object_lose_nothing() {
-    use crate::common::faults::{republish_on_delete, FaultPlan};
+    use crate::common::faults::republish_on_delete;
 
     let dir = tempfile::tempdir().expect("tmp");
     for (engine, ledger) in engines(dir.path()) {
@@ -337,23 +330,16 @@ async fn a_collector_and_a_publisher_racing_on_one_object_lose_nothing() {
 
         // Right before A's first object DELETE, B republishes C; B gets up
         // to 2 s to finish inside that window.
-        let (hook, slot) = republish_on_delete("objects/", true, &b, &id, c, &snap);
-        faulty.set_plan(FaultPlan {
-            after_delete: Some(hook),
-            ..Default::default()
-        });
+        let republication = republish_on_delete(&faulty, "objects/", true, &b, &id, c, &snap);
         // A evicts C and (grace 0) collects its objects at once.
         let report = a
             .execute(a.evict_plan(0).await.expect("plan"))
             .await
             .expect("evict");
         assert_eq!(report.roots.len(), 1, "{engine}");
-        let h = slot
-            .lock()
-            .expect("slot")
-            .take()
-            .expect("the hook ran: A deleted an object");
-        let receipt = h.await.expect("task").expect("B's publication");
+        let receipt = republication
+            .receipt("the hook ran: A deleted an object")
+            .await;
         assert_eq!(
             receipt.outcome,
             deltapack_store::PublishOutcome::Created,

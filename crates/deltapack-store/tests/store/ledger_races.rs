@@ -6,7 +6,6 @@
 //! surviving root references is lost, that a hard budget holds, and that a
 //! locked ledger cannot stall the async runtime.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -53,22 +52,15 @@ async fn eviction_racing_a_republication_keeps_the_new_roots_objects() {
         // deleted the root object, and is given up to 2 s to finish inside
         // that window (the old code finished in milliseconds; the new code
         // waits for the removal instead, so the window simply passes).
-        let (hook, slot) = republish_on_delete("roots/", false, &s, &id, c, &snap);
-        faulty.set_plan(FaultPlan {
-            after_delete: Some(hook),
-            ..Default::default()
-        });
+        let republication = republish_on_delete(&faulty, "roots/", false, &s, &id, c, &snap);
 
         let plan = s.evict_plan(0).await.expect("plan");
         assert_eq!(plan.roots().len(), 1, "{url}: the one root is planned");
         let report = s.execute(plan).await.expect("evict");
         assert_eq!(report.roots.len(), 1, "{url}");
-        let republication = slot
-            .lock()
-            .expect("slot")
-            .take()
-            .expect("the hook ran: the eviction deleted the root object");
-        let receipt = republication.await.expect("task").expect("republication");
+        let receipt = republication
+            .receipt("the hook ran: the eviction deleted the root object")
+            .await;
         assert_eq!(receipt.outcome, PublishOutcome::Created, "{url}");
         // Any garbage due is collected now: nothing the new root uses is.
         s.collect_garbage().await.expect("gc");
@@ -98,14 +90,7 @@ async fn concurrent_publications_never_exceed_a_hard_budget() {
     let one = {
         let t = local(config());
         let id = identity("budget-scratch");
-        publish_base(
-            &t.store,
-            &id,
-            ctx(&id, 900, 2048),
-            turn(900, 2048),
-            RootFormat::V2,
-        )
-        .await;
+        publish_seed(&t.store, &id, 900, 2048, RootFormat::V2).await;
         listed_bytes(&t.store).await
     };
     let budget = one * 5 / 2;
@@ -237,31 +222,23 @@ async fn rebuild_during_a_publication_keeps_the_new_root() {
         publish_base(&a, &id, c1, snap1.clone(), RootFormat::V2).await;
         reconciled(&a, &b).await;
 
-        let fired = Arc::new(AtomicBool::new(false));
         let (b2, id2, snap2b) = (b.clone(), id.clone(), snap2.clone());
+        let hook = Hook::after("roots", move || {
+            let (b2, id2, snap2b) = (b2.clone(), id2.clone(), snap2b.clone());
+            async move {
+                let r = b2
+                    .publish(flat(&id2, c2, &snap2b, RootFormat::V2))
+                    .await
+                    .expect("the other node's publication");
+                assert_eq!(r.outcome, PublishOutcome::Created);
+            }
+        });
         faulty.set_plan(FaultPlan {
-            after_list: Some(Hook {
-                prefix: "roots",
-                before: false,
-                fired: fired.clone(),
-                run: Arc::new(move || {
-                    let (b2, id2, snap2b) = (b2.clone(), id2.clone(), snap2b.clone());
-                    Box::pin(async move {
-                        let r = b2
-                            .publish(flat(&id2, c2, &snap2b, RootFormat::V2))
-                            .await
-                            .expect("the other node's publication");
-                        assert_eq!(r.outcome, PublishOutcome::Created);
-                    })
-                }),
-            }),
+            after_list: Some(hook.clone()),
             ..Default::default()
         });
         a.rebuild_ledger().await.expect("rebuild");
-        assert!(
-            fired.load(std::sync::atomic::Ordering::SeqCst),
-            "{url}: the rebuild listed the roots"
-        );
+        assert!(hook.has_fired(), "{url}: the rebuild listed the roots");
         assert_eq!(
             a.ledger_totals().await.expect("totals").roots,
             2,
@@ -275,13 +252,11 @@ async fn rebuild_during_a_publication_keeps_the_new_root() {
             "{url}: the root published during the rebuild lost objects"
         );
         assert_eq!(restore_bytes(&fresh, &id, c1).await, snap1.encoded());
-        let merged = a.ledger_image().await.expect("image");
-        a.rebuild_ledger().await.expect("quiet rebuild");
-        assert_eq!(
-            merged,
-            a.ledger_image().await.expect("image"),
-            "{url}: the merged ledger equals a rebuild on a quiet store"
-        );
+        assert_ledger_equals_rebuild(
+            &a,
+            &format!("{url}: the merged ledger equals a rebuild on a quiet store"),
+        )
+        .await;
     }
 }
 
@@ -319,20 +294,15 @@ async fn opening_a_persisted_ledger_does_not_wait_for_a_listing() {
 
     let raw = raw_backend(&url);
     let gate = Arc::new(tokio::sync::Notify::new());
-    let fired = Arc::new(AtomicBool::new(false));
     let g = gate.clone();
+    let hook = Hook::after("roots", move || {
+        let g = g.clone();
+        async move { g.notified().await }
+    });
     let faulty = Arc::new(Faulty::new(
         raw.store.clone(),
         FaultPlan {
-            after_list: Some(Hook {
-                prefix: "roots",
-                before: false,
-                fired: fired.clone(),
-                run: Arc::new(move || {
-                    let g = g.clone();
-                    Box::pin(async move { g.notified().await })
-                }),
-            }),
+            after_list: Some(hook.clone()),
             ..Default::default()
         },
     ));
@@ -350,7 +320,7 @@ async fn opening_a_persisted_ledger_does_not_wait_for_a_listing() {
 
     // The background reconciliation is listing (held back) by now.
     tokio::time::timeout(limit, async {
-        while !fired.load(std::sync::atomic::Ordering::SeqCst) {
+        while !hook.has_fired() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
@@ -393,28 +363,16 @@ async fn removal_plans_wait_for_the_background_reconciliation() {
         let first = format!("sqlite://{}", dir.path().join("first.sqlite3").display());
         let writer = wrapped(raw.clone(), config().with_ledger(Some(first)));
         for k in 0..3 {
-            publish_base(
-                &writer,
-                &id,
-                ctx(&id, 120 + k, 1024),
-                turn(120 + k, 1024),
-                RootFormat::V2,
-            )
-            .await;
+            publish_seed(&writer, &id, 120 + k, 1024, RootFormat::V2).await;
         }
         // A node with a ledger of its own, new to the bucket.
         let fresh = format!("sqlite://{}", dir.path().join("fresh.sqlite3").display());
         let faulty = Arc::new(Faulty::new(
             raw.store.clone(),
             FaultPlan {
-                after_list: Some(Hook {
-                    prefix: "roots",
-                    before: false,
-                    fired: Arc::new(AtomicBool::new(false)),
-                    run: Arc::new(|| {
-                        Box::pin(async { tokio::time::sleep(Duration::from_millis(500)).await })
-                    }),
-                }),
+                after_list: Some(Hook::after("roots", || {
+                    tokio::time::sleep(Duration::from_millis(500))
+                })),
                 ..Default::default()
             },
         ));
@@ -461,25 +419,20 @@ async fn eviction_racing_a_delta_publication_keeps_its_base() {
         publish_base(&b, &id, c1, snap1.clone(), RootFormat::V2).await;
         reconciled(&a, &b).await;
 
-        let fired = Arc::new(AtomicBool::new(false));
         let evicted = Arc::new(Mutex::new(Vec::new()));
         let (b2, evicted2) = (b.clone(), evicted.clone());
+        let hook = Hook::after("roots", move || {
+            let (b2, evicted2) = (b2.clone(), evicted2.clone());
+            async move {
+                let plan = b2.evict_plan(0).await.expect("plan");
+                let report = b2.execute(plan).await.expect("the other node's eviction");
+                if let Ok(mut e) = evicted2.lock() {
+                    e.extend(report.roots);
+                }
+            }
+        });
         faulty.set_plan(FaultPlan {
-            after_get: Some(Hook {
-                prefix: "roots",
-                before: false,
-                fired: fired.clone(),
-                run: Arc::new(move || {
-                    let (b2, evicted2) = (b2.clone(), evicted2.clone());
-                    Box::pin(async move {
-                        let plan = b2.evict_plan(0).await.expect("plan");
-                        let report = b2.execute(plan).await.expect("the other node's eviction");
-                        if let Ok(mut e) = evicted2.lock() {
-                            e.extend(report.roots);
-                        }
-                    })
-                }),
-            }),
+            after_get: Some(hook.clone()),
             ..Default::default()
         });
         let r = publish_delta(
@@ -493,10 +446,7 @@ async fn eviction_racing_a_delta_publication_keeps_its_base() {
         )
         .await;
         assert_eq!(r.outcome, PublishOutcome::Created, "{url}");
-        assert!(
-            fired.load(std::sync::atomic::Ordering::SeqCst),
-            "{url}: the publisher read its base root"
-        );
+        assert!(hook.has_fired(), "{url}: the publisher read its base root");
         assert_eq!(
             evicted.lock().map(|e| e.clone()).unwrap_or_default(),
             Vec::<String>::new(),

@@ -112,35 +112,14 @@ async fn migrate_fixture_v1_roots_and_a_mixed_chain() {
 
     // The v1 chunks are garbage now: nothing left under objects/sha256.
     let sha = tmp.path().join("objects/sha256");
-    fn files(p: &Path) -> usize {
-        std::fs::read_dir(p)
-            .map(|d| {
-                d.flatten()
-                    .map(|e| {
-                        if e.path().is_dir() {
-                            files(&e.path())
-                        } else {
-                            1
-                        }
-                    })
-                    .sum()
-            })
-            .unwrap_or(0)
-    }
-    let left = files(&sha);
+    let left = files_under(&sha).len();
     assert_eq!(left, 0, "v1 chunk objects reclaimed (grace 0)");
     let sweep = sweep(&s).await;
     assert!(
         sweep.corrupt.is_empty() && sweep.missing.is_empty() && sweep.invalidated_roots.is_empty(),
         "{sweep:?}"
     );
-    let image = s.ledger_image().await.expect("image");
-    s.rebuild_ledger().await.expect("rebuild");
-    assert_eq!(
-        s.ledger_image().await.expect("image"),
-        image,
-        "ledger equals a rebuild after migration"
-    );
+    assert_ledger_equals_rebuild(&s, "ledger equals a rebuild after migration").await;
     assert_eq!(s.migrate(None, false).await.expect("again").v1_roots, 0);
 }
 
@@ -334,14 +313,7 @@ async fn local_migration_racing_eviction_never_resurrects_a_root() {
         let a = Store::open(&url, cfg()).expect("open");
         for k in 0..6u64 {
             let seed = 100 + round * 10 + k;
-            publish_base(
-                &a,
-                &id,
-                ctx(&id, seed, 1024),
-                turn(seed, 1024),
-                RootFormat::V1,
-            )
-            .await;
+            publish_seed(&a, &id, seed, 1024, RootFormat::V1).await;
         }
         let b = Store::open(&url, cfg()).expect("open");
         let migrating = tokio::spawn(async move { a.migrate(None, false).await });

@@ -33,7 +33,7 @@ use object_store::{
 
 use crate::common::*;
 use deltapack_format::synth::{self, Preset};
-use deltapack_format::Snapshot;
+use deltapack_format::{CacheIdentity, ContextDigest, Snapshot};
 use deltapack_store::{Backend, BackendKind, PublishOutcome, RootFormat, Store, StoreConfig};
 
 const MIB: u64 = 1 << 20;
@@ -47,10 +47,8 @@ struct Seen {
     creates: AtomicUsize,
     /// `put_part` calls.
     parts: AtomicUsize,
-    /// Parts being sent right now.
-    in_flight: AtomicUsize,
-    /// Most parts sent at once.
-    max_in_flight: AtomicUsize,
+    /// Parts being sent (and the most sent at once).
+    sending: InFlight,
     /// Successful `complete` calls.
     completes: AtomicUsize,
     /// `abort` calls.
@@ -74,10 +72,13 @@ impl Seen {
         a.load(Ordering::SeqCst)
     }
     fn failed_keys(&self) -> Vec<String> {
-        self.failed_keys
-            .lock()
-            .map(|k| k.clone())
-            .unwrap_or_default()
+        Seen::keys(&self.failed_keys)
+    }
+    fn aborted_keys(&self) -> Vec<String> {
+        Seen::keys(&self.aborted_keys)
+    }
+    fn keys(keys: &Mutex<Vec<String>>) -> Vec<String> {
+        keys.lock().map(|k| k.clone()).unwrap_or_default()
     }
 }
 
@@ -98,21 +99,20 @@ fn injected(what: &str) -> object_store::Error {
     }
 }
 
-/// One part in flight (counted down when the part's future ends or is
+/// One part being sent (counted down when the part's future ends or is
 /// dropped).
-struct InFlight(Arc<Seen>);
+struct Sending(Arc<Seen>);
 
-impl InFlight {
-    fn start(seen: &Arc<Seen>) -> InFlight {
-        let n = seen.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        seen.max_in_flight.fetch_max(n, Ordering::SeqCst);
-        InFlight(seen.clone())
+impl Sending {
+    fn start(seen: &Arc<Seen>) -> Sending {
+        seen.sending.enter();
+        Sending(seen.clone())
     }
 }
 
-impl Drop for InFlight {
+impl Drop for Sending {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.sending.leave();
     }
 }
 
@@ -144,7 +144,7 @@ impl MultipartUpload for Upload {
         let send = self.inner.put_part(data);
         let (seen, delay) = (self.seen.clone(), self.part_delay);
         Box::pin(async move {
-            let _counted = InFlight::start(&seen);
+            let _counted = Sending::start(&seen);
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
@@ -204,24 +204,24 @@ impl Intercept for Counting {
 
 // ------------------------------------------------------------ helpers
 
+/// A store on `raw` through the counting wrapper (keeping `raw`'s kind, so
+/// multipart applies where it would), and what the wrapper sees.
+fn counting(raw: &Backend, config: StoreConfig, part_delay: Duration) -> (Store, Arc<Seen>) {
+    let seen = Arc::new(Seen::default());
+    let layer = Wrapped::arc(Counting {
+        inner: raw.store.clone(),
+        seen: seen.clone(),
+        part_delay,
+    });
+    (through(raw, layer, config), seen)
+}
+
 /// A store on a fresh S3 prefix through the counting wrapper (still an S3
 /// backend, so multipart applies), the raw backend, and what the wrapper
 /// sees. `None` without the test server.
 fn s3_counting(config: StoreConfig, part_delay: Duration) -> Option<(Store, Backend, Arc<Seen>)> {
-    let url = s3_url()?;
-    let raw = raw_backend(&url);
-    let seen = Arc::new(Seen::default());
-    let store = wrapped(
-        Backend {
-            store: Wrapped::arc(Counting {
-                inner: raw.store.clone(),
-                seen: seen.clone(),
-                part_delay,
-            }),
-            kind: raw.kind.clone(),
-        },
-        config,
-    );
+    let raw = raw_backend(&s3_url()?);
+    let (store, seen) = counting(&raw, config, part_delay);
     Some((store, raw, seen))
 }
 
@@ -242,6 +242,14 @@ fn big(seed: u64) -> Arc<Snapshot> {
         "snapshot size {len}"
     );
     Arc::new(s)
+}
+
+/// [`big`]`(seed)` in the namespace `label`: its identity, the snapshot and
+/// its context.
+fn big_turn(label: &str, seed: u64) -> (CacheIdentity, Arc<Snapshot>, ContextDigest) {
+    let id = identity(label);
+    let c = ctx(&id, seed, 6144);
+    (id, big(seed), c)
 }
 
 /// Keys (relative to the store's prefix) and sizes under `prefix`.
@@ -328,9 +336,7 @@ async fn large_extents_go_up_as_multipart_restore_exactly_and_are_reused() {
     let Some((s, raw, seen)) = s3_counting(multipart_config(), Duration::ZERO) else {
         return;
     };
-    let id = identity("multipart-roundtrip");
-    let snap = big(1);
-    let c = ctx(&id, 1, 6144);
+    let (id, snap, c) = big_turn("multipart-roundtrip", 1);
     let r = publish_base(&s, &id, c, snap.clone(), RootFormat::V2).await;
     assert_eq!(r.outcome, PublishOutcome::Created);
     assert_eq!(r.objects_written, 3, "{r:?}");
@@ -339,7 +345,7 @@ async fn large_extents_go_up_as_multipart_restore_exactly_and_are_reused() {
     assert_eq!(Seen::n(&seen.completes), 3, "uploads completed");
     assert_eq!(Seen::n(&seen.parts), 10, "parts sent");
     assert_eq!(Seen::n(&seen.aborts), 0);
-    assert!(Seen::n(&seen.max_in_flight) <= 16);
+    assert!(seen.sending.max() <= 16);
     let objects = listed(&s, "objects").await;
     assert_eq!(objects.len(), 3, "{objects:?}");
     assert_eq!(
@@ -373,13 +379,11 @@ async fn parts_in_flight_are_bounded_across_the_extents_of_a_publication() {
     let Some((s, _raw, seen)) = s3_counting(config, Duration::from_millis(150)) else {
         return;
     };
-    let id = identity("multipart-bound");
-    let snap = big(3);
-    let c = ctx(&id, 3, 6144);
+    let (id, snap, c) = big_turn("multipart-bound", 3);
     let r = publish_base(&s, &id, c, snap.clone(), RootFormat::V2).await;
     assert_eq!(r.outcome, PublishOutcome::Created);
     assert_eq!(Seen::n(&seen.parts), 10);
-    let max = Seen::n(&seen.max_in_flight);
+    let max = seen.sending.max();
     assert!(max <= LIMIT, "{max} parts in flight, limit {LIMIT}");
     assert_eq!(max, LIMIT, "parts are sent concurrently, up to the limit");
     assert_eq!(restore_bytes(&s, &id, c).await, snap.encoded());
@@ -392,12 +396,10 @@ async fn interrupted(
     seed: u64,
     part_delay: Duration,
     arm: impl FnOnce(&Seen),
-) -> Option<(Store, Arc<Snapshot>, deltapack_format::ContextDigest)> {
+) -> Option<(Store, Arc<Snapshot>, ContextDigest)> {
     let (s, raw, seen) = s3_counting(multipart_config(), part_delay)?;
     let prefix = bucket_prefix(&raw);
-    let id = identity("multipart-interrupted");
-    let snap = big(seed);
-    let c = ctx(&id, seed, 6144);
+    let (id, snap, c) = big_turn("multipart-interrupted", seed);
     arm(&seen);
     let err = s
         .publish(flat(&id, c, &snap, RootFormat::V2))
@@ -413,11 +415,7 @@ async fn interrupted(
     assert!(Seen::n(&seen.aborts) >= 1, "the failed upload was aborted");
     let failed = seen.failed_keys();
     assert_eq!(failed.len(), 1, "one fault injected: {failed:?}");
-    let aborted = seen
-        .aborted_keys
-        .lock()
-        .map(|k| k.clone())
-        .unwrap_or_default();
+    let aborted = seen.aborted_keys();
     assert!(aborted.contains(&failed[0]), "{aborted:?} / {failed:?}");
     // Every upload started is finished one way or the other, and the
     // server holds no pending upload under this store's prefix.
@@ -494,9 +492,7 @@ async fn an_existing_object_of_the_wrong_size_is_quarantined_and_replaced() {
     let Some((s, raw, seen)) = s3_counting(multipart_config(), Duration::ZERO) else {
         return;
     };
-    let id = identity("multipart-wrong-size");
-    let snap = big(7);
-    let c = ctx(&id, 7, 6144);
+    let (id, snap, c) = big_turn("multipart-wrong-size", 7);
     publish_base(&s, &id, c, snap.clone(), RootFormat::V2).await;
     // Damage one extent object at rest: the same key, shorter bytes.
     let objects = listed(&s, "objects").await;
@@ -543,9 +539,7 @@ async fn small_extents_and_local_disk_do_not_use_multipart() {
         multipart_config().with_max_extent_bytes(4 * MIB),
         Duration::ZERO,
     ) {
-        let id = identity("multipart-small");
-        let snap = big(9);
-        let c = ctx(&id, 9, 6144);
+        let (id, snap, c) = big_turn("multipart-small", 9);
         let r = publish_base(&s, &id, c, snap.clone(), RootFormat::V2).await;
         assert!(r.objects_written >= 9, "{r:?}");
         assert_eq!(Seen::n(&seen.creates), 0, "no multipart upload");
@@ -554,21 +548,8 @@ async fn small_extents_and_local_disk_do_not_use_multipart() {
     // Local disk keeps its single durable create, whatever the extent size.
     let dir = tempfile::tempdir().expect("tempdir");
     let raw = raw_backend(&format!("file://{}", dir.path().display()));
-    let seen = Arc::new(Seen::default());
-    let s = wrapped(
-        Backend {
-            store: Wrapped::arc(Counting {
-                inner: raw.store.clone(),
-                seen: seen.clone(),
-                part_delay: Duration::ZERO,
-            }),
-            kind: raw.kind.clone(),
-        },
-        multipart_config(),
-    );
-    let id = identity("multipart-local");
-    let snap = big(10);
-    let c = ctx(&id, 10, 6144);
+    let (s, seen) = counting(&raw, multipart_config(), Duration::ZERO);
+    let (id, snap, c) = big_turn("multipart-local", 10);
     publish_base(&s, &id, c, snap.clone(), RootFormat::V2).await;
     assert_eq!(
         Seen::n(&seen.creates),

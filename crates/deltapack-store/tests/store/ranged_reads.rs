@@ -60,8 +60,7 @@ struct Ranges {
     delay: Duration,
     gets: AtomicUsize,
     ranged: AtomicUsize,
-    in_flight: AtomicUsize,
-    max_in_flight: AtomicUsize,
+    in_flight: InFlight,
     /// The mischief and how many more ranged GETs it applies to.
     mischief: Mutex<Option<(Mischief, u64)>>,
     /// Fail this fraction of ranged object GETs (deterministic from a
@@ -78,8 +77,7 @@ impl Ranges {
             delay,
             gets: AtomicUsize::new(0),
             ranged: AtomicUsize::new(0),
-            in_flight: AtomicUsize::new(0),
-            max_in_flight: AtomicUsize::new(0),
+            in_flight: InFlight::default(),
             mischief: Mutex::new(None),
             fail_per_mille: AtomicU64::new(0),
             draws: AtomicU64::new(0),
@@ -108,10 +106,7 @@ impl Ranges {
             return false;
         }
         let i = self.draws.fetch_add(1, Ordering::SeqCst);
-        let mut z = self.seed ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        (z ^ (z >> 31)) % 1000 < p
+        mix64(self.seed ^ i.wrapping_mul(GOLDEN_GAMMA)) % 1000 < p
     }
 }
 
@@ -130,15 +125,14 @@ impl Intercept for Ranges {
         if ranged {
             self.ranged.fetch_add(1, Ordering::SeqCst);
         }
-        let n = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        self.max_in_flight.fetch_max(n, Ordering::SeqCst);
+        self.in_flight.enter();
         if !self.delay.is_zero() {
             tokio::time::sleep(self.delay).await;
         }
         let mischief = if ranged { self.take() } else { None };
         let fail = ranged && self.fails();
         let r = self.inner.get_opts(location, options).await;
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.in_flight.leave();
         if fail {
             return Err(object_store::Error::Generic {
                 store: "ranges",
@@ -287,7 +281,7 @@ async fn ranged_restores_are_bit_exact_and_keep_the_budget() {
         ranged >= 8 * (extents_of_base - 1),
         "{ranged} ranged GETs for {extents_of_base} extents of 8 ranges"
     );
-    let max = w.ranges.max_in_flight.load(Ordering::SeqCst);
+    let max = w.ranges.in_flight.max();
     assert!(max <= 6, "{max} GETs in flight, the budget is 6");
     assert!(max >= 2, "ranges were fetched one at a time ({max})");
 
@@ -309,7 +303,7 @@ async fn ranged_restores_are_bit_exact_and_keep_the_budget() {
         "restore_into missed: {got:?}"
     );
     assert_eq!(&buf[..], w.top.1.encoded());
-    assert!(w.ranges.max_in_flight.load(Ordering::SeqCst) <= 6);
+    assert!(w.ranges.in_flight.max() <= 6);
     assert_eq!(quarantined(&w.raw).await, 0);
 }
 

@@ -484,13 +484,7 @@ async fn publish_and_restore_under_random_faults() {
         lost.len()
     );
     assert!(lost.is_empty(), "published but lost: {lost:?}");
-    assert!(sweep.missing.is_empty(), "missing: {:?}", sweep.missing);
-    assert!(sweep.corrupt.is_empty(), "corrupt: {:?}", sweep.corrupt);
-    assert!(
-        sweep.unusable_roots.is_empty(),
-        "unusable: {:?}",
-        sweep.unusable_roots
-    );
+    assert_nothing_lost(&sweep);
     assert_eq!(
         quarantined, 0,
         "a transient fault quarantined a good object"

@@ -6,6 +6,7 @@
 //! and never serve a root the origin no longer holds once it has checked.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::*;
@@ -15,18 +16,50 @@ use deltapack_store::{
     TierStats, Turn, TurnRequest,
 };
 
-/// The origin: a fresh S3 prefix when the test server is there, else a
-/// local directory.
-fn origin_url(dir: &tempfile::TempDir) -> String {
-    s3_url().unwrap_or_else(|| format!("file://{}", dir.path().join("origin").display()))
+/// A conversation's turns, oldest first: each one's context and snapshot.
+type Turns = Vec<(ContextDigest, Arc<Snapshot>)>;
+
+/// A test's scratch space: its origin (a fresh S3 prefix when the test
+/// server is there, else a local directory) and its node's tier folder.
+struct Site {
+    origin: String,
+    tier_dir: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Site {
+    /// A fresh site in a new temp dir.
+    fn new() -> Site {
+        let dir = tempfile::tempdir().expect("tmp");
+        let origin =
+            s3_url().unwrap_or_else(|| format!("file://{}", dir.path().join("origin").display()));
+        Site {
+            origin,
+            tier_dir: dir.path().join("tier"),
+            dir,
+        }
+    }
+
+    /// A handle on the origin without a tier (another node's, or a check's).
+    fn plain(&self) -> Store {
+        Store::open(&self.origin, config()).expect("origin")
+    }
+}
+
+/// A tier in `tier_dir` checking the origin at most every `interval`.
+fn tier_config(tier_dir: &Path, interval: Duration) -> TierConfig {
+    TierConfig::new(format!("file://{}", tier_dir.display())).with_check_interval(interval)
+}
+
+/// A handle on `origin` with `tier`.
+fn open_tiered(origin: &str, tier: TierConfig) -> Store {
+    Store::open(origin, config().with_tier(Some(tier))).expect("tiered store")
 }
 
 /// A handle on `origin` with a tier in `tier_dir`, checking the origin at
 /// most every `interval`.
 fn tiered(origin: &str, tier_dir: &Path, interval: Duration) -> Store {
-    let tier =
-        TierConfig::new(format!("file://{}", tier_dir.display())).with_check_interval(interval);
-    Store::open(origin, config().with_tier(Some(tier))).expect("tiered store")
+    open_tiered(origin, tier_config(tier_dir, interval))
 }
 
 fn tier_stats(s: &Store) -> TierStats {
@@ -35,36 +68,40 @@ fn tier_stats(s: &Store) -> TierStats {
 
 /// Every object file in a store directory, largest first.
 fn object_files(root: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut dirs = vec![root.join("objects")];
-    while let Some(d) = dirs.pop() {
-        for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                dirs.push(p);
-            } else {
-                out.push(p);
-            }
-        }
-    }
+    let mut out = files_under(&root.join("objects"));
     out.sort_by_key(|p| std::cmp::Reverse(std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)));
     out
 }
 
+/// `store`'s root of `c`, unverified.
+async fn peek(store: &Store, id: &CacheIdentity, c: &ContextDigest) -> RootStatus {
+    store.peek_root(&id.namespace(), c).await.expect("peek")
+}
+
+/// Uploads `node`'s backlog to the origin: every root of it, none failed.
+async fn upload_all(node: &Store) {
+    let report = node.tier_upload().await.expect("upload");
+    assert_eq!((report.failed, report.remaining), (0, 0), "{report:?}");
+}
+
+/// Each turn restores from the origin (`plain`) to exactly its snapshot,
+/// and its root there verifies intact.
+async fn assert_in_origin(
+    plain: &Store,
+    id: &CacheIdentity,
+    turns: &[(ContextDigest, Arc<Snapshot>)],
+) {
+    assert_restores(plain, id, turns, "the origin").await;
+    for (c, _) in turns {
+        let verdict = plain.verify_root((id, *c)).await.expect("verify");
+        assert!(verdict.is_intact(), "{verdict:?}");
+    }
+}
+
 /// Publishes a flat turn and three deltas on it through `store`; the
 /// contexts and snapshots, oldest first.
-async fn chain_of_four(
-    store: &Store,
-    id: &deltapack_format::CacheIdentity,
-    seed: u64,
-) -> Vec<(
-    deltapack_format::ContextDigest,
-    std::sync::Arc<deltapack_format::Snapshot>,
-)> {
-    let mut turns: Vec<(
-        deltapack_format::ContextDigest,
-        std::sync::Arc<deltapack_format::Snapshot>,
-    )> = Vec::new();
+async fn chain_of_four(store: &Store, id: &CacheIdentity, seed: u64) -> Turns {
+    let mut turns: Turns = Vec::new();
     for i in 1..=4u64 {
         let (c, snap) = (ctx(id, seed, (i * 1024) as usize), turn(seed, i * 1024));
         let req = match turns.last() {
@@ -79,13 +116,12 @@ async fn chain_of_four(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_second_restore_on_a_node_is_served_by_the_tier() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let origin = origin_url(&dir);
+    let site = Site::new();
     let id = identity("tier-fill");
     // Published by another node: the tier has never seen these roots.
-    let plain = Store::open(&origin, config()).expect("origin");
+    let plain = site.plain();
     let turns = chain_of_four(&plain, &id, 301).await;
-    let node = tiered(&origin, &dir.path().join("tier"), Duration::from_secs(60));
+    let node = tiered(&site.origin, &site.tier_dir, Duration::from_secs(60));
 
     for (c, snap) in &turns {
         assert_eq!(restore_bytes(&node, &id, *c).await, snap.encoded());
@@ -102,15 +138,7 @@ async fn the_second_restore_on_a_node_is_served_by_the_tier() {
     for (c, snap) in &turns {
         assert_eq!(restore_bytes(&node, &id, *c).await, snap.encoded());
         let mut buf = vec![0u8; snap.encoded().len()];
-        let out = node
-            .restore_into((&id, *c), &mut buf, Default::default())
-            .await
-            .expect("restore_into");
-        assert!(
-            matches!(out, deltapack_store::RestoreIntoOutcome::Hit { .. }),
-            "{out:?}"
-        );
-        assert_eq!(buf, snap.encoded());
+        assert_restored_into(&node, (&id, *c), &mut buf, snap.encoded(), "the node").await;
     }
     let after = node.stats();
     assert_eq!(
@@ -136,39 +164,31 @@ async fn the_second_restore_on_a_node_is_served_by_the_tier() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_through_publication_fills_both_and_acknowledges_the_origin() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let origin = origin_url(&dir);
+    let site = Site::new();
     let id = identity("tier-write");
-    let node = tiered(&origin, &dir.path().join("tier"), Duration::from_secs(60));
+    let node = tiered(&site.origin, &site.tier_dir, Duration::from_secs(60));
     let turns = chain_of_four(&node, &id, 302).await;
 
     // The origin has every root, readable by a handle without a tier.
-    let plain = Store::open(&origin, config()).expect("origin");
-    for (c, snap) in &turns {
-        assert_eq!(restore_bytes(&plain, &id, *c).await, snap.encoded());
-    }
+    assert_restores(&site.plain(), &id, &turns, "the origin").await;
     // The node reads them from its tier, without a fill.
-    for (c, snap) in &turns {
-        assert_eq!(restore_bytes(&node, &id, *c).await, snap.encoded());
-    }
+    assert_restores(&node, &id, &turns, "the node").await;
     let s = tier_stats(&node);
     assert_eq!((s.hits, s.fills, s.publish_failures), (4, 0, 0), "{s:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flipped_byte_in_the_tier_falls_through_and_is_quarantined_there_only() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let origin = origin_url(&dir);
-    let tier_dir = dir.path().join("tier");
+    let site = Site::new();
     let id = identity("tier-flip");
-    let node = tiered(&origin, &tier_dir, Duration::from_secs(60));
+    let node = tiered(&site.origin, &site.tier_dir, Duration::from_secs(60));
     let (c, snap) = (ctx(&id, 303, 4096), turn(303, 4096));
     node.publish(flat(&id, c, &snap, RootFormat::V2))
         .await
         .expect("publish");
 
     // Damage the tier's largest extent (a real byte of a real file).
-    let victim = object_files(&tier_dir)
+    let victim = object_files(&site.tier_dir)
         .into_iter()
         .next()
         .expect("a tier object");
@@ -187,8 +207,7 @@ async fn a_flipped_byte_in_the_tier_falls_through_and_is_quarantined_there_only(
         "the tier quarantined the proven damage"
     );
     // The origin is untouched: intact, nothing quarantined there.
-    let plain = Store::open(&origin, config()).expect("origin");
-    let verdict = plain.verify_root((&id, c)).await.expect("verify");
+    let verdict = site.plain().verify_root((&id, c)).await.expect("verify");
     assert!(verdict.is_intact(), "{verdict:?}");
     assert_eq!(
         node.stats().quarantined,
@@ -204,11 +223,10 @@ async fn a_flipped_byte_in_the_tier_falls_through_and_is_quarantined_there_only(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_origin_invalidation_is_not_served_from_the_tier_after_the_check() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let origin = origin_url(&dir);
+    let site = Site::new();
     let id = identity("tier-coherence");
     // Interval zero: every tier hit is checked against the origin.
-    let node = tiered(&origin, &dir.path().join("tier"), Duration::ZERO);
+    let node = tiered(&site.origin, &site.tier_dir, Duration::ZERO);
     let turns = chain_of_four(&node, &id, 304).await;
     let (top, _) = turns[3];
     let (bottom, bottom_snap) = &turns[0];
@@ -216,7 +234,7 @@ async fn an_origin_invalidation_is_not_served_from_the_tier_after_the_check() {
     assert_eq!(tier_stats(&node).hits, 1);
 
     // Another handle invalidates the top turn in the origin.
-    let plain = Store::open(&origin, config()).expect("origin");
+    let plain = site.plain();
     let plan = plain
         .invalidate_plan(id.namespace(), Some(top))
         .await
@@ -235,10 +253,7 @@ async fn an_origin_invalidation_is_not_served_from_the_tier_after_the_check() {
     assert_eq!(s.refused, 1, "{s:?}");
     // The tier dropped its copy; the turns below it still serve.
     let tier = node.tier_store().expect("tier");
-    assert!(matches!(
-        tier.peek_root(&id.namespace(), &top).await.expect("peek"),
-        deltapack_store::RootStatus::Absent
-    ));
+    assert!(matches!(peek(tier, &id, &top).await, RootStatus::Absent));
     assert_eq!(
         restore_bytes(&node, &id, *bottom).await,
         bottom_snap.encoded()
@@ -250,11 +265,10 @@ async fn with_the_origin_down_the_tier_serves_what_it_holds_and_misses_name_the_
     let Some(endpoint) = s3_endpoint() else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tmp");
-    let origin = origin_url(&dir);
-    let tier_dir = dir.path().join("tier");
+    let site = Site::new();
+    let (origin, tier_dir) = (&site.origin, &site.tier_dir);
     let id = identity("tier-down");
-    let node = tiered(&origin, &tier_dir, Duration::ZERO);
+    let node = tiered(origin, tier_dir, Duration::ZERO);
     let (c, snap) = (ctx(&id, 305, 2048), turn(305, 2048));
     node.publish(flat(&id, c, &snap, RootFormat::V2))
         .await
@@ -263,9 +277,9 @@ async fn with_the_origin_down_the_tier_serves_what_it_holds_and_misses_name_the_
 
     // The same bucket and prefix behind an endpoint nothing listens on: the
     // origin is down (no retries, so the test does not wait minutes).
-    let down = down(&origin, &endpoint);
-    assert_ne!(down, origin);
-    let node = tiered(&down, &tier_dir, Duration::ZERO);
+    let down = down(origin, &endpoint);
+    assert_ne!(&down, origin);
+    let node = tiered(&down, tier_dir, Duration::ZERO);
     assert_eq!(restore_bytes(&node, &id, c).await, snap.encoded());
     let s = tier_stats(&node);
     assert_eq!((s.hits, s.unchecked), (1, 1), "{s:?}");
@@ -280,12 +294,15 @@ async fn with_the_origin_down_the_tier_serves_what_it_holds_and_misses_name_the_
     }
 }
 
+/// A tier in `tier_dir` that acknowledges publications itself (and checks
+/// the origin on every hit).
+fn behind_config(tier_dir: &Path) -> TierConfig {
+    tier_config(tier_dir, Duration::ZERO).with_ack(TierAck::Tier)
+}
+
 /// A tiered handle that acknowledges publications in the tier.
 fn behind(origin: &str, tier_dir: &Path) -> Store {
-    let tier = TierConfig::new(format!("file://{}", tier_dir.display()))
-        .with_check_interval(Duration::ZERO)
-        .with_ack(TierAck::Tier);
-    Store::open(origin, config().with_tier(Some(tier))).expect("tiered store")
+    open_tiered(origin, behind_config(tier_dir))
 }
 
 /// `origin` behind an endpoint nothing listens on, failing at once.
@@ -301,28 +318,16 @@ fn down(origin: &str, endpoint: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_mode_acknowledges_in_the_tier_and_uploads_behind() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let origin = origin_url(&dir);
+    let site = Site::new();
     let id = identity("tier-behind");
-    let node = behind(&origin, &dir.path().join("tier"));
+    let node = behind(&site.origin, &site.tier_dir);
     let turns = chain_of_four(&node, &id, 307).await;
     // Read-your-writes on the node, whatever the upload has done so far.
-    for (c, snap) in &turns {
-        assert_eq!(restore_bytes(&node, &id, *c).await, snap.encoded());
-    }
+    assert_restores(&node, &id, &turns, "the node").await;
     // Everything reaches the origin.
-    let report = node.tier_upload().await.expect("upload");
-    assert_eq!((report.failed, report.remaining), (0, 0), "{report:?}");
+    upload_all(&node).await;
     assert_eq!(node.tier_backlog().await.expect("backlog"), 0);
-    let plain = Store::open(&origin, config()).expect("origin");
-    for (c, snap) in &turns {
-        assert_eq!(restore_bytes(&plain, &id, *c).await, snap.encoded());
-        assert!(plain
-            .verify_root((&id, *c))
-            .await
-            .expect("verify")
-            .is_intact());
-    }
+    assert_in_origin(&site.plain(), &id, &turns).await;
     assert_eq!(tier_stats(&node).uploads, 4, "{:?}", tier_stats(&node));
 }
 
@@ -331,10 +336,10 @@ async fn write_through_with_the_origin_down_fails_and_keeps_nothing_in_the_tier(
     let Some(endpoint) = s3_endpoint() else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tmp");
-    let origin = down(&origin_url(&dir), &endpoint);
+    let site = Site::new();
+    let origin = down(&site.origin, &endpoint);
     let id = identity("tier-through-down");
-    let node = tiered(&origin, &dir.path().join("tier"), Duration::ZERO);
+    let node = tiered(&origin, &site.tier_dir, Duration::ZERO);
     let (c, snap) = (ctx(&id, 308, 2048), turn(308, 2048));
     let out = node.publish(flat(&id, c, &snap, RootFormat::V2)).await;
     assert!(
@@ -342,10 +347,7 @@ async fn write_through_with_the_origin_down_fails_and_keeps_nothing_in_the_tier(
         "a write-through publication with the origin down: {out:?}"
     );
     let tier = node.tier_store().expect("tier");
-    assert!(matches!(
-        tier.peek_root(&id.namespace(), &c).await.expect("peek"),
-        deltapack_store::RootStatus::Absent
-    ));
+    assert!(matches!(peek(tier, &id, &c).await, RootStatus::Absent));
 }
 
 /// The child of [`a_killed_node_resumes_its_uploads_and_the_origin_never_shows_a_root_early`]:
@@ -374,9 +376,8 @@ async fn a_killed_node_resumes_its_uploads_and_the_origin_never_shows_a_root_ear
         tokio::time::sleep(Duration::from_secs(300)).await;
         return;
     }
-    let dir = tempfile::tempdir().expect("tmp");
-    let origin = origin_url(&dir);
-    let tier_dir = dir.path().join("tier");
+    let site = Site::new();
+    let (origin, tier_dir) = (&site.origin, &site.tier_dir);
     let mut child = std::process::Command::new(std::env::current_exe().expect("exe"))
         .args([
             "tiers::a_killed_node_resumes_its_uploads_and_the_origin_never_shows_a_root_early",
@@ -385,7 +386,7 @@ async fn a_killed_node_resumes_its_uploads_and_the_origin_never_shows_a_root_ear
         ])
         .env(
             CHILD,
-            format!("{}\n{}", down(&origin, &endpoint), tier_dir.display()),
+            format!("{}\n{}", down(origin, &endpoint), tier_dir.display()),
         )
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
@@ -411,38 +412,22 @@ async fn a_killed_node_resumes_its_uploads_and_the_origin_never_shows_a_root_ear
     );
 
     // Nothing reached the origin while it was down.
-    let plain = Store::open(&origin, config()).expect("origin");
+    let plain = site.plain();
     for c in [c1, c2] {
-        assert!(matches!(
-            plain.peek_root(&id.namespace(), &c).await.expect("peek"),
-            deltapack_store::RootStatus::Absent
-        ));
+        assert!(matches!(peek(&plain, &id, &c).await, RootStatus::Absent));
     }
     // The restarted node finds its journal and uploads, objects first.
-    let node = behind(&origin, &tier_dir);
+    let node = behind(origin, tier_dir);
     assert_eq!(node.tier_backlog().await.expect("backlog"), 2);
-    let report = node.tier_upload().await.expect("upload");
-    assert_eq!((report.failed, report.remaining), (0, 0), "{report:?}");
-    for (c, s) in [(c1, &s1), (c2, &s2)] {
-        assert!(plain
-            .verify_root((&id, c))
-            .await
-            .expect("verify")
-            .is_intact());
-        assert_eq!(restore_bytes(&plain, &id, c).await, s.encoded());
-    }
+    upload_all(&node).await;
+    assert_in_origin(&plain, &id, &[(c1, s1), (c2, s2)]).await;
 }
 
 /// A conversation of `n` turns through `store`: a flat first turn, then
 /// each next one from its new pages alone ([`Store::publish_turn`]) with
 /// the handle the previous publication returned. The contexts and
 /// snapshots, oldest first, and the last turn's handle.
-async fn turn_by_turn(
-    store: &Store,
-    id: &CacheIdentity,
-    seed: u64,
-    n: u64,
-) -> (Vec<(ContextDigest, std::sync::Arc<Snapshot>)>, Turn) {
+async fn turn_by_turn(store: &Store, id: &CacheIdentity, seed: u64, n: u64) -> (Turns, Turn) {
     let (c, first) = (ctx(id, seed, 1024), turn(seed, 1024));
     let r = publish_base(store, id, c, first.clone(), RootFormat::V2).await;
     let mut prev = r.turn.expect("a v2.2 publication returns a turn");
@@ -463,7 +448,7 @@ async fn next_turn(
     seed: u64,
     prev: &Turn,
     tokens: u64,
-) -> (ContextDigest, std::sync::Arc<Snapshot>, Turn) {
+) -> (ContextDigest, Arc<Snapshot>, Turn) {
     let (c, snap) = (ctx(id, seed, tokens as usize), turn(seed, tokens));
     let req = TurnRequest {
         identity: id.clone(),
@@ -486,26 +471,21 @@ fn held(status: RootStatus) -> bool {
 /// A node whose tier lacks the previous turn gets the new one by a fill.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turns_are_written_through_to_the_tier_from_their_new_pages() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let origin = origin_url(&dir);
+    let site = Site::new();
     let id = identity("tier-turns");
-    let node = tiered(&origin, &dir.path().join("tier"), Duration::from_secs(60));
+    let node = tiered(&site.origin, &site.tier_dir, Duration::from_secs(60));
     let (turns, last) = turn_by_turn(&node, &id, 311, 4).await;
-    let plain = Store::open(&origin, config()).expect("origin");
+    let plain = site.plain();
     let tier = node.tier_store().expect("tier");
-    for (c, snap) in &turns {
-        assert_eq!(restore_bytes(&plain, &id, *c).await, snap.encoded());
-        assert!(held(
-            tier.peek_root(&id.namespace(), c).await.expect("peek")
-        ));
+    assert_restores(&plain, &id, &turns, "the origin").await;
+    for (c, _) in &turns {
+        assert!(held(peek(tier, &id, c).await));
     }
     node.tier_settle().await;
     let s = tier_stats(&node);
     assert_eq!((s.fills, s.publish_failures), (0, 0), "{s:?}");
     let before = node.stats();
-    for (c, snap) in &turns {
-        assert_eq!(restore_bytes(&node, &id, *c).await, snap.encoded());
-    }
+    assert_restores(&node, &id, &turns, "the node").await;
     assert_eq!(
         node.stats().objects_read,
         before.objects_read,
@@ -515,7 +495,11 @@ async fn turns_are_written_through_to_the_tier_from_their_new_pages() {
 
     // Another node continues the conversation with the same handle; its
     // tier never saw the previous turn, so the new one is filled in.
-    let other = tiered(&origin, &dir.path().join("tier2"), Duration::from_secs(60));
+    let other = tiered(
+        &site.origin,
+        &site.dir.path().join("tier2"),
+        Duration::from_secs(60),
+    );
     let (c, snap, _) = next_turn(&other, &id, 311, &last, 3072).await;
     other.tier_settle().await;
     let s = tier_stats(&other);
@@ -536,12 +520,10 @@ async fn behind_mode_queues_turns_in_the_tier_while_the_origin_is_down() {
     let Some(endpoint) = s3_endpoint() else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tmp");
-    let origin = origin_url(&dir);
-    let tier_dir = dir.path().join("tier");
+    let site = Site::new();
     let id = identity("tier-behind-turns");
     let turns = {
-        let node = behind(&down(&origin, &endpoint), &tier_dir);
+        let node = behind(&down(&site.origin, &endpoint), &site.tier_dir);
         let (mut turns, _) = turn_by_turn(&node, &id, 313, 4).await;
         // A process that did not publish the last turn picks the
         // conversation up from the tier's root (the origin is down).
@@ -549,29 +531,17 @@ async fn behind_mode_queues_turns_in_the_tier_while_the_origin_is_down() {
         let resumed = node.turn_from(&id, c, &last).await.expect("turn_from");
         let (c, snap, _) = next_turn(&node, &id, 313, &resumed, 3072).await;
         turns.push((c, snap));
-        for (c, snap) in &turns {
-            assert_eq!(restore_bytes(&node, &id, *c).await, snap.encoded());
-        }
+        assert_restores(&node, &id, &turns, "the node").await;
         assert_eq!(node.tier_backlog().await.expect("backlog"), 5);
         turns
     };
-    let plain = Store::open(&origin, config()).expect("origin");
+    let plain = site.plain();
     for (c, _) in &turns {
-        assert!(!held(
-            plain.peek_root(&id.namespace(), c).await.expect("peek")
-        ));
+        assert!(!held(peek(&plain, &id, c).await));
     }
-    let node = behind(&origin, &tier_dir);
-    let report = node.tier_upload().await.expect("upload");
-    assert_eq!((report.failed, report.remaining), (0, 0), "{report:?}");
-    for (c, snap) in &turns {
-        assert_eq!(restore_bytes(&plain, &id, *c).await, snap.encoded());
-        assert!(plain
-            .verify_root((&id, *c))
-            .await
-            .expect("verify")
-            .is_intact());
-    }
+    let node = behind(&site.origin, &site.tier_dir);
+    upload_all(&node).await;
+    assert_in_origin(&plain, &id, &turns).await;
 }
 
 /// The upload backlog is bounded: with `max_upload_backlog` roots pending
@@ -583,22 +553,19 @@ async fn a_full_upload_backlog_writes_through() {
     let Some(endpoint) = s3_endpoint() else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tmp");
-    let origin = origin_url(&dir);
-    let tier_dir = dir.path().join("tier");
+    let site = Site::new();
+    let origin = &site.origin;
     let id = identity("tier-backlog");
     let bounded = |origin: &str| {
-        let mut tier = TierConfig::new(format!("file://{}", tier_dir.display()))
-            .with_check_interval(Duration::ZERO)
-            .with_ack(TierAck::Tier);
+        let mut tier = behind_config(&site.tier_dir);
         tier.max_upload_backlog = 2;
-        Store::open(origin, config().with_tier(Some(tier))).expect("tiered store")
+        open_tiered(origin, tier)
     };
     let snaps: Vec<_> = (1..=4u64)
         .map(|i| (ctx(&id, 317, (i * 1024) as usize), turn(317 + i, i * 1024)))
         .collect();
     {
-        let node = bounded(&down(&origin, &endpoint));
+        let node = bounded(&down(origin, &endpoint));
         for (c, snap) in &snaps[..2] {
             node.publish(flat(&id, *c, snap, RootFormat::V2))
                 .await
@@ -610,18 +577,15 @@ async fn a_full_upload_backlog_writes_through() {
         assert_eq!(tier_stats(&node).uploads_inline, 1);
     }
     {
-        let node = bounded(&down(&origin, &endpoint));
+        let node = bounded(&down(origin, &endpoint));
         let (c, snap) = &snaps[3];
         let out = node.publish(flat(&id, *c, snap, RootFormat::V2)).await;
         assert!(out.is_err(), "the journal it found is full: {out:?}");
         assert_eq!(tier_stats(&node).uploads_inline, 1);
         assert_eq!(node.tier_backlog().await.expect("backlog"), 2);
     }
-    let node = bounded(&origin);
+    let node = bounded(origin);
     let report = node.tier_upload().await.expect("upload");
     assert_eq!((report.uploaded, report.remaining), (2, 0), "{report:?}");
-    let plain = Store::open(&origin, config()).expect("origin");
-    for (c, snap) in &snaps[..2] {
-        assert_eq!(restore_bytes(&plain, &id, *c).await, snap.encoded());
-    }
+    assert_restores(&site.plain(), &id, &snaps[..2], "the origin").await;
 }

@@ -8,7 +8,17 @@ use std::time::Duration;
 
 use crate::common::faults::Faulty;
 use crate::common::*;
+use deltapack_format::{CacheIdentity, ContextDigest};
 use deltapack_store::{PublishRequest, RestoreOutcome, RootFormat, WriteBehind};
+
+/// The snapshot `wb` restores for `key`, from its buffer or from the store
+/// (a miss fails the test, naming `what`).
+async fn restored(wb: &WriteBehind, key: (&CacheIdentity, ContextDigest), what: &str) -> Vec<u8> {
+    match wb.restore(key, Default::default()).await.expect("restore") {
+        RestoreOutcome::Hit(h) => h.snapshot.encoded().to_vec(),
+        RestoreOutcome::Miss(m) => panic!("{what}: a miss: {m}"),
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_your_writes_under_a_full_queue() {
@@ -27,18 +37,12 @@ async fn read_your_writes_under_a_full_queue() {
             .await
             .expect("publish_async");
         // Immediately readable, whether buffered or already durable.
-        match wb
-            .restore((&id, c), Default::default())
-            .await
-            .expect("restore")
-        {
-            RestoreOutcome::Hit(h) => {
-                assert_eq!(h.snapshot.encoded(), snap.encoded(), "context {i}")
-            }
-            RestoreOutcome::Miss(m) => {
-                panic!("context {i} not readable right after publish_async: {m}")
-            }
-        }
+        let what = format!("context {i} right after publish_async");
+        assert_eq!(
+            restored(&wb, (&id, c), &what).await,
+            snap.encoded(),
+            "{what}"
+        );
     }
     let mid = wb.report();
     assert!(mid.inline > 0, "a full queue publishes inline: {mid:?}");
@@ -91,9 +95,7 @@ async fn a_turn_chain_publishes_in_order_through_two_writers() {
     let report = wb.shutdown().await.expect("shutdown");
     assert!(report.failed.is_empty(), "{:?}", report.failed);
     assert_eq!(report.written, turns.len() as u64);
-    for (c, s) in &turns {
-        assert_eq!(restore_bytes(&store, &id, *c).await, s.encoded());
-    }
+    assert_restores(&store, &id, &turns, "the store").await;
 }
 
 /// A publication that can only end in a conflict is refused when it is
@@ -109,14 +111,10 @@ async fn a_conflicting_publication_is_refused_at_enqueue() {
     let refused = wb.publish_async(flat(&id, c, &b, RootFormat::V2)).await;
     assert!(refused.is_err(), "a conflicting publish_async is refused");
     // The store's root is what a reader sees, never the refused snapshot.
-    match wb
-        .restore((&id, c), Default::default())
-        .await
-        .expect("restore")
-    {
-        RestoreOutcome::Hit(h) => assert_eq!(h.snapshot.encoded(), a.encoded()),
-        RestoreOutcome::Miss(m) => panic!("{m}"),
-    }
+    assert_eq!(
+        restored(&wb, (&id, c), "the store's root").await,
+        a.encoded()
+    );
     // A second buffered snapshot of a context already buffered with other
     // bytes is refused too.
     let c2 = ctx(&id, 64, 2048);

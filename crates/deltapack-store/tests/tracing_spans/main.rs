@@ -102,6 +102,15 @@ impl Collect {
         *all = rest;
         these
     }
+
+    /// The one closed span named `name` (`what` in a failure), at level
+    /// `info`, with each `(field, value)` of `want`.
+    fn info(&self, name: &str, what: &str, want: &[(&str, String)]) -> Closed {
+        let span = one(self.take(name), what);
+        assert_eq!(span.level, Level::INFO, "{what}");
+        fields(&span, want);
+        span
+    }
 }
 
 fn one(mut spans: Vec<Closed>, what: &str) -> Closed {
@@ -147,10 +156,9 @@ fn operations_open_spans_with_their_outcome() {
         let ns = short(id.namespace().hex());
 
         let receipt = publish_base(s, &id, c, snap.clone(), RootFormat::V2).await;
-        let p = one(collect.take("publish"), "publish");
-        assert_eq!(p.level, Level::INFO);
-        fields(
-            &p,
+        collect.info(
+            "publish",
+            "publish",
             &[
                 ("namespace", ns.to_string()),
                 ("context", short(c.hex())),
@@ -163,10 +171,9 @@ fn operations_open_spans_with_their_outcome() {
         assert!(!collect.take("write_v2").is_empty(), "inner write span");
 
         assert_eq!(restore_bytes(s, &id, c).await, snap.encoded());
-        let r = one(collect.take("restore"), "restore hit");
-        assert_eq!(r.level, Level::INFO);
-        fields(
-            &r,
+        let r = collect.info(
+            "restore",
+            "restore hit",
             &[
                 ("namespace", ns.to_string()),
                 ("context", short(c.hex())),
@@ -213,10 +220,9 @@ fn operations_open_spans_with_their_outcome() {
             .await
             .expect("lookup");
         assert_eq!(found, Some((2048, c)));
-        let l = one(collect.take("lookup"), "lookup");
-        assert_eq!(l.level, Level::INFO);
-        fields(
-            &l,
+        collect.info(
+            "lookup",
+            "lookup",
             &[
                 ("namespace", ns.to_string()),
                 ("candidates", "2".to_string()),
@@ -225,10 +231,9 @@ fn operations_open_spans_with_their_outcome() {
         );
 
         let report = s.sweep(&SweepOptions::default()).await.expect("sweep");
-        let w = one(collect.take("sweep"), "sweep");
-        assert_eq!(w.level, Level::INFO);
-        fields(
-            &w,
+        collect.info(
+            "sweep",
+            "sweep",
             &[
                 ("roots", "1".to_string()),
                 ("checked", report.checked.to_string()),

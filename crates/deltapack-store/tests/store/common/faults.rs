@@ -19,6 +19,8 @@ use object_store::{
     PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
 };
 
+use super::{mix64, GOLDEN_GAMMA};
+
 /// What to inject.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct FaultPlan {
@@ -110,6 +112,26 @@ pub(crate) struct Hook {
 }
 
 impl Hook {
+    /// A hook on `prefix` that runs `run` once, after the operation (a
+    /// delete hook can run before it instead: set [`Hook::before`]).
+    pub(crate) fn after<F, Fut>(prefix: &'static str, run: F) -> Hook
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        Hook {
+            prefix,
+            before: false,
+            fired: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            run: Arc::new(move || run().boxed()),
+        }
+    }
+
+    /// Whether the hook has run.
+    pub(crate) fn has_fired(&self) -> bool {
+        self.fired.load(Ordering::SeqCst)
+    }
+
     /// Runs the hook (once) if `r` is a delete of a key under its prefix;
     /// passes `r` through.
     async fn fire(self, r: Result<Path>) -> Result<Path> {
@@ -128,54 +150,65 @@ impl fmt::Debug for Hook {
     }
 }
 
-/// Where a republishing hook leaves its republication's task once it ran.
-pub(crate) type Slot = Arc<
-    Mutex<
-        Option<tokio::task::JoinHandle<deltapack_store::Result<deltapack_store::PublishReceipt>>>,
-    >,
->;
+/// A publication running in a task of its own.
+type PublishTask =
+    tokio::task::JoinHandle<deltapack_store::Result<deltapack_store::PublishReceipt>>;
 
-/// A delete hook on `prefix` (run `before` the delete, or right after it)
-/// in which another handle, `s`, republishes `snap` flat under `c`: the
-/// republication is given up to 2 s to finish inside the window, and its
-/// task is left in the returned slot.
+/// The republication a hook of [`republish_on_delete`] starts, once the
+/// hook has run.
+#[derive(Clone, Default)]
+pub(crate) struct Republication(Arc<Mutex<Option<PublishTask>>>);
+
+impl Republication {
+    /// The republication's receipt. The test fails with `ran` if the hook
+    /// has not run, or if the republication failed.
+    pub(crate) async fn receipt(&self, ran: &str) -> deltapack_store::PublishReceipt {
+        let task = self.0.lock().expect("slot").take().expect(ran);
+        task.await.expect("task").expect("the republication")
+    }
+}
+
+/// Replaces `faulty`'s plan with a delete hook on `prefix` (run `before`
+/// the delete, or right after it) in which another handle, `s`, republishes
+/// `snap` flat under `c`: the republication is given up to 2 s to finish
+/// inside the window, and is returned for the test to await.
 pub(crate) fn republish_on_delete(
+    faulty: &Faulty,
     prefix: &'static str,
     before: bool,
     s: &deltapack_store::Store,
     id: &deltapack_format::CacheIdentity,
     c: deltapack_format::ContextDigest,
     snap: &Arc<deltapack_format::Snapshot>,
-) -> (Hook, Slot) {
-    let slot: Slot = Arc::new(Mutex::new(None));
+) -> Republication {
+    let slot = Republication::default();
     let (s2, id2, snap2, slot2) = (s.clone(), id.clone(), snap.clone(), slot.clone());
-    let hook = Hook {
-        prefix,
-        before,
-        fired: Arc::new(std::sync::atomic::AtomicBool::new(false)),
-        run: Arc::new(move || {
-            let (s2, id2, snap2, slot2) = (s2.clone(), id2.clone(), snap2.clone(), slot2.clone());
-            Box::pin(async move {
-                let h = tokio::spawn(async move {
-                    s2.publish(super::flat(
-                        &id2,
-                        c,
-                        &snap2,
-                        deltapack_store::RootFormat::V2,
-                    ))
-                    .await
-                });
-                let _ = tokio::time::timeout(Duration::from_secs(2), async {
-                    while !h.is_finished() {
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                    }
-                })
-                .await;
-                *slot2.lock().expect("slot") = Some(h);
+    let hook = Hook::after(prefix, move || {
+        let (s2, id2, snap2, slot2) = (s2.clone(), id2.clone(), snap2.clone(), slot2.clone());
+        async move {
+            let h = tokio::spawn(async move {
+                s2.publish(super::flat(
+                    &id2,
+                    c,
+                    &snap2,
+                    deltapack_store::RootFormat::V2,
+                ))
+                .await
+            });
+            let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                while !h.is_finished() {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
             })
-        }),
-    };
-    (hook, slot)
+            .await;
+            *slot2.0.lock().expect("slot") = Some(h);
+        }
+    });
+    faulty.set_plan(FaultPlan {
+        after_delete: Some(Hook { before, ..hook }),
+        ..Default::default()
+    });
+    slot
 }
 
 /// What the random transient faults (`flip_fraction`, `get_fail_fraction`,
@@ -230,12 +263,6 @@ pub(crate) struct Faulty {
     injected: AtomicU64,
     race_armed: std::sync::atomic::AtomicBool,
     transient: Mutex<Transient>,
-}
-
-fn splitmix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 fn injected(op: &str, n: u64) -> object_store::Error {
@@ -302,7 +329,7 @@ impl Faulty {
         };
         let mut next = || {
             t.draws += 1;
-            splitmix(plan.seed ^ t.draws.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            mix64(plan.seed ^ t.draws.wrapping_mul(GOLDEN_GAMMA))
         };
         let unit = |z: u64| z as f64 / u64::MAX as f64;
         let (a, b, c, d) = (next(), next(), next(), next());
@@ -336,7 +363,7 @@ impl Faulty {
             '.'
         };
         t.history.entry(key.to_string()).or_default().push(mark);
-        (slow, fail, flip.then(|| splitmix(d)))
+        (slow, fail, flip.then(|| mix64(d)))
     }
 
     /// Operations seen so far.
@@ -384,10 +411,8 @@ impl Faulty {
         let crash = plan.crash_after.is_some_and(|c| n > c);
         let nth = plan.fail_nth == Some(n);
         let frac = plan.fail_fraction > 0.0 && {
-            let mut z = plan.seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            ((z ^ (z >> 31)) as f64 / u64::MAX as f64) < plan.fail_fraction
+            let z = mix64(plan.seed ^ n.wrapping_mul(GOLDEN_GAMMA));
+            (z as f64 / u64::MAX as f64) < plan.fail_fraction
         };
         if crash || nth || frac {
             self.injected.fetch_add(1, Ordering::SeqCst);

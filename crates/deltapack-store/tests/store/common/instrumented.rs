@@ -5,7 +5,7 @@
 //! Optional per-GET latency makes concurrency observable.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,27 +14,30 @@ use deltapack_store::wrap::{Intercept, ReadHead, Wrapped};
 use object_store::path::Path;
 use object_store::{GetOptions, GetResult, ObjectStore, PutOptions, PutPayload, PutResult, Result};
 
+use super::InFlight;
+
 /// Counters shared by a wrapper and the test.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    pub(crate) held: AtomicUsize,
-    pub(crate) max_held: AtomicUsize,
-    pub(crate) object_gets_in_flight: AtomicUsize,
-    pub(crate) max_object_gets_in_flight: AtomicUsize,
-    pub(crate) puts_in_flight: AtomicUsize,
-    pub(crate) max_puts_in_flight: AtomicUsize,
-    pub(crate) root_gets_in_flight: AtomicUsize,
-    pub(crate) max_root_gets_in_flight: AtomicUsize,
+    /// Object bodies fetched and not yet dropped.
+    pub(crate) held: InFlight,
+    /// Object GETs (not roots) in flight.
+    pub(crate) object_gets: InFlight,
+    /// PUTs in flight; the most at once is sampled when an object PUT
+    /// starts.
+    pub(crate) puts: InFlight,
+    /// Root GETs in flight.
+    pub(crate) root_gets: InFlight,
     pub(crate) gets: Mutex<HashMap<String, usize>>,
     /// Body bytes of every object GET (roots not counted).
-    pub(crate) object_bytes: std::sync::atomic::AtomicU64,
+    pub(crate) object_bytes: AtomicU64,
     /// Root GETs started.
     pub(crate) root_gets_started: AtomicUsize,
     /// A gate: the GET of this key waits until this many root GETs have
     /// started in all (or [`GATE_PATIENCE`] passed; see `gate_gave_up`).
     pub(crate) gate: Mutex<Option<(String, usize)>>,
     /// Whether a gated GET stopped waiting without its count reached.
-    pub(crate) gate_gave_up: std::sync::atomic::AtomicBool,
+    pub(crate) gate_gave_up: AtomicBool,
 }
 
 /// How long a gated GET waits for its count of root GETs at most.
@@ -42,16 +45,16 @@ pub(crate) const GATE_PATIENCE: Duration = Duration::from_secs(10);
 
 impl Counters {
     pub(crate) fn max_held(&self) -> usize {
-        self.max_held.load(Ordering::SeqCst)
+        self.held.max()
     }
     pub(crate) fn max_object_gets(&self) -> usize {
-        self.max_object_gets_in_flight.load(Ordering::SeqCst)
+        self.object_gets.max()
     }
     pub(crate) fn max_puts(&self) -> usize {
-        self.max_puts_in_flight.load(Ordering::SeqCst)
+        self.puts.max()
     }
     pub(crate) fn max_root_gets(&self) -> usize {
-        self.max_root_gets_in_flight.load(Ordering::SeqCst)
+        self.root_gets.max()
     }
     pub(crate) fn object_bytes(&self) -> u64 {
         self.object_bytes.load(Ordering::SeqCst)
@@ -89,7 +92,7 @@ impl AsRef<[u8]> for Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.counters.held.fetch_sub(1, Ordering::SeqCst);
+        self.counters.held.leave();
     }
 }
 
@@ -99,12 +102,6 @@ pub(crate) struct Instrumented {
     pub(crate) inner: Arc<dyn ObjectStore>,
     pub(crate) counters: Arc<Counters>,
     pub(crate) get_delay: Duration,
-}
-
-/// One more in flight: raises `max` to the new count.
-fn enter(in_flight: &AtomicUsize, max: &AtomicUsize) {
-    let n = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-    max.fetch_max(n, Ordering::SeqCst);
 }
 
 #[async_trait::async_trait]
@@ -117,14 +114,10 @@ impl Intercept for Instrumented {
         payload: PutPayload,
         opts: PutOptions,
     ) -> Result<PutResult> {
-        let n = self.counters.puts_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        if location.as_ref().starts_with("objects/") {
-            self.counters
-                .max_puts_in_flight
-                .fetch_max(n, Ordering::SeqCst);
-        }
+        let object = location.as_ref().starts_with("objects/");
+        self.counters.puts.enter_recording(object);
         let r = self.inner.put_opts(location, payload, opts).await;
-        self.counters.puts_in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.counters.puts.leave();
         r
     }
 
@@ -134,13 +127,11 @@ impl Intercept for Instrumented {
         }
         let object = location.as_ref().starts_with("objects/");
         if object {
-            let c = &self.counters;
-            enter(&c.object_gets_in_flight, &c.max_object_gets_in_flight);
+            self.counters.object_gets.enter();
         }
         let root = location.as_ref().starts_with("roots/");
         if root {
-            let c = &self.counters;
-            enter(&c.root_gets_in_flight, &c.max_root_gets_in_flight);
+            self.counters.root_gets.enter();
             self.counters
                 .root_gets_started
                 .fetch_add(1, Ordering::SeqCst);
@@ -162,14 +153,10 @@ impl Intercept for Instrumented {
         }
         let r = self.inner.get_opts(location, options).await;
         if root {
-            self.counters
-                .root_gets_in_flight
-                .fetch_sub(1, Ordering::SeqCst);
+            self.counters.root_gets.leave();
         }
         if object {
-            self.counters
-                .object_gets_in_flight
-                .fetch_sub(1, Ordering::SeqCst);
+            self.counters.object_gets.leave();
         }
         let r = r?;
         if !object {
@@ -179,7 +166,7 @@ impl Intercept for Instrumented {
         self.counters
             .object_bytes
             .fetch_add(bytes.len() as u64, Ordering::SeqCst);
-        enter(&self.counters.held, &self.counters.max_held);
+        self.counters.held.enter();
         let held = Bytes::from_owner(Held {
             bytes,
             counters: self.counters.clone(),
@@ -202,14 +189,5 @@ pub(crate) fn instrumented_store(
         counters: counters.clone(),
         get_delay: delay,
     });
-    (
-        super::wrapped(
-            deltapack_store::Backend {
-                store,
-                kind: deltapack_store::BackendKind::Memory,
-            },
-            config,
-        ),
-        counters,
-    )
+    (super::memory_kind(store, config), counters)
 }

@@ -5,6 +5,7 @@ pub(crate) mod faults;
 pub(crate) mod instrumented;
 pub(crate) mod pg;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use object_store::path::Path;
@@ -52,17 +53,26 @@ pub(crate) fn in_own_process(test: &str) -> bool {
     false
 }
 
+/// SplitMix64's increment: the `n`th value of a stream seeded with `seed`
+/// is [`mix64`]`(seed + n * GOLDEN_GAMMA)`.
+pub(crate) const GOLDEN_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// SplitMix64's output function: a well-mixed `u64` from any `u64` (`z`
+/// derived from a seed and a counter gives reproducible test randomness).
+pub(crate) fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// A seeded SplitMix64 stream: test randomness that a seed reproduces.
 pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
     /// The next value.
     pub(crate) fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0 = self.0.wrapping_add(GOLDEN_GAMMA);
+        mix64(self.0)
     }
 
     /// A value in `0..n` (`0` for `n = 0`).
@@ -81,15 +91,6 @@ impl Rng {
     }
 }
 
-/// A scratch backend by name: `"local"` (a `file://` store in `dir`) or
-/// anything else (`memory://`).
-pub(crate) fn scratch_url(name: &str, dir: &tempfile::TempDir) -> String {
-    match name {
-        "local" => format!("file://{}", dir.path().display()),
-        _ => "memory://".to_string(),
-    }
-}
-
 /// The object keys `c`'s root (in `id`'s namespace) lists.
 pub(crate) async fn object_keys(s: &Store, id: &CacheIdentity, c: &ContextDigest) -> Vec<Path> {
     let RootStatus::Found(r) = s.read_root(&id.namespace(), c).await.expect("read") else {
@@ -101,6 +102,46 @@ pub(crate) async fn object_keys(s: &Store, id: &CacheIdentity, c: &ContextDigest
         .iter()
         .map(|(d, _)| keys::object_key(d))
         .collect()
+}
+
+/// A count of calls (or held things) in flight, and the most there have
+/// been at once: what a test layer measures to check a concurrency bound.
+#[derive(Debug, Default)]
+pub(crate) struct InFlight {
+    now: AtomicUsize,
+    max: AtomicUsize,
+}
+
+impl InFlight {
+    /// One more in flight; the most at once rises to the new count.
+    pub(crate) fn enter(&self) {
+        self.enter_recording(true);
+    }
+
+    /// One more in flight; the most at once rises to the new count only if
+    /// `record` (when the bound under test covers some calls only, but
+    /// counts all of them).
+    pub(crate) fn enter_recording(&self, record: bool) {
+        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        if record {
+            self.max.fetch_max(n, Ordering::SeqCst);
+        }
+    }
+
+    /// One fewer in flight.
+    pub(crate) fn leave(&self) {
+        self.now.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// The most in flight at once so far.
+    pub(crate) fn max(&self) -> usize {
+        self.max.load(Ordering::SeqCst)
+    }
+
+    /// Forgets the most at once (measures from now on).
+    pub(crate) fn reset_max(&self) {
+        self.max.store(0, Ordering::SeqCst);
+    }
 }
 
 /// Extent size used by tests: small, so tiny snapshots span several extents.
@@ -148,7 +189,7 @@ pub(crate) fn s3_bucket() -> String {
 }
 
 fn unique() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::atomic::AtomicU64;
     static N: AtomicU64 = AtomicU64::new(0);
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -211,6 +252,43 @@ pub(crate) fn s3(config: StoreConfig) -> Option<TestStore> {
     })
 }
 
+/// A kind of scratch backend a test suite runs on.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Scratch {
+    /// `memory://`.
+    Memory,
+    /// A `file://` store in a temp dir (fsync on).
+    Local,
+    /// A fresh prefix on the S3 test server.
+    S3,
+}
+
+impl Scratch {
+    /// A fresh store of this kind with `config` (`None` for S3 without the
+    /// test server).
+    pub(crate) fn store(self, config: StoreConfig) -> Option<TestStore> {
+        match self {
+            Scratch::Memory => Some(memory(config)),
+            Scratch::Local => Some(local(config)),
+            Scratch::S3 => s3(config),
+        }
+    }
+
+    /// The raw backend of a fresh store of this kind, and the temp dir a
+    /// local one lives in (`None` for S3 without the test server).
+    pub(crate) fn backend(self) -> Option<(Backend, Option<tempfile::TempDir>)> {
+        match self {
+            Scratch::Memory => Some((raw_backend("memory://"), None)),
+            Scratch::Local => {
+                let dir = tempfile::tempdir().expect("tmp");
+                let url = format!("file://{}", dir.path().display());
+                Some((raw_backend(&url), Some(dir)))
+            }
+            Scratch::S3 => s3_url().map(|u| (raw_backend(&u), None)),
+        }
+    }
+}
+
 /// A handle on `store` (typically an in-memory store under a test layer)
 /// that the store treats as remote-like memory (`BackendKind::Memory`).
 pub(crate) fn memory_kind(store: Arc<dyn object_store::ObjectStore>, config: StoreConfig) -> Store {
@@ -242,6 +320,18 @@ pub(crate) fn through(
         },
         config,
     )
+}
+
+/// `s`'s ledger, as kept so far, equals one rebuilt from the store (else the
+/// test fails, naming `what`); its image.
+pub(crate) async fn assert_ledger_equals_rebuild(
+    s: &Store,
+    what: &str,
+) -> deltapack_store::LedgerImage {
+    let kept = s.ledger_image().await.expect("image");
+    s.rebuild_ledger().await.expect("rebuild");
+    assert_eq!(s.ledger_image().await.expect("image"), kept, "{what}");
+    kept
 }
 
 /// `reader` restores `c` to exactly `snap` (else the test fails with
@@ -339,6 +429,20 @@ pub(crate) async fn publish_base(
         .expect("publish base")
 }
 
+/// Publishes the synthetic conversation `seed` at `tokens` ([`turn`],
+/// under [`ctx`]) flat; its context.
+pub(crate) async fn publish_seed(
+    store: &Store,
+    id: &CacheIdentity,
+    seed: u64,
+    tokens: u64,
+    format: RootFormat,
+) -> ContextDigest {
+    let c = ctx(id, seed, tokens as usize);
+    publish_base(store, id, c, turn(seed, tokens), format).await;
+    c
+}
+
 /// A request to publish `snap` as a delta on `base` (published under
 /// `base_ctx`).
 pub(crate) fn delta(
@@ -390,6 +494,57 @@ pub(crate) async fn restore_bytes(
     }
 }
 
+/// Each `(context, snapshot)` of `turns` restores from `store` to exactly
+/// its snapshot (else the test fails, naming `what` and the turn).
+pub(crate) async fn assert_restores(
+    store: &Store,
+    id: &CacheIdentity,
+    turns: &[(ContextDigest, Arc<Snapshot>)],
+    what: &str,
+) {
+    for (k, (c, snap)) in turns.iter().enumerate() {
+        assert_eq!(
+            restore_bytes(store, id, *c).await,
+            snap.encoded(),
+            "{what}: turn {k}"
+        );
+    }
+}
+
+/// `restore_into` of `key` into `buf` is a hit that leaves exactly `want`
+/// there (else the test fails, naming `what`).
+pub(crate) async fn assert_restored_into(
+    store: &Store,
+    key: (&CacheIdentity, ContextDigest),
+    buf: &mut [u8],
+    want: &[u8],
+    what: &str,
+) {
+    let out = store
+        .restore_into(key, buf, Default::default())
+        .await
+        .expect("restore_into");
+    assert!(
+        matches!(out, deltapack_store::RestoreIntoOutcome::Hit { .. }),
+        "{what}: {out:?}"
+    );
+    assert_eq!(buf, want, "{what}: the buffer restored into");
+}
+
+/// A root envelope around `body`, built by hand from the documented layout
+/// (not by the code under test): magic, version 1, flags 0, body_len,
+/// BLAKE3 of the body, the body.
+pub(crate) fn forge(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(52 + body.len());
+    out.extend_from_slice(b"DPKROOT\0");
+    out.extend_from_slice(&1u16.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    out.extend_from_slice(blake3::hash(body).as_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
 /// The bytes stored under `key` (the test fails if they cannot be read).
 pub(crate) async fn stored(
     os: &dyn object_store::ObjectStore,
@@ -421,6 +576,45 @@ pub(crate) async fn dry_sweep(s: &Store) -> deltapack_store::SweepReport {
     .expect("sweep")
 }
 
+/// Every file below `dir`, in no particular order (none if `dir` does not
+/// exist).
+pub(crate) fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// The sweep found nothing missing and nothing corrupt (else the test
+/// fails, naming `what` and showing the report).
+pub(crate) fn assert_no_damage(report: &deltapack_store::SweepReport, what: &str) {
+    assert!(
+        report.missing.is_empty() && report.corrupt.is_empty(),
+        "{what}: {report:?}"
+    );
+}
+
+/// The sweep found nothing missing, nothing corrupt and no unusable root
+/// (each asserted on its own, showing what it found).
+pub(crate) fn assert_nothing_lost(report: &deltapack_store::SweepReport) {
+    assert!(report.missing.is_empty(), "missing: {:?}", report.missing);
+    assert!(report.corrupt.is_empty(), "corrupt: {:?}", report.corrupt);
+    assert!(
+        report.unusable_roots.is_empty(),
+        "unusable: {:?}",
+        report.unusable_roots
+    );
+}
+
 /// Copies a directory tree (e.g. a fixture store into a temp dir).
 pub(crate) fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     for e in std::fs::read_dir(from).expect("read_dir") {
@@ -435,8 +629,6 @@ pub(crate) fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     }
 }
 
-/// Bytes of every object and root under a store's prefix, from its listing
-/// (what the bucket really holds, whatever the ledger says).
 /// The peak of [`listed_bytes`] while publications race for a budget,
 /// sampled every `every` until [`PeakBytes::stop`].
 pub(crate) struct PeakBytes {
@@ -446,8 +638,9 @@ pub(crate) struct PeakBytes {
 }
 
 impl PeakBytes {
+    /// Starts sampling `store`'s listed bytes every `every`.
     pub(crate) fn sample(store: &Store, every: std::time::Duration) -> Self {
-        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::atomic::AtomicBool;
         let done = Arc::new(AtomicBool::new(false));
         let (s, d) = (store.clone(), done.clone());
         let sampler = tokio::spawn(async move {
@@ -467,7 +660,7 @@ impl PeakBytes {
 
     /// The peak, the bytes listed now included.
     pub(crate) async fn stop(self) -> u64 {
-        self.done.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.done.store(true, Ordering::SeqCst);
         let peak = self.sampler.await.expect("sampler");
         peak.max(listed_bytes(&self.store).await)
     }
@@ -492,6 +685,8 @@ pub(crate) async fn created_or_refused(
     created
 }
 
+/// Bytes of every object and root under a store's prefix, from its listing
+/// (what the bucket really holds, whatever the ledger says).
 pub(crate) async fn listed_bytes(s: &Store) -> u64 {
     use futures::TryStreamExt;
     let mut total = 0;

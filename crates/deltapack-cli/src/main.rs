@@ -30,6 +30,7 @@ mod exit;
 mod inspect;
 mod lookup;
 mod ops;
+mod provenance;
 mod publish;
 mod restore;
 mod settings;
@@ -254,12 +255,12 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    settings::set_matches(&matches);
+    provenance::set_matches(&matches);
     init_tracing();
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            errors::report(&e, settings::json_requested());
+            errors::report(&e, provenance::json_requested());
             if e.downcast_ref::<Usage>().is_some() {
                 ExitCode::from(EXIT_USAGE)
             } else {

@@ -11,173 +11,22 @@
 //! prints every option with its value and where it came from.
 //!
 //! The sources are told apart with clap's `ArgMatches::value_source`: the
-//! parsed arguments keep `None` for an option not given, and [`set_matches`]
-//! keeps the command's matches so that [`source_of`] can tell a flag from an
+//! parsed arguments keep `None` for an option not given, and [`crate::provenance::set_matches`]
+//! keeps the command's matches so that [`crate::provenance::source_of`] can tell a flag from an
 //! environment variable.
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::parser::ValueSource;
 use deltapack_store::units;
 use deltapack_store::{ChainPolicy, ConfigFile, Store, StoreConfig};
-use serde::Serialize;
+
+use crate::provenance::{pick, source_of, Setting, Shown, Source};
 
 /// Environment variable holding the root MAC secret itself.
 pub(crate) const ROOT_KEY_ENV: &str = "DELTAPACK_ROOT_KEY";
-
-/// The matches of the command being run (the innermost subcommand).
-static MATCHES: OnceLock<clap::ArgMatches> = OnceLock::new();
-
-/// Keeps the innermost subcommand's matches for [`source_of`].
-pub(crate) fn set_matches(top: &clap::ArgMatches) {
-    let mut m = top;
-    while let Some((_, sub)) = m.subcommand() {
-        m = sub;
-    }
-    let _ = MATCHES.set(m.clone());
-}
-
-/// Whether the running command was given `--json` (for error output).
-pub(crate) fn json_requested() -> bool {
-    MATCHES
-        .get()
-        .and_then(|m| m.try_get_one::<bool>("json").ok().flatten().copied())
-        .unwrap_or(false)
-}
-
-/// Where a setting's value came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum Source {
-    /// A command-line flag.
-    Flag,
-    /// A `DELTAPACK_*` environment variable.
-    Env,
-    /// The configuration file.
-    File,
-    /// The built-in default.
-    Default,
-}
-
-impl Source {
-    fn label(self) -> &'static str {
-        match self {
-            Source::Flag => "flag",
-            Source::Env => "env",
-            Source::File => "file",
-            Source::Default => "default",
-        }
-    }
-}
-
-/// How clap filled the argument `id` (None when not given or unknown).
-fn source_of(id: &str) -> Option<ValueSource> {
-    MATCHES
-        .get()
-        .and_then(|m| m.try_contains_id(id).ok().filter(|c| *c).map(|_| m))
-        .and_then(|m| m.value_source(id))
-}
-
-/// Chooses flag/env over file over default for one option.
-fn pick<T: Clone>(id: &str, cli: &Option<T>, file: &Option<T>) -> Option<(T, Source)> {
-    match (cli, source_of(id)) {
-        (Some(v), Some(ValueSource::EnvVariable)) => Some((v.clone(), Source::Env)),
-        (Some(v), Some(ValueSource::DefaultValue)) => match file {
-            Some(f) => Some((f.clone(), Source::File)),
-            None => Some((v.clone(), Source::Default)),
-        },
-        // A value not from the environment nor a default is the flag's
-        // (also when no matches were kept, as in unit tests).
-        (Some(v), _) => Some((v.clone(), Source::Flag)),
-        (None, _) => file.clone().map(|f| (f, Source::File)),
-    }
-}
-
-/// One resolved option, as `config show` prints it.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct Setting {
-    /// The flag's (and file key's) name.
-    pub(crate) name: &'static str,
-    /// The environment variable.
-    pub(crate) env: String,
-    /// The value as text (human units; `none` when unset).
-    pub(crate) value: String,
-    /// Where it came from.
-    pub(crate) source: Source,
-}
-
-fn env_name(name: &str) -> String {
-    format!("DELTAPACK_{}", name.replace('-', "_").to_uppercase())
-}
-
-/// Collects resolved settings for `config show`.
-#[derive(Default)]
-struct Shown(Vec<Setting>);
-
-impl Shown {
-    fn push(&mut self, name: &'static str, value: String, source: Source) {
-        self.0.push(Setting {
-            name,
-            env: env_name(name),
-            value,
-            source,
-        });
-    }
-
-    /// Resolves the option `name` (flag or environment, then file, then
-    /// `default`) and records it as `show` writes it.
-    fn value<T: Clone>(
-        &mut self,
-        name: &'static str,
-        cli: &Option<T>,
-        file: &Option<T>,
-        default: T,
-        show: impl FnOnce(&T) -> String,
-    ) -> T {
-        let (v, src) = pick(&arg_id(name), cli, file).unwrap_or((default, Source::Default));
-        self.push(name, show(&v), src);
-        v
-    }
-
-    /// Resolves the option `name`, which has no default (`None` when no
-    /// source gives it), and records it as `show` writes it.
-    fn optional<T: Clone>(
-        &mut self,
-        name: &'static str,
-        cli: &Option<T>,
-        file: &Option<T>,
-        show: impl FnOnce(Option<&T>) -> String,
-    ) -> Option<T> {
-        let picked = pick(&arg_id(name), cli, file);
-        let src = picked.as_ref().map_or(Source::Default, |(_, s)| *s);
-        let v = picked.map(|(v, _)| v);
-        self.push(name, show(v.as_ref()), src);
-        v
-    }
-
-    /// [`Shown::value`] for a request count; refuses 0.
-    fn count(
-        &mut self,
-        name: &'static str,
-        cli: &Option<usize>,
-        file: &Option<usize>,
-        default: usize,
-    ) -> Result<usize> {
-        let v = self.value(name, cli, file, default, |v| v.to_string());
-        if v == 0 {
-            bail!("{name} must be at least 1");
-        }
-        Ok(v)
-    }
-}
-
-/// The clap argument id of the option `name` (its field name).
-fn arg_id(name: &str) -> String {
-    name.replace('-', "_")
-}
 
 /// Parses a size with units (`50GiB`, `1.5TB`, `64M`, `1000`) for clap.
 pub(crate) fn parse_size(s: &str) -> std::result::Result<u64, String> {

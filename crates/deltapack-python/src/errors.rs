@@ -84,3 +84,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("LedgerMismatchError", py.get_type::<LedgerMismatchError>())?;
     Ok(())
 }
+
+/// A format-crate error in caller-provided data.
+pub(crate) fn format_err(e: deltapack_format::Error) -> PyErr {
+    bad_input(e.to_string())
+}

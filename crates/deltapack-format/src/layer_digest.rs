@@ -1018,23 +1018,61 @@ impl LayerHashPlan {
             .streams
             .iter()
             .map(|st| {
-                let n = st.offsets.len() - 1;
-                let hashes = &block_hashes[st.first..st.first + n];
-                match hashes {
-                    [] => *stream_hasher().finalize().as_bytes(),
-                    [only] => *only,
-                    _ => {
-                        let pieces: Vec<(u64, ChainingValue)> = st
-                            .offsets
-                            .windows(2)
-                            .zip(hashes)
-                            .map(|(w, h)| (w[1] - w[0], *h))
-                            .collect();
-                        fold_pieces(&pieces)
-                    }
-                }
+                Self::fold_stream(st, &block_hashes[st.first..st.first + st.offsets.len() - 1])
             })
             .collect())
+    }
+
+    /// Number of streams (payload order).
+    pub fn stream_count(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// Stream `i`'s bytes in the snapshot encoding.
+    pub fn stream_range(&self, i: usize) -> Option<Range<u64>> {
+        self.streams.get(i).map(|st| st.start..st.start + st.len)
+    }
+
+    /// Stream `i`'s blocks, as indices into [`LayerHashPlan::blocks`]
+    /// (empty for a stream without bytes).
+    pub fn stream_blocks(&self, i: usize) -> Range<usize> {
+        self.streams
+            .get(i)
+            .map_or(0..0, |st| st.first..st.first + st.offsets.len() - 1)
+    }
+
+    /// Stream `i`'s digest from its own blocks' hashes (in order, as many
+    /// as [`LayerHashPlan::stream_blocks`] names): one stream checked alone,
+    /// as a layer-wise restore does once that stream's blocks are hashed.
+    pub fn stream_digest(&self, i: usize, block_hashes: &[[u8; 32]]) -> Result<StreamDigest> {
+        let st = self
+            .streams
+            .get(i)
+            .ok_or_else(|| Error::Invalid(format!("no stream {i}")))?;
+        if block_hashes.len() != st.offsets.len() - 1 {
+            return Err(Error::Invalid(format!(
+                "{} block hashes for stream {i}'s {} blocks",
+                block_hashes.len(),
+                st.offsets.len() - 1
+            )));
+        }
+        Ok(Self::fold_stream(st, block_hashes))
+    }
+
+    fn fold_stream(st: &PlanStream, hashes: &[[u8; 32]]) -> StreamDigest {
+        match hashes {
+            [] => *stream_hasher().finalize().as_bytes(),
+            [only] => *only,
+            _ => {
+                let pieces: Vec<(u64, ChainingValue)> = st
+                    .offsets
+                    .windows(2)
+                    .zip(hashes)
+                    .map(|(w, h)| (w[1] - w[0], *h))
+                    .collect();
+                fold_pieces(&pieces)
+            }
+        }
     }
 
     /// The layered digest: the prefix and the merged stream digests.
@@ -1307,6 +1345,39 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Each stream checked alone from its own blocks (a layer-wise
+        /// restore) gives the same digest as all streams merged at once,
+        /// and the stream's range is its bytes.
+        #[test]
+        fn one_stream_alone_matches_the_merged_digests(
+            l in layout_strategy(),
+            pages in 0u64..40,
+            block_log in 10u32..14,
+            seed in any::<u64>(),
+        ) {
+            let snap = flat(&l, pages * 64, seed);
+            let off = snap.header().encode_prefix().expect("prefix").len() as u64;
+            let plan = LayerHashPlan::new(snap.header(), off, 1 << block_log).expect("plan");
+            let hashes: Vec<[u8; 32]> = plan
+                .blocks()
+                .iter()
+                .enumerate()
+                .map(|(i, b)| plan.hash_block(i, &snap.encoded()[b.range.0 as usize..b.range.1 as usize]).expect("hash"))
+                .collect();
+            let all = plan.stream_digests(&hashes).expect("digests");
+            prop_assert_eq!(plan.stream_count(), all.len());
+            for (i, want) in all.iter().enumerate() {
+                let blocks = plan.stream_blocks(i);
+                prop_assert_eq!(&plan.stream_digest(i, &hashes[blocks.clone()]).expect("one"), want);
+                let r = plan.stream_range(i).expect("range");
+                prop_assert_eq!(&stream_digest(&snap.encoded()[r.start as usize..r.end as usize]), want);
+                if !blocks.is_empty() {
+                    prop_assert!(plan.stream_digest(i, &hashes[blocks.start + 1..blocks.end]).is_err());
+                }
+            }
+            prop_assert!(plan.stream_range(all.len()).is_none());
+        }
 
         /// A written-down state resumes to one that extends exactly like
         /// the captured one; a state of another snapshot is refused.

@@ -160,8 +160,8 @@ pub use publish::{
 };
 pub use read_only::Refusals;
 pub use restore::{
-    Restoration, RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored, Target,
-    RESTORE_IN_FLIGHT,
+    LayerEvent, LayerOrder, LayerProof, LayerReady, LayerStream, Restoration, RestoreIntoOutcome,
+    RestoreOptions, RestoreOutcome, Restored, Target, RESTORE_IN_FLIGHT,
 };
 pub use stats::{StatsReport, StatsSnapshot, TierReport};
 pub use store::{RootInfo, RootStatus, Store};

@@ -125,7 +125,7 @@ impl Sink for ItemSink<'_> {
 }
 
 /// Runs `f(i)` for `i in 0..n` on up to `threads` scoped threads.
-fn pool<T: Send>(threads: usize, n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+pub(super) fn pool<T: Send>(threads: usize, n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
     let next = AtomicUsize::new(0);
     let out: Mutex<Vec<(usize, T)>> = Mutex::new(Vec::with_capacity(n));
     std::thread::scope(|s| {
@@ -160,54 +160,18 @@ pub(crate) fn restore_chain(
     into: Option<&mut [u8]>,
     allow_deferred: bool,
 ) -> Result<Output, ObjectFault> {
-    let ReadCtx {
-        source,
-        threads,
-        tally,
-        ..
-    } = ctx;
     let Some(top) = deltas.last() else {
         return Err(ObjectFault::plain("a chain needs at least one delta"));
     };
     let started = Instant::now();
-    // Extent geometry of every level read from storage: the deltas, then a
-    // flat bottom.
-    let mut levels: Vec<&ManifestV2> = deltas.iter().collect();
-    if let Bottom::Flat(m) = bottom {
-        levels.push(m);
-    }
-    let plans: Vec<ExtentPlan> = levels
-        .iter()
-        .map(|m| ExtentPlan::new(m.payload_len, m.max_extent_bytes))
-        .collect::<Result<_, _>>()
-        .map_err(|e| ObjectFault::plain(e.to_string()))?;
-
-    // 1. Every delta's header (unverified here; each is checked again
-    //    byte for byte while its extent is hashed).
-    //    A v2.1 root carries its header: no read at all.
-    let headers: Vec<Vec<u8>> = pool(threads, deltas.len(), |i| match deltas[i].chain.as_ref() {
-        Some(c) => Ok(c.delta_header.clone()),
-        None => read_header_prefix(source, &deltas[i]).inspect(|h| tally.add(h.len() as u64)),
-    })
-    .into_iter()
-    .collect::<Result<_, _>>()?;
-
-    // 2. Plan every link against the result before it, and check it against
-    //    the roots.
-    let bottom_header = bottom.header();
-    let (links, header_lens) = plan_links(source, bottom, deltas, &headers, &plans)?;
-    let composed =
-        delta::compose(&bottom_header, &links).map_err(|e| ObjectFault::plain(e.to_string()))?;
-    let result_header = links
-        .last()
-        .map(|l| l.result_header.clone())
-        .ok_or_else(|| ObjectFault::plain("a chain needs at least one delta"))?;
-    if composed.result_len != top.result_snapshot_len {
-        return Err(ObjectFault::plain(format!(
-            "the chain composes to {} bytes, the root says {}",
-            composed.result_len, top.result_snapshot_len
-        )));
-    }
+    let Prepared {
+        levels,
+        plans,
+        headers,
+        header_lens,
+        composed,
+        result_header,
+    } = prepare(&ctx, bottom, deltas)?;
 
     // 3. Work items: per level, the spans each extent owns.
     let (by_level, memory) = spans_by_level(&composed, bottom, levels.len(), deltas.len())?;
@@ -261,6 +225,84 @@ pub(crate) fn restore_chain(
     }
 }
 
+/// A chain planned: every level read from storage, the composed plan and
+/// the result's header (steps 1 and 2 of [`restore_chain`], shared with the
+/// layer-wise restore).
+pub(super) struct Prepared<'m> {
+    /// The deltas (oldest first), then a flat bottom.
+    pub(super) levels: Vec<&'m ManifestV2>,
+    /// Each level's extent geometry.
+    pub(super) plans: Vec<ExtentPlan>,
+    /// Each delta's header bytes (recorded in its root, or read).
+    pub(super) headers: Vec<Vec<u8>>,
+    /// Each delta's header length.
+    pub(super) header_lens: Vec<usize>,
+    /// Where every byte of the result comes from.
+    pub(super) composed: ComposedPlan,
+    /// The result's snapshot header.
+    pub(super) result_header: SnapshotHeader,
+}
+
+/// Steps 1 and 2 of [`restore_chain`]: reads (or takes from the roots)
+/// every delta's header, plans each link against the result below it and
+/// composes the chain.
+pub(super) fn prepare<'m>(
+    ctx: &ReadCtx<'_>,
+    bottom: &'m Bottom,
+    deltas: &'m [ManifestV2],
+) -> Result<Prepared<'m>, ObjectFault> {
+    let (source, threads, tally) = (ctx.source, ctx.threads, ctx.tally);
+    let Some(top) = deltas.last() else {
+        return Err(ObjectFault::plain("a chain needs at least one delta"));
+    };
+    // Extent geometry of every level read from storage: the deltas, then a
+    // flat bottom.
+    let mut levels: Vec<&ManifestV2> = deltas.iter().collect();
+    if let Bottom::Flat(m) = bottom {
+        levels.push(m);
+    }
+    let plans: Vec<ExtentPlan> = levels
+        .iter()
+        .map(|m| ExtentPlan::new(m.payload_len, m.max_extent_bytes))
+        .collect::<Result<_, _>>()
+        .map_err(|e| ObjectFault::plain(e.to_string()))?;
+
+    // 1. Every delta's header (unverified here; each is checked again
+    //    byte for byte while its extent is hashed).
+    //    A v2.1 root carries its header: no read at all.
+    let headers: Vec<Vec<u8>> = pool(threads, deltas.len(), |i| match deltas[i].chain.as_ref() {
+        Some(c) => Ok(c.delta_header.clone()),
+        None => read_header_prefix(source, &deltas[i]).inspect(|h| tally.add(h.len() as u64)),
+    })
+    .into_iter()
+    .collect::<Result<_, _>>()?;
+
+    // 2. Plan every link against the result before it, and check it against
+    //    the roots.
+    let bottom_header = bottom.header();
+    let (links, header_lens) = plan_links(source, bottom, deltas, &headers, &plans)?;
+    let composed =
+        delta::compose(&bottom_header, &links).map_err(|e| ObjectFault::plain(e.to_string()))?;
+    let result_header = links
+        .last()
+        .map(|l| l.result_header.clone())
+        .ok_or_else(|| ObjectFault::plain("a chain needs at least one delta"))?;
+    if composed.result_len != top.result_snapshot_len {
+        return Err(ObjectFault::plain(format!(
+            "the chain composes to {} bytes, the root says {}",
+            composed.result_len, top.result_snapshot_len
+        )));
+    }
+    Ok(Prepared {
+        levels,
+        plans,
+        headers,
+        header_lens,
+        composed,
+        result_header,
+    })
+}
+
 /// Step 2 of [`restore_chain`]: plans every link of `deltas` against the
 /// result before it (from `bottom` up) and checks it against its root.
 /// Returns the links and each delta's header length; a link that does not
@@ -301,7 +343,7 @@ fn plan_links(
 /// level that supplies them (`levels` of them: the deltas, then a flat
 /// bottom), each level's sorted by source offset, and the spans a bottom
 /// held in memory supplies.
-fn spans_by_level(
+pub(super) fn spans_by_level(
     composed: &ComposedPlan,
     bottom: &Bottom,
     levels: usize,
@@ -533,9 +575,8 @@ impl Pass<'_, '_> {
                     self.memory_src,
                     *span,
                     self.dest,
-                    hash,
-                    done,
                     self.ctx.deadline,
+                    &mut |dst, n| hash.wrote(self.dest, dst, n, done),
                 )
             }
             Item::Extent {
@@ -589,7 +630,16 @@ impl Pass<'_, '_> {
                     n += hi.saturating_sub(lo);
                 }
                 self.ctx.tally.add(n);
-                self.place_local_unverified(root, e, spans, stored_header, hash, sink.done)?
+                let done = &mut *sink.done;
+                place_local_unverified(
+                    root,
+                    e,
+                    spans,
+                    stored_header,
+                    self.dest,
+                    self.ctx.deadline,
+                    &mut |dst, n| hash.wrote(self.dest, dst, n, done),
+                )?
             }
             Source::Remote(remote) => {
                 // One ranged GET from the header (if this extent holds part
@@ -618,65 +668,65 @@ impl Pass<'_, '_> {
     }
 }
 
-impl Pass<'_, '_> {
-    /// Reads the bytes of `spans` inside `range` of one local raw extent
-    /// straight into the result (no staging copy) without checking the
-    /// extent's name (see [`Pass::run`]), a piece at a time so that the result
-    /// blocks it completes are hashed while they are still in cache.
-    fn place_local_unverified(
-        &self,
-        root: &std::path::Path,
-        e: &deltapack_format::root::ExtentEntry,
-        spans: &[Span],
-        stored_header: Option<&[u8]>,
-        hash: &ResultHash,
-        done: &mut Vec<(u64, Digest)>,
-    ) -> Result<bool, ObjectFault> {
-        let (dest, deadline) = (self.dest, self.ctx.deadline);
-        let key = crate::keys::object_key(&e.object_digest());
-        let file = open_local(root, &key, e)?;
-        let read_exact = |buf: &mut [u8], pos: u64| -> Result<(), ObjectFault> {
-            let mut got = 0usize;
-            while got < buf.len() {
-                let k = read_at(&file, &mut buf[got..], pos + got as u64)
-                    .map_err(|x| ObjectFault::io(&key, "read", x))?;
-                if k == 0 {
-                    return Err(ObjectFault::of(
-                        &key,
-                        FaultKind::Corrupt,
-                        "object ended early (it shrank while being read)",
-                    ));
-                }
-                got += k;
+/// Reads the bytes of `spans` of one local raw extent straight into the
+/// result (no staging copy) without checking the extent's name (the
+/// result's digest, or each layer's, covers every byte placed), a piece at
+/// a time, calling `wrote(dst, len)` after each so that the blocks it
+/// completes are hashed while they are still in cache. Returns whether the
+/// stored delta header bytes this extent holds differ from `stored_header`
+/// (the ones its root recorded).
+pub(super) fn place_local_unverified(
+    root: &std::path::Path,
+    e: &deltapack_format::root::ExtentEntry,
+    spans: &[Span],
+    stored_header: Option<&[u8]>,
+    dest: &SharedDest,
+    deadline: Option<Instant>,
+    wrote: &mut dyn FnMut(u64, u64),
+) -> Result<bool, ObjectFault> {
+    let key = crate::keys::object_key(&e.object_digest());
+    let file = open_local(root, &key, e)?;
+    let read_exact = |buf: &mut [u8], pos: u64| -> Result<(), ObjectFault> {
+        let mut got = 0usize;
+        while got < buf.len() {
+            let k = read_at(&file, &mut buf[got..], pos + got as u64)
+                .map_err(|x| ObjectFault::io(&key, "read", x))?;
+            if k == 0 {
+                return Err(ObjectFault::of(
+                    &key,
+                    FaultKind::Corrupt,
+                    "object ended early (it shrank while being read)",
+                ));
             }
-            Ok(())
-        };
-        let mut header_differs = false;
-        if let Some(h) = stored_header {
-            let mut stored = vec![0u8; h.len()];
-            read_exact(&mut stored, 0)?;
-            header_differs = stored != h;
+            got += k;
         }
-        let (start, end) = (e.offset, e.offset + e.raw_len);
-        for s in spans {
-            let (lo, hi) = (s.src.max(start), s.src_end().min(end));
-            let mut at = lo;
-            while at < hi {
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    return Err(ObjectFault::deadline());
-                }
-                let n = (hi - at).min(PIECE as u64);
-                let dst = s.dst + (at - s.src);
-                // SAFETY: these result bytes belong to this span, and the span
-                // to this work item alone.
-                let buf = unsafe { dest.slice_mut(dst..dst + n) };
-                read_exact(buf, at - e.offset)?;
-                hash.wrote(dest, dst, n, done);
-                at += n;
-            }
-        }
-        Ok(header_differs)
+        Ok(())
+    };
+    let mut header_differs = false;
+    if let Some(h) = stored_header {
+        let mut stored = vec![0u8; h.len()];
+        read_exact(&mut stored, 0)?;
+        header_differs = stored != h;
     }
+    let (start, end) = (e.offset, e.offset + e.raw_len);
+    for s in spans {
+        let (lo, hi) = (s.src.max(start), s.src_end().min(end));
+        let mut at = lo;
+        while at < hi {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(ObjectFault::deadline());
+            }
+            let n = (hi - at).min(PIECE as u64);
+            let dst = s.dst + (at - s.src);
+            // SAFETY: these result bytes belong to this span, and the span
+            // to the caller's work item alone.
+            let buf = unsafe { dest.slice_mut(dst..dst + n) };
+            read_exact(buf, at - e.offset)?;
+            wrote(dst, n);
+            at += n;
+        }
+    }
+    Ok(header_differs)
 }
 
 /// Plans one link of the chain from its header bytes, checked against its
@@ -717,14 +767,14 @@ fn plan_link(
     Ok((plan, tails))
 }
 
-/// Copies a span of a snapshot held in memory into the result.
-fn copy_memory(
+/// Copies a span of a snapshot held in memory into the result, calling
+/// `wrote(dst, len)` after each piece.
+pub(super) fn copy_memory(
     from: Option<&[u8]>,
     s: Span,
     dest: &SharedDest,
-    hash: &ResultHash,
-    done: &mut Vec<(u64, Digest)>,
     deadline: Option<Instant>,
+    wrote: &mut dyn FnMut(u64, u64),
 ) -> Result<(), ObjectFault> {
     let from = from.ok_or_else(|| ObjectFault::plain("no bottom snapshot in memory"))?;
     let mut at = 0u64;
@@ -739,7 +789,7 @@ fn copy_memory(
             .ok_or_else(|| ObjectFault::plain("a piece lies outside the bottom snapshot"))?;
         // SAFETY: this span belongs to this item alone.
         unsafe { dest.write(s.dst + at, bytes) };
-        hash.wrote(dest, s.dst + at, n, done);
+        wrote(s.dst + at, n);
         at += n;
     }
     Ok(())

@@ -43,6 +43,8 @@ use crate::store::Store;
 mod base;
 pub(crate) mod cache;
 mod compose;
+mod layer_pass;
+mod layers;
 mod outcome;
 mod plan;
 pub(crate) mod read;
@@ -51,6 +53,7 @@ mod result;
 mod v1;
 
 use cache::{Flight, SharedRestore};
+pub use layers::{LayerEvent, LayerOrder, LayerProof, LayerReady, LayerStream};
 pub use outcome::{
     Restoration, RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored, Target,
     RESTORE_IN_FLIGHT,

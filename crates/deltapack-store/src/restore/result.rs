@@ -38,6 +38,23 @@ impl SharedDest {
         }
     }
 
+    /// Shares the `len` bytes at `ptr` with the workers of one pass.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be valid for reads and writes while the value is
+    /// used, and accessed only under the rules above.
+    pub(super) unsafe fn from_raw(ptr: *mut u8, len: usize) -> Self {
+        SharedDest {
+            ptr,
+            len: len as u64,
+        }
+    }
+
+    /// The buffer's length.
+    pub(super) fn len(&self) -> u64 {
+        self.len
+    }
+
     /// Copies `bytes` to offset `at`.
     ///
     /// # Safety

@@ -20,6 +20,7 @@ mod gc_concurrency;
 mod hostile_input;
 mod integrity_sweep;
 mod keyed_roots;
+mod layer_wise_restore;
 mod ledger_binding;
 mod ledger_down;
 mod ledger_engines;

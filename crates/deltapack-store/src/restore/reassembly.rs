@@ -71,11 +71,35 @@ pub(crate) enum Output {
     Written,
 }
 
-/// A zero-filled buffer obtained without touching its pages: the page
-/// faults happen where the bytes are first written, spread over the worker
-/// threads. (Requesting transparent huge pages for it was measured slower
-/// here: 1.2–1.5 s instead of 0.5 s for a 193 MiB chain restore, compaction
-/// cost outweighing fewer faults.)
+/// Fresh result buffers at least this large are prepared for writing
+/// before the restore starts (see [`zeroed_buffer`]).
+const PREPARE_FRESH: usize = 32 << 20;
+
+/// How fresh result buffers are prepared: `huge` (the default; transparent
+/// huge pages, faulted in ahead in bulk) or `lazy` (4 KiB pages faulted
+/// one at a time where the workers first write), from
+/// `DELTAPACK_FRESH_BUFFERS` — a measurement knob (`deltapack-bench restore`
+/// compares the two), read once.
+fn prepare_fresh_buffers() -> bool {
+    static HUGE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HUGE.get_or_init(|| {
+        std::env::var("DELTAPACK_FRESH_BUFFERS").map_or(true, |v| v.trim() != "lazy")
+    })
+}
+
+/// A zero-filled buffer for a restore's result.
+///
+/// A fresh 1.6 GB buffer is ~400,000 4 KiB pages, each faulted in by the
+/// kernel at its first write: that cost 578 ms against 263 ms for the same
+/// restore into a resident buffer. Large buffers are therefore asked for
+/// transparent huge pages (`MADV_HUGEPAGE`: 512× fewer faults and page
+/// table entries) and faulted in ahead, in bulk, on a few threads
+/// (`MADV_POPULATE_WRITE`, Linux 5.14+; on older kernels the call fails and
+/// pages fault lazily as before). Lazy huge-page faults alone had been
+/// measured slower (1.2–1.5 s instead of 0.5 s for a 193 MiB chain
+/// restore: each fault could stall on compaction inside the workers' hot
+/// loop); populating up front takes that cost out of the loop and pays it
+/// once per 2 MiB. The contents stay zero either way (fresh anonymous pages).
 pub(crate) fn zeroed_buffer(len: usize) -> Result<Vec<u8>, String> {
     if len == 0 {
         return Ok(Vec::new());
@@ -86,16 +110,63 @@ pub(crate) fn zeroed_buffer(len: usize) -> Result<Vec<u8>, String> {
     // (handled) or a zero-initialised block of exactly `len` bytes from the
     // global allocator, which is what `Vec::from_raw_parts` requires for a
     // `Vec<u8>` of length and capacity `len`. Large blocks come from fresh
-    // mmap pages that are not touched here, so page faults happen later, in
-    // parallel, where the bytes are written.
-    unsafe {
+    // mmap pages that are not touched here.
+    let mut v = unsafe {
         let ptr = std::alloc::alloc_zeroed(layout);
         if ptr.is_null() {
             return Err(format!("cannot allocate {len} bytes for a restore"));
         }
-        Ok(Vec::from_raw_parts(ptr, len, len))
+        Vec::from_raw_parts(ptr, len, len)
+    };
+    if len >= PREPARE_FRESH && prepare_fresh_buffers() {
+        prepare_fresh(&mut v);
     }
+    Ok(v)
 }
+
+/// Asks for huge pages for `buf`'s page-aligned interior and faults it in
+/// ahead on up to four threads (see [`zeroed_buffer`]). Failures are
+/// ignored: the pages then fault lazily where they are written.
+#[cfg(target_os = "linux")]
+fn prepare_fresh(buf: &mut [u8]) {
+    const PAGE: usize = 4096;
+    const HUGE: usize = 2 << 20;
+    let base = buf.as_mut_ptr() as usize;
+    let start = base.next_multiple_of(PAGE);
+    let end = (base + buf.len()) / PAGE * PAGE;
+    if end <= start {
+        return;
+    }
+    // SAFETY: `start..end` lies inside `buf`, which this function borrows
+    // mutably; MADV_HUGEPAGE changes only how the range is backed, never
+    // its contents.
+    unsafe {
+        libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+    }
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 4);
+    let per = (end - start).div_ceil(threads).next_multiple_of(HUGE);
+    std::thread::scope(|s| {
+        let mut at = start;
+        while at < end {
+            let n = per.min(end - at);
+            s.spawn(move || {
+                // SAFETY: `at..at+n` lies inside `buf` (borrowed mutably by
+                // the enclosing function for the scope's lifetime);
+                // MADV_POPULATE_WRITE faults the pages in as a write would,
+                // leaving fresh anonymous pages zero.
+                unsafe {
+                    libc::madvise(at as *mut libc::c_void, n, libc::MADV_POPULATE_WRITE);
+                }
+            });
+            at += n;
+        }
+    });
+}
+
+#[cfg(not(target_os = "linux"))]
+fn prepare_fresh(_buf: &mut [u8]) {}
 
 /// Restores a flat v2 root (its payload is the snapshot) from `source` on
 /// up to `threads` workers, into `into` (exactly the snapshot's length) or

@@ -319,7 +319,21 @@ impl Store {
                     deadline,
                     tally: &tally,
                 };
-                let Some(src) = super::layer_pass::LayerSource::new(&ctx, &r.what)? else {
+                // Planning a chain may read stored delta headers (v2.0
+                // links); a failure there is read again before anything is
+                // blamed (the two-failed-checks rule).
+                let mut proof = super::reassembly::Proof::default();
+                let planned = loop {
+                    match super::layer_pass::LayerSource::new(&ctx, &r.what) {
+                        Ok(p) => break p,
+                        Err(d) => {
+                            if let Some(f) = proof.record(d) {
+                                return Err(f);
+                            }
+                        }
+                    }
+                };
+                let Some(src) = planned else {
                     // No stream digests: verified whole, by the usual rebuild.
                     // SAFETY: nothing is handed out yet.
                     self.rebuild(&r.what, Some(unsafe { raw.all() }), deadline, &tally)?;

@@ -276,3 +276,23 @@ pub(crate) fn restore_flat(
         Dest::Borrowed(_) => Ok(Output::Written),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh buffer large enough to be prepared (huge pages, faulted in
+    /// ahead) is all zeros, exactly as long as asked, and writable end to
+    /// end; an odd length and a small one too.
+    #[test]
+    fn fresh_buffers_are_zeroed_whatever_their_preparation() {
+        for len in [PREPARE_FRESH + 4097, PREPARE_FRESH, 4096 * 3 + 1, 1] {
+            let mut v = zeroed_buffer(len).expect("buffer");
+            assert_eq!(v.len(), len);
+            assert!(v.iter().all(|b| *b == 0), "{len} bytes not zero");
+            v.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+            assert!(v.iter().enumerate().all(|(i, b)| *b == i as u8));
+        }
+        assert!(zeroed_buffer(0).expect("empty").is_empty());
+    }
+}

@@ -9,6 +9,9 @@
 //!   publication, written in place by `restore_into`).
 //! * `errors` — the exception hierarchy.
 //! * `identity` — `CacheIdentity`: the namespace and the contexts under it.
+//! * `layers` — the layer-wise restore's iterator (`LayerIterator`) and
+//!   its items (`Layer`).
+//! * `outcome` — the Python values of restores.
 //! * `snapshot` — snapshots in Rust memory (`SnapshotData`), their layout
 //!   and prefix, synthetic data, and snapshot arguments.
 //!
@@ -27,12 +30,16 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 mod buffer;
 mod errors;
 mod identity;
+mod layers;
+mod outcome;
 mod snapshot;
 mod store;
 
 use buffer::Borrowed;
 use errors::bad_input;
 use identity::CacheIdentity;
+use layers::{Layer, LayerIterator};
+use outcome::{restore_into_value, restore_value};
 use snapshot::{
     buffer_address, snapshot_arg, snapshot_layout, snapshot_prefix, synth, SnapshotData,
 };
@@ -45,37 +52,6 @@ fn runtime() -> &'static tokio::runtime::Runtime {
 }
 
 // ------------------------------------------------------------------ store
-
-/// Builds the Python value of a restore.
-fn restore_value(py: Python<'_>, r: store::Restore) -> PyResult<Py<PyAny>> {
-    Ok(match r {
-        store::Restore::Hit(v) => {
-            let data = Py::new(py, SnapshotData { snap: v.snapshot })?;
-            ("hit", data, v.digest, v.schema)
-                .into_pyobject(py)?
-                .into_any()
-                .unbind()
-        }
-        store::Restore::Miss(m) => ("miss", m.reason, m.detail, m.object)
-            .into_pyobject(py)?
-            .into_any()
-            .unbind(),
-    })
-}
-
-/// Builds the Python value of a `restore_into`.
-fn restore_into_value(py: Python<'_>, r: store::RestoreInto, addr: usize) -> PyResult<Py<PyAny>> {
-    Ok(match r {
-        store::RestoreInto::Hit { len, digest } => ("hit", len, digest, addr)
-            .into_pyobject(py)?
-            .into_any()
-            .unbind(),
-        store::RestoreInto::Miss(m) => ("miss", m.reason, m.detail, m.object)
-            .into_pyobject(py)?
-            .into_any()
-            .unbind(),
-    })
-}
 
 /// `serde_json::Value` → Python.
 fn to_py(py: Python<'_>, v: &serde_json::Value) -> PyResult<Py<PyAny>> {
@@ -112,6 +88,42 @@ fn to_py(py: Python<'_>, v: &serde_json::Value) -> PyResult<Py<PyAny>> {
             d.into_any().unbind()
         }
     })
+}
+
+/// A layer order from Python: `None` or `"layer-major"` (the default),
+/// `"group-major"`, or an iterable of `(group, layer)` pairs (each named
+/// once; whether the layout has them is checked by the restore).
+fn layer_order(order: Option<&Bound<'_, PyAny>>) -> PyResult<store::LayerOrder> {
+    let Some(order) = order.filter(|o| !o.is_none()) else {
+        return Ok(store::LayerOrder::LayerMajor);
+    };
+    if let Ok(name) = order.extract::<String>() {
+        return match name.as_str() {
+            "layer-major" => Ok(store::LayerOrder::LayerMajor),
+            "group-major" => Ok(store::LayerOrder::GroupMajor),
+            other => Err(bad_input(format!(
+                "order={other:?}: use \"layer-major\" (default), \"group-major\" or a list of \
+                 (group, layer) pairs"
+            ))),
+        };
+    }
+    let not_pairs =
+        || bad_input("order: a list of (group, layer) pairs of non-negative ints is required");
+    let mut seen = std::collections::HashSet::new();
+    let mut pairs = Vec::new();
+    for item in order.try_iter().map_err(|_| not_pairs())? {
+        let pair: Vec<usize> = item?.extract().map_err(|_| not_pairs())?;
+        let &[g, l] = pair.as_slice() else {
+            return Err(not_pairs());
+        };
+        if !seen.insert((g, l)) {
+            return Err(bad_input(format!(
+                "order: layer {l} of group {g} is named twice"
+            )));
+        }
+        pairs.push((g, l));
+    }
+    Ok(store::LayerOrder::Custom(pairs))
 }
 
 /// Seconds (float) → duration; `None` stays `None`.
@@ -359,6 +371,25 @@ impl Store {
     ) -> PyResult<Bound<'py, PyAny>> {
         let (fut, addr) = self.restore_into_future(identity, tokens, out, timeout)?;
         awaitable(py, fut, move |py, r| restore_into_value(py, r, addr))
+    }
+
+    /// Starts a layer-wise restore into `out` in place and returns its
+    /// iterator: a `Layer` per proven layer, then the outcome (the
+    /// `restore_into` tuple, passed through `finish` when given).
+    #[pyo3(signature = (identity, tokens, out, order=None, timeout=None, finish=None))]
+    fn restore_layers_into(
+        &self,
+        identity: &CacheIdentity,
+        tokens: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+        order: Option<&Bound<'_, PyAny>>,
+        timeout: Option<f64>,
+        finish: Option<Py<PyAny>>,
+    ) -> PyResult<LayerIterator> {
+        let (e, ns, ctx) = self.at(identity, tokens)?;
+        let order = layer_order(order)?;
+        let t = seconds(timeout, "timeout")?;
+        layers::start(runtime().handle(), e, ns, ctx, out, order, t, finish)
     }
 
     /// Exact encoded size from the root alone, or None.
@@ -701,6 +732,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<SnapshotData>()?;
     m.add_class::<Store>()?;
     m.add_class::<Turn>()?;
+    m.add_class::<Layer>()?;
+    m.add_class::<LayerIterator>()?;
     m.add_function(wrap_pyfunction!(snapshot_layout, m)?)?;
     m.add_function(wrap_pyfunction!(snapshot_prefix, m)?)?;
     m.add_function(wrap_pyfunction!(synth, m)?)?;

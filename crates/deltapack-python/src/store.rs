@@ -113,6 +113,79 @@ pub(crate) enum RestoreInto {
     Miss(MissInfo),
 }
 
+/// In which order a layer-wise restore ([`Engine::restore_layers`]) reads
+/// and hands out the layers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) enum LayerOrder {
+    /// Layer 0 of every group, then layer 1 of every group, … (the order a
+    /// forward pass needs them).
+    #[default]
+    LayerMajor,
+    /// Group by group, each group's layers in order (payload order).
+    GroupMajor,
+    /// These `(group, layer)` pairs first, in this order; the layers left
+    /// out follow in payload order.
+    Custom(Vec<(usize, usize)>),
+}
+
+/// A layer handed out by [`Engine::restore_layers`]: where its proven
+/// bytes are in the caller's memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LayerOut {
+    /// The page group (index in the layout).
+    pub(crate) group: usize,
+    /// The layer within its group.
+    pub(crate) layer: usize,
+    /// The stream's index in payload order.
+    pub(crate) stream: usize,
+    /// Offset of the layer's first byte in the snapshot encoding.
+    pub(crate) start: u64,
+    /// Offset just past its last byte.
+    pub(crate) end: u64,
+    /// How it was proven: `stream-digest` (its own digest, recorded by a
+    /// v2.2 root) or `whole-snapshot` (roots without stream digests: the
+    /// whole snapshot was verified first).
+    pub(crate) proof: &'static str,
+}
+
+impl From<&ds::LayerReady> for LayerOut {
+    fn from(r: &ds::LayerReady) -> Self {
+        LayerOut {
+            group: r.group,
+            layer: r.layer,
+            stream: r.stream,
+            start: r.range.start,
+            end: r.range.end,
+            proof: match r.proof {
+                ds::LayerProof::StreamDigest => "stream-digest",
+                ds::LayerProof::WholeSnapshot => "whole-snapshot",
+                _ => "unknown",
+            },
+        }
+    }
+}
+
+/// The caller's memory of a layer-wise restore, carried into its future.
+#[derive(Clone, Copy)]
+struct RawMemory {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: only an address and a length; what may be done with the memory
+// is `Engine::restore_layers`'s contract, whose future carries it.
+unsafe impl Send for RawMemory {}
+
+impl RawMemory {
+    fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
 /// Which ledger policy to apply when the store is opened.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) enum LedgerPolicy {
@@ -315,17 +388,59 @@ impl Engine {
         timeout: Option<Duration>,
     ) -> Result<RestoreInto> {
         let opts = options(timeout);
-        Ok(
-            match self.store.restore_into((ns, context), buf, opts).await? {
-                ds::RestoreIntoOutcome::Hit { len, digest } => RestoreInto::Hit {
-                    len,
-                    digest: digest.to_string(),
-                },
-                ds::RestoreIntoOutcome::Miss { reason } => {
-                    RestoreInto::Miss(MissInfo::from(&reason))
-                }
-            },
-        )
+        let out = self.store.restore_into((ns, context), buf, opts).await?;
+        Ok(restore_into_outcome(out))
+    }
+
+    /// Restores `(ns, context)` into the memory at `ptr..ptr+len` layer by
+    /// layer (`deltapack_store::Store::restore_layers_raw`): `on_layer` is
+    /// called, on a runtime thread, for each (group, layer) as soon as its
+    /// bytes are proven, in `order`; the outcome is the final word. Errors
+    /// as [`Engine::restore_into`] (a wrong-sized buffer, or an `order`
+    /// that does not fit the layout, is [`Failure::BadInput`], found from
+    /// the root before any payload byte is read). After a miss the layers
+    /// handed out keep their proven bytes and every other byte is zeroed
+    /// (untouched if the miss came before anything was written).
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be valid for reads and writes until the returned
+    /// future completes (or is dropped), and nothing else may write it in
+    /// that time; a layer's bytes may be read by anyone once `on_layer` was
+    /// called for it, and nothing else of the memory may be read before the
+    /// future completes.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn restore_layers<'a>(
+        &'a self,
+        ns: Namespace,
+        context: ContextDigest,
+        ptr: *mut u8,
+        len: usize,
+        timeout: Option<Duration>,
+        order: LayerOrder,
+        mut on_layer: impl FnMut(LayerOut) + Send + 'a,
+    ) -> impl std::future::Future<Output = Result<RestoreInto>> + Send + 'a {
+        let opts = options(timeout);
+        let order = match order {
+            LayerOrder::LayerMajor => ds::LayerOrder::LayerMajor,
+            LayerOrder::GroupMajor => ds::LayerOrder::GroupMajor,
+            LayerOrder::Custom(pairs) => ds::LayerOrder::Custom(pairs),
+        };
+        let mem = RawMemory { ptr, len };
+        async move {
+            let mut hand_out = move |r: &ds::LayerReady, _: &[u8]| on_layer(LayerOut::from(r));
+            // SAFETY: the caller's contract is `restore_layers_raw`'s.
+            let fut = unsafe {
+                self.store.restore_layers_raw(
+                    (ns, context),
+                    mem.ptr(),
+                    mem.len(),
+                    opts,
+                    &order,
+                    &mut hand_out,
+                )
+            };
+            Ok(restore_into_outcome(fut.await?))
+        }
     }
 
     /// The exact encoded size of the snapshot stored under `(ns, context)`,
@@ -411,6 +526,17 @@ impl Engine {
     /// in another process sees them).
     pub(crate) async fn flush(&self) -> Result<()> {
         Ok(self.store.close().await?)
+    }
+}
+
+/// The store's `restore_into` outcome as this module's.
+fn restore_into_outcome(out: ds::RestoreIntoOutcome) -> RestoreInto {
+    match out {
+        ds::RestoreIntoOutcome::Hit { len, digest } => RestoreInto::Hit {
+            len,
+            digest: digest.to_string(),
+        },
+        ds::RestoreIntoOutcome::Miss { reason } => RestoreInto::Miss(MissInfo::from(&reason)),
     }
 }
 

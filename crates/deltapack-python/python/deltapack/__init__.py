@@ -37,6 +37,12 @@ What you get:
   handle's ledger is not the one the store names: it may read, not publish
   or delete).
 
+**Layer by layer.** :meth:`Store.restore_layers_into` restores into your
+buffer the same way but hands out each (group, layer) as a :class:`Layer`
+as soon as its bytes are proven (``for layer in it`` or ``async for``), so a
+placement layer can upload layer *k* while later layers are still read; its
+last item is the :class:`Hit` or :class:`Miss` ``restore_into`` returns.
+
 **What ``out`` holds after ``restore_into``.** On a :class:`Hit`, exactly the
 verified snapshot encoding. After a :class:`Miss` (or an exception) it holds
 no unverified byte: if the restore had already placed bytes, the whole
@@ -72,6 +78,8 @@ from ._native import (
     ConflictError,
     Error,
     IoError,
+    Layer,
+    LayerIterator,
     LedgerMismatchError,
     Turn,
 )
@@ -89,7 +97,9 @@ __all__ = [
     "Error",
     "Hit",
     "IoError",
+    "Layer",
     "LayerInfo",
+    "LayerIterator",
     "LedgerMismatchError",
     "Lookup",
     "Miss",
@@ -838,6 +848,72 @@ class Store:
         """:meth:`restore_into` for asyncio (``out`` is borrowed until the await completes)."""
         v = await self._native.restore_into_async(identity, tokens, out, timeout)
         return _restore_into_value(v)
+
+    def restore_layers_into(
+        self,
+        identity: CacheIdentity,
+        tokens: Tokens,
+        out: Any,
+        order: Union[None, str, Sequence[Tuple[int, int]]] = None,
+        timeout: Optional[float] = None,
+    ) -> LayerIterator:
+        """Restores a context into ``out`` layer by layer: each (group, layer)
+        is handed out as soon as its bytes are proven, while later layers are
+        still being read.
+
+        ``out`` is what :meth:`restore_into` takes: a writable C-contiguous
+        buffer of exactly :meth:`snapshot_size` bytes (numpy array, pinned
+        host memory, bytearray, mmap, ``__array_interface__``), written in
+        place. The restore starts at once (on deltapack's runtime threads)
+        and the returned :class:`LayerIterator` -- a sync and an async
+        iterator -- yields:
+
+        * one :class:`Layer` per proven layer: ``out[layer.start:layer.end]``
+          (byte offsets) holds its verified bytes, never written again by
+          the restore; ``layer.proof`` is ``"stream-digest"`` (the layer
+          matched the digest its root records for it, before the rest was
+          read) or ``"whole-snapshot"`` (roots written before per-layer
+          digests: the whole snapshot was verified first, then every layer
+          handed out);
+        * then ONE final item, what :meth:`restore_into` returns: a
+          :class:`Hit` (every layer was handed out and the whole snapshot
+          verified against its root) or a :class:`Miss` (check it the same
+          way, ``if not outcome``);
+        * then the end (``StopIteration`` / ``StopAsyncIteration``).
+
+        ``order`` is the order layers are read and handed out in: ``None`` or
+        ``"layer-major"`` (layer 0 of every group, then layer 1, ...: the
+        order a forward pass needs them), ``"group-major"`` (payload order),
+        or a list of ``(group, layer)`` pairs, read first in that order (the
+        rest follow in payload order; with several reader threads, layers
+        that are ready at about the same time may come out in either order).
+        ``timeout`` (seconds) turns into a ``deadline-exceeded`` miss.
+
+        **After a miss** the layers already handed out keep their proven
+        bytes and every other byte of ``out`` is zeroed (untouched if the
+        miss came before anything was written): a layer that failed
+        verification is never yielded.
+
+        Raises :class:`BadInput` at once for an ``order`` that is not one of
+        the above or names a layer twice, or a read-only / non-contiguous
+        ``out``. What is found from the root -- a wrong-sized ``out``, an
+        ``order`` naming a layer the layout does not have -- raises
+        :class:`BadInput` from the first ``next()`` (before any layer, with
+        ``out`` untouched); storage failures raise :class:`IoError` there
+        too. A miss is never an exception. Iteration ends after an
+        exception.
+
+        While the restore runs (until the final item), read only the layers
+        already handed out and do not write ``out``; ``out`` is borrowed
+        until the restore ends and released before the final item is
+        yielded. Waiting for an item releases the GIL. An iterator dropped
+        early does not stop the restore: it runs to its end in the
+        background and ``out`` stays borrowed until then (another deltapack
+        call on the same memory is refused with :class:`BadInput` meanwhile).
+        """
+        return self._native.restore_layers_into(
+            identity, tokens, out, order, timeout, _restore_into_value
+        )
 
     # -- operating the store -------------------------------------------
 

@@ -3,7 +3,7 @@
 The public API is the ``deltapack`` package; these are its building blocks.
 """
 
-from typing import Any, Awaitable, Dict, List, Optional, Tuple, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Iterator, List, Literal, Optional, Sequence, Tuple, Union
 
 __version__: str
 
@@ -147,6 +147,17 @@ class Store:
     def restore_into_async(
         self, identity: CacheIdentity, tokens: Any, out: Any, timeout: Optional[float] = None
     ) -> Awaitable[_RestoreInto]: ...
+    def restore_layers_into(
+        self,
+        identity: CacheIdentity,
+        tokens: Any,
+        out: Any,
+        order: Union[None, str, Sequence[Tuple[int, int]]] = None,
+        timeout: Optional[float] = None,
+        finish: Optional[Callable[[_RestoreInto], Any]] = None,
+    ) -> "LayerIterator":
+        """Starts a layer-wise restore into ``out``: a ``Layer`` per proven
+        layer, then the ``restore_into`` tuple (passed through ``finish``)."""
     def snapshot_size(self, identity: CacheIdentity, tokens: Any) -> Optional[int]: ...
     def snapshot_size_async(self, identity: CacheIdentity, tokens: Any) -> Awaitable[Optional[int]]: ...
     def lookup(self, identity: CacheIdentity, tokens: Any) -> Optional[Tuple[int, str, str]]: ...
@@ -186,3 +197,37 @@ class Turn:
     def tail_len(self, boundary: int) -> int: ...
     def tail_of(self, snapshot: Any) -> bytes: ...
 
+
+class Layer:
+    """One proven layer of a layer-wise restore: its bytes are
+    ``out[start:end]``, never written again by the restore."""
+
+    @property
+    def group(self) -> int:
+        """The page group (index in the layout)."""
+    @property
+    def layer(self) -> int:
+        """The layer within its group."""
+    @property
+    def stream(self) -> int:
+        """The stream's index in payload order."""
+    @property
+    def start(self) -> int:
+        """Offset of the layer's first byte in ``out``."""
+    @property
+    def end(self) -> int:
+        """Offset just past its last byte."""
+    @property
+    def proof(self) -> Literal["stream-digest", "whole-snapshot"]:
+        """How it was proven: its own recorded digest, or the whole snapshot first."""
+
+class LayerIterator(Iterator[Any], AsyncIterator[Any]):
+    """The items of ``Store.restore_layers_into``: a ``Layer`` per proven
+    layer, then one final item (``Hit`` or ``Miss`` from the public
+    ``deltapack.Store``), then the end. Sync (``for``) and async
+    (``async for``); waiting releases the GIL."""
+
+    def __iter__(self) -> "LayerIterator": ...
+    def __next__(self) -> Any: ...
+    def __aiter__(self) -> "LayerIterator": ...
+    def __anext__(self) -> Awaitable[Any]: ...

@@ -198,8 +198,10 @@ impl Store {
     /// (a tier's hit is only good once the origin has been asked whether
     /// the root changed, which a layer handed out early cannot wait for).
     ///
-    /// Errors: a wrong-sized `buf` or an `order` that does not fit the
-    /// layout (found from the root, before any payload byte is read), and
+    /// Errors: a wrong-sized `buf` (found from the root, before any payload
+    /// byte is read), an `order` that does not fit the layout (for a root
+    /// with stream digests before any payload byte is read; for the
+    /// fallback after the whole check, with no layer handed out), and
     /// failures of the backend or the process.
     pub async fn restore_layers_with<F>(
         &self,
@@ -302,7 +304,7 @@ impl Store {
             let out = self
                 .restore_into_origin(ns, context, unsafe { raw.all() }, opts, Instant::now())
                 .await?;
-            return Ok(hand_out_whole(raw, out, order, on_layer));
+            return hand_out_whole(raw, out, order, on_layer);
         }
         let deadline = opts.deadline.map(|d| d.into_std());
         let tally = super::read::ReadTally::default();
@@ -382,7 +384,7 @@ impl Store {
                 if layered {
                     return Ok(hit);
                 }
-                Ok(hand_out_whole(raw, hit, order, on_layer))
+                hand_out_whole(raw, hit, order, on_layer)
             }
             Err(failed) => {
                 // The layers handed out keep their proven bytes; nothing
@@ -444,31 +446,32 @@ impl Store {
 
 /// Hands out every layer of a snapshot verified whole (the fallback for
 /// roots without stream digests), after a hit; a miss hands out nothing.
+/// An order that does not fit the layout is an error before any layer is
+/// handed out, as it is for a layered root.
 fn hand_out_whole(
     raw: RawBuf,
     out: RestoreIntoOutcome,
     order: &LayerOrder,
     on_layer: &mut (dyn FnMut(&LayerReady, &[u8]) + Send),
-) -> RestoreIntoOutcome {
+) -> Result<RestoreIntoOutcome> {
     if !matches!(out, RestoreIntoOutcome::Hit { .. }) {
-        return out;
+        return Ok(out);
     }
     // SAFETY: the whole buffer is written and verified; from here on it is
     // only read.
     let all: &[u8] = unsafe { raw.all() };
-    let Ok((header, off)) = deltapack_format::snapshot::decode_prefix(all) else {
-        return out;
-    };
-    let (Ok(ranges), Ok(streams)) = (
-        deltapack_format::layer_digest::stream_ranges(&header, off as u64),
-        order.streams(&header),
-    ) else {
-        return out;
-    };
+    let internal = |e: String| StoreError::Internal(format!("a verified snapshot: {e}"));
+    let (header, off) =
+        deltapack_format::snapshot::decode_prefix(all).map_err(|e| internal(e.to_string()))?;
+    let ranges = deltapack_format::layer_digest::stream_ranges(&header, off as u64)
+        .map_err(|e| internal(e.to_string()))?;
+    let streams = order
+        .streams(&header)
+        .map_err(|e| StoreError::Invalid(format!("layer order: {e}")))?;
     let names = stream_names(&header);
     for s in streams {
         let (Some(r), Some(&(group, layer))) = (ranges.get(s), names.get(s)) else {
-            continue;
+            return Err(internal(format!("no stream {s}")));
         };
         let ready = LayerReady {
             group,
@@ -479,7 +482,7 @@ fn hand_out_whole(
         };
         on_layer(&ready, &all[r.start as usize..r.end as usize]);
     }
-    out
+    Ok(out)
 }
 
 /// After a miss: zeroes every byte of the buffer but the layers handed out.

@@ -478,6 +478,15 @@ async fn legacy_roots_are_verified_whole_then_handed_out_in_order() {
         // the layers it left out following in payload order.
         let streams: Vec<usize> = l.got.iter().map(|(r, _)| r.stream).collect();
         assert_eq!(streams, vec![2, 1, 0], "v1 order");
+        // An order the layout does not have: an error, no layer handed out.
+        let mut buf = vec![0u8; want.encoded().len()];
+        let mut n = 0;
+        let bad = LayerOrder::Custom(vec![(0, 9)]);
+        let r = reopened(&t)
+            .restore_layers_with((&id, c), &mut buf, Default::default(), &bad, |_, _| n += 1)
+            .await;
+        assert!(r.is_err(), "v1, a bad order: {r:?}");
+        assert_eq!(n, 0, "v1, a bad order");
     }
 }
 

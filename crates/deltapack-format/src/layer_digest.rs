@@ -273,6 +273,18 @@ pub fn stream_count(header: &SnapshotHeader) -> usize {
     header.layout.groups.iter().map(|g| g.layers.len()).sum()
 }
 
+/// `(group, layer)` of every stream of a layout, in payload order (the
+/// stream index is the position in this list).
+pub fn stream_layers(header: &SnapshotHeader) -> Vec<(usize, usize)> {
+    header
+        .layout
+        .groups
+        .iter()
+        .enumerate()
+        .flat_map(|(g, grp)| (0..grp.layers.len()).map(move |l| (g, l)))
+        .collect()
+}
+
 /// Every stream's range in the snapshot *encoding* whose payload starts at
 /// `payload_offset`, in payload order.
 pub fn stream_ranges(header: &SnapshotHeader, payload_offset: u64) -> Result<Vec<Range<u64>>> {

@@ -312,3 +312,14 @@ mod tests {
         ));
     }
 }
+
+/// The fault a failed pass reports among those its workers found: damage
+/// to a base first (so that it is reported as `base-missing` whichever
+/// worker found what first), then the first found.
+pub(crate) fn first_fault(mut failures: Vec<ObjectFault>) -> Option<ObjectFault> {
+    match failures.iter().position(|d| d.in_base) {
+        Some(i) => Some(failures.swap_remove(i)),
+        None if failures.is_empty() => None,
+        None => Some(failures.swap_remove(0)),
+    }
+}

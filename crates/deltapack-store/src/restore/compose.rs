@@ -164,18 +164,18 @@ pub(crate) fn restore_chain(
         return Err(ObjectFault::plain("a chain needs at least one delta"));
     };
     let started = Instant::now();
-    let Prepared {
-        levels,
-        plans,
-        headers,
-        header_lens,
-        composed,
-        result_header,
-    } = prepare(&ctx, bottom, deltas)?;
+    let prepared = prepare(&ctx, bottom, deltas)?;
+    let (levels, composed) = (&prepared.levels, &prepared.composed);
 
     // 3. Work items: per level, the spans each extent owns.
-    let (by_level, memory) = spans_by_level(&composed, bottom, levels.len(), deltas.len())?;
-    let items = work_items(&by_level, &memory, &levels, &headers, &header_lens);
+    let (by_level, memory) = spans_by_level(composed, bottom, levels.len(), deltas.len())?;
+    let items = work_items(
+        &by_level,
+        &memory,
+        levels,
+        &prepared.headers,
+        &prepared.header_lens,
+    );
 
     tracing::debug!(
         turns = deltas.len(),
@@ -200,12 +200,12 @@ pub(crate) fn restore_chain(
     let deferred = allow_deferred && deltas.iter().all(|m| m.chain.is_some());
     let pass = Pass {
         ctx,
-        levels: &levels,
-        plans: &plans,
+        levels,
+        plans: &prepared.plans,
         items: &items,
         dest: &dest,
         prefix: &composed.result_prefix,
-        result_header: &result_header,
+        result_header: &prepared.result_header,
         result_len: composed.result_len,
         extent_bytes: top.max_extent_bytes,
         want: top.result_snapshot_digest,
@@ -535,13 +535,8 @@ impl Pass<'_, '_> {
                 });
             }
         });
-        let mut failures = failures.into_inner().unwrap_or_default();
-        // A base's damage first, then the rest, in the order found.
-        if let Some(i) = failures.iter().position(|d| d.in_base) {
-            return Err(PassError::Fault(failures.swap_remove(i)));
-        }
-        if !failures.is_empty() {
-            return Err(PassError::Fault(failures.swap_remove(0)));
+        if let Some(d) = crate::fault::first_fault(failures.into_inner().unwrap_or_default()) {
+            return Err(PassError::Fault(d));
         }
         if self.suspect.swap(false, Ordering::Relaxed) {
             return Err(PassError::Mismatch(

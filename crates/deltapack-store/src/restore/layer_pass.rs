@@ -606,12 +606,8 @@ fn run_pass(
             }
         }
     });
-    let mut failures = failures.into_inner().unwrap_or_default();
-    if let Some(i) = failures.iter().position(|d| d.in_base) {
-        return Err(PassError::Fault(failures.swap_remove(i)));
-    }
-    if !failures.is_empty() {
-        return Err(PassError::Fault(failures.swap_remove(0)));
+    if let Some(d) = crate::fault::first_fault(failures.into_inner().unwrap_or_default()) {
+        return Err(PassError::Fault(d));
     }
     if let Some(what) = pass.mismatch.lock().ok().and_then(|mut m| m.take()) {
         return Err(PassError::Mismatch(what));

@@ -43,7 +43,6 @@ use deltapack_format::SnapshotHeader;
 use super::outcome::{RestoreIntoOutcome, RestoreOptions};
 use super::plan::Plan;
 use super::result::SharedDest;
-use crate::backend::BackendKind;
 use crate::error::{MissReason, Result, StoreError};
 use crate::keys::RootKey;
 use crate::store::Store;
@@ -70,7 +69,7 @@ impl LayerOrder {
     /// The streams (payload order indices) of `header`'s layout in this
     /// order, or why the order does not fit the layout.
     pub fn streams(&self, header: &SnapshotHeader) -> std::result::Result<Vec<usize>, String> {
-        let names = stream_names(header);
+        let names = deltapack_format::layer_digest::stream_layers(header);
         let index = |g: usize, l: usize| names.iter().position(|&n| n == (g, l));
         Ok(match self {
             LayerOrder::GroupMajor => (0..names.len()).collect(),
@@ -95,17 +94,6 @@ impl LayerOrder {
             }
         })
     }
-}
-
-/// `(group, layer)` of every stream, in payload order.
-fn stream_names(header: &SnapshotHeader) -> Vec<(usize, usize)> {
-    header
-        .layout
-        .groups
-        .iter()
-        .enumerate()
-        .flat_map(|(g, grp)| (0..grp.layers.len()).map(move |l| (g, l)))
-        .collect()
 }
 
 /// How a handed-out layer was proven.
@@ -273,21 +261,10 @@ impl Store {
         if opts.deadline_passed() {
             return miss(MissReason::DeadlineExceeded, None);
         }
-        let multi_thread = tokio::runtime::Handle::current().runtime_flavor()
-            == tokio::runtime::RuntimeFlavor::MultiThread;
-        let direct = multi_thread || matches!(self.backend_kind(), BackendKind::Local { .. });
+        let (multi_thread, direct) = self.restore_in_place();
         let _pin = self.pin(ns, context);
-        let mut schema = None;
-        let fut = self.resolve(ns, context, Vec::new(), &mut schema);
-        let resolved = match opts.deadline {
-            None => fut.await?,
-            Some(d) => match tokio::time::timeout_at(d, fut).await {
-                Ok(r) => r?,
-                Err(_) => return miss(MissReason::DeadlineExceeded, schema),
-            },
-        };
-        let r = match resolved {
-            Err(reason) => return miss(reason, schema),
+        let r = match self.resolve_within(ns, context, opts).await? {
+            Err((reason, schema)) => return miss(reason, schema),
             Ok(r) => r,
         };
         if raw.len as u64 != r.result_len {
@@ -346,7 +323,7 @@ impl Store {
                     Err(e) => return Ok(Err(StoreError::Invalid(format!("layer order: {e}")))),
                 };
                 emitted = (0..order.len()).map(|_| AtomicBool::new(false)).collect();
-                let names = stream_names(src.header());
+                let names = deltapack_format::layer_digest::stream_layers(src.header());
                 let dest = raw.dest();
                 let mut ready = |s: usize, bytes: &[u8]| {
                     let (group, layer) = names.get(s).copied().unwrap_or_default();
@@ -468,7 +445,7 @@ fn hand_out_whole(
     let streams = order
         .streams(&header)
         .map_err(|e| StoreError::Invalid(format!("layer order: {e}")))?;
-    let names = stream_names(&header);
+    let names = deltapack_format::layer_digest::stream_layers(&header);
     for s in streams {
         let (Some(r), Some(&(group, layer))) = (ranges.get(s), names.get(s)) else {
             return Err(internal(format!("no stream {s}")));

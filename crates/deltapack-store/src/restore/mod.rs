@@ -294,24 +294,13 @@ impl Store {
             self.record_restore(start, schema, Err(&reason));
             Ok(RestoreIntoOutcome::Miss { reason })
         };
-        let multi_thread = tokio::runtime::Handle::current().runtime_flavor()
-            == tokio::runtime::RuntimeFlavor::MultiThread;
-        let direct = multi_thread || matches!(self.backend_kind(), BackendKind::Local { .. });
+        let (multi_thread, direct) = self.restore_in_place();
         if !direct {
             return self.restore_copy(ns, context, buf, opts).await;
         }
         let _pin = self.pin(ns, context);
-        let mut schema = None;
-        let fut = self.resolve(ns, context, Vec::new(), &mut schema);
-        let resolved = match opts.deadline {
-            None => fut.await?,
-            Some(d) => match tokio::time::timeout_at(d, fut).await {
-                Ok(r) => r?,
-                Err(_) => return miss(MissReason::DeadlineExceeded, schema),
-            },
-        };
-        let r = match resolved {
-            Err(reason) => return miss(reason, schema),
+        let r = match self.resolve_within(ns, context, opts).await? {
+            Err((reason, schema)) => return miss(reason, schema),
             Ok(r) => r,
         };
         if let Plan::V1 { .. } = r.what {
@@ -353,6 +342,37 @@ impl Store {
                 miss(reason, Some(r.schema))
             }
         }
+    }
+
+    /// Whether this call runs on a multi-thread runtime, and whether a
+    /// restore can rebuild straight into a caller's buffer here (a
+    /// multi-thread runtime, or a local store, whose reads need no
+    /// runtime).
+    fn restore_in_place(&self) -> (bool, bool) {
+        let multi_thread = tokio::runtime::Handle::current().runtime_flavor()
+            == tokio::runtime::RuntimeFlavor::MultiThread;
+        let direct = multi_thread || matches!(self.backend_kind(), BackendKind::Local { .. });
+        (multi_thread, direct)
+    }
+
+    /// Resolves the root of `(ns, context)` within the call's deadline: its
+    /// plan, or the miss (with the root's schema once it was read).
+    async fn resolve_within(
+        &self,
+        ns: Namespace,
+        context: ContextDigest,
+        opts: RestoreOptions,
+    ) -> Result<std::result::Result<plan::Resolved, (MissReason, Option<&'static str>)>> {
+        let mut schema = None;
+        let fut = self.resolve(ns, context, Vec::new(), &mut schema);
+        let resolved = match opts.deadline {
+            None => fut.await?,
+            Some(d) => match tokio::time::timeout_at(d, fut).await {
+                Ok(r) => r?,
+                Err(_) => return Ok(Err((MissReason::DeadlineExceeded, schema))),
+            },
+        };
+        Ok(resolved.map_err(|reason| (reason, schema)))
     }
 
     /// `restore_into` by restoring into a new buffer and copying.

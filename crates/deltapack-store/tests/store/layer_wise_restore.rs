@@ -80,13 +80,7 @@ fn ranges(s: &Snapshot) -> Vec<std::ops::Range<u64>> {
 
 /// `(group, layer)` of every stream of `s`, payload order.
 fn names(s: &Snapshot) -> Vec<(usize, usize)> {
-    s.header()
-        .layout
-        .groups
-        .iter()
-        .enumerate()
-        .flat_map(|(g, grp)| (0..grp.layers.len()).map(move |l| (g, l)))
-        .collect()
+    deltapack_format::layer_digest::stream_layers(s.header())
 }
 
 /// Each layer handed out names its place, carries `proof`, equals the
@@ -238,14 +232,7 @@ async fn objects_containing(store: &Store, needle: &[u8]) -> Vec<String> {
         .expect("list");
     let mut out = Vec::new();
     for p in listed.into_iter().map(|m| m.location) {
-        let bytes = store
-            .object_store()
-            .get(&p)
-            .await
-            .expect("get")
-            .bytes()
-            .await
-            .expect("bytes");
+        let bytes = stored(store.object_store().as_ref(), &p).await;
         if bytes.windows(needle.len()).any(|w| w == needle) {
             out.push(p.to_string());
         }
@@ -365,17 +352,13 @@ async fn a_layer_is_handed_out_only_once_its_own_bytes_arrived() {
 /// Flips one stored byte of `key` (read, flip, write back through the
 /// backend: a real file on disk, a real object on S3).
 async fn flip_stored_byte(store: &Store, key: &Path, at: usize) {
-    let os = store.object_store();
-    let mut bytes = os
-        .get(key)
-        .await
-        .expect("get")
-        .bytes()
-        .await
-        .expect("bytes")
-        .to_vec();
+    let mut bytes = stored(store.object_store().as_ref(), key).await.to_vec();
     bytes[at] ^= 0x10;
-    os.put(key, PutPayload::from(bytes)).await.expect("put");
+    store
+        .object_store()
+        .put(key, PutPayload::from(bytes))
+        .await
+        .expect("put");
 }
 
 async fn flipped_byte_in_layer_on(on: Scratch) {

@@ -229,6 +229,17 @@ impl Proof {
     }
 }
 
+/// The fault a failed pass reports among those its workers found: damage
+/// to a base first (so that it is reported as `base-missing` whichever
+/// worker found what first), then the first found.
+pub(crate) fn first_fault(mut failures: Vec<ObjectFault>) -> Option<ObjectFault> {
+    match failures.iter().position(|d| d.in_base) {
+        Some(i) => Some(failures.swap_remove(i)),
+        None if failures.is_empty() => None,
+        None => Some(failures.swap_remove(0)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,16 +321,5 @@ mod tests {
             p.record(m).map(|f| f.kind),
             Some(FaultKind::Missing)
         ));
-    }
-}
-
-/// The fault a failed pass reports among those its workers found: damage
-/// to a base first (so that it is reported as `base-missing` whichever
-/// worker found what first), then the first found.
-pub(crate) fn first_fault(mut failures: Vec<ObjectFault>) -> Option<ObjectFault> {
-    match failures.iter().position(|d| d.in_base) {
-        Some(i) => Some(failures.swap_remove(i)),
-        None if failures.is_empty() => None,
-        None => Some(failures.swap_remove(0)),
     }
 }

@@ -545,6 +545,26 @@ pub(super) fn run(
     Ok(())
 }
 
+/// Workers of a pass: one per core locally; on a remote store as many as
+/// it takes for the items' ranged GETs to fill the budget of ranges in
+/// flight, and no more — a worker per item would put every layer's reads
+/// in flight at once (each at a fraction of the bandwidth, and 32 threads
+/// on the cores), where fewer keep the early layers' reads first.
+fn workers(ctx: &ReadCtx<'_>, items: &[Item]) -> usize {
+    match ctx.source {
+        Source::Local(_) => ctx.threads,
+        Source::Remote(r) => {
+            let bytes: u64 = items
+                .iter()
+                .filter(|i| i.level.is_some())
+                .flat_map(|i| i.spans.iter().map(|s| s.len))
+                .sum();
+            let mean = bytes / items.len().max(1) as u64;
+            r.extent_workers(mean.max(1)).min(ctx.threads)
+        }
+    }
+}
+
 /// One pass over the pending streams' items; hands out (`ready`, on this
 /// thread) each stream as it is proven.
 fn run_pass(
@@ -562,11 +582,12 @@ fn run_pass(
             pass.complete(s, &tx);
         }
     }
+    let threads = workers(pass.ctx, &items);
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let failures: Mutex<Vec<ObjectFault>> = Mutex::new(Vec::new());
     std::thread::scope(|sc| {
-        for _ in 0..pass.ctx.threads.max(1).min(items.len().max(1)) {
+        for _ in 0..threads.max(1).min(items.len().max(1)) {
             let tx = tx.clone();
             let (items, next, failed, failures) = (&items, &next, &failed, &failures);
             sc.spawn(move || {

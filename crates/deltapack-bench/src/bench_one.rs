@@ -12,7 +12,7 @@ use crate::args::BenchOneArgs;
 use crate::floors;
 use crate::job::Job;
 use crate::measure::proc_status;
-use crate::scenarios::{chain, publish, restore, zstd};
+use crate::scenarios::{chain, layers, publish, restore, zstd};
 
 /// Runs `deltapack-bench bench-one`: one job, its result as one JSON line.
 pub(crate) async fn run_one(args: BenchOneArgs) -> Result<ExitCode> {
@@ -52,6 +52,8 @@ pub(crate) async fn run_one(args: BenchOneArgs) -> Result<ExitCode> {
         } => zstd::job_zstd(w, &store_v2, repeats).await?,
         Job::ChainPublish { spec } => chain::job_publish(spec).await?,
         Job::ChainRestore { spec } => chain::job_restore(spec).await?,
+        Job::LayersPublish { w, dir } => layers::job_publish(w, &dir).await?,
+        Job::Layers { spec } => layers::job_measure(spec).await?,
     };
     out.rss_start = rss_start;
     out.peak = proc_status("VmHWM");

@@ -103,6 +103,69 @@ pub(crate) enum Job {
         /// The job.
         spec: ChainRestoreSpec,
     },
+    /// The `layers` suite's store: the workload's result published flat
+    /// (v2, no base) into a local directory.
+    LayersPublish {
+        /// The workload.
+        w: Workload,
+        /// The store's directory.
+        dir: PathBuf,
+    },
+    /// One timed measure of the `layers` suite.
+    Layers {
+        /// The job.
+        spec: LayersSpec,
+    },
+}
+
+/// What a `layers` child measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum LayersMode {
+    /// `Store::restore_into` the caller's resident buffer (the baseline).
+    RestoreInto,
+    /// `Store::restore_layers_with`, default order, a callback that only
+    /// notes when each layer was handed out.
+    Layers,
+    /// The same, with a consumer in the callback: each layer copied into a
+    /// second resident buffer at most at the consumer's rate.
+    LayersConsumer,
+    /// The consumer alone: the same paced copy of every layer, from a
+    /// buffer restored before the clock starts.
+    ConsumerAlone,
+}
+
+impl LayersMode {
+    /// Every mode, in the order a round runs them.
+    pub(crate) const ALL: [LayersMode; 4] = [
+        LayersMode::RestoreInto,
+        LayersMode::Layers,
+        LayersMode::LayersConsumer,
+        LayersMode::ConsumerAlone,
+    ];
+
+    /// The scenario id's prefix.
+    pub(crate) fn prefix(self) -> &'static str {
+        match self {
+            LayersMode::RestoreInto => "restore-into",
+            LayersMode::Layers => "layers",
+            LayersMode::LayersConsumer => "layers-consumer",
+            LayersMode::ConsumerAlone => "consumer-alone",
+        }
+    }
+}
+
+/// A `layers` measure job.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct LayersSpec {
+    /// The workload.
+    pub(crate) w: Workload,
+    /// Where the restore reads from (the flat store's directory).
+    pub(crate) source: Source,
+    /// What is measured.
+    pub(crate) mode: LayersMode,
+    /// The simulated consumer's rate, bytes per second.
+    pub(crate) consumer_bytes_per_s: f64,
 }
 
 /// Which read floor.

@@ -5,6 +5,7 @@
 //! cargo run --release -p deltapack-bench -- all --scale 1 --wait-idle 30
 //! cargo run --release -p deltapack-bench -- chain --scale 1
 //! cargo run --release -p deltapack-bench -- shaped --scale 1
+//! cargo run --release -p deltapack-bench -- layers --scale 1
 //! ```
 //!
 //! The reference workload (`--scale 1`): a conversation of the `default`
@@ -28,7 +29,8 @@
 //! * [`floors`] — the read, spec and durable write floors every ratio is
 //!   measured against;
 //! * [`scenarios`] — the measured restores and publications (flat, v1,
-//!   cold, S3-like, real S3, zstd, chains) and the order they run in;
+//!   cold, S3-like, real S3, zstd, chains), the studies (`layers`,
+//!   `ledger-down`, `tiers`, `turn`) and the order they run in;
 //! * [`runner`] (the parent's side), [`bench_one`] (the child's side),
 //!   [`job`] (what they exchange) and [`measure`] — child processes,
 //!   repetitions, CPU and peak-memory accounting;
@@ -98,6 +100,11 @@ enum Command {
     /// shaped and the local-disk restore, and write-through and behind
     /// publication against the shaped and the local publication.
     Tiers(scenarios::tiers::TiersArgs),
+    /// The layer-wise restore (`Store::restore_layers_with`) on local disk,
+    /// the S3-like and the shaped emulation: time to the first layer and to
+    /// the outcome against `restore_into`, overlap with a paced consumer
+    /// (a simulated device upload), peak memory.
+    Layers(scenarios::layers::LayersArgs),
     /// One benchmark job in a child process (used by the suites).
     #[command(hide = true)]
     BenchOne(BenchOneArgs),
@@ -129,6 +136,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Command::LedgerDown(a) => scenarios::ledger_down::run(a).await,
             Command::Turn(a) => scenarios::turn::run(a).await,
             Command::Tiers(a) => scenarios::tiers::run(a).await,
+            Command::Layers(a) => scenarios::layers::run(a).await,
             Command::BenchOne(a) => bench_one::run_one(a).await,
         }
     })

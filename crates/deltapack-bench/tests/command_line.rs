@@ -22,7 +22,9 @@ fn help_lists_the_suites_and_hides_the_child_command() {
     let o = bench(&["--help"]);
     assert!(o.status.success());
     let text = String::from_utf8_lossy(&o.stdout);
-    for suite in ["restore", "publish", "chain", "shaped", "all"] {
+    for suite in [
+        "restore", "publish", "chain", "shaped", "all", "tiers", "layers",
+    ] {
         assert!(
             text.lines()
                 .any(|l| l.trim_start().starts_with(&format!("{suite} "))),
@@ -73,6 +75,10 @@ fn bad_arguments_fail_before_any_work() {
     let o = bench(&["shaped", "--shaped-conn-mb-s", "0"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("--shaped-conn-mb-s"), "{}", stderr(&o));
+
+    let o = bench(&["layers", "--consumer-gbps", "0"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("--consumer-gbps"), "{}", stderr(&o));
 
     let o = bench(&["all", "--repeats", "0"]);
     assert_eq!(o.status.code(), Some(2), "a usage error");

@@ -10,6 +10,7 @@
 //! in the submodule of its kind.
 
 pub(crate) mod chain;
+pub(crate) mod layers;
 pub(crate) mod ledger_down;
 pub(crate) mod publish;
 pub(crate) mod restore;
@@ -32,7 +33,7 @@ use crate::runner::{child, pin_exe, round_robin, set_wait_idle};
 use crate::shaped::Shaping;
 use crate::workload::{s3_child_url, unique, Fmt, Workload};
 
-/// Runs a study (`ledger-down`, `tiers`, `turn`) in a fresh work
+/// Runs a study (`layers`, `ledger-down`, `tiers`, `turn`) in a fresh work
 /// directory named after it under `parent` (default: the temporary
 /// directory), removed afterwards whatever the outcome.
 pub(crate) async fn in_work_dir<T>(

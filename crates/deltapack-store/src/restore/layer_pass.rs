@@ -48,6 +48,9 @@ use super::read::{
 use super::reassembly::Proof;
 use super::result::SharedDest;
 
+/// Largest work item of a deferred local pass.
+const LOCAL_ITEM: u64 = 8 << 20;
+
 /// Where every byte of a layered result comes from, and what each stream
 /// must hash to.
 pub(super) struct LayerSource<'m> {
@@ -185,7 +188,7 @@ impl<'m> LayerSource<'m> {
     /// The work items of one pass: for each stream of `pending` (in that
     /// order), the part of each extent (or of the bottom in memory) that
     /// holds its bytes.
-    fn items(&self, plan: &LayerHashPlan, pending: &[usize]) -> Vec<Item> {
+    fn items(&self, plan: &LayerHashPlan, pending: &[usize], item_bytes: u64) -> Vec<Item> {
         let mut items = Vec::new();
         for &s in pending {
             let Some(r) = plan.stream_range(s) else {
@@ -233,12 +236,24 @@ impl<'m> LayerSource<'m> {
                 }
                 spans.sort_unstable_by_key(|s| s.src);
                 for (j, e) in self.levels[l].extents.iter().enumerate() {
-                    let mine = scatter::overlapping(&spans, e.offset..e.offset + e.raw_len);
-                    if !mine.is_empty() {
+                    let (a, b) = (e.offset, e.offset + e.raw_len);
+                    let mine = scatter::overlapping(&spans, a..b);
+                    // Clipped to the extent, in items of at most
+                    // `item_bytes`, so that every worker can help finish
+                    // the first layers first.
+                    let clipped = mine.iter().filter_map(|s| {
+                        let (lo, hi) = (s.src.max(a), s.src_end().min(b));
+                        (lo < hi).then(|| Span {
+                            src: lo,
+                            dst: s.dst + (lo - s.src),
+                            len: hi - lo,
+                        })
+                    });
+                    for part in cut(clipped, item_bytes) {
                         items.push(Item {
                             level: Some(l),
                             index: j,
-                            spans: mine.to_vec(),
+                            spans: part,
                         });
                     }
                 }
@@ -246,6 +261,38 @@ impl<'m> LayerSource<'m> {
         }
         items
     }
+}
+
+/// `spans` (in source order) cut into groups of at most `max` bytes,
+/// splitting a span where a group fills.
+fn cut(spans: impl Iterator<Item = Span>, max: u64) -> Vec<Vec<Span>> {
+    let mut out: Vec<Vec<Span>> = Vec::new();
+    let mut cur: Vec<Span> = Vec::new();
+    let mut room = max;
+    for mut s in spans {
+        while s.len > 0 {
+            let n = s.len.min(room);
+            cur.push(Span {
+                src: s.src,
+                dst: s.dst,
+                len: n,
+            });
+            s = Span {
+                src: s.src + n,
+                dst: s.dst + n,
+                len: s.len - n,
+            };
+            room -= n;
+            if room == 0 {
+                out.push(std::mem::take(&mut cur));
+                room = max;
+            }
+        }
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
 }
 
 /// One worker's share of a pass: one stream's bytes in one extent (or in
@@ -508,7 +555,15 @@ pub(super) fn run(
         };
         let out = run_pass(&pass, &plan, &pending, deferred, ready);
         match out {
-            Ok(()) => {}
+            Ok(()) if pending.iter().all(|&s| emitted[s].load(Ordering::Acquire)) => {}
+            Ok(()) => {
+                // Every read succeeded and no stream failed its digest, yet
+                // one never completed: the plan does not cover it. Never a
+                // reason to read everything again.
+                return Err(ObjectFault::plain(
+                    "a layer's bytes are not all covered by the chain's plan",
+                ));
+            }
             Err(PassError::Mismatch(what)) if deferred => {
                 tracing::warn!(%what, "a layer failed its digest; verifying every extent");
                 deferred = false;
@@ -574,7 +629,14 @@ fn run_pass(
     deferred: bool,
     ready: &mut dyn FnMut(usize, &[u8]),
 ) -> Result<(), PassError> {
-    let items = pass.src.items(plan, pending);
+    // Locally, items of at most 8 MiB (both cores finish the first layer
+    // first); remote items stay whole per extent (their reads are cut into
+    // ranged GETs anyway, and a verified pass reads whole extents).
+    let item_bytes = match (pass.ctx.source, deferred) {
+        (Source::Local(_), true) => LOCAL_ITEM,
+        _ => u64::MAX,
+    };
+    let items = pass.src.items(plan, pending, item_bytes);
     let (tx, rx) = std::sync::mpsc::channel::<usize>();
     // Streams without bytes are proven at once.
     for &s in pending {
@@ -634,4 +696,49 @@ fn run_pass(
         return Err(PassError::Mismatch(what));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Cutting spans into items keeps every byte once, in order, with the
+    /// same source-to-destination mapping, and no item over the bound.
+    #[test]
+    fn cut_items_keep_every_byte_once() {
+        let spans = [
+            Span {
+                src: 100,
+                dst: 1000,
+                len: 5,
+            },
+            Span {
+                src: 105,
+                dst: 2000,
+                len: 17,
+            },
+            Span {
+                src: 200,
+                dst: 3000,
+                len: 3,
+            },
+        ];
+        for max in [1u64, 4, 5, 7, 25, 1000] {
+            let parts = cut(spans.iter().copied(), max);
+            let mut flat: Vec<(u64, u64)> = Vec::new();
+            for p in &parts {
+                assert!(p.iter().map(|s| s.len).sum::<u64>() <= max, "max {max}");
+                assert!(!p.is_empty());
+                for s in p {
+                    flat.extend((0..s.len).map(|k| (s.src + k, s.dst + k)));
+                }
+            }
+            let want: Vec<(u64, u64)> = spans
+                .iter()
+                .flat_map(|s| (0..s.len).map(move |k| (s.src + k, s.dst + k)))
+                .collect();
+            assert_eq!(flat, want, "max {max}");
+        }
+        assert!(cut(std::iter::empty(), 8).is_empty());
+    }
 }

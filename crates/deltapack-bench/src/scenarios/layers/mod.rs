@@ -41,8 +41,8 @@
 //! small recurrent layer). Results: `results.json` and `results.md` under
 //! `--out`.
 //!
-//! Submodules: [`child`] (the child jobs and the simulated consumer),
-//! [`report`] (medians, verdicts, the files).
+//! Submodules: [`mod@child`] (the child jobs and the simulated consumer),
+//! [`mod@report`] (medians, verdicts, the files).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -229,14 +229,51 @@ impl Proof {
     }
 }
 
-/// The fault a failed pass reports among those its workers found: damage
-/// to a base first (so that it is reported as `base-missing` whichever
-/// worker found what first), then the first found.
-pub(crate) fn first_fault(mut failures: Vec<ObjectFault>) -> Option<ObjectFault> {
-    match failures.iter().position(|d| d.in_base) {
-        Some(i) => Some(failures.swap_remove(i)),
-        None if failures.is_empty() => None,
-        None => Some(failures.swap_remove(0)),
+/// What the workers of one pass found wrong, shared between them.
+#[derive(Default)]
+pub(crate) struct PassFailures {
+    failed: std::sync::atomic::AtomicBool,
+    found: std::sync::Mutex<Vec<ObjectFault>>,
+}
+
+impl PassFailures {
+    /// Whether a worker failed already (the pass is a miss either way).
+    pub(crate) fn failed(&self) -> bool {
+        self.failed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Records `d`, found reading a base when `in_base`; a deadline or an
+    /// I/O error also stops the pass (`next`, the workers' shared item
+    /// counter, jumps to `end`).
+    pub(crate) fn record(
+        &self,
+        mut d: ObjectFault,
+        in_base: bool,
+        next: &std::sync::atomic::AtomicUsize,
+        end: usize,
+    ) {
+        use std::sync::atomic::Ordering;
+        d.in_base = in_base;
+        let stop = matches!(d.kind, FaultKind::Deadline | FaultKind::Io(_));
+        if let Ok(mut f) = self.found.lock() {
+            f.push(d);
+        }
+        self.failed.store(true, Ordering::Relaxed);
+        if stop {
+            next.store(end, Ordering::Relaxed);
+        }
+    }
+
+    /// The fault the pass reports: damage to a base first (so that it is
+    /// reported as `base-missing` whichever worker found what first), then
+    /// the first found.
+    pub(crate) fn first(self) -> Option<ObjectFault> {
+        let mut found = self.found.into_inner().unwrap_or_default();
+        match found.iter().position(|d| d.in_base) {
+            Some(i) => Some(found.swap_remove(i)),
+            None if found.is_empty() => None,
+            None => Some(found.swap_remove(0)),
+        }
     }
 }
 

@@ -492,8 +492,7 @@ impl Pass<'_, '_> {
         unsafe { dest.write(0, self.prefix) };
         hash.wrote(dest, 0, self.prefix.len() as u64, &mut done);
         let next = AtomicUsize::new(0);
-        let failed = std::sync::atomic::AtomicBool::new(false);
-        let failures: Mutex<Vec<ObjectFault>> = Mutex::new(Vec::new());
+        let failures = crate::fault::PassFailures::default();
         let hashed: Mutex<Vec<(u64, Digest)>> = Mutex::new(done);
         std::thread::scope(|sc| {
             for _ in 0..self.ctx.threads.max(1).min(items.len().max(1)) {
@@ -513,20 +512,12 @@ impl Pass<'_, '_> {
                         // only the bases' extents are still read, so that
                         // damage to a base is reported as such
                         // (`base-missing`) whichever worker found what first.
-                        if failed.load(Ordering::Relaxed) && !in_base {
+                        if failures.failed() && !in_base {
                             continue;
                         }
                         let r = self.item(&items[i], deferred, &hash, &mut done, &mut scratch);
-                        if let Err(mut d) = r {
-                            d.in_base = in_base;
-                            let stop = matches!(d.kind, FaultKind::Deadline | FaultKind::Io(_));
-                            if let Ok(mut f) = failures.lock() {
-                                f.push(d);
-                            }
-                            failed.store(true, Ordering::Relaxed);
-                            if stop {
-                                next.store(items.len(), Ordering::Relaxed);
-                            }
+                        if let Err(d) = r {
+                            failures.record(d, in_base, &next, items.len());
                         }
                     }
                     if let Ok(mut h) = hashed.lock() {
@@ -535,7 +526,7 @@ impl Pass<'_, '_> {
                 });
             }
         });
-        if let Some(d) = crate::fault::first_fault(failures.into_inner().unwrap_or_default()) {
+        if let Some(d) = failures.first() {
             return Err(PassError::Fault(d));
         }
         if self.suspect.swap(false, Ordering::Relaxed) {

@@ -42,8 +42,8 @@ use deltapack_format::{Digest, ExtentCodec, ExtentPlan, ManifestV2, SnapshotHead
 use super::compose::{copy_memory, place_local_unverified, Bottom};
 use super::plan::Plan;
 use super::read::{
-    read_extent, read_range_unverified, ExtentAt, FaultKind, ObjectFault, ReadCtx, Sink, Source,
-    PIECE, RESULT_BLOCK,
+    read_extent, read_range_unverified, ExtentAt, ObjectFault, ReadCtx, Sink, Source, PIECE,
+    RESULT_BLOCK,
 };
 use super::reassembly::Proof;
 use super::result::SharedDest;
@@ -508,7 +508,7 @@ fn hex(d: &StreamDigest) -> String {
 /// stream in `order` (every stream once), calling `ready(stream, bytes)` on
 /// the calling thread for each stream as soon as its digest matched the
 /// root's (marking it in `emitted`). `Ok` once every stream is out and the
-/// snapshot digest matched; `Err` is a miss (or, for [`FaultKind::Io`], an
+/// snapshot digest matched; `Err` is a miss (or, for [`crate::fault::FaultKind::Io`], an
 /// error), after which the streams already handed out hold their proven
 /// bytes and nothing else of `dest` is meaningful.
 pub(super) fn run(
@@ -646,12 +646,11 @@ fn run_pass(
     }
     let threads = workers(pass.ctx, &items);
     let next = AtomicUsize::new(0);
-    let failed = AtomicBool::new(false);
-    let failures: Mutex<Vec<ObjectFault>> = Mutex::new(Vec::new());
+    let failures = crate::fault::PassFailures::default();
     std::thread::scope(|sc| {
         for _ in 0..threads.max(1).min(items.len().max(1)) {
             let tx = tx.clone();
-            let (items, next, failed, failures) = (&items, &next, &failed, &failures);
+            let (items, next, failures) = (&items, &next, &failures);
             sc.spawn(move || {
                 let mut scratch = vec![0u8; PIECE];
                 loop {
@@ -661,19 +660,11 @@ fn run_pass(
                     // After a failure the pass is a miss either way; only
                     // the bases' extents are still read, so that damage to
                     // a base is reported as such (`base-missing`).
-                    if failed.load(Ordering::Relaxed) && !in_base {
+                    if failures.failed() && !in_base {
                         continue;
                     }
-                    if let Err(mut d) = pass.item(item, deferred, &mut scratch, &tx) {
-                        d.in_base = in_base;
-                        let stop = matches!(d.kind, FaultKind::Deadline | FaultKind::Io(_));
-                        if let Ok(mut f) = failures.lock() {
-                            f.push(d);
-                        }
-                        failed.store(true, Ordering::Relaxed);
-                        if stop {
-                            next.store(items.len(), Ordering::Relaxed);
-                        }
+                    if let Err(d) = pass.item(item, deferred, &mut scratch, &tx) {
+                        failures.record(d, in_base, next, items.len());
                     }
                 }
             });
@@ -689,7 +680,7 @@ fn run_pass(
             }
         }
     });
-    if let Some(d) = crate::fault::first_fault(failures.into_inner().unwrap_or_default()) {
+    if let Some(d) = failures.first() {
         return Err(PassError::Fault(d));
     }
     if let Some(what) = pass.mismatch.lock().ok().and_then(|mut m| m.take()) {

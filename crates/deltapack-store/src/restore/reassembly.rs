@@ -53,7 +53,7 @@ impl Dest<'_> {
 
     pub(crate) fn take(len: usize, into: Option<&mut [u8]>) -> Result<Dest<'_>, String> {
         match into {
-            None => Ok(Dest::Owned(zeroed_buffer(len)?)),
+            None => Ok(Dest::Owned(result_buffer(len)?)),
             Some(b) if b.len() == len => Ok(Dest::Borrowed(b)),
             Some(b) => Err(format!(
                 "the buffer is {} bytes, the snapshot {len}",
@@ -72,34 +72,28 @@ pub(crate) enum Output {
 }
 
 /// Fresh result buffers at least this large are prepared for writing
-/// before the restore starts (see [`zeroed_buffer`]).
+/// before the restore starts (see [`result_buffer`]).
 const PREPARE_FRESH: usize = 32 << 20;
 
-/// How fresh result buffers are prepared: `huge` (the default; transparent
-/// huge pages, faulted in ahead in bulk) or `lazy` (4 KiB pages faulted
-/// one at a time where the workers first write), from
-/// `DELTAPACK_FRESH_BUFFERS` — a measurement knob (`deltapack-bench restore`
-/// compares the two), read once.
+/// Whether fresh result buffers are prepared (`DELTAPACK_FRESH_BUFFERS=huge`:
+/// transparent huge pages, faulted in ahead in bulk) or left lazy (the
+/// default: 4 KiB pages faulted one at a time where the workers first
+/// write). Read once.
+///
+/// Lazy is the default because preparing commits the whole declared
+/// result before a single byte of it was read or verified: a root that
+/// declares a huge result over missing objects (anyone with write access
+/// to an unkeyed store can write one) would commit it all, which the
+/// hostile-input tests forbid. `huge` is for a node that trusts its roots
+/// (a keyed store) and wants new buffers faster.
 fn prepare_fresh_buffers() -> bool {
     static HUGE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HUGE.get_or_init(|| {
-        std::env::var("DELTAPACK_FRESH_BUFFERS").map_or(true, |v| v.trim() != "lazy")
-    })
+    *HUGE.get_or_init(|| std::env::var("DELTAPACK_FRESH_BUFFERS").is_ok_and(|v| v.trim() == "huge"))
 }
 
-/// A zero-filled buffer for a restore's result.
-///
-/// A fresh 1.6 GB buffer is ~400,000 4 KiB pages, each faulted in by the
-/// kernel at its first write: that cost 578 ms against 263 ms for the same
-/// restore into a resident buffer. Large buffers are therefore asked for
-/// transparent huge pages (`MADV_HUGEPAGE`: 512× fewer faults and page
-/// table entries) and faulted in ahead, in bulk, on a few threads
-/// (`MADV_POPULATE_WRITE`, Linux 5.14+; on older kernels the call fails and
-/// pages fault lazily as before). Lazy huge-page faults alone had been
-/// measured slower (1.2–1.5 s instead of 0.5 s for a 193 MiB chain
-/// restore: each fault could stall on compaction inside the workers' hot
-/// loop); populating up front takes that cost out of the loop and pays it
-/// once per 2 MiB. The contents stay zero either way (fresh anonymous pages).
+/// A zero-filled buffer obtained without touching its pages: the page
+/// faults happen where the bytes are first written, spread over the worker
+/// threads, and a buffer whose bytes never arrive costs no memory.
 pub(crate) fn zeroed_buffer(len: usize) -> Result<Vec<u8>, String> {
     if len == 0 {
         return Ok(Vec::new());
@@ -111,13 +105,28 @@ pub(crate) fn zeroed_buffer(len: usize) -> Result<Vec<u8>, String> {
     // global allocator, which is what `Vec::from_raw_parts` requires for a
     // `Vec<u8>` of length and capacity `len`. Large blocks come from fresh
     // mmap pages that are not touched here.
-    let mut v = unsafe {
+    unsafe {
         let ptr = std::alloc::alloc_zeroed(layout);
         if ptr.is_null() {
             return Err(format!("cannot allocate {len} bytes for a restore"));
         }
-        Vec::from_raw_parts(ptr, len, len)
-    };
+        Ok(Vec::from_raw_parts(ptr, len, len))
+    }
+}
+
+/// A v2 restore's result buffer: [`zeroed_buffer`], prepared ahead when
+/// `DELTAPACK_FRESH_BUFFERS=huge` and at least [`PREPARE_FRESH`] long.
+///
+/// A fresh 1.6 GB buffer is ~400,000 4 KiB pages, each faulted in by the
+/// kernel at its first write (578 ms against 263 ms for the same restore
+/// into a resident buffer). Prepared, it is asked for transparent huge
+/// pages (`MADV_HUGEPAGE`: 512× fewer faults) and faulted in ahead on a few
+/// threads (`MADV_POPULATE_WRITE`, Linux 5.14+; older kernels fault lazily
+/// as before). Lazy huge-page faults alone had been measured slower (1.2–1.5
+/// s instead of 0.5 s for a 193 MiB chain restore: faults stalling on
+/// compaction in the workers' loop).
+pub(crate) fn result_buffer(len: usize) -> Result<Vec<u8>, String> {
+    let mut v = zeroed_buffer(len)?;
     if len >= PREPARE_FRESH && prepare_fresh_buffers() {
         prepare_fresh(&mut v);
     }
@@ -288,11 +297,13 @@ mod tests {
     fn fresh_buffers_are_zeroed_whatever_their_preparation() {
         for len in [PREPARE_FRESH + 4097, PREPARE_FRESH, 4096 * 3 + 1, 1] {
             let mut v = zeroed_buffer(len).expect("buffer");
+            prepare_fresh(&mut v);
             assert_eq!(v.len(), len);
             assert!(v.iter().all(|b| *b == 0), "{len} bytes not zero");
             v.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
             assert!(v.iter().enumerate().all(|(i, b)| *b == i as u8));
         }
         assert!(zeroed_buffer(0).expect("empty").is_empty());
+        assert!(result_buffer(0).expect("empty").is_empty());
     }
 }

@@ -196,7 +196,7 @@ pub(crate) async fn job_read_floor(
         let mut fresh = None;
         let buf: &mut Vec<u8> = match reused.as_mut() {
             Some(b) => b,
-            None => fresh.insert(fresh_buffer(result_len)),
+            None => fresh.insert(fresh_buffer(result_len)?),
         };
         if let (Some(p), Some(b)) = (&delta_plan, &base) {
             p.write_base_spans(b.payload(), buf)?;

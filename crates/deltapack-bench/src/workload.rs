@@ -388,10 +388,12 @@ fn fadvise_dontneed(_f: &File) -> std::io::Result<()> {
     ))
 }
 
-/// A zero-filled buffer whose pages are not touched yet (calloc → fresh
-/// mmap pages for large sizes): page faults happen where it is written.
-pub(crate) fn fresh_buffer(len: usize) -> Vec<u8> {
-    vec![0u8; len]
+/// A zero-filled buffer whose pages are not touched yet, allocated as the
+/// store allocates a restore's result ([`deltapack_store::fresh_buffer`]:
+/// huge pages advised, faulted in where written), so that a floor writing
+/// into a new buffer pays the same page faults as the restore it bounds.
+pub(crate) fn fresh_buffer(len: usize) -> anyhow::Result<Vec<u8>> {
+    Ok(deltapack_store::fresh_buffer(len)?)
 }
 
 /// A buffer whose pages are all resident.

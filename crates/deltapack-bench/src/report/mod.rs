@@ -420,6 +420,29 @@ pub(crate) fn targets(r: &Report) -> Vec<Target> {
             });
         }
     }
+    // A new buffer's first touch: the same restore into a buffer the store
+    // allocates against one the caller keeps resident.
+    for (suffix, place) in [
+        ("warm", "local, warm".to_string()),
+        ("s3like", format!("S3-like ({} ms/GET)", r.latency_ms)),
+    ] {
+        let (fresh, into) = (
+            s(&format!("restore-v2-{suffix}")),
+            s(&format!("restore-v2-{suffix}-into")),
+        );
+        if let (Some(fresh), Some(into)) = (fresh, into) {
+            let x = fresh.median_ms / into.median_ms;
+            t.push(Target {
+                target: format!("v2 restore into a new buffer ≤ 1.3 × `restore_into`, {place}"),
+                measured: format!(
+                    "{x:.2} × ({} vs {})",
+                    secs(fresh.median_ms),
+                    secs(into.median_ms)
+                ),
+                met: Some(x <= 1.3),
+            });
+        }
+    }
     // v2 against v1 where both ran: the restores' id suffix, the target,
     // and the speed-up it asks for (`None`: informational).
     for (suffix, target, min) in [

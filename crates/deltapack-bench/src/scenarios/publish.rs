@@ -158,7 +158,7 @@ async fn publication_costs(
             Ok(())
         })?;
         time("cost_copy_into_fresh_buffer_ms", &mut || {
-            let mut v = fresh_buffer(d.len());
+            let mut v = fresh_buffer(d.len())?;
             v.copy_from_slice(&d);
             std::hint::black_box(&v);
             Ok(())

@@ -379,7 +379,9 @@ impl Store {
     /// [`LayerEvent::Ready`] for each layer as it is proven, then one
     /// [`LayerEvent::Done`]; an `Err` item (then the end) is an error of
     /// [`Store::restore_layers_with`]. The work runs as a task on the
-    /// current runtime and goes on if the stream is dropped.
+    /// current runtime and goes on if the stream is dropped. A new buffer
+    /// is best allocated with [`crate::fresh_buffer`] (huge pages, faulted
+    /// in where the workers write).
     pub fn restore_layers(
         &self,
         key: impl Into<RootKey>,

@@ -96,6 +96,8 @@ impl Store {
     /// snapshot, a miss its reason (absent, corrupt, incompatible,
     /// base-missing, deadline-exceeded, unauthenticated). Errors are
     /// failures of the backend or of the process, never of the data.
+    /// The result is allocated with [`crate::fresh_buffer`] (huge pages,
+    /// faulted in where the workers write).
     #[tracing::instrument(level = "info", name = "restore", skip_all, fields(
         namespace = tracing::field::Empty,
         context = tracing::field::Empty,
@@ -228,7 +230,9 @@ impl Store {
     /// For a v2 root the verified extent bytes are reconstructed directly in
     /// `buf`: no result buffer is allocated, so a caller that restores into
     /// the same resident memory each turn pays no page faults, and peak
-    /// memory is `buf` plus a 256 KiB piece per worker. The work runs on the
+    /// memory is `buf` plus a 256 KiB piece per worker (a buffer that is
+    /// new rather than resident is best allocated with
+    /// [`crate::fresh_buffer`]). The work runs on the
     /// calling thread and worker threads (`block_in_place` on a
     /// multi-thread runtime), and does not join a concurrent
     /// [`Store::restore`] of the same root; the base is restored once and

@@ -53,7 +53,9 @@ impl Dest<'_> {
 
     pub(crate) fn take(len: usize, into: Option<&mut [u8]>) -> Result<Dest<'_>, String> {
         match into {
-            None => Ok(Dest::Owned(result_buffer(len)?)),
+            None => Ok(Dest::Owned(
+                crate::buffer::fresh_buffer(len).map_err(|e| e.to_string())?,
+            )),
             Some(b) if b.len() == len => Ok(Dest::Borrowed(b)),
             Some(b) => Err(format!(
                 "the buffer is {} bytes, the snapshot {len}",
@@ -70,112 +72,6 @@ pub(crate) enum Output {
     /// The caller's buffer holds the verified snapshot encoding.
     Written,
 }
-
-/// Fresh result buffers at least this large are prepared for writing
-/// before the restore starts (see [`result_buffer`]).
-const PREPARE_FRESH: usize = 32 << 20;
-
-/// Whether fresh result buffers are prepared (`DELTAPACK_FRESH_BUFFERS=huge`:
-/// transparent huge pages, faulted in ahead in bulk) or left lazy (the
-/// default: 4 KiB pages faulted one at a time where the workers first
-/// write). Read once.
-///
-/// Lazy is the default because preparing commits the whole declared
-/// result before a single byte of it was read or verified: a root that
-/// declares a huge result over missing objects (anyone with write access
-/// to an unkeyed store can write one) would commit it all, which the
-/// hostile-input tests forbid. `huge` is for a node that trusts its roots
-/// (a keyed store) and wants new buffers faster.
-fn prepare_fresh_buffers() -> bool {
-    static HUGE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HUGE.get_or_init(|| std::env::var("DELTAPACK_FRESH_BUFFERS").is_ok_and(|v| v.trim() == "huge"))
-}
-
-/// A zero-filled buffer obtained without touching its pages: the page
-/// faults happen where the bytes are first written, spread over the worker
-/// threads, and a buffer whose bytes never arrive costs no memory.
-pub(crate) fn zeroed_buffer(len: usize) -> Result<Vec<u8>, String> {
-    if len == 0 {
-        return Ok(Vec::new());
-    }
-    let layout = std::alloc::Layout::array::<u8>(len)
-        .map_err(|e| format!("cannot allocate {len} bytes: {e}"))?;
-    // SAFETY: `layout` has non-zero size. `alloc_zeroed` returns either null
-    // (handled) or a zero-initialised block of exactly `len` bytes from the
-    // global allocator, which is what `Vec::from_raw_parts` requires for a
-    // `Vec<u8>` of length and capacity `len`. Large blocks come from fresh
-    // mmap pages that are not touched here.
-    unsafe {
-        let ptr = std::alloc::alloc_zeroed(layout);
-        if ptr.is_null() {
-            return Err(format!("cannot allocate {len} bytes for a restore"));
-        }
-        Ok(Vec::from_raw_parts(ptr, len, len))
-    }
-}
-
-/// A v2 restore's result buffer: [`zeroed_buffer`], prepared ahead when
-/// `DELTAPACK_FRESH_BUFFERS=huge` and at least [`PREPARE_FRESH`] long.
-///
-/// A fresh 1.6 GB buffer is ~400,000 4 KiB pages, each faulted in by the
-/// kernel at its first write (578 ms against 263 ms for the same restore
-/// into a resident buffer). Prepared, it is asked for transparent huge
-/// pages (`MADV_HUGEPAGE`: 512× fewer faults) and faulted in ahead on a few
-/// threads (`MADV_POPULATE_WRITE`, Linux 5.14+; older kernels fault lazily
-/// as before). Lazy huge-page faults alone had been measured slower (1.2–1.5
-/// s instead of 0.5 s for a 193 MiB chain restore: faults stalling on
-/// compaction in the workers' loop).
-pub(crate) fn result_buffer(len: usize) -> Result<Vec<u8>, String> {
-    let mut v = zeroed_buffer(len)?;
-    if len >= PREPARE_FRESH && prepare_fresh_buffers() {
-        prepare_fresh(&mut v);
-    }
-    Ok(v)
-}
-
-/// Asks for huge pages for `buf`'s page-aligned interior and faults it in
-/// ahead on up to four threads (see [`zeroed_buffer`]). Failures are
-/// ignored: the pages then fault lazily where they are written.
-#[cfg(target_os = "linux")]
-fn prepare_fresh(buf: &mut [u8]) {
-    const PAGE: usize = 4096;
-    const HUGE: usize = 2 << 20;
-    let base = buf.as_mut_ptr() as usize;
-    let start = base.next_multiple_of(PAGE);
-    let end = (base + buf.len()) / PAGE * PAGE;
-    if end <= start {
-        return;
-    }
-    // SAFETY: `start..end` lies inside `buf`, which this function borrows
-    // mutably; MADV_HUGEPAGE changes only how the range is backed, never
-    // its contents.
-    unsafe {
-        libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
-    }
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(1, 4);
-    let per = (end - start).div_ceil(threads).next_multiple_of(HUGE);
-    std::thread::scope(|s| {
-        let mut at = start;
-        while at < end {
-            let n = per.min(end - at);
-            s.spawn(move || {
-                // SAFETY: `at..at+n` lies inside `buf` (borrowed mutably by
-                // the enclosing function for the scope's lifetime);
-                // MADV_POPULATE_WRITE faults the pages in as a write would,
-                // leaving fresh anonymous pages zero.
-                unsafe {
-                    libc::madvise(at as *mut libc::c_void, n, libc::MADV_POPULATE_WRITE);
-                }
-            });
-            at += n;
-        }
-    });
-}
-
-#[cfg(not(target_os = "linux"))]
-fn prepare_fresh(_buf: &mut [u8]) {}
 
 /// Restores a flat v2 root (its payload is the snapshot) from `source` on
 /// up to `threads` workers, into `into` (exactly the snapshot's length) or
@@ -283,27 +179,5 @@ pub(crate) fn restore_flat(
         // The bytes are the payload, verified, and a flat root's payload
         // digest is its snapshot digest.
         Dest::Borrowed(_) => Ok(Output::Written),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A fresh buffer large enough to be prepared (huge pages, faulted in
-    /// ahead) is all zeros, exactly as long as asked, and writable end to
-    /// end; an odd length and a small one too.
-    #[test]
-    fn fresh_buffers_are_zeroed_whatever_their_preparation() {
-        for len in [PREPARE_FRESH + 4097, PREPARE_FRESH, 4096 * 3 + 1, 1] {
-            let mut v = zeroed_buffer(len).expect("buffer");
-            prepare_fresh(&mut v);
-            assert_eq!(v.len(), len);
-            assert!(v.iter().all(|b| *b == 0), "{len} bytes not zero");
-            v.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
-            assert!(v.iter().enumerate().all(|(i, b)| *b == i as u8));
-        }
-        assert!(zeroed_buffer(0).expect("empty").is_empty());
-        assert!(result_buffer(0).expect("empty").is_empty());
     }
 }

@@ -17,12 +17,13 @@ impl Store {
         &self,
         m: &ManifestV1,
     ) -> Result<std::result::Result<Vec<u8>, MissReason>> {
-        // Lazily committed zero pages: a forged root declaring a huge payload
+        // Lazily committed zero pages (huge pages are advised, never faulted
+        // in ahead): a forged root declaring a huge payload
         // costs nothing until verified chunk bytes are written, and an
         // impossible size is a corrupt miss, not an error.
         let mut payload = match usize::try_from(m.payload_len)
             .map_err(|_| format!("{} bytes do not fit in memory", m.payload_len))
-            .and_then(super::reassembly::zeroed_buffer)
+            .and_then(|n| crate::buffer::fresh_buffer(n).map_err(|e| e.to_string()))
         {
             Ok(p) => p,
             Err(what) => {

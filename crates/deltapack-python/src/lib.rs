@@ -8,6 +8,8 @@
 //! * `buffer` — zero-copy borrowing of the caller's buffers (read for
 //!   publication, written in place by `restore_into`).
 //! * `errors` — the exception hierarchy.
+//! * `fresh` — fresh buffers in Rust memory (`FreshBuffer`), allocated by
+//!   the store's `fresh_buffer` for the caller to restore into.
 //! * `identity` — `CacheIdentity`: the namespace and the contexts under it.
 //! * `layers` — the layer-wise restore's iterator (`LayerIterator`) and
 //!   its items (`Layer`).
@@ -29,6 +31,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 
 mod buffer;
 mod errors;
+mod fresh;
 mod identity;
 mod layers;
 mod outcome;
@@ -37,6 +40,7 @@ mod store;
 
 use buffer::Borrowed;
 use errors::bad_input;
+use fresh::{fresh_buffer, FreshBuffer};
 use identity::CacheIdentity;
 use layers::{Layer, LayerIterator};
 use outcome::{restore_into_value, restore_value};
@@ -730,6 +734,7 @@ impl Turn {
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CacheIdentity>()?;
     m.add_class::<SnapshotData>()?;
+    m.add_class::<FreshBuffer>()?;
     m.add_class::<Store>()?;
     m.add_class::<Turn>()?;
     m.add_class::<Layer>()?;
@@ -738,6 +743,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(snapshot_prefix, m)?)?;
     m.add_function(wrap_pyfunction!(synth, m)?)?;
     m.add_function(wrap_pyfunction!(buffer_address, m)?)?;
+    m.add_function(wrap_pyfunction!(fresh_buffer, m)?)?;
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -67,7 +67,7 @@ impl SnapshotData {
     /// The numpy array interface (version 3) of the read-only bytes.
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        array_interface(py, self.address(), self.__len__())
+        array_interface(py, self.address(), self.__len__(), true)
     }
 
     /// The page layout: see `snapshot_layout`.
@@ -76,16 +76,18 @@ impl SnapshotData {
     }
 }
 
-/// `{"shape": (n,), "typestr": "|u1", "data": (addr, True), "version": 3}`.
+/// `{"shape": (n,), "typestr": "|u1", "data": (addr, read_only), "version": 3}`:
+/// `n` bytes at `addr`, read-only for numpy or not.
 pub(crate) fn array_interface(
     py: Python<'_>,
     addr: usize,
     len: usize,
+    read_only: bool,
 ) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("shape", (len,))?;
     d.set_item("typestr", "|u1")?;
-    d.set_item("data", (addr, true))?;
+    d.set_item("data", (addr, read_only))?;
     d.set_item("strides", py.None())?;
     d.set_item("version", 3)?;
     Ok(d)

@@ -22,7 +22,8 @@ What you get:
 * **Zero copy.** ``restore_into`` writes the verified snapshot straight into
   your buffer (numpy array, bytearray, mmap, memoryview, anything with a
   writable C-contiguous buffer or ``__array_interface__``); nothing is
-  allocated for the result. ``restore`` returns a read-only
+  allocated for the result. For a new buffer, :func:`fresh_buffer` makes
+  one that is cheap to fault in. ``restore`` returns a read-only
   :class:`Restored` in deltapack's memory (numpy-viewable without a copy).
   ``publish`` reads the snapshot in place too, whatever holds it (a
   :class:`Snapshot`, a :class:`Restored`, or any C-contiguous buffer; see
@@ -55,6 +56,7 @@ wrong size, read-only), it is exactly as you gave it. Do not read or write
 from __future__ import annotations
 
 import ctypes
+import operator
 import re
 import sys
 from typing import (
@@ -91,6 +93,7 @@ __version__: str = _native.__version__
 
 __all__ = [
     "BadInput",
+    "Buffer",
     "CacheIdentity",
     "CapacityError",
     "ConflictError",
@@ -109,6 +112,7 @@ __all__ = [
     "SnapshotLayout",
     "Store",
     "Turn",
+    "fresh_buffer",
     "new_snapshot",
     "parse_duration",
     "parse_size",
@@ -449,7 +453,7 @@ def _uint8(buf: Any) -> "numpy.ndarray":
     """A flat uint8 numpy view of ``buf`` (writable if ``buf`` is)."""
     import numpy as np
 
-    if isinstance(buf, Snapshot):
+    if isinstance(buf, (Snapshot, Buffer)):
         return np.asarray(buf)
     if isinstance(buf, np.ndarray):
         if not buf.flags["C_CONTIGUOUS"]:
@@ -528,6 +532,114 @@ def synth(tokens: int, preset: str = "tiny", seed: int = 1) -> Tuple[Snapshot, L
     """
     data, ids = _native.synth(int(tokens), preset, int(seed))
     return Snapshot(data), ids
+
+
+# ------------------------------------------------------------- fresh buffers
+
+
+class Buffer:
+    """A zero-filled, writable buffer in deltapack's memory, made by :func:`fresh_buffer`.
+
+    Meant as the ``out`` of :meth:`Store.restore_into`,
+    :meth:`Store.restore_into_async` and :meth:`Store.restore_layers_into`
+    (borrowed in place through its ``__array_interface__``, like any other
+    ``out``), and usable wherever a writable ``uint8`` buffer is (e.g.
+    :func:`snapshot_views`, :meth:`Store.publish`). The memory is freed
+    once this object and every view of it are gone.
+
+    Views, all without copying, all writable and all keeping this object
+    alive:
+
+    * ``b.numpy()`` / ``numpy.asarray(b)`` -- a ``uint8`` array (through
+      ``__array_interface__``);
+    * ``b.memoryview()`` -- a ``memoryview``;
+    * ``memoryview(b)``, ``numpy.frombuffer(b, numpy.uint8)`` -- the buffer
+      protocol itself, on Python 3.12 and later (PEP 688);
+    * :func:`snapshot_views` -- per (group, layer) page arrays, once it
+      holds a snapshot.
+    """
+
+    __slots__ = ("_data", "__weakref__")
+
+    def __init__(self, data: "_native.FreshBuffer") -> None:
+        self._data = data
+
+    @property
+    def nbytes(self) -> int:
+        """Length in bytes."""
+        return len(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    @property
+    def address(self) -> int:
+        """Address of the first byte (valid while this object or a view of it lives)."""
+        return self._data.address
+
+    @property
+    def __array_interface__(self) -> Dict[str, Any]:
+        """numpy's array interface: ``numpy.asarray(b)`` is a zero-copy, writable view."""
+        return self._data.__array_interface__
+
+    def memoryview(self) -> memoryview:
+        """A writable ``memoryview`` of the bytes (zero copy; keeps this object alive)."""
+        n = len(self._data)
+        if n == 0:
+            return memoryview(bytearray())
+        arr = (ctypes.c_ubyte * n).from_address(self._data.address)
+        # A ctypes array made from an address does not own its memory: the
+        # reference keeps the owner alive as long as the array (and so the
+        # memoryview, and any array made from it) lives.
+        arr._deltapack_owner = self  # type: ignore[attr-defined]
+        return memoryview(arr).cast("B")
+
+    def __buffer__(self, flags: int) -> memoryview:
+        """The buffer protocol (Python 3.12+, PEP 688): writable bytes."""
+        return self.memoryview()
+
+    def numpy(self) -> "numpy.ndarray":
+        """A writable ``uint8`` numpy array over the bytes (zero copy)."""
+        import numpy as np
+
+        return np.asarray(self)
+
+    def __repr__(self) -> str:
+        return f"Buffer(nbytes={self.nbytes})"
+
+
+def fresh_buffer(nbytes: int) -> Buffer:
+    """A new zero-filled, writable :class:`Buffer` of exactly ``nbytes`` bytes, to restore into.
+
+    Allocated as :meth:`Store.restore` allocates its own result: no page is
+    touched here (memory is committed where it is first written) and, on
+    Linux, a large buffer is advised for transparent huge pages, so the
+    restore that first writes it faults it in 2 MiB at a time instead of
+    4 KiB (``DELTAPACK_FRESH_BUFFERS=small`` turns the advice off). Use it
+    for a new ``out`` instead of plain memory such as ``mmap.mmap(-1, n)``
+    or ``torch.empty(n)``, or ``bytearray(n)`` (zeroed, so every page
+    touched, when made). Large numpy arrays get the same advice from numpy
+    itself on Linux (unless ``NUMPY_MADVISE_HUGEPAGE=0``)::
+
+        n = store.snapshot_size(ident, tokens)      # None: nothing stored
+        buf = deltapack.fresh_buffer(n)
+        if store.restore_into(ident, tokens, buf):
+            pages = deltapack.snapshot_views(buf)   # writable numpy views
+
+    ``nbytes`` must be a non-negative int (:class:`BadInput` otherwise);
+    a size that cannot be allocated raises ``MemoryError``.
+    """
+    if isinstance(nbytes, bool):
+        raise BadInput(f"nbytes {nbytes!r} is not a byte count")
+    try:
+        n = operator.index(nbytes)
+    except TypeError:
+        raise BadInput(f"nbytes {nbytes!r} is not a byte count (an int)") from None
+    if n < 0:
+        raise BadInput(f"nbytes {n} is negative")
+    if n > sys.maxsize:
+        raise MemoryError(f"fresh_buffer({n}): larger than the address space")
+    return Buffer(_native.fresh_buffer(n))
 
 
 # --------------------------------------------------------------------- store
@@ -826,7 +938,9 @@ class Store:
         ``out`` is any writable C-contiguous buffer of exactly
         :meth:`snapshot_size` bytes: a numpy array (any dtype), bytearray,
         mmap, memoryview, or an object with a writable
-        ``__array_interface__`` (``tensor.numpy()`` for a CPU torch tensor).
+        ``__array_interface__`` (``tensor.numpy()`` for a CPU torch tensor),
+        or a :class:`Buffer` from :func:`fresh_buffer` (a new buffer that
+        is cheap to fault in).
         The snapshot is reconstructed in place: no result buffer is
         allocated and ``Hit.address`` is ``out``'s own address.
 
@@ -863,8 +977,8 @@ class Store:
 
         ``out`` is what :meth:`restore_into` takes: a writable C-contiguous
         buffer of exactly :meth:`snapshot_size` bytes (numpy array, pinned
-        host memory, bytearray, mmap, ``__array_interface__``), written in
-        place. The restore starts at once (on deltapack's runtime threads)
+        host memory, bytearray, mmap, ``__array_interface__``, a
+        :func:`fresh_buffer`), written in place. The restore starts at once (on deltapack's runtime threads)
         and the returned :class:`LayerIterator` -- a sync and an async
         iterator -- yields:
 

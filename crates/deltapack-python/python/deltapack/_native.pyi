@@ -87,6 +87,17 @@ class SnapshotData:
     def layout(self) -> Tuple[int, int, List[Any]]:
         """The page layout (see ``snapshot_layout``)."""
 
+class FreshBuffer:
+    """Zero-filled, writable memory in deltapack's (Rust) memory (the public class is ``deltapack.Buffer``)."""
+
+    def __len__(self) -> int: ...
+    @property
+    def address(self) -> int:
+        """Address of the first byte (valid while this object lives)."""
+    @property
+    def __array_interface__(self) -> Dict[str, Any]:
+        """numpy's array interface of the writable bytes."""
+
 _Restore = Union[Tuple[str, SnapshotData, str, str], Tuple[str, str, str, Optional[str]]]
 _RestoreInto = Union[Tuple[str, int, str, int], Tuple[str, str, str, Optional[str]]]
 
@@ -182,6 +193,9 @@ def synth(tokens: int, preset: str = "tiny", seed: int = 1) -> Tuple[SnapshotDat
 
 def buffer_address(obj: Any) -> int:
     """The address of the first byte of a buffer."""
+
+def fresh_buffer(nbytes: int) -> FreshBuffer:
+    """A zero-filled buffer of ``nbytes`` bytes, no page touched (``MemoryError`` if it cannot be allocated)."""
 
 class Turn:
     """A published turn: what ``Store.publish_turn`` needs to publish the next one."""

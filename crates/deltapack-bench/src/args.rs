@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use crate::shaped::Shaping;
+use crate::shaped::{Shaping, ShapingArgs};
 
 /// Which scenarios to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,18 +48,9 @@ pub(crate) struct BenchArgs {
     /// Simulated per-GET latency of the S3-like scenario, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 20)]
     pub(crate) latency_ms: u64,
-    /// Shaped S3 emulation: latency before the first byte of every
-    /// request (GET, HEAD, PUT, multipart part), in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 20)]
-    pub(crate) shaped_latency_ms: u64,
-    /// Shaped S3 emulation: bandwidth cap C of one connection (a GET body,
-    /// a PUT, a part), MB/s (10⁶ bytes).
-    #[arg(long, value_name = "MB_S", default_value_t = 25.0)]
-    pub(crate) shaped_conn_mb_s: f64,
-    /// Shaped S3 emulation: aggregate bandwidth cap A shared by all
-    /// connections, MB/s (10⁶ bytes).
-    #[arg(long, value_name = "MB_S", default_value_t = 400.0)]
-    pub(crate) shaped_aggregate_mb_s: f64,
+    /// The shaped S3 emulation's options.
+    #[command(flatten)]
+    pub(crate) shaped: ShapingArgs,
     /// Scale of the real-S3 scenario (default: min(--scale, 1/16)).
     #[arg(long, value_name = "F")]
     pub(crate) s3_scale: Option<f64>,
@@ -84,17 +75,7 @@ pub(crate) struct BenchArgs {
 impl BenchArgs {
     /// The shaped S3 emulation's parameters (`--shaped-*`), checked.
     pub(crate) fn shaping(&self) -> anyhow::Result<Shaping> {
-        let rate = |flag: &str, mb_s: f64| -> anyhow::Result<u64> {
-            if !(0.001..=1e6).contains(&mb_s) {
-                anyhow::bail!("{flag} must be between 0.001 and 1,000,000 MB/s, got {mb_s}");
-            }
-            Ok((mb_s * 1e6).round() as u64)
-        };
-        Ok(Shaping {
-            latency_ms: self.shaped_latency_ms,
-            conn_bytes_per_s: rate("--shaped-conn-mb-s", self.shaped_conn_mb_s)?,
-            aggregate_bytes_per_s: rate("--shaped-aggregate-mb-s", self.shaped_aggregate_mb_s)?,
-        })
+        self.shaped.shaping()
     }
 }
 

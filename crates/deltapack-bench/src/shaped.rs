@@ -78,6 +78,42 @@ pub(crate) struct Shaping {
     pub(crate) aggregate_bytes_per_s: u64,
 }
 
+/// The shaped emulation's options (`--shaped-*`), shared by every suite
+/// that runs it.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ShapingArgs {
+    /// Shaped S3 emulation: latency before the first byte of every
+    /// request (GET, HEAD, PUT, multipart part), in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 20)]
+    pub(crate) shaped_latency_ms: u64,
+    /// Shaped S3 emulation: bandwidth cap C of one connection (a GET body,
+    /// a PUT, a part), MB/s (10⁶ bytes).
+    #[arg(long, value_name = "MB_S", default_value_t = 25.0)]
+    pub(crate) shaped_conn_mb_s: f64,
+    /// Shaped S3 emulation: aggregate bandwidth cap A shared by all
+    /// connections, MB/s (10⁶ bytes).
+    #[arg(long, value_name = "MB_S", default_value_t = 400.0)]
+    pub(crate) shaped_aggregate_mb_s: f64,
+}
+
+impl ShapingArgs {
+    /// The emulation's parameters, checked (each bandwidth between 0.001
+    /// and 1,000,000 MB/s).
+    pub(crate) fn shaping(&self) -> anyhow::Result<Shaping> {
+        let rate = |flag: &str, mb_s: f64| -> anyhow::Result<u64> {
+            if !(0.001..=1e6).contains(&mb_s) {
+                anyhow::bail!("{flag} must be between 0.001 and 1,000,000 MB/s, got {mb_s}");
+            }
+            Ok((mb_s * 1e6).round() as u64)
+        };
+        Ok(Shaping {
+            latency_ms: self.shaped_latency_ms,
+            conn_bytes_per_s: rate("--shaped-conn-mb-s", self.shaped_conn_mb_s)?,
+            aggregate_bytes_per_s: rate("--shaped-aggregate-mb-s", self.shaped_aggregate_mb_s)?,
+        })
+    }
+}
+
 impl Shaping {
     /// The aggregate-bandwidth floor of moving `bytes`: `bytes / A` plus one
     /// latency, in ms (computed, not measured: no transfer over this store

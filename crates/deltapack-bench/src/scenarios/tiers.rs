@@ -41,7 +41,7 @@ use serde::Serialize;
 use crate::report::markdown_table;
 
 use crate::measure::{median_duration as median, ms, PeakWindow};
-use crate::shaped::{shaped_local_store, shaped_memory_store, Shaping};
+use crate::shaped::{shaped_local_store, shaped_memory_store, Shaping, ShapingArgs};
 use crate::workload::{
     evict, open_local_with, synth_at, touched_buffer, turn_request, warm_page_cache, Conversation,
     Fmt, Workload, MIB,
@@ -63,15 +63,9 @@ pub(crate) struct TiersArgs {
     /// Samples per measure (the median is reported).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=51))]
     repeats: u32,
-    /// Latency of every request of the shaped emulation.
-    #[arg(long, value_name = "MS", default_value_t = 20)]
-    shaped_latency_ms: u64,
-    /// Bandwidth cap of one connection.
-    #[arg(long, value_name = "MB_S", default_value_t = 25.0)]
-    shaped_conn_mb_s: f64,
-    /// Bandwidth cap of all connections together.
-    #[arg(long, value_name = "MB_S", default_value_t = 400.0)]
-    shaped_aggregate_mb_s: f64,
+    /// The shaped S3 emulation's options.
+    #[command(flatten)]
+    shaped: ShapingArgs,
     /// Directory for the stores (default: a temporary directory).
     #[arg(long, value_name = "DIR")]
     scratch: Option<PathBuf>,
@@ -167,9 +161,7 @@ struct Subject<'a> {
 }
 
 pub(crate) async fn run(a: TiersArgs) -> Result<ExitCode> {
-    if a.shaped_conn_mb_s <= 0.0 || a.shaped_aggregate_mb_s <= 0.0 {
-        bail!("the shaped bandwidths must be positive");
-    }
+    a.shaped.shaping()?;
     super::in_work_dir(a.scratch.as_deref(), "tiers", async |work| {
         measure_all(&a, work).await
     })
@@ -179,11 +171,7 @@ pub(crate) async fn run(a: TiersArgs) -> Result<ExitCode> {
 /// The suite in `dir` (removed by the caller).
 async fn measure_all(a: &TiersArgs, dir: &Path) -> Result<ExitCode> {
     let w = Workload::from_scale(a.scale, a.extent_bytes)?;
-    let shaping = Shaping {
-        latency_ms: a.shaped_latency_ms,
-        conn_bytes_per_s: (a.shaped_conn_mb_s * 1e6) as u64,
-        aggregate_bytes_per_s: (a.shaped_aggregate_mb_s * 1e6) as u64,
-    };
+    let shaping = a.shaped.shaping()?;
     let conv = Conversation::new(a.chain_turns, &w);
     let config = conv.config();
     let result = synth_at(w.result_tokens).await?;

@@ -412,8 +412,11 @@ impl Pass<'_, '_> {
                 let what = match other {
                     Ok(d) => format!(
                         "layer stream {s} hashes to {}, its root records {}",
-                        hex(&d),
-                        self.src.streams.get(s).map_or("nothing".into(), hex)
+                        hex::encode(d),
+                        self.src
+                            .streams
+                            .get(s)
+                            .map_or("nothing".into(), hex::encode)
                     ),
                     Err(e) => format!("layer stream {s}: {e}"),
                 };
@@ -498,10 +501,6 @@ impl Sink for LayerSink<'_, '_> {
             (self.wrote)(t.dst, n);
         }
     }
-}
-
-fn hex(d: &StreamDigest) -> String {
-    d.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Rebuilds the result of `src` in `dest` (exactly its length) stream by

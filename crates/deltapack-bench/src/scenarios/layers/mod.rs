@@ -54,7 +54,7 @@ use anyhow::{anyhow, bail, Result};
 use crate::job::{Acc, Job, LayersMode, LayersSpec, Source};
 use crate::report::machine;
 use crate::runner::{child, pin_exe, round_robin, set_wait_idle};
-use crate::shaped::Shaping;
+use crate::shaped::{Shaping, ShapingArgs};
 use crate::workload::{Workload, MIB};
 
 mod child;
@@ -82,17 +82,9 @@ pub(crate) struct LayersArgs {
     /// S3-like emulation: latency per GET, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 20)]
     latency_ms: u64,
-    /// Shaped S3 emulation: latency before the first byte of every
-    /// request, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 20)]
-    shaped_latency_ms: u64,
-    /// Shaped S3 emulation: bandwidth cap of one connection, MB/s.
-    #[arg(long, value_name = "MB_S", default_value_t = 25.0)]
-    shaped_conn_mb_s: f64,
-    /// Shaped S3 emulation: bandwidth cap of all connections together,
-    /// MB/s.
-    #[arg(long, value_name = "MB_S", default_value_t = 400.0)]
-    shaped_aggregate_mb_s: f64,
+    /// The shaped S3 emulation's options.
+    #[command(flatten)]
+    shaped: ShapingArgs,
     /// Before each timed child, wait up to this many seconds for the
     /// machine to be idle (as the other suites' `--wait-idle`).
     #[arg(long, value_name = "SECS", default_value_t = 0)]
@@ -106,21 +98,6 @@ pub(crate) struct LayersArgs {
 }
 
 impl LayersArgs {
-    /// The shaped emulation's parameters, checked.
-    fn shaping(&self) -> Result<Shaping> {
-        let rate = |flag: &str, mb_s: f64| -> Result<u64> {
-            if !(0.001..=1e6).contains(&mb_s) {
-                bail!("{flag} must be between 0.001 and 1,000,000 MB/s, got {mb_s}");
-            }
-            Ok((mb_s * 1e6).round() as u64)
-        };
-        Ok(Shaping {
-            latency_ms: self.shaped_latency_ms,
-            conn_bytes_per_s: rate("--shaped-conn-mb-s", self.shaped_conn_mb_s)?,
-            aggregate_bytes_per_s: rate("--shaped-aggregate-mb-s", self.shaped_aggregate_mb_s)?,
-        })
-    }
-
     /// The consumer's rate in bytes per second, checked.
     fn consumer_bytes_per_s(&self) -> Result<f64> {
         if !(0.001..=10_000.0).contains(&self.consumer_gbps) {
@@ -169,7 +146,7 @@ fn stores(a: &LayersArgs, dir: &Path, shaping: Shaping) -> [(&'static str, Sourc
 pub(crate) async fn run(a: LayersArgs) -> Result<ExitCode> {
     let started = Instant::now();
     let w = Workload::from_scale(a.scale, a.extent_bytes)?;
-    let shaping = a.shaping()?;
+    let shaping = a.shaped.shaping()?;
     let consumer = a.consumer_bytes_per_s()?;
     set_wait_idle(a.wait_idle);
     super::in_work_dir(a.scratch.as_deref(), "layers", async |work| {

@@ -4,7 +4,7 @@
 //!
 //! A restore into memory nobody touched before pays a page fault per page
 //! it writes; `fresh_buffer` makes those faults cheap (transparent huge
-//! pages for large buffers; see its docs), where plain memory the caller
+//! pages for large buffers where they pay; see its docs), where plain memory the caller
 //! could allocate instead (`mmap.mmap(-1, n)`, `torch.empty`) is faulted
 //! in 4 KiB at a time. It touches no page itself, so allocating here costs
 //! no more than a `calloc` and needs no GIL release.

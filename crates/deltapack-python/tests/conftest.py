@@ -6,6 +6,9 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -116,3 +119,43 @@ def proc_status(field):
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     raise KeyError(field)
+
+
+def progress_while_waiting(measure, rounds=5):
+    """How far a Python thread got while the main thread waited in deltapack.
+
+    A background thread counts, sleeping (so releasing the GIL) after every
+    step, and the switch interval is set so long that the interpreter never
+    preempts the main thread: the counter can only advance while the main
+    thread itself has released the GIL, i.e. inside a deltapack call that
+    let go of it. ``measure(now)`` runs the calls (``now()`` reads the
+    counter) and returns how far the counter moved during them. Up to
+    ``rounds`` rounds, stopping at the first that moved; returns every
+    round's figure."""
+    count = [0]
+    stop = threading.Event()
+    started = threading.Event()
+
+    def counter():
+        started.set()
+        while not stop.is_set():
+            count[0] += 1
+            time.sleep(0.0002)
+
+    old = sys.getswitchinterval()
+    t = threading.Thread(target=counter, daemon=True)
+    t.start()
+    assert started.wait(10)
+    sys.setswitchinterval(100.0)
+    progressed = []
+    try:
+        for _ in range(rounds):
+            progressed.append(measure(lambda: count[0]))
+            if progressed[-1] > 0:
+                break
+    finally:
+        sys.setswitchinterval(old)
+        stop.set()
+        t.join(10)
+    assert not t.is_alive()
+    return progressed

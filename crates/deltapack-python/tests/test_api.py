@@ -3,7 +3,6 @@
 import inspect
 import pathlib
 
-import numpy as np
 import pytest
 
 import deltapack

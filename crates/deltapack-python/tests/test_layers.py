@@ -3,8 +3,6 @@ layer) as soon as its bytes are proven, then the restore_into outcome."""
 
 import asyncio
 import gc
-import sys
-import threading
 import time
 import weakref
 
@@ -12,7 +10,7 @@ import numpy as np
 import pytest
 
 import deltapack
-from conftest import tokens_file
+from conftest import progress_while_waiting, tokens_file
 
 EXTENT = 256 * 1024
 
@@ -222,43 +220,18 @@ def test_the_gil_is_released_while_waiting_for_a_layer(big, ident):
     url, ids, snap = big
     store = deltapack.Store(url)
     buf = np.empty(snap.nbytes, dtype=np.uint8)
-    count = [0]
-    stop = threading.Event()
-    started = threading.Event()
 
-    def counter():
-        started.set()
-        while not stop.is_set():
-            count[0] += 1
-            time.sleep(0.0002)  # GIL released after every step
+    def restore(now):
+        marks = [now()]
+        items = []
+        for x in store.restore_layers_into(ident, ids, buf):
+            items.append(x)
+            marks.append(now())
+        assert items[-1], items[-1]
+        assert len(items) == len(snap.layout().layers) + 1
+        return marks[-1] - marks[0]
 
-    old = sys.getswitchinterval()
-    t = threading.Thread(target=counter, daemon=True)
-    t.start()
-    assert started.wait(10)
-    # With a very long switch interval the interpreter never preempts the
-    # main thread: the counter only advances while the main thread waits
-    # for an item with the GIL released.
-    sys.setswitchinterval(100.0)
-    try:
-        progressed = []
-        for _ in range(5):
-            it = store.restore_layers_into(ident, ids, buf)
-            marks = [count[0]]
-            items = []
-            for x in it:
-                items.append(x)
-                marks.append(count[0])
-            assert items[-1], items[-1]
-            assert len(items) == len(snap.layout().layers) + 1
-            progressed.append(marks[-1] - marks[0])
-            if progressed[-1] > 0:
-                break
-    finally:
-        sys.setswitchinterval(old)
-        stop.set()
-        t.join(10)
-    assert not t.is_alive()
+    progressed = progress_while_waiting(restore)
     assert max(progressed) > 0, f"the counter did not move during any restore: {progressed}"
     assert buf.tobytes() == snap.tobytes()
 

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 import deltapack
-from pathlib import Path
 
 
 def published(tmp_path, ident, tokens=4096, extent=4096, **kw):

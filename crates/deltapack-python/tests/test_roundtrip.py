@@ -4,7 +4,6 @@ numpy in, numpy/bytearray out, digests checked against the CLI's."""
 import asyncio
 
 import numpy as np
-import pytest
 
 import deltapack
 from conftest import read_json, tokens_file

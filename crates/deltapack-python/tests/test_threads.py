@@ -1,57 +1,27 @@
 """The GIL is released while the store works: other Python threads run,
 and several threads restore at once."""
 
-import sys
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import pytest
 
 import deltapack
+from conftest import progress_while_waiting
 
 
 def test_a_python_thread_keeps_counting_during_a_large_restore(big, ident):
     url, ids, snap = big
     store = deltapack.Store(url)
     out = np.empty(snap.nbytes, dtype=np.uint8)
-    count = [0]
-    stop = threading.Event()
-    started = threading.Event()
 
-    def counter():
-        started.set()
-        while not stop.is_set():
-            count[0] += 1
-            # Sleep (GIL released) after every step, so the main thread
-            # never waits for a switch interval (set very long below) to
-            # get the GIL back.
-            time.sleep(0.0002)
+    def restore(now):
+        before = now()
+        h = store.restore_into(ident, ids, out)
+        after = now()
+        assert h
+        return after - before
 
-    old = sys.getswitchinterval()
-    t = threading.Thread(target=counter, daemon=True)
-    t.start()
-    assert started.wait(10)
-    # With a very long switch interval the interpreter never preempts the
-    # main thread: the counter can only advance between `before` and
-    # `after` if the restore itself released the GIL.
-    sys.setswitchinterval(100.0)
-    try:
-        progressed = []
-        for _ in range(5):
-            before = count[0]
-            h = store.restore_into(ident, ids, out)
-            after = count[0]
-            assert h
-            progressed.append(after - before)
-            if after > before:
-                break
-    finally:
-        sys.setswitchinterval(old)
-        stop.set()
-        t.join(10)
-    assert not t.is_alive()
+    progressed = progress_while_waiting(restore)
     assert max(progressed) > 0, f"the counter did not move during any restore: {progressed}"
 
 

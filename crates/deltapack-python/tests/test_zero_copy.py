@@ -1,7 +1,6 @@
 """Zero copy: restore_into writes the caller's memory in place and
 allocates nothing of the result's size."""
 
-import os
 import sys
 
 import numpy as np

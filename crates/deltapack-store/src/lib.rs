@@ -132,7 +132,7 @@ pub mod wrap;
 mod write_behind;
 
 pub use backend::{is_storage_full, open as open_backend, Backend, BackendKind};
-pub use buffer::fresh_buffer;
+pub use buffer::{fresh_backing, fresh_buffer, FreshBacking, FreshBackingReason};
 pub use capacity::free_space;
 pub use config_file::{ConfigFile, ConfigFileError, FileChainPolicy, FileColdStart};
 pub use error::{CapacityError, MissReason, OpenError, Result, StoreError, Unsupported};

@@ -69,7 +69,24 @@ pub(crate) fn machine(work: &Path) -> Machine {
         loadavg_end: String::new(),
         work_dir: work.display().to_string(),
         filesystem,
+        fresh_buffers: fresh_buffers(),
     }
+}
+
+/// The fresh-buffer backing in force, and why, in words.
+fn fresh_buffers() -> String {
+    use deltapack_store::{FreshBacking, FreshBackingReason};
+    let (backing, reason) = deltapack_store::fresh_backing();
+    let backing = match backing {
+        FreshBacking::Huge => "huge pages",
+        FreshBacking::Small => "small pages",
+    };
+    let reason = match reason {
+        FreshBackingReason::Configured => "DELTAPACK_FRESH_BUFFERS",
+        FreshBackingReason::NoPageReporting => "auto: no free page reporting",
+        FreshBackingReason::PageReporting => "auto: free pages reported to the host",
+    };
+    format!("{backing} ({reason})")
 }
 
 /// Static description of every scenario id.
@@ -737,7 +754,7 @@ pub(crate) fn markdown(r: &Report) -> String {
     let m = &r.machine;
     let _ = writeln!(
         s,
-        "\nMachine: {} cores, {:.1} GiB, {}, kernel {}; load average {} → {}; {}. Total {:.0} s.",
+        "\nMachine: {} cores, {:.1} GiB, {}, kernel {}; load average {} → {}; {}; fresh result buffers: {}. Total {:.0} s.",
         m.nproc,
         m.mem_total_bytes as f64 / (1u64 << 30) as f64,
         m.cpu_model,
@@ -745,6 +762,7 @@ pub(crate) fn markdown(r: &Report) -> String {
         m.loadavg_start,
         m.loadavg_end,
         m.filesystem,
+        m.fresh_buffers,
         r.total_s
     );
     s
@@ -754,7 +772,7 @@ pub(crate) fn markdown(r: &Report) -> String {
 fn machine_txt(r: &Report) -> String {
     let m = &r.machine;
     format!(
-        "nproc: {}\nmemory: {} bytes ({:.1} GiB)\ncpu model: {}\nkernel: {}\nload average at start: {}\nload average at end: {}\nwork dir: {}\nfilesystem: {}\n",
+        "nproc: {}\nmemory: {} bytes ({:.1} GiB)\ncpu model: {}\nkernel: {}\nload average at start: {}\nload average at end: {}\nwork dir: {}\nfilesystem: {}\nfresh result buffers: {}\n",
         m.nproc,
         m.mem_total_bytes,
         m.mem_total_bytes as f64 / (1u64 << 30) as f64,
@@ -763,7 +781,8 @@ fn machine_txt(r: &Report) -> String {
         m.loadavg_start,
         m.loadavg_end,
         m.work_dir,
-        m.filesystem
+        m.filesystem,
+        m.fresh_buffers
     )
 }
 

@@ -179,6 +179,10 @@ pub(crate) struct Machine {
     pub(crate) work_dir: String,
     /// The work dir's filesystem (and, with the zstd study, BLAKE3's speed).
     pub(crate) filesystem: String,
+    /// How the store backs fresh result buffers in this run
+    /// (`deltapack_store::fresh_backing`), e.g. `huge pages (auto: no free
+    /// page reporting)`.
+    pub(crate) fresh_buffers: String,
 }
 
 /// zstd figures for one data set and level.

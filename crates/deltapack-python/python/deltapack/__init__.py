@@ -63,7 +63,6 @@ from typing import (
     TYPE_CHECKING,
     Any,
     Dict,
-    Iterable,
     List,
     NamedTuple,
     Optional,
@@ -199,7 +198,60 @@ def parse_duration(d: Union[int, float, str]) -> float:
 # ----------------------------------------------------------------- snapshots
 
 
-class Snapshot:
+class _Bytes:
+    """Bytes held in deltapack's (Rust) memory, ``self._data``, exported
+    without a copy: read-only for a :class:`Snapshot`, writable for a
+    :class:`Buffer` (``_writable``)."""
+
+    __slots__ = ("_data", "__weakref__")
+    _writable: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        """Length in bytes."""
+        return len(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    @property
+    def address(self) -> int:
+        """Address of the first byte (valid while this object or a view of it lives)."""
+        return self._data.address
+
+    @property
+    def __array_interface__(self) -> Dict[str, Any]:
+        """numpy's array interface: ``numpy.asarray(x)`` is a zero-copy view
+        (read-only for a :class:`Snapshot`, writable for a :class:`Buffer`)."""
+        return self._data.__array_interface__
+
+    def memoryview(self) -> memoryview:
+        """A ``memoryview`` of the bytes (zero copy; keeps this object alive;
+        read-only for a :class:`Snapshot`, writable for a :class:`Buffer`)."""
+        n = len(self._data)
+        if n == 0:
+            return memoryview(bytearray() if self._writable else b"")
+        arr = (ctypes.c_ubyte * n).from_address(self._data.address)
+        # A ctypes array made from an address does not own its memory: the
+        # reference keeps the owner alive as long as the array (and so the
+        # memoryview, and any array made from it) lives.
+        arr._deltapack_owner = self  # type: ignore[attr-defined]
+        view = memoryview(arr).cast("B")
+        return view if self._writable else view.toreadonly()
+
+    def __buffer__(self, flags: int) -> memoryview:
+        """The buffer protocol (Python 3.12+, PEP 688): :meth:`memoryview`."""
+        return self.memoryview()
+
+    def numpy(self) -> "numpy.ndarray":
+        """A ``uint8`` numpy array over the bytes (zero copy; read-only for a
+        :class:`Snapshot`, writable for a :class:`Buffer`)."""
+        import numpy as np
+
+        return np.asarray(self)
+
+
+class Snapshot(_Bytes):
     """A snapshot encoding held in deltapack's memory: read-only, zero-copy.
 
     Returned by :meth:`Store.restore` (as its subclass :class:`Restored`)
@@ -218,29 +270,16 @@ class Snapshot:
     ``bytes(s)`` / ``s.tobytes()`` make a copy.
     """
 
-    __slots__ = ("_data", "_digest", "__weakref__")
+    __slots__ = ("_digest",)
 
     def __init__(self, data: "_native.SnapshotData", digest: Optional[str] = None) -> None:
         self._data = data
         self._digest = digest
 
     @property
-    def nbytes(self) -> int:
-        """Length of the encoding in bytes."""
-        return len(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    @property
     def boundary(self) -> int:
         """Tokens covered by the snapshot."""
         return self._data.boundary
-
-    @property
-    def address(self) -> int:
-        """Address of the first byte (valid while this object lives)."""
-        return self._data.address
 
     @property
     def digest(self) -> str:
@@ -255,30 +294,6 @@ class Snapshot:
             except ValueError:
                 self._digest = self._data.digest()
         return self._digest
-
-    @property
-    def __array_interface__(self) -> Dict[str, Any]:
-        """numpy's array interface: ``numpy.asarray(s)`` is a zero-copy, read-only view."""
-        return self._data.__array_interface__
-
-    def memoryview(self) -> memoryview:
-        """A read-only ``memoryview`` of the bytes (zero copy; keeps this object alive)."""
-        n = len(self._data)
-        if n == 0:
-            return memoryview(b"")
-        arr = (ctypes.c_ubyte * n).from_address(self._data.address)
-        arr._deltapack_owner = self  # type: ignore[attr-defined]
-        return memoryview(arr).cast("B").toreadonly()
-
-    def __buffer__(self, flags: int) -> memoryview:
-        """The buffer protocol (Python 3.12+, PEP 688): read-only bytes."""
-        return self.memoryview()
-
-    def numpy(self) -> "numpy.ndarray":
-        """A read-only ``uint8`` numpy array over the bytes (zero copy)."""
-        import numpy as np
-
-        return np.asarray(self)
 
     def tobytes(self) -> bytes:
         """A copy of the encoding as ``bytes``."""
@@ -537,7 +552,7 @@ def synth(tokens: int, preset: str = "tiny", seed: int = 1) -> Tuple[Snapshot, L
 # ------------------------------------------------------------- fresh buffers
 
 
-class Buffer:
+class Buffer(_Bytes):
     """A zero-filled, writable buffer in deltapack's memory, made by :func:`fresh_buffer`.
 
     Meant as the ``out`` of :meth:`Store.restore_into`,
@@ -559,50 +574,11 @@ class Buffer:
       holds a snapshot.
     """
 
-    __slots__ = ("_data", "__weakref__")
+    __slots__ = ()
+    _writable = True
 
     def __init__(self, data: "_native.FreshBuffer") -> None:
         self._data = data
-
-    @property
-    def nbytes(self) -> int:
-        """Length in bytes."""
-        return len(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    @property
-    def address(self) -> int:
-        """Address of the first byte (valid while this object or a view of it lives)."""
-        return self._data.address
-
-    @property
-    def __array_interface__(self) -> Dict[str, Any]:
-        """numpy's array interface: ``numpy.asarray(b)`` is a zero-copy, writable view."""
-        return self._data.__array_interface__
-
-    def memoryview(self) -> memoryview:
-        """A writable ``memoryview`` of the bytes (zero copy; keeps this object alive)."""
-        n = len(self._data)
-        if n == 0:
-            return memoryview(bytearray())
-        arr = (ctypes.c_ubyte * n).from_address(self._data.address)
-        # A ctypes array made from an address does not own its memory: the
-        # reference keeps the owner alive as long as the array (and so the
-        # memoryview, and any array made from it) lives.
-        arr._deltapack_owner = self  # type: ignore[attr-defined]
-        return memoryview(arr).cast("B")
-
-    def __buffer__(self, flags: int) -> memoryview:
-        """The buffer protocol (Python 3.12+, PEP 688): writable bytes."""
-        return self.memoryview()
-
-    def numpy(self) -> "numpy.ndarray":
-        """A writable ``uint8`` numpy array over the bytes (zero copy)."""
-        import numpy as np
-
-        return np.asarray(self)
 
     def __repr__(self) -> str:
         return f"Buffer(nbytes={self.nbytes})"
@@ -615,7 +591,9 @@ def fresh_buffer(nbytes: int) -> Buffer:
     touched here (memory is committed where it is first written) and, on
     Linux, a large buffer is advised for transparent huge pages, so the
     restore that first writes it faults it in 2 MiB at a time instead of
-    4 KiB (``DELTAPACK_FRESH_BUFFERS=small`` turns the advice off). Use it
+    4 KiB -- except on a VM whose memory balloon reports free pages to the
+    host, where a huge-page fault costs more than 512 small ones
+    (``DELTAPACK_FRESH_BUFFERS=huge`` or ``small`` overrides). Use it
     for a new ``out`` instead of plain memory such as ``mmap.mmap(-1, n)``
     or ``torch.empty(n)``, or ``bytearray(n)`` (zeroed, so every page
     touched, when made). Large numpy arrays get the same advice from numpy

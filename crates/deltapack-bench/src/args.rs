@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use crate::shaped::{Shaping, ShapingArgs};
+use crate::shaped::ShapingArgs;
 
 /// Which scenarios to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,13 +70,6 @@ pub(crate) struct BenchArgs {
     /// that a shared machine's load disturbs the figures less.
     #[arg(long, value_name = "SECS", default_value_t = 0)]
     pub(crate) wait_idle: u64,
-}
-
-impl BenchArgs {
-    /// The shaped S3 emulation's parameters (`--shaped-*`), checked.
-    pub(crate) fn shaping(&self) -> anyhow::Result<Shaping> {
-        self.shaped.shaping()
-    }
 }
 
 /// The hidden child command.

@@ -76,7 +76,7 @@ pub(crate) async fn run(suite: Suite, args: BenchArgs) -> Result<ExitCode> {
         .extent_bytes
         .unwrap_or(deltapack_format::DEFAULT_MAX_EXTENT_BYTES);
     let w = Workload::from_scale(args.scale, extent_bytes)?;
-    args.shaping()?;
+    args.shaped.shaping()?;
     let (s3_url, parent_dir) = match args.store.as_deref() {
         Some(u) if u.starts_with("s3://") => (Some(u.to_string()), std::env::temp_dir()),
         Some(u) if u.starts_with("memory:") => {
@@ -329,7 +329,7 @@ async fn shaped_suite(
     with_reference: bool,
     accs: &mut BTreeMap<String, Acc>,
 ) -> Result<()> {
-    let shaping = args.shaping()?;
+    let shaping = args.shaped.shaping()?;
     eprintln!("bench: shaped S3 emulation: {}", shaping.describe());
     round_robin(
         &shaped_blocks(w, work, shaping, args.latency_ms, with_reference),
@@ -409,7 +409,7 @@ async fn run_suite(
     let do_restore = matches!(suite, Suite::Restore | Suite::All);
     let do_chain = matches!(suite, Suite::Chain | Suite::All);
     let do_shaped = matches!(suite, Suite::Shaped | Suite::All);
-    let shaping = args.shaping()?;
+    let shaping = args.shaped.shaping()?;
     let repeats = args.repeats;
     eprintln!(
         "bench: {:?} at scale {} — base {} tokens, result {} tokens, extents {}, {repeats} repetition(s); work dir {}",

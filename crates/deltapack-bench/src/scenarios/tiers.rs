@@ -161,17 +161,16 @@ struct Subject<'a> {
 }
 
 pub(crate) async fn run(a: TiersArgs) -> Result<ExitCode> {
-    a.shaped.shaping()?;
+    let shaping = a.shaped.shaping()?;
     super::in_work_dir(a.scratch.as_deref(), "tiers", async |work| {
-        measure_all(&a, work).await
+        measure_all(&a, shaping, work).await
     })
     .await
 }
 
 /// The suite in `dir` (removed by the caller).
-async fn measure_all(a: &TiersArgs, dir: &Path) -> Result<ExitCode> {
+async fn measure_all(a: &TiersArgs, shaping: Shaping, dir: &Path) -> Result<ExitCode> {
     let w = Workload::from_scale(a.scale, a.extent_bytes)?;
-    let shaping = a.shaped.shaping()?;
     let conv = Conversation::new(a.chain_turns, &w);
     let config = conv.config();
     let result = synth_at(w.result_tokens).await?;

@@ -6,7 +6,8 @@
 //! Kinds: `usage` (clap's, exit 2), `config` (a bad configuration file),
 //! `bad-url`, `credentials` (no or refused S3 credentials), `backend` (the
 //! object store failed), `io`, `ledger`, `format` (an input that does not
-//! decode: identity, snapshot, token file), `invalid-input`,
+//! decode: identity, snapshot, token file), `invalid-input`, `input-changed`
+//! (the snapshot or tail changed while it was being published: no root),
 //! `base-mismatch`, `capacity`, `unsupported`, `conflict` (a publication
 //! lost to another writer), `ledger-unavailable` (the ledger cannot be
 //! reached: reads still work, publication and deletion wait for it),
@@ -27,6 +28,7 @@ pub(crate) fn kind(e: &anyhow::Error) -> &'static str {
                 StoreError::Open(o) => open_kind(o),
                 StoreError::Io { .. } => "io",
                 StoreError::Invalid(_) => "invalid-input",
+                StoreError::InputChanged(_) => "input-changed",
                 StoreError::Format(_) => "format",
                 StoreError::BaseMismatch { .. } => "base-mismatch",
                 StoreError::Capacity(_) => "capacity",

@@ -26,6 +26,7 @@
 //! until the call returns.
 
 use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use pyo3::exceptions::PyBufferError;
@@ -34,6 +35,13 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::errors::bad_input;
+use crate::fresh::FreshBuffer;
+use crate::snapshot::SnapshotData;
+
+/// Whether `obj` is one of deltapack's native memory owners.
+fn is_native(obj: &Bound<'_, PyAny>) -> bool {
+    obj.is_instance_of::<FreshBuffer>() || obj.is_instance_of::<SnapshotData>()
+}
 
 /// `Py_buffer` (CPython's `Include/pybuffer.h`, unchanged since 3.3).
 #[repr(C)]
@@ -83,8 +91,22 @@ extern "C" {
     fn PyBuffer_Release(view: *mut RawBuffer);
 }
 
-/// Address ranges of the guards alive now: (start, end, writes).
-static CLAIMS: Mutex<Vec<(usize, usize, bool)>> = Mutex::new(Vec::new());
+/// A registered claim: the guard that owns it, its address range and
+/// whether it writes.
+struct Claim {
+    id: u64,
+    start: usize,
+    end: usize,
+    writes: bool,
+}
+
+/// The claims of the guards alive now. A claim is removed only by the
+/// guard that registered it, by its id: two guards over the same range
+/// (one refused because of the other) can never release each other's.
+static CLAIMS: Mutex<Vec<Claim>> = Mutex::new(Vec::new());
+
+/// The next claim id (ids are never reused within a process).
+static NEXT_CLAIM: AtomicU64 = AtomicU64::new(1);
 
 /// Where the borrowed bytes come from.
 enum Source {
@@ -92,6 +114,10 @@ enum Source {
     Buffer(Box<RawBuffer>),
     /// An `__array_interface__` owner, kept alive until drop.
     Interface(Py<PyAny>),
+    /// deltapack's own memory (a `FreshBuffer` or a `SnapshotData`): the
+    /// native object that owns the allocation, kept alive until drop —
+    /// never a Python wrapper, whose attribute could be reassigned.
+    Native(Py<PyAny>),
     /// Nothing to hold (an empty buffer).
     Empty,
 }
@@ -102,6 +128,9 @@ pub(crate) struct Borrowed {
     len: usize,
     writes: bool,
     source: Source,
+    /// The id of this guard's registered claim (`None`: none registered,
+    /// e.g. an empty buffer or a claim that was refused).
+    claim: Option<u64>,
 }
 
 // SAFETY: the guard owns a buffer export (or a strong reference keeping the
@@ -123,7 +152,11 @@ impl Borrowed {
     }
 
     fn get(obj: &Bound<'_, PyAny>, writes: bool, what: &str) -> PyResult<Borrowed> {
-        let b = match Self::export(obj, writes) {
+        if let Some(mut b) = Self::native(obj, writes, what)? {
+            b.claim(what)?;
+            return Ok(b);
+        }
+        let mut b = match Self::export(obj, writes) {
             Ok(b) => b,
             Err(e) => match Self::interface(obj, writes, what)? {
                 Some(b) => b,
@@ -145,6 +178,50 @@ impl Borrowed {
         Ok(b)
     }
 
+    /// deltapack's own memory: a native `FreshBuffer` / `SnapshotData`, or
+    /// a Python wrapper holding one in `_data` (`deltapack.Buffer`,
+    /// `deltapack.Snapshot`). The guard holds the *native* object, which
+    /// owns the allocation, so reassigning or deleting the wrapper's
+    /// attribute while a restore writes cannot free the memory. `None`:
+    /// not deltapack's memory (borrowed through the buffer protocol or
+    /// `__array_interface__` instead).
+    fn native(obj: &Bound<'_, PyAny>, writes: bool, what: &str) -> PyResult<Option<Borrowed>> {
+        let owner = if is_native(obj) {
+            obj.clone()
+        } else {
+            match obj.getattr("_data") {
+                Ok(inner) if is_native(&inner) => inner,
+                _ => return Ok(None),
+            }
+        };
+        let (ptr, len) = if let Ok(f) = owner.cast::<FreshBuffer>() {
+            let f = f.get();
+            (f.address() as *mut u8, f.len())
+        } else if let Ok(s) = owner.cast::<SnapshotData>() {
+            if writes {
+                return Err(bad_input(format!(
+                    "{what}: a deltapack Snapshot is read-only (the store may share its \
+                     memory); restore into deltapack.fresh_buffer(n) or your own buffer"
+                )));
+            }
+            let enc = s.get().snap.encoded();
+            (enc.as_ptr().cast_mut(), enc.len())
+        } else {
+            return Ok(None);
+        };
+        Ok(Some(Borrowed {
+            ptr,
+            len,
+            writes,
+            source: if len == 0 {
+                Source::Empty
+            } else {
+                Source::Native(owner.unbind())
+            },
+            claim: None,
+        }))
+    }
+
     /// `PyObject_GetBuffer` with C-contiguity (and writability) required.
     fn export(obj: &Bound<'_, PyAny>, writes: bool) -> PyResult<Borrowed> {
         let mut view = Box::new(RawBuffer::empty());
@@ -163,6 +240,7 @@ impl Borrowed {
             len,
             writes,
             source: Source::Buffer(view),
+            claim: None,
         })
     }
 
@@ -231,11 +309,14 @@ impl Borrowed {
             } else {
                 Source::Interface(obj.clone().unbind())
             },
+            claim: None,
         }))
     }
 
-    /// Registers the address range, refusing overlaps with a writer.
-    fn claim(&self, what: &str) -> PyResult<()> {
+    /// Registers the address range, refusing overlaps with a writer. On
+    /// success the guard owns the claim (its id), which only its own drop
+    /// removes.
+    fn claim(&mut self, what: &str) -> PyResult<()> {
         if self.len == 0 {
             return Ok(());
         }
@@ -246,14 +327,21 @@ impl Borrowed {
         };
         let clash = claims
             .iter()
-            .any(|&(s, e, w)| s < end && start < e && (w || self.writes));
+            .any(|c| c.start < end && start < c.end && (c.writes || self.writes));
         if clash {
             return Err(bad_input(format!(
                 "{what}: this memory is being {} by another deltapack call; wait for it to return",
                 if self.writes { "used" } else { "written" }
             )));
         }
-        claims.push((start, end, self.writes));
+        let id = NEXT_CLAIM.fetch_add(1, Ordering::Relaxed);
+        claims.push(Claim {
+            id,
+            start,
+            end,
+            writes: self.writes,
+        });
+        self.claim = Some(id);
         Ok(())
     }
 
@@ -298,16 +386,12 @@ impl AsRef<[u8]> for Borrowed {
 
 impl Drop for Borrowed {
     fn drop(&mut self) {
-        if self.len > 0 {
-            let start = self.ptr as usize;
+        if let Some(id) = self.claim.take() {
             let mut claims = match CLAIMS.lock() {
                 Ok(c) => c,
                 Err(p) => p.into_inner(),
             };
-            if let Some(i) = claims
-                .iter()
-                .position(|&(s, e, w)| s == start && e == start + self.len && w == self.writes)
-            {
+            if let Some(i) = claims.iter().position(|c| c.id == id) {
                 claims.swap_remove(i);
             }
         }
@@ -317,7 +401,7 @@ impl Drop for Borrowed {
                 // released exactly once, with the GIL held.
                 unsafe { PyBuffer_Release(&mut *view) }
             }),
-            Source::Interface(owner) => Python::attach(|_py| drop(owner)),
+            Source::Interface(owner) | Source::Native(owner) => Python::attach(|_py| drop(owner)),
             Source::Empty => {}
         }
     }

@@ -42,6 +42,19 @@ pub(crate) struct FreshBuffer {
     len: usize,
 }
 
+impl FreshBuffer {
+    /// Bytes (for borrowing from Rust).
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Address of the first byte (for borrowing from Rust; valid while
+    /// this object lives).
+    pub(crate) fn address(&self) -> usize {
+        self.addr
+    }
+}
+
 #[pymethods]
 impl FreshBuffer {
     fn __len__(&self) -> usize {
@@ -49,8 +62,8 @@ impl FreshBuffer {
     }
 
     /// Address of the first byte (valid while this object lives).
-    #[getter]
-    fn address(&self) -> usize {
+    #[getter(address)]
+    fn py_address(&self) -> usize {
         self.addr
     }
 

@@ -157,6 +157,15 @@ pub enum StoreError {
     /// The caller's input is invalid (nothing was written).
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// The caller's input (a snapshot or tail in memory the caller owns, or
+    /// a file) changed while it was being published: the bytes staged for
+    /// the objects are not the bytes the snapshot digest was computed from.
+    /// No root was created; objects already written are unreferenced (and
+    /// named by their own bytes). Publish again once the input is stable.
+    #[error(
+        "the input changed while it was being published ({0}); no root was created: keep the          snapshot unchanged until the call returns"
+    )]
+    InputChanged(String),
     /// A format-level error in caller-provided data (nothing was written).
     #[error(transparent)]
     Format(#[from] deltapack_format::Error),

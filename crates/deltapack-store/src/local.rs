@@ -429,6 +429,24 @@ fn write_parts(
         }
         return Ok(file);
     }
+    // One part already aligned for direct I/O (a staged object,
+    // `publish/staging.rs`): written as it is, with no bounce copy.
+    if let [p] = parts {
+        if p.as_ptr() as usize % DIRECT_ALIGN == 0 {
+            let aligned = p.len() - p.len() % DIRECT_ALIGN;
+            if aligned > 0 {
+                file.write_all_at(&p[..aligned], 0)?;
+            }
+            if aligned == p.len() {
+                return Ok(file);
+            }
+            // The last partial block: buffered, through a descriptor
+            // without O_DIRECT.
+            let tail = std::fs::OpenOptions::new().write(true).open(path)?;
+            tail.write_all_at(&p[aligned..], aligned as u64)?;
+            return Ok(tail);
+        }
+    }
     // Double buffering: this thread copies the parts into one aligned
     // buffer while a writer thread writes the previous one, so the copy
     // overlaps the device. Buffers of `cap` bytes: `BOUNCE`; a write

@@ -201,10 +201,25 @@ def parse_duration(d: Union[int, float, str]) -> float:
 class _Bytes:
     """Bytes held in deltapack's (Rust) memory, ``self._data``, exported
     without a copy: read-only for a :class:`Snapshot`, writable for a
-    :class:`Buffer` (``_writable``)."""
+    :class:`Buffer` (``_writable``).
+
+    ``_data`` (the native object that owns the allocation) is set once and
+    can be neither reassigned nor deleted: views and borrows keep it alive,
+    and a wrapper that dropped it while a view or a restore still used the
+    memory would free memory in use."""
 
     __slots__ = ("_data", "__weakref__")
     _writable: bool = False
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "_data" and hasattr(self, "_data"):
+            raise AttributeError(f"{type(self).__name__}._data cannot be reassigned")
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name == "_data":
+            raise AttributeError(f"{type(self).__name__}._data cannot be deleted")
+        object.__delattr__(self, name)
 
     @property
     def nbytes(self) -> int:
@@ -226,16 +241,32 @@ class _Bytes:
         return self._data.__array_interface__
 
     def memoryview(self) -> memoryview:
-        """A ``memoryview`` of the bytes (zero copy; keeps this object alive;
-        read-only for a :class:`Snapshot`, writable for a :class:`Buffer`)."""
+        """A ``memoryview`` of the bytes (zero copy; keeps the memory alive;
+        read-only for a :class:`Snapshot`, writable for a :class:`Buffer`).
+
+        A :class:`Snapshot`'s view never leads to writable memory: with
+        numpy installed it is a view of a read-only array whose base (the
+        native owner) exports no writable form, so neither the view nor
+        its ``.obj`` can write. Without numpy it is a read-only view of a
+        ``ctypes`` array, whose ``.obj.obj`` would be writable: install
+        numpy (or use Python 3.12+'s ``memoryview(snapshot)``, whose
+        ``.obj`` is the snapshot itself) where that matters."""
         n = len(self._data)
         if n == 0:
             return memoryview(bytearray() if self._writable else b"")
+        if not self._writable:
+            try:
+                import numpy as np
+            except ImportError:  # pragma: no cover - numpy is a test dependency
+                np = None
+            if np is not None:
+                return memoryview(np.asarray(self._data))
         arr = (ctypes.c_ubyte * n).from_address(self._data.address)
         # A ctypes array made from an address does not own its memory: the
-        # reference keeps the owner alive as long as the array (and so the
-        # memoryview, and any array made from it) lives.
-        arr._deltapack_owner = self  # type: ignore[attr-defined]
+        # reference to the native owner (not this wrapper) keeps the memory
+        # alive as long as the array (and so the memoryview, and any array
+        # made from it) lives.
+        arr._deltapack_owner = self._data  # type: ignore[attr-defined]
         view = memoryview(arr).cast("B")
         return view if self._writable else view.toreadonly()
 
@@ -245,10 +276,11 @@ class _Bytes:
 
     def numpy(self) -> "numpy.ndarray":
         """A ``uint8`` numpy array over the bytes (zero copy; read-only for a
-        :class:`Snapshot`, writable for a :class:`Buffer`)."""
+        :class:`Snapshot`, writable for a :class:`Buffer`; its base is the
+        native owner of the memory)."""
         import numpy as np
 
-        return np.asarray(self)
+        return np.asarray(self._data)
 
 
 class Snapshot(_Bytes):

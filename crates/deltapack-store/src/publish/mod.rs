@@ -33,6 +33,7 @@ mod plan;
 mod receipt;
 mod request;
 mod shape;
+pub(crate) mod staging;
 mod turn;
 mod write;
 

@@ -27,6 +27,14 @@ use crate::store::Store;
 /// Most object payloads written (and held) at once by one publication.
 pub const PUBLISH_BATCH: usize = 2;
 
+/// What [`Store::check_existing`] found under an object's name.
+enum Existing {
+    /// Nothing (or nothing any more: a wrong object was quarantined).
+    Absent,
+    /// An object holding exactly the bytes to write: reused.
+    Same,
+}
+
 /// One object to write: its key and its stored bytes (possibly in parts).
 pub(super) struct PendingObject {
     pub(super) key: object_store::path::Path,
@@ -34,7 +42,11 @@ pub(super) struct PendingObject {
     pub(super) len: u64,
 }
 
-/// Names (and optionally compresses) one extent given as parts.
+/// Stages, names (and optionally compresses) one extent given as parts of
+/// the caller's memory: the bytes are copied once into a staging buffer
+/// (`staging.rs`), and both the name and the object's bytes come from that
+/// copy, so the name is the hash of what is written whatever the caller's
+/// memory does meanwhile.
 pub(super) fn prepare_extent(
     plan: &ExtentPlan,
     index: u64,
@@ -42,15 +54,16 @@ pub(super) fn prepare_extent(
     level: Option<i32>,
 ) -> Result<(deltapack_format::ExtentEntry, PendingObject)> {
     use deltapack_format::{ExtentCodec, ExtentEntry};
+    let staged = super::staging::stage(&raw)
+        .map_err(|e| StoreError::Internal(format!("staging extent {index}: {e}")))?;
+    drop(raw);
     let mut h = plan.hasher(index);
-    for p in &raw {
-        h.update(p);
-    }
+    h.update(&staged);
     let raw_digest = h.finish()?;
     let r = plan.range(index);
     let raw_len = r.end - r.start;
     if let Some(level) = level {
-        let c = deltapack_format::extent::compress(&raw.concat(), level)?;
+        let c = deltapack_format::extent::compress(&staged, level)?;
         if (c.len() as u64) < raw_len - raw_len / 16 {
             let stored_digest = Digest::blake3(&c);
             let entry = ExtentEntry {
@@ -84,7 +97,7 @@ pub(super) fn prepare_extent(
         PendingObject {
             key: keys::object_key(&raw_digest),
             len: raw_len,
-            payload: raw.into_iter().collect(),
+            payload: PutPayload::from_bytes(staged),
         },
     ))
 }
@@ -253,17 +266,31 @@ impl Store {
         let total = payload.len() as u64;
         let mut done = 0;
         let all: Vec<_> = chunks.iter().zip(ranges).collect();
+        // Each chunk is staged (`staging.rs`) and written from the staged
+        // copy, which must still hash to the name computed above; the
+        // staged chunks, in order, must still give the payload digest. A
+        // difference means the input changed meanwhile: the publication
+        // fails before its root.
+        let mut whole = blake3::Hasher::new();
         for batch in all.chunks(PUBLISH_BATCH) {
-            let objs: Vec<PendingObject> = batch
-                .iter()
-                .map(|(c, r)| PendingObject {
+            let mut objs = Vec::with_capacity(batch.len());
+            for (c, r) in batch {
+                let staged =
+                    super::staging::stage(&[payload.slice(r.start as usize..r.end as usize)])
+                        .map_err(|e| StoreError::Internal(format!("staging a chunk: {e}")))?;
+                whole.update(&staged);
+                if Digest::sha256(&staged) != c.digest {
+                    return Err(StoreError::InputChanged(format!(
+                        "chunk {}..{} no longer hashes to {}",
+                        r.start, r.end, c.digest
+                    )));
+                }
+                objs.push(PendingObject {
                     key: keys::object_key(&c.digest),
-                    payload: PutPayload::from_bytes(
-                        payload.slice(r.start as usize..r.end as usize),
-                    ),
+                    payload: PutPayload::from_bytes(staged),
                     len: r.end - r.start,
-                })
-                .collect();
+                });
+            }
             guard
                 .protect(
                     objs.iter()
@@ -274,6 +301,11 @@ impl Store {
             self.write_batch(objs, receipt).await?;
             done += batch.iter().map(|(c, _)| c.bytes).sum::<u64>();
             progress(done, total);
+        }
+        if Digest::from(whole.finalize()) != payload_digest {
+            return Err(StoreError::InputChanged(
+                "the staged chunks no longer give the payload digest".into(),
+            ));
         }
         Ok((chunks, payload_digest))
     }
@@ -315,7 +347,9 @@ impl Store {
     }
 
     /// Create-if-absent for a content-addressed object. An existing object
-    /// of the wrong size is damaged: quarantine it and write ours.
+    /// is reused only if it holds exactly `payload`'s bytes; any other is
+    /// damaged: quarantined (after a second read) and replaced by ours
+    /// ([`Store::check_existing`]).
     ///
     /// With `parts` (a v2 extent), on a remote backend, an object larger
     /// than [`StoreConfig::remote.part_bytes`](crate::RemoteIoConfig::part_bytes) is a multipart upload whose
@@ -348,25 +382,88 @@ impl Store {
         };
         match put_create(store, key, payload.clone()).await? {
             PutOutcome::Created => Ok(PutOutcome::Created),
-            PutOutcome::Existed => match store.head(key).await {
-                Ok(meta) if meta.size == len => Ok(PutOutcome::Existed),
-                Ok(meta) => {
-                    tracing::warn!(%key, size = meta.size, want = len, "existing object has the wrong size");
-                    self.quarantine(key).await;
-                    put_create(store, key, payload).await
-                }
-                // Deleted between the two calls (e.g. by GC): write it again.
-                Err(object_store::Error::NotFound { .. }) => put_create(store, key, payload).await,
-                Err(e) => Err(StoreError::io(key, e)),
+            PutOutcome::Existed => match self.check_existing(key, &payload).await? {
+                Existing::Same => Ok(PutOutcome::Existed),
+                // Gone since (e.g. collected), or quarantined: write ours.
+                Existing::Absent => put_create(store, key, payload).await,
             },
         }
     }
 
+    /// What stands under `key`, the name of `payload` (whose bytes this
+    /// publication hashed to that name: `staging.rs`). An existing object
+    /// is reused only if it holds exactly those bytes: a name is never
+    /// trusted because it exists, since an older writer (or one whose input
+    /// changed under it, before names came from staged bytes) may have
+    /// stored other bytes under it. One that differs is read a second time
+    /// (the quarantine rule's proof: a mismatch seen twice), then
+    /// quarantined, and the caller writes ours. Costs one read of each
+    /// reused object, streamed and compared piece by piece (no second copy
+    /// held).
+    async fn check_existing(
+        &self,
+        key: &object_store::path::Path,
+        payload: &PutPayload,
+    ) -> Result<Existing> {
+        for read in 0..2 {
+            match self.holds_exactly(key, payload).await? {
+                Some(true) => return Ok(Existing::Same),
+                None => return Ok(Existing::Absent),
+                Some(false) if read == 0 => {
+                    tracing::warn!(%key, "an existing object does not hold the bytes of its name; reading it again");
+                }
+                Some(false) => {}
+            }
+        }
+        tracing::warn!(%key, "an existing object does not hold the bytes of its name: quarantined, ours written");
+        self.quarantine(key).await;
+        Ok(Existing::Absent)
+    }
+
+    /// Whether the object under `key` holds exactly `want`'s bytes, read as
+    /// a stream and compared as it arrives. `None`: there is no object.
+    async fn holds_exactly(
+        &self,
+        key: &object_store::path::Path,
+        want: &PutPayload,
+    ) -> Result<Option<bool>> {
+        let got = match self.object_store().get(key).await {
+            Ok(g) => g,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(StoreError::io(key, e)),
+        };
+        if got.meta.size != want.content_length() as u64 {
+            return Ok(Some(false));
+        }
+        let mut want_parts = want.iter().filter(|p| !p.is_empty());
+        let mut cur: &[u8] = &[];
+        let mut stream = got.into_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| StoreError::io(key, e))?;
+            let mut have: &[u8] = &chunk;
+            while !have.is_empty() {
+                if cur.is_empty() {
+                    match want_parts.next() {
+                        Some(p) => cur = p,
+                        None => return Ok(Some(false)),
+                    }
+                }
+                let k = cur.len().min(have.len());
+                if cur[..k] != have[..k] {
+                    return Ok(Some(false));
+                }
+                (cur, have) = (&cur[k..], &have[k..]);
+            }
+        }
+        Ok(Some(cur.is_empty() && want_parts.next().is_none()))
+    }
+
     /// Writes a large extent as a multipart upload, create-if-absent by
-    /// HEAD-then-write: object_store's multipart `complete` has no
+    /// read-then-write: object_store's multipart `complete` has no
     /// `PutMode::Create` (it overwrites), so the key is looked up first. An
-    /// object of the right size is reused, as [`Store::write_object`]
-    /// reuses one, and one of the wrong size is quarantined and replaced.
+    /// object holding exactly our bytes is reused, as
+    /// [`Store::write_object`] reuses one; any other is quarantined (after
+    /// a second read) and replaced ([`Store::check_existing`]).
     /// The key is the content's digest, so another writer completing an
     /// upload of the same key between the HEAD and our `complete` wrote the
     /// same bytes: the last `complete` replaces an object with an identical
@@ -381,16 +478,9 @@ impl Store {
         payload: PutPayload,
         parts: &tokio::sync::Semaphore,
     ) -> Result<PutOutcome> {
-        let store = self.object_store().as_ref();
         let len = payload.content_length() as u64;
-        match store.head(key).await {
-            Ok(meta) if meta.size == len => return Ok(PutOutcome::Existed),
-            Ok(meta) => {
-                tracing::warn!(%key, size = meta.size, want = len, "existing object has the wrong size");
-                self.quarantine(key).await;
-            }
-            Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => return Err(StoreError::io(key, e)),
+        if let Existing::Same = self.check_existing(key, &payload).await? {
+            return Ok(PutOutcome::Existed);
         }
         let pieces = split_payload(&payload, self.inner.config.remote.part_bytes);
         tracing::debug!(%key, bytes = len, parts = pieces.len(), "multipart upload");

@@ -285,8 +285,10 @@ impl Store {
         }
         let deadline = opts.deadline.map(|d| d.into_std());
         let tally = super::read::ReadTally::default();
-        let (out, emitted) = {
+        let (out, emitted, streams) = {
             let mut emitted: Vec<AtomicBool> = Vec::new();
+            // Where each stream lies in the buffer (known once planned).
+            let mut streams: Vec<std::ops::Range<u64>> = Vec::new();
             let mut work = || -> std::result::Result<
                 std::result::Result<bool, StoreError>,
                 super::reassembly::ObjectFault,
@@ -323,6 +325,14 @@ impl Store {
                     Err(e) => return Ok(Err(StoreError::Invalid(format!("layer order: {e}")))),
                 };
                 emitted = (0..order.len()).map(|_| AtomicBool::new(false)).collect();
+                let prefix = src.header().encode_prefix().map_err(|e| {
+                    super::reassembly::ObjectFault::plain(format!("snapshot prefix: {e}"))
+                })?;
+                streams = deltapack_format::layer_digest::stream_ranges(
+                    src.header(),
+                    prefix.len() as u64,
+                )
+                .map_err(|e| super::reassembly::ObjectFault::plain(format!("stream ranges: {e}")))?;
                 let names = deltapack_format::layer_digest::stream_layers(src.header());
                 let dest = raw.dest();
                 let mut ready = |s: usize, bytes: &[u8]| {
@@ -345,7 +355,7 @@ impl Store {
             } else {
                 work()
             };
-            (out, emitted)
+            (out, emitted, streams)
         };
         match out {
             Ok(Err(e)) => Err(e),
@@ -366,7 +376,7 @@ impl Store {
             Err(failed) => {
                 // The layers handed out keep their proven bytes; nothing
                 // else unverified stays in the caller's memory.
-                zero_unproven(raw, &emitted);
+                zero_unproven(raw, &emitted, &streams);
                 let reason = self.damage_outcome(failed).await?;
                 miss(reason, Some(r.schema))
             }
@@ -464,30 +474,37 @@ fn hand_out_whole(
     Ok(out)
 }
 
-/// After a miss: zeroes every byte of the buffer but the layers handed out.
-fn zero_unproven(raw: RawBuf, emitted: &[AtomicBool]) {
-    // SAFETY: the workers have finished; the handed-out layers are not
-    // touched.
-    let all = unsafe { raw.all() };
-    let Ok((header, off)) = deltapack_format::snapshot::decode_prefix(all) else {
-        all.fill(0);
-        return;
-    };
-    let Ok(ranges) = deltapack_format::layer_digest::stream_ranges(&header, off as u64) else {
-        all.fill(0);
-        return;
+/// After a miss: zeroes every byte of the buffer but the layers handed out
+/// (stream `s` lies at `streams[s]`; empty when nothing was planned, and
+/// then nothing was handed out either).
+///
+/// Writes through the raw pointer, range by range, and never makes a
+/// reference to the whole buffer: the caller may be reading the handed-out
+/// layers at this very moment, and a `&mut [u8]` over their bytes would be
+/// undefined behaviour even if those bytes were never written.
+fn zero_unproven(raw: RawBuf, emitted: &[AtomicBool], streams: &[std::ops::Range<u64>]) {
+    let zero = |a: usize, b: usize| {
+        let (a, b) = (a.min(raw.len), b.min(raw.len));
+        if a < b {
+            // SAFETY: `a..b` lies within the caller's buffer (clamped to
+            // its length), which is valid for writes for the whole call
+            // (the contract of `restore_layers_raw`); the workers have
+            // finished, and no handed-out layer overlaps `a..b` (streams
+            // are disjoint and in order), so nobody reads these bytes.
+            unsafe { std::ptr::write_bytes(raw.ptr.add(a), 0, b - a) }
+        }
     };
     let mut at = 0usize;
-    for (s, r) in ranges.iter().enumerate() {
+    for (s, r) in streams.iter().enumerate() {
         let out = emitted
             .get(s)
             .is_some_and(|e| e.load(std::sync::atomic::Ordering::Acquire));
         if out {
-            all[at..r.start as usize].fill(0);
+            zero(at, r.start as usize);
             at = r.end as usize;
         }
     }
-    all[at..].fill(0);
+    zero(at, raw.len);
 }
 
 /// The buffer a [`LayerStream`] owns.

@@ -29,6 +29,7 @@ mod ledger_tls;
 mod metrics;
 mod migration;
 mod multipart_publication;
+mod object_names;
 mod one_core_call;
 mod quarantine_needs_proof;
 mod ranged_reads;

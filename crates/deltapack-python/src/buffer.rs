@@ -15,12 +15,22 @@
 //! borrow buffers zero-copy on 3.9 and 3.10 as well.
 //!
 //! **Soundness.** While a guard lives it holds the exporter's buffer (a
-//! resizable exporter such as `bytearray` refuses to resize) or a strong
-//! reference to the `__array_interface__` owner, so the memory stays
-//! valid with the GIL released. Two calls of this crate never get
-//! overlapping memory where one of them writes: every guard registers its
-//! address range, and a write that overlaps any other guard (or a read that
-//! overlaps a write) is refused with `BadInput` before anything happens.
+//! resizable exporter such as `bytearray` refuses to resize), a strong
+//! reference to the `__array_interface__` owner, or — for deltapack's own
+//! memory (`deltapack.Buffer`, `deltapack.Snapshot`) — the native object
+//! that owns the allocation, never the Python wrapper whose `_data` could
+//! be swapped; so the memory stays valid with the GIL released. Two calls
+//! of this crate never get overlapping memory where one of them writes:
+//! every guard registers its address range under an id of its own, and a
+//! write that overlaps any other guard (or a read that overlaps a write) is
+//! refused with `BadInput` before anything happens. Only the guard that
+//! registered a claim removes it (by id): a refused guard, which registered
+//! nothing, can never release the claim of the call it clashed with.
+//!
+//! An `__array_interface__` address is trusted as numpy trusts it: an
+//! object that describes memory it does not own (a forged interface) can
+//! make a restore write there. Only objects without the buffer protocol
+//! take that path.
 //! What the rest of the Python program does with the memory during a call
 //! is the caller's contract (documented on every method): don't touch it
 //! until the call returns.
@@ -138,6 +148,8 @@ pub(crate) struct Borrowed {
 // The bytes themselves are plain memory, and overlapping use by this crate
 // is excluded by the claim registry.
 unsafe impl Send for Borrowed {}
+// SAFETY: as for `Send`: shared access hands out only `&[u8]` (`bytes`);
+// writing needs `&mut self` (`bytes_mut`), and only a write guard may.
 unsafe impl Sync for Borrowed {}
 
 impl Borrowed {

@@ -12,10 +12,11 @@
 //! The memory is exported the way `SnapshotData` exports its bytes: an
 //! `address` and a (writable) `__array_interface__`, which the Python
 //! wrapper `deltapack.Buffer` turns into numpy arrays and memoryviews that
-//! keep it alive. `Borrowed::write` accepts the wrapper as `out` through
-//! that interface (on Python 3.12+, through the wrapper's `__buffer__`
-//! first); the abi3 wheel cannot implement the buffer protocol on a native
-//! class. This module never calls the store.
+//! keep it alive. `Borrowed::write` recognises the wrapper (or this class
+//! itself) and borrows the memory through *this* object, which it holds
+//! for the whole call, so the wrapper's attribute cannot be swapped out
+//! from under a restore; the abi3 wheel cannot implement the buffer
+//! protocol on a native class. This module never calls the store.
 
 use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;

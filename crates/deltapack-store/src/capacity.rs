@@ -19,6 +19,8 @@ use crate::store::Store;
 pub fn free_space(path: &std::path::Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `statvfs` is a plain C struct of integers, for which all
+    // zero bytes is a valid value.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: `c` is a valid NUL-terminated path and `st` a valid out pointer.
     let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };

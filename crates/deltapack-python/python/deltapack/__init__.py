@@ -245,8 +245,8 @@ class _Bytes:
         read-only for a :class:`Snapshot`, writable for a :class:`Buffer`).
 
         A :class:`Snapshot`'s view never leads to writable memory: with
-        numpy installed it is a view of a read-only array whose base (the
-        native owner) exports no writable form, so neither the view nor
+        numpy installed it is a view of a read-only array whose base (this
+        snapshot) exports no writable form, so neither the view nor
         its ``.obj`` can write. Without numpy it is a read-only view of a
         ``ctypes`` array, whose ``.obj.obj`` would be writable: install
         numpy (or use Python 3.12+'s ``memoryview(snapshot)``, whose
@@ -260,13 +260,13 @@ class _Bytes:
             except ImportError:  # pragma: no cover - numpy is a test dependency
                 np = None
             if np is not None:
-                return memoryview(np.asarray(self._data))
+                return memoryview(np.asarray(self))
         arr = (ctypes.c_ubyte * n).from_address(self._data.address)
         # A ctypes array made from an address does not own its memory: the
-        # reference to the native owner (not this wrapper) keeps the memory
-        # alive as long as the array (and so the memoryview, and any array
-        # made from it) lives.
-        arr._deltapack_owner = self._data  # type: ignore[attr-defined]
+        # references keep this object and the native owner itself (even if
+        # `_data` were forced out of this wrapper) alive as long as the
+        # array (and so the memoryview, and any array made from it) lives.
+        arr._deltapack_owner = (self, self._data)  # type: ignore[attr-defined]
         view = memoryview(arr).cast("B")
         return view if self._writable else view.toreadonly()
 
@@ -276,11 +276,11 @@ class _Bytes:
 
     def numpy(self) -> "numpy.ndarray":
         """A ``uint8`` numpy array over the bytes (zero copy; read-only for a
-        :class:`Snapshot`, writable for a :class:`Buffer`; its base is the
-        native owner of the memory)."""
+        :class:`Snapshot`, writable for a :class:`Buffer`; keeps this
+        object, whose ``_data`` cannot be reassigned, alive)."""
         import numpy as np
 
-        return np.asarray(self._data)
+        return np.asarray(self)
 
 
 class Snapshot(_Bytes):

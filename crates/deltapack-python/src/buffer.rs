@@ -46,7 +46,7 @@ use pyo3::types::{PyDict, PyTuple};
 
 use crate::errors::bad_input;
 use crate::fresh::FreshBuffer;
-use crate::snapshot::SnapshotData;
+use crate::memory::SnapshotData;
 
 /// Whether `obj` is one of deltapack's native memory owners.
 fn is_native(obj: &Bound<'_, PyAny>) -> bool {

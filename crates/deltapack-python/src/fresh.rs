@@ -22,7 +22,7 @@ use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::snapshot::array_interface;
+use crate::memory::array_interface;
 
 /// Zero-filled, writable memory in deltapack's (Rust) memory, freed when
 /// the object is dropped (the public class is `deltapack.Buffer`).

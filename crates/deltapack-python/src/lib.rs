@@ -14,8 +14,10 @@
 //! * `layers` — the layer-wise restore's iterator (`LayerIterator`) and
 //!   its items (`Layer`).
 //! * `outcome` — the Python values of restores.
-//! * `snapshot` — snapshots in Rust memory (`SnapshotData`), their layout
-//!   and prefix, synthetic data, and snapshot arguments.
+//! * `memory` — deltapack's own memory as Python sees it: snapshots in
+//!   Rust memory (`SnapshotData`), the array interface, layouts.
+//! * `snapshot` — layouts and prefixes of any buffer, synthetic data, and
+//!   snapshot arguments.
 //!
 //! Every store call runs with the GIL released (`Python::detach`) on the
 //! asyncio bridge's multi-thread tokio runtime, which the `*_async`
@@ -34,6 +36,7 @@ mod errors;
 mod fresh;
 mod identity;
 mod layers;
+mod memory;
 mod outcome;
 mod snapshot;
 mod store;

@@ -3,7 +3,7 @@
 
 use pyo3::prelude::*;
 
-use crate::snapshot::SnapshotData;
+use crate::memory::SnapshotData;
 use crate::store;
 
 /// Builds the Python value of a restore.

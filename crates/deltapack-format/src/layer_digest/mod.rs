@@ -76,7 +76,7 @@ pub use definition::{
     LAYER_STREAM_CONTEXT, MAX_LAYER_STREAMS,
 };
 pub use plan::{LayerBlock, LayerHashPlan};
-pub use state::{DigestState, StreamState};
+pub use state::{DigestState, StreamFeed, StreamState};
 pub use stored::{resume_bytes, stored_counts, StoredState};
 
 use definition::{par_map, unsupported};

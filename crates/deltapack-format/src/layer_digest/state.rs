@@ -359,6 +359,146 @@ impl DigestState {
     }
 }
 
+/// The layered digest of a snapshot whose encoding arrives in order, in
+/// pieces of any size (a publication's staged extents): each stream's
+/// bytes are absorbed as they pass, and its state is kept at its settled
+/// cut, so [`StreamFeed::finish`] gives what [`DigestState::capture`]
+/// gives for the whole encoding, from the very bytes fed.
+#[derive(Debug)]
+pub struct StreamFeed {
+    header: SnapshotHeader,
+    settled: Vec<u64>,
+    /// Each stream's range in the encoding.
+    ranges: Vec<std::ops::Range<u64>>,
+    /// Each stream's settled cut, as an offset in the encoding.
+    cuts: Vec<u64>,
+    /// Each stream's state, and its state at the cut once passed.
+    states: Vec<(StreamState, Option<StreamState>)>,
+    /// Bytes of the encoding fed so far.
+    at: u64,
+    /// The first stream that may still take bytes.
+    next: usize,
+    /// The encoding's prefix as `header` encodes it: the bytes fed there
+    /// must be these.
+    prefix: Vec<u8>,
+    /// Some fed prefix byte differed.
+    prefix_differs: bool,
+}
+
+impl StreamFeed {
+    /// A feed for the encoding of a snapshot with `header`, whose payload
+    /// starts at `payload_offset`.
+    pub fn new(header: &SnapshotHeader, payload_offset: u64) -> Result<StreamFeed> {
+        if !supported(header) {
+            return Err(unsupported(header));
+        }
+        let ranges = stream_ranges(header, payload_offset)?;
+        let settled = settled_pages(header);
+        let bpp = bytes_per_page(header);
+        let groups = group_of_stream(header);
+        let cuts = ranges
+            .iter()
+            .enumerate()
+            .map(|(i, r)| r.start + settled[groups[i]] * bpp[i])
+            .collect();
+        let states = ranges.iter().map(|_| (StreamState::new(), None)).collect();
+        let prefix = header.encode_prefix()?;
+        if prefix.len() as u64 != payload_offset {
+            return Err(Error::Invalid(format!(
+                "payload offset {payload_offset}, the header's prefix is {} bytes",
+                prefix.len()
+            )));
+        }
+        Ok(StreamFeed {
+            header: header.clone(),
+            settled,
+            ranges,
+            cuts,
+            states,
+            at: 0,
+            next: 0,
+            prefix,
+            prefix_differs: false,
+        })
+    }
+
+    /// Bytes of the encoding fed so far.
+    pub fn fed(&self) -> u64 {
+        self.at
+    }
+
+    /// Feeds the encoding's next `bytes`. The prefix's bytes are compared
+    /// with the header the feed was made with (the one the digest binds):
+    /// a difference makes [`StreamFeed::finish`] fail.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        let (lo, hi) = (self.at, self.at + bytes.len() as u64);
+        self.at = hi;
+        let plen = self.prefix.len() as u64;
+        if lo < plen {
+            let end = hi.min(plen);
+            let want = &self.prefix[lo as usize..end as usize];
+            if &bytes[..(end - lo) as usize] != want {
+                self.prefix_differs = true;
+            }
+        }
+        while self.next < self.ranges.len() && self.ranges[self.next].end <= lo {
+            self.next += 1;
+        }
+        for i in self.next..self.ranges.len() {
+            let r = &self.ranges[i];
+            if r.start >= hi {
+                break;
+            }
+            let (a, b) = (r.start.max(lo), r.end.min(hi));
+            if a >= b {
+                continue;
+            }
+            let cut = self.cuts[i];
+            let (state, at_cut) = &mut self.states[i];
+            let piece = |x: u64, y: u64| &bytes[(x - lo) as usize..(y - lo) as usize];
+            if a < cut && cut <= b {
+                state.absorb(piece(a, cut));
+                *at_cut = Some(state.clone());
+                state.absorb(piece(cut, b));
+            } else {
+                if cut == a && at_cut.is_none() {
+                    *at_cut = Some(state.clone());
+                }
+                state.absorb(piece(a, b));
+            }
+        }
+    }
+
+    /// The digests and the state to extend them from; an error unless
+    /// exactly the whole encoding was fed.
+    pub fn finish(self) -> Result<(LayerDigests, DigestState)> {
+        if self.prefix_differs {
+            return Err(Error::Invalid(
+                "the bytes fed begin with another snapshot header".into(),
+            ));
+        }
+        let end = self
+            .ranges
+            .last()
+            .map_or(self.prefix.len() as u64, |r| r.end);
+        if self.at != end {
+            return Err(Error::Invalid(format!(
+                "fed {} bytes of a {end}-byte encoding",
+                self.at
+            )));
+        }
+        let hashed = self
+            .states
+            .into_iter()
+            .map(|(st, at_cut)| {
+                let at_cut = at_cut.unwrap_or_else(|| st.clone());
+                (st.finalize(), at_cut)
+            })
+            .collect();
+        DigestState::finish(self.header, self.settled, hashed)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -440,6 +580,47 @@ mod tests {
                 state = if k % 2 == 0 { from_plan } else { st };
                 snap = next;
             }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// A feed given a snapshot's encoding in any pieces gives what a
+        /// capture of the whole gives (digests and the state to extend),
+        /// and refuses a changed header or a short feed.
+        #[test]
+        fn a_feed_in_any_pieces_equals_a_capture(
+            l in layout_strategy(),
+            blocks in 1u64..6,
+            cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
+            seed in any::<u64>(),
+        ) {
+            let snap = flat(&l, blocks * 64, seed);
+            let enc = snap.encoded();
+            let off = (enc.len() - snap.payload().len()) as u64;
+            let mut at: Vec<usize> = cuts.iter().map(|c| c.index(enc.len() + 1)).collect();
+            at.push(0);
+            at.push(enc.len());
+            at.sort_unstable();
+            let mut feed = StreamFeed::new(snap.header(), off).expect("feed");
+            for w in at.windows(2) {
+                feed.feed(&enc[w[0]..w[1]]);
+            }
+            let (fd, fst) = feed.finish().expect("finish");
+            let (cd, cst) = DigestState::capture(&snap).expect("capture");
+            prop_assert_eq!(&fd, &cd);
+            prop_assert_eq!(&fst.states, &cst.states);
+            prop_assert_eq!(&fst.settled, &cst.settled);
+            // A short feed, and a changed header byte, are refused.
+            let mut short = StreamFeed::new(snap.header(), off).expect("feed");
+            short.feed(&enc[..enc.len() - 1]);
+            prop_assert!(short.finish().is_err());
+            let mut bad = enc.to_vec();
+            bad[8] ^= 1;
+            let mut changed = StreamFeed::new(snap.header(), off).expect("feed");
+            changed.feed(&bad);
+            prop_assert!(changed.finish().is_err());
         }
     }
 

@@ -111,53 +111,49 @@ pub(crate) fn read_tokens(path: &Path) -> Result<Vec<u32>> {
         .with_context(|| format!("token file {}", path.display()))
 }
 
-/// Files at least this large are mapped, not read into fresh memory.
-const MAP_AT: u64 = 1 << 20;
-
-/// Opens and validates an encoded snapshot file. A file of 1 MiB or more is
-/// mapped read-only (no copy into fresh memory: the pages come from the
-/// page cache as the snapshot is hashed and written), a smaller one read.
-/// The same validation either way. The file must not change while the
-/// command runs: a snapshot's bytes are immutable, and a file rewritten
-/// underneath would publish bytes that no longer match their digests (a
-/// restore would then refuse them, never return them).
-pub(crate) async fn read_snapshot(path: &Path) -> Result<Snapshot> {
+/// Opens an encoded snapshot file: its header read (with `pread`) and
+/// validated, its length checked against the header. Its bytes are read
+/// later, once, by whoever needs them (a publication stages them extent by
+/// extent), and never mapped: a mapped file truncated by someone else
+/// kills the process with `SIGBUS`, and one rewritten in place changes
+/// under the reader. A file that changes while it is read is a clean
+/// error (`input-changed`).
+pub(crate) async fn open_snapshot(path: &Path) -> Result<deltapack_store::SnapshotFile> {
     let p = path.to_path_buf();
-    tokio::task::spawn_blocking(move || {
-        let bytes = map_or_read(&p).context("snapshot file")?;
-        Snapshot::from_bytes(bytes).with_context(|| format!("snapshot file {}", p.display()))
+    blocking(move || {
+        deltapack_store::SnapshotFile::open(&p)
+            .with_context(|| format!("snapshot file {}", p.display()))
     })
     .await
-    .context("snapshot reader task")?
 }
 
-/// A whole file's bytes: mapped read-only when it is 1 MiB or more (see
-/// [`read_snapshot`] for the rule that it must not change meanwhile), read
-/// otherwise.
-pub(crate) async fn read_bytes(path: &Path) -> Result<bytes::Bytes> {
+/// The whole snapshot of an opened file, read with `pread` into memory of
+/// its own (later changes to the file do not reach it).
+pub(crate) async fn read_whole(
+    file: std::sync::Arc<deltapack_store::SnapshotFile>,
+) -> Result<Snapshot> {
+    blocking(move || Ok(file.read_all()?)).await
+}
+
+/// A whole file's bytes, read into memory of its own (never mapped).
+pub(crate) async fn read_private(path: &Path) -> Result<bytes::Bytes> {
     let p = path.to_path_buf();
-    tokio::task::spawn_blocking(move || map_or_read(&p))
+    blocking(move || read_private_now(&p)).await
+}
+
+/// [`read_private`] for a caller that is not async.
+pub(crate) fn read_private_now(p: &Path) -> Result<bytes::Bytes> {
+    let bytes = std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?;
+    Ok(bytes::Bytes::from(bytes))
+}
+
+/// Runs `f` on a blocking thread.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(f)
         .await
         .context("file reader task")?
-}
-
-/// [`read_bytes`] for a caller that is not async (same rule: the file must
-/// not change while the command runs).
-pub(crate) fn map_or_read(p: &Path) -> Result<bytes::Bytes> {
-    let f = std::fs::File::open(p).with_context(|| format!("cannot read {}", p.display()))?;
-    let meta = f
-        .metadata()
-        .with_context(|| format!("cannot read {}", p.display()))?;
-    if meta.len() >= MAP_AT && meta.is_file() {
-        // SAFETY: mapped read-only and private to this process; the file
-        // must not change while the command runs (see `read_snapshot`).
-        let map = unsafe { memmap2::Mmap::map(&f) }
-            .with_context(|| format!("cannot map {}", p.display()))?;
-        Ok(bytes::Bytes::from_owner(map))
-    } else {
-        let bytes = std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?;
-        Ok(bytes::Bytes::from(bytes))
-    }
 }
 
 /// Writes `bytes` to `path` atomically: `path.tmp`, fsync, rename.

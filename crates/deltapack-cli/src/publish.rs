@@ -127,19 +127,20 @@ pub(crate) async fn run(args: PublishArgs) -> Result<ExitCode> {
     let Some(snapshot_path) = &args.snapshot else {
         bail!("give --snapshot or --tail");
     };
-    let snapshot = common::read_snapshot(snapshot_path).await?;
+    let file = common::open_snapshot(snapshot_path).await?;
+    let snapshot = file.header().clone();
 
     let mut tokens = None;
     let context = match (&args.context, &args.tokens) {
         (Some(hex), _) => common::parse_context(hex)?,
         (None, Some(path)) => {
             let t = common::read_tokens(path)?;
-            if t.len() as u64 != snapshot.boundary() {
+            if t.len() as u64 != snapshot.boundary {
                 bail!(
                     "{} holds {} tokens but the snapshot covers {}: the context would not name this snapshot",
                     path.display(),
                     t.len(),
-                    snapshot.boundary()
+                    snapshot.boundary
                 );
             }
             let c = hasher.digest(&t);
@@ -149,10 +150,32 @@ pub(crate) async fn run(args: PublishArgs) -> Result<ExitCode> {
         (None, None) => bail!("give --tokens or --context"),
     };
 
+    let store = args.open_store()?;
+    let format = args.format.root_format();
+    if args.base_snapshot.is_none() && format == RootFormat::V2 && store.tier_store().is_none() {
+        // Flat: straight from the file, each extent read once with
+        // `pread` into a staging buffer, named, hashed and written from
+        // there (never mapped).
+        let pb = common::byte_bar("publishing");
+        let progress = |done: u64, total: u64| {
+            pb.set_length(total);
+            pb.set_position(done);
+        };
+        let receipt = store
+            .publish_file(&identity, context, Arc::new(file), &progress)
+            .await;
+        common::persist_counters(&store).await;
+        pb.finish_and_clear();
+        return report(&args, receipt?);
+    }
+    // A delta, a v1 root or a tier: the snapshot is read whole into
+    // memory of its own (never mapped).
+    let snapshot = Arc::new(common::read_whole(Arc::new(file)).await?);
     let base = match &args.base_snapshot {
         None => None,
         Some(path) => {
-            let base_snapshot = common::read_snapshot(path).await?;
+            let base_snapshot =
+                common::read_whole(Arc::new(common::open_snapshot(path).await?)).await?;
             let (base_context, base_tokens) =
                 args.base_context(&hasher, base_snapshot.boundary())?;
             if let (Some(full), Some(t)) = (&tokens, &base_tokens) {
@@ -169,13 +192,12 @@ pub(crate) async fn run(args: PublishArgs) -> Result<ExitCode> {
         }
     };
 
-    let store = args.open_store()?;
     let req = PublishRequest {
         identity,
         context,
-        snapshot: Arc::new(snapshot),
+        snapshot,
         base,
-        format: args.format.root_format(),
+        format,
     };
     let pb = common::byte_bar("publishing");
     let progress = |done: u64, total: u64| {
@@ -200,14 +222,27 @@ async fn run_tail(
     };
     let tokens = common::read_tokens(tpath)?;
     let context = hasher.digest(&tokens);
-    let base = Arc::new(common::read_snapshot(bpath).await?);
-    let (base_context, _) = args.base_context(hasher, base.boundary())?;
-    let tail = common::read_bytes(tail).await?;
+    let base_file = Arc::new(common::open_snapshot(bpath).await?);
+    let (base_context, _) = args.base_context(hasher, base_file.boundary())?;
+    // Read into memory of its own (never mapped): a tail is new pages only.
+    let tail = common::read_private(tail).await?;
     let store = args.open_store()?;
-    let out = async {
-        let turn = store.turn_from(&identity, base_context, &base).await?;
+    let out: Result<PublishReceipt> = async {
+        // The base as far as proving the root's turn state needs it (its
+        // prefix and about a page per stream, read with `pread`); read
+        // whole only for a root that records no turn state.
+        let f = base_file.clone();
+        let base = Arc::new(common::blocking(move || Ok(f.read_for_turn()?)).await?);
+        let turn = match store.turn_from(&identity, base_context, &base).await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::debug!(error = %e, "the sparse base does not prove the turn state; reading it whole");
+                let whole = Arc::new(common::read_whole(base_file).await?);
+                store.turn_from(&identity, base_context, &whole).await?
+            }
+        };
         drop(base);
-        store
+        Ok(store
             .publish_turn(
                 &turn,
                 TurnRequest {
@@ -217,7 +252,7 @@ async fn run_tail(
                     tail,
                 },
             )
-            .await
+            .await?)
     }
     .await;
     common::persist_counters(&store).await;

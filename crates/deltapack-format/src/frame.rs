@@ -51,9 +51,10 @@ impl Framing {
         }
     }
 
-    /// Decodes the header from the first bytes of an encoding (which may
-    /// be only a prefix). Returns the header and the offset past it.
-    pub(crate) fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<(T, usize)> {
+    /// The length of the whole prefix (magic, length, header) from the
+    /// first [`PREFIX_LEN`] bytes or more, the header length checked
+    /// against its bound (nothing allocated or decoded).
+    pub(crate) fn prefix_len(&self, bytes: &[u8]) -> Result<usize> {
         let error = self.error;
         if bytes.len() < PREFIX_LEN {
             return Err(error(format!(
@@ -72,10 +73,18 @@ impl Framing {
                 self.name, self.max_header
             )));
         }
-        let end = PREFIX_LEN + hlen as usize;
+        Ok(PREFIX_LEN + hlen as usize)
+    }
+
+    /// Decodes the header from the first bytes of an encoding (which may
+    /// be only a prefix). Returns the header and the offset past it.
+    pub(crate) fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<(T, usize)> {
+        let error = self.error;
+        let end = self.prefix_len(bytes)?;
         if end > bytes.len() {
             return Err(error(format!(
-                "header length {hlen} runs past the {} bytes present",
+                "header length {} runs past the {} bytes present",
+                end - PREFIX_LEN,
                 bytes.len()
             )));
         }

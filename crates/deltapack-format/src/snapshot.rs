@@ -107,6 +107,14 @@ pub fn decode_prefix(bytes: &[u8]) -> Result<(SnapshotHeader, usize)> {
     Ok((header, end))
 }
 
+/// The length of an encoded snapshot's prefix (magic, length, CBOR
+/// header; the payload starts there), from its first 12 bytes or more: the
+/// header length is checked against its bound, nothing is decoded. What a
+/// reader of a file reads before [`decode_prefix`].
+pub fn prefix_len(first: &[u8]) -> Result<u64> {
+    FRAMING.prefix_len(first).map(|n| n as u64)
+}
+
 /// A snapshot: its parsed header plus its full canonical encoding.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Snapshot {

@@ -2,13 +2,17 @@
 directory, the moto S3 server that .ci/run starts), the real CLI binary,
 synthetic conversations."""
 
+import http.client
+import http.server
 import json
 import os
+import socketserver
 import shutil
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from pathlib import Path
 
@@ -159,3 +163,56 @@ def progress_while_waiting(measure, rounds=5):
         t.join(10)
     assert not t.is_alive()
     return progressed
+
+
+class HoldingProxy:
+    """An HTTP proxy in front of the S3 test server that forwards every
+    request, except that while ``release`` is clear, the requests
+    ``hold_if(method, path)`` picks wait for it (each one that starts
+    waiting releases ``waiting`` once)."""
+
+    def __init__(self, upstream, hold_if=lambda method, path: True):
+        u = urllib.parse.urlparse(upstream)
+        self.upstream = (u.hostname, u.port)
+        self.release = threading.Event()
+        self.release.set()
+        self.waiting = threading.Semaphore(0)
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def forward(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else None
+                if not proxy.release.is_set() and hold_if(self.command, self.path):
+                    proxy.waiting.release()
+                    proxy.release.wait(60)
+                c = http.client.HTTPConnection(*proxy.upstream, timeout=60)
+                c.request(self.command, self.path, body=body, headers=dict(self.headers))
+                r = c.getresponse()
+                data = r.read()
+                self.send_response(r.status, r.reason)
+                for k, v in r.getheaders():
+                    if k.lower() not in ("transfer-encoding", "content-length", "connection"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                c.close()
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = forward
+
+        class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+            daemon_threads = True
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.release.set()
+        self.server.shutdown()

@@ -8,70 +8,15 @@ every request while the test says so, so a restore stays in flight (its
 claim on the buffer registered) for exactly as long as the test needs."""
 
 import gc
-import http.client
-import http.server
 import os
-import socketserver
 import threading
-import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 import deltapack
-from conftest import s3_url
-
-
-class HoldingProxy:
-    """An HTTP proxy in front of the S3 test server that forwards every
-    request, except that while ``hold`` is clear, requests wait for it."""
-
-    def __init__(self, upstream):
-        u = urllib.parse.urlparse(upstream)
-        self.upstream = (u.hostname, u.port)
-        self.release = threading.Event()
-        self.release.set()
-        self.waiting = threading.Semaphore(0)
-        proxy = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
-            def forward(self):
-                n = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(n) if n else None
-                if not proxy.release.is_set():
-                    proxy.waiting.release()
-                    proxy.release.wait(60)
-                c = http.client.HTTPConnection(*proxy.upstream, timeout=60)
-                c.request(self.command, self.path, body=body, headers=dict(self.headers))
-                r = c.getresponse()
-                data = r.read()
-                self.send_response(r.status, r.reason)
-                for k, v in r.getheaders():
-                    if k.lower() not in ("transfer-encoding", "content-length", "connection"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-                c.close()
-
-            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = forward
-
-        class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-            daemon_threads = True
-
-        self.server = Server(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.release.set()
-        self.server.shutdown()
+from conftest import HoldingProxy, s3_url
 
 
 @pytest.fixture

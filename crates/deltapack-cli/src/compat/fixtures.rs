@@ -207,8 +207,8 @@ pub(super) fn fixture_extras(
         }
     }
     let snap_path = inside(dir, &want.snapshot_file)?;
-    // Mapped when large (a fixture's snapshot is compared, never copied).
-    let input = crate::common::map_or_read(&snap_path)?;
+    // Read into memory of its own (never mapped: see `common::open_snapshot`).
+    let input = crate::common::read_private_now(&snap_path)?;
     match &c.snapshot {
         Some(s) if s.encoded() == &input[..] => {}
         _ => r.fail(

@@ -77,7 +77,7 @@ pub use definition::{
 };
 pub use plan::{LayerBlock, LayerHashPlan};
 pub use state::{DigestState, StreamFeed, StreamState};
-pub use stored::{resume_bytes, stored_counts, StoredState};
+pub use stored::{resume_bytes, resume_ranges, stored_counts, StoredState};
 
 use definition::{par_map, unsupported};
 

@@ -78,6 +78,22 @@ pub fn resume_bytes(header: &SnapshotHeader) -> u64 {
     stream_points(header).map(|(len, point)| len - point).sum()
 }
 
+/// Where the bytes [`DigestState::resume`] reads lie in the encoding of a
+/// snapshot with `header` whose payload starts at `payload_offset`: per
+/// stream, from its state point to its end. A reader of a file needs only
+/// these (and the prefix) to resume a state; nothing else is read.
+pub fn resume_ranges(
+    header: &SnapshotHeader,
+    payload_offset: u64,
+) -> Result<Vec<std::ops::Range<u64>>> {
+    let ranges = stream_ranges(header, payload_offset)?;
+    Ok(ranges
+        .iter()
+        .zip(stream_points(header))
+        .map(|(r, (_, point))| r.start + point..r.end)
+        .collect())
+}
+
 impl StoredState {
     /// The byte form a v2.2 root records (`turn_state`): every stream's
     /// chaining values, 32 bytes each, stream after stream, largest subtree

@@ -28,6 +28,7 @@ use deltapack_format::{BaseRef, DeltaLayout, Digest, DigestState};
 
 mod base;
 mod commit;
+mod file;
 mod payload;
 mod plan;
 mod receipt;
@@ -37,6 +38,7 @@ pub(crate) mod staging;
 mod turn;
 mod write;
 
+pub use file::SnapshotFile;
 pub use write::PUBLISH_BATCH;
 
 use payload::LateDigest;
@@ -68,6 +70,37 @@ impl Store {
     ) -> Result<PublishReceipt> {
         self.publish_with(req, PublishOptions::default().with_progress(progress))
             .await
+    }
+
+    /// Publishes the snapshot in `file` flat under `context` (a v2.2 root),
+    /// reading the file once with `pread` into the staging buffers, never
+    /// mapping it: a file truncated or rewritten meanwhile fails the call
+    /// with [`StoreError::InputChanged`](crate::StoreError::InputChanged)
+    /// and no root (see `publish/file.rs`). `progress` as in
+    /// [`Store::publish_with_progress`]. Not through a tier (an error:
+    /// publish from memory there).
+    pub async fn publish_file(
+        &self,
+        identity: &deltapack_format::CacheIdentity,
+        context: deltapack_format::ContextDigest,
+        file: Arc<SnapshotFile>,
+        progress: Progress<'_>,
+    ) -> Result<PublishReceipt> {
+        let start = Instant::now();
+        let out = file::publish_file(self, identity, context, file, progress).await;
+        let seconds = start.elapsed().as_secs_f64();
+        let schema = root::SCHEMA_V2_2;
+        match &out {
+            Ok(r) => {
+                let (outcome, bytes) = (r.outcome.metric_label(), r.created_bytes());
+                self.metrics().publish(seconds, outcome, schema, bytes);
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "file publication failed");
+                self.metrics().publish(seconds, "error", schema, None);
+            }
+        }
+        out
     }
 
     /// The publication: writes `req`'s objects, then its root, and records

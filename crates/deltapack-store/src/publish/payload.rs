@@ -4,12 +4,14 @@
 //! Never copies a part except where the legacy v1 writer needs one buffer
 //! (`Payload::assemble`).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use deltapack_format::layer_digest::StreamFeed;
 use futures::future::{BoxFuture, Shared};
 use object_store::PutPayload;
 
+use super::file::SnapshotFile;
 use super::receipt::ResultDigest;
 use crate::error::{Result, StoreError};
 
@@ -41,24 +43,58 @@ pub(super) type LateHeader = Shared<BoxFuture<'static, std::result::Result<Bytes
 pub(crate) struct Payload {
     pub(super) parts: Vec<Bytes>,
     pub(super) header: Option<LateHeader>,
+    /// The bytes are read from this file instead (`parts` is then empty):
+    /// each extent with `pread`, straight into its staging buffer.
+    pub(super) file: Option<Arc<SnapshotFile>>,
+    /// Fed with every staged extent in payload order (a flat payload: the
+    /// snapshot's encoding), so the layered digest comes from the very
+    /// bytes written.
+    pub(super) feed: Option<Arc<Mutex<StreamFeed>>>,
 }
 
 impl From<Bytes> for Payload {
     fn from(b: Bytes) -> Self {
-        Payload {
-            parts: vec![b],
-            header: None,
-        }
+        Payload::from_parts(vec![b], None)
     }
 }
 
 impl Payload {
-    pub(super) fn len(&self) -> u64 {
-        self.parts.iter().map(|p| p.len() as u64).sum()
+    /// A payload of `parts` in memory (with `header`, `parts[0]` is a
+    /// stand-in for bytes that arrive late).
+    pub(super) fn from_parts(parts: Vec<Bytes>, header: Option<LateHeader>) -> Self {
+        Payload {
+            parts,
+            header,
+            file: None,
+            feed: None,
+        }
     }
 
-    /// The payload in one buffer (the legacy v1 writer needs it).
+    /// A flat snapshot read from `file`, fed to `feed` as it is staged.
+    pub(super) fn from_file(file: Arc<SnapshotFile>, feed: Arc<Mutex<StreamFeed>>) -> Self {
+        Payload {
+            parts: Vec::new(),
+            header: None,
+            file: Some(file),
+            feed: Some(feed),
+        }
+    }
+
+    pub(super) fn len(&self) -> u64 {
+        match &self.file {
+            Some(f) => f.len(),
+            None => self.parts.iter().map(|p| p.len() as u64).sum(),
+        }
+    }
+
+    /// The payload in one buffer (the legacy v1 writer needs it; never a
+    /// file's).
     pub(super) async fn assemble(mut self) -> Result<Bytes> {
+        if self.file.is_some() {
+            return Err(StoreError::Internal(
+                "a file payload is not assembled".into(),
+            ));
+        }
         if let Some(h) = self.header.take() {
             self.parts[0] = h.await.map_err(StoreError::Internal)?;
         }

@@ -213,13 +213,7 @@ pub(super) fn delta_payload(
     }
     .boxed()
     .shared();
-    Ok((
-        Payload {
-            parts,
-            header: Some(header),
-        },
-        template,
-    ))
+    Ok((Payload::from_parts(parts, Some(header)), template))
 }
 
 /// Bytes of a snapshot's payload in the settled pages `settled` (per

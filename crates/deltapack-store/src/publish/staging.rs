@@ -70,8 +70,12 @@ impl Buffer {
         let cap = len.div_ceil(STAGING_ALIGN) * STAGING_ALIGN;
         let layout = Self::layout(cap)
             .ok_or_else(|| std::io::Error::other(format!("cannot stage {len} bytes")))?;
+        // Zeroed, so every byte is initialised before any slice of it is
+        // made (pooled buffers were written before). A large zeroed
+        // allocation is fresh mapped memory: the zeroing costs nothing
+        // beyond the page faults the first copy into it pays anyway.
         // SAFETY: `layout` has a non-zero size (`len` > 0, rounded up).
-        let ptr = unsafe { std::alloc::alloc(layout) };
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         NonNull::new(ptr)
             .map(|ptr| Buffer { ptr, cap })
             .ok_or_else(|| std::io::Error::other(format!("cannot allocate {cap} staging bytes")))
@@ -114,9 +118,9 @@ struct Staged {
 impl AsRef<[u8]> for Staged {
     fn as_ref(&self) -> &[u8] {
         match &self.buf {
-            // SAFETY: the buffer holds at least `len` bytes, all
-            // initialised by `stage`; it is owned by this value and only
-            // read from now on (a `Bytes` gives out shared slices only).
+            // SAFETY: the buffer holds at least `len` initialised bytes
+            // (`stage_with`); it is owned by this value and only read from
+            // now on (a `Bytes` gives out shared slices only).
             Some(b) => unsafe { std::slice::from_raw_parts(b.ptr.as_ptr(), self.len) },
             None => &[],
         }
@@ -135,19 +139,30 @@ impl Drop for Staged {
 /// the returned `Bytes` is the one copy every later step hashes and writes.
 pub(crate) fn stage(parts: &[Bytes]) -> std::io::Result<Bytes> {
     let len: usize = parts.iter().map(|p| p.len()).sum();
+    stage_with(len, |dest| {
+        let mut at = 0;
+        for p in parts {
+            dest[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
+    })
+}
+
+/// A staging buffer of `len` bytes, filled by `fill` (which must write
+/// every byte: e.g. a `pread` of exactly `len`; a caller whose fill failed
+/// drops the result), then frozen as the one copy every later step hashes
+/// and writes.
+pub(crate) fn stage_with(len: usize, fill: impl FnOnce(&mut [u8])) -> std::io::Result<Bytes> {
     if len == 0 {
         return Ok(Bytes::new());
     }
     let buf = Buffer::take(len)?;
-    // SAFETY: the buffer has room for `len` bytes and is exclusively ours;
-    // the parts are other allocations (never the pool's: a pooled buffer
-    // is idle, referred to by nothing else), so the copies do not overlap.
+    // SAFETY: the buffer holds at least `len` initialised bytes (zeroed
+    // when allocated, written before when pooled) and is exclusively ours:
+    // a pooled buffer is idle, referred to by nothing else, so nothing the
+    // fill reads from overlaps it.
     let dest = unsafe { std::slice::from_raw_parts_mut(buf.ptr.as_ptr(), len) };
-    let mut at = 0;
-    for p in parts {
-        dest[at..at + p.len()].copy_from_slice(p);
-        at += p.len();
-    }
+    fill(dest);
     Ok(Bytes::from_owner(Staged {
         buf: Some(buf),
         len,

@@ -335,10 +335,7 @@ impl Store {
         let header_bytes = Bytes::from(delta.header_bytes()?);
         let mut receipt = PublishReceipt::empty(ns, req.context, digest);
         receipt.schema = deltapack_format::root::SCHEMA_V2_2.into();
-        let payload = Payload {
-            parts: vec![header_bytes.clone(), req.tail.clone()],
-            header: None,
-        };
+        let payload = Payload::from_parts(vec![header_bytes.clone(), req.tail.clone()], None);
         receipt.encode_time = t_encode.elapsed();
         receipt.payload_len = payload.len();
 
@@ -414,7 +411,7 @@ impl Store {
     /// After a turn's root is created: its digest state is cached and handed
     /// out as the next [`Turn`] (or a conflict counted), and the turn
     /// logged.
-    fn settle_turn(&self, next: DigestState, receipt: &mut PublishReceipt) {
+    pub(super) fn settle_turn(&self, next: DigestState, receipt: &mut PublishReceipt) {
         let (ns, context, digest) = (receipt.namespace, receipt.context, receipt.snapshot_digest);
         if receipt.outcome == PublishOutcome::Conflict {
             Stats::add(&self.stats_ref().conflicts, 1);

@@ -5,15 +5,17 @@
 //! Every key is protected (`gc.rs`) before it is relied on; nothing here
 //! writes a root.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use deltapack_format::layer_digest::StreamFeed;
 use deltapack_format::root::{self};
 use deltapack_format::{Digest, ExtentPlan};
 use futures::StreamExt;
 use object_store::ObjectStoreExt;
 use object_store::PutPayload;
 
+use super::file::SnapshotFile;
 use super::payload::{slice_parts, split_payload, Payload};
 use super::receipt::PublishReceipt;
 use super::request::PublishRequest;
@@ -42,24 +44,80 @@ pub(super) struct PendingObject {
     pub(super) len: u64,
 }
 
-/// Stages, names (and optionally compresses) one extent given as parts of
-/// the caller's memory: the bytes are copied once into a staging buffer
-/// (`staging.rs`), and both the name and the object's bytes come from that
-/// copy, so the name is the hash of what is written whatever the caller's
-/// memory does meanwhile.
+/// Where one extent's bytes come from: parts of memory, or a file range.
+pub(super) enum ExtentSource {
+    /// Slices of the caller's memory, in order.
+    Parts(Vec<Bytes>),
+    /// `len` bytes of a snapshot file at `offset`.
+    File {
+        /// The file.
+        file: Arc<SnapshotFile>,
+        /// Where the extent starts in it.
+        offset: u64,
+        /// Its length.
+        len: usize,
+    },
+}
+
+/// Stages one extent (`staging.rs`): its bytes copied once, from memory or
+/// with `pread` from a file, into a buffer only this publication holds.
+fn stage_extent(index: u64, src: ExtentSource) -> Result<Bytes> {
+    match src {
+        ExtentSource::Parts(raw) => super::staging::stage(&raw)
+            .map_err(|e| StoreError::Internal(format!("staging extent {index}: {e}"))),
+        ExtentSource::File { file, offset, len } => {
+            let mut err = None;
+            let staged = super::staging::stage_with(len, |buf| {
+                if let Err(e) = file.read_at(offset, buf) {
+                    err = Some(e);
+                }
+            })
+            .map_err(|e| StoreError::Internal(format!("staging extent {index}: {e}")))?;
+            match err {
+                Some(e) => Err(e),
+                None => Ok(staged),
+            }
+        }
+    }
+}
+
+/// Stages, names (and optionally compresses) one extent: both the name and
+/// the object's bytes come from the staged copy, so the name is the hash
+/// of what is written whatever the caller's memory (or file) does
+/// meanwhile. With `feed` (a flat payload, extents in order), the staged
+/// bytes also feed the layered digest, beside the naming.
 pub(super) fn prepare_extent(
     plan: &ExtentPlan,
     index: u64,
-    raw: Vec<Bytes>,
+    src: ExtentSource,
     level: Option<i32>,
+    feed: Option<&Mutex<StreamFeed>>,
 ) -> Result<(deltapack_format::ExtentEntry, PendingObject)> {
     use deltapack_format::{ExtentCodec, ExtentEntry};
-    let staged = super::staging::stage(&raw)
-        .map_err(|e| StoreError::Internal(format!("staging extent {index}: {e}")))?;
-    drop(raw);
-    let mut h = plan.hasher(index);
-    h.update(&staged);
-    let raw_digest = h.finish()?;
+    let staged = stage_extent(index, src)?;
+    let name = || {
+        let mut h = plan.hasher(index);
+        h.update(&staged);
+        h.finish()
+    };
+    let raw_digest = match feed {
+        None => name()?,
+        Some(feed) => std::thread::scope(|s| {
+            let fed = s.spawn(|| match feed.lock() {
+                Ok(mut f) => {
+                    f.feed(&staged);
+                    Ok(())
+                }
+                Err(_) => Err(StoreError::Internal(
+                    "the digest feed's lock was poisoned".into(),
+                )),
+            });
+            let named = name();
+            fed.join()
+                .map_err(|_| StoreError::Internal("the digest feed panicked".into()))??;
+            named.map_err(StoreError::from)
+        })?,
+    };
     let r = plan.range(index);
     let raw_len = r.end - r.start;
     if let Some(level) = level {
@@ -153,6 +211,9 @@ impl Store {
         let writers = self.extent_writers(m);
         let parts = Arc::new(payload.parts);
         let header = payload.header;
+        // A fed payload (a flat snapshot) is staged strictly in order: it
+        // has no late header, so `order` is ascending.
+        let (file, feed) = (payload.file, payload.feed);
         // A producer task names (and maybe compresses) extents ahead of the
         // writes, at most `writers` ahead: it runs on its own, so hashing
         // extent i+1 overlaps writing extent i.
@@ -177,26 +238,33 @@ impl Store {
         let mut producer = AbortOnDrop(tokio::spawn(async move {
             for i in order {
                 let r = plan.range(i);
-                let raw = match &header {
-                    Some(h) if r.start < late => match h.clone().await {
+                let raw = match (&header, &file) {
+                    (_, Some(f)) => ExtentSource::File {
+                        file: f.clone(),
+                        offset: r.start,
+                        len: (r.end - r.start) as usize,
+                    },
+                    (Some(h), None) if r.start < late => match h.clone().await {
                         Ok(h) => {
                             let mut with = parts.as_ref().clone();
                             with[0] = h;
-                            slice_parts(&with, r)
+                            ExtentSource::Parts(slice_parts(&with, r))
                         }
                         Err(e) => {
                             let _ = tx.send(Err(StoreError::Internal(e))).await;
                             return;
                         }
                     },
-                    _ => slice_parts(&parts, r),
+                    _ => ExtentSource::Parts(slice_parts(&parts, r)),
                 };
-                let mut prepared =
-                    tokio::task::spawn_blocking(move || prepare_extent(&plan, i, raw, level))
-                        .await
-                        .map_err(|e| StoreError::task("extent", e))
-                        .and_then(|r| r)
-                        .map(|(entry, obj)| (i, entry, obj));
+                let feed = feed.clone();
+                let mut prepared = tokio::task::spawn_blocking(move || {
+                    prepare_extent(&plan, i, raw, level, feed.as_deref())
+                })
+                .await
+                .map_err(|e| StoreError::task("extent", e))
+                .and_then(|r| r)
+                .map(|(entry, obj)| (i, entry, obj));
                 if let Ok((_, _, obj)) = &prepared {
                     if let Err(e) = protector.protect(vec![obj.key.to_string()]).await {
                         prepared = Err(e);

@@ -45,7 +45,9 @@ impl From<ds::StoreError> for Failure {
         let text = e.to_string();
         match e {
             E::Capacity(_) => Failure::Capacity(text),
-            E::Invalid(_) | E::Format(_) | E::BaseMismatch { .. } => Failure::BadInput(text),
+            E::Invalid(_) | E::InputChanged(_) | E::Format(_) | E::BaseMismatch { .. } => {
+                Failure::BadInput(text)
+            }
             E::Io { .. } | E::Open(_) | E::Ledger(_) | E::LedgerUnavailable(_) => Failure::Io(text),
             E::LedgerMismatch { .. } => Failure::LedgerMismatch(text),
             E::Concurrent(_) => Failure::Conflict(text),

@@ -175,3 +175,55 @@ def test_snapshot_views_never_lead_to_writable_memory(tmp_path, ident):
     store = deltapack.Store(f"file://{tmp_path / 's'}")
     with pytest.raises(deltapack.BadInput):
         store.restore_into(deltapack.CacheIdentity.example(), [1] * 256, snap)
+
+
+def _flipping(arr, stop, lo):
+    """Flips bytes of ``arr`` from offset ``lo`` on until ``stop`` is set
+    (numpy releases the GIL for large operations; this thread also yields)."""
+    view = arr[lo:]
+    while not stop.is_set():
+        np.bitwise_xor(view, 0xFF, out=view)
+
+
+@pytest.mark.parametrize("kind", ["flat", "turn"])
+def test_an_input_changed_during_publish_never_makes_a_root_that_does_not_restore(tmp_path, ident, kind):
+    """Another thread rewrites the caller's buffer while it is published.
+    The store cannot know which bytes the caller meant, but what it creates
+    must be self-consistent: either an error, or a root that restores (to
+    the bytes it staged) — never a root whose objects disagree with its
+    digest (before: the digest came from one pass over the buffer and the
+    objects from another, and the root restored ``corrupt``)."""
+    for round in range(3):
+        # A store per round: each publication creates its root.
+        store = deltapack.Store(f"file://{tmp_path / f's{round}'}", max_extent_bytes=1 << 20)
+        if kind == "flat":
+            snap, ids = deltapack.synth(4096, "default", 31)
+            arr = np.array(snap.numpy())  # the caller's own, writable copy
+            lo = 64 << 10  # leave the header alone: only page bytes change
+            call = lambda: store.publish(ident, ids, arr)
+        else:
+            first, ids = deltapack.synth(2048, "default", 31)
+            turn = store.publish(ident, ids[:2048], first)["turn"]
+            full, ids = deltapack.synth(4096, "default", 31)
+            arr = np.frombuffer(turn.tail_of(full), dtype=np.uint8).copy()
+            lo = 0
+            call = lambda: store.publish_turn(ident, ids, turn, arr)
+        stop = threading.Event()
+        t = threading.Thread(target=_flipping, args=(arr, stop, lo))
+        t.start()
+        try:
+            try:
+                receipt = call()
+            except deltapack.Error as e:
+                receipt = e
+        finally:
+            stop.set()
+            t.join(30)
+        if isinstance(receipt, deltapack.Error):
+            assert "changed" in str(receipt), receipt
+            continue
+        assert receipt["outcome"] == "created", receipt
+        r = store.restore(ident, ids)
+        assert r, f"round {round}: a root was created that does not restore: {r!r}"
+        assert r.digest == receipt["snapshot_digest"]
+        assert store.sweep(grace=3600)["corrupt"] == []

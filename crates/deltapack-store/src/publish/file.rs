@@ -343,13 +343,7 @@ async fn write_and_commit(
 
     // The digest of exactly the bytes written; the file as it was opened.
     file.check_unchanged()?;
-    let feed = Arc::try_unwrap(feed)
-        .map_err(|_| StoreError::Internal("the digest feed is still shared".into()))?
-        .into_inner()
-        .map_err(|_| StoreError::Internal("the digest feed's lock was poisoned".into()))?;
-    let (digests, state) = feed
-        .finish()
-        .map_err(|e| StoreError::InputChanged(format!("{}: {e}", file.path.display())))?;
+    let (digests, state) = super::finish_feed(feed, &file.path.display().to_string())?;
     receipt.snapshot_digest = digests.snapshot;
     receipt.schema = plan::v2_schema(true, false).into();
     let meta = RootMeta {

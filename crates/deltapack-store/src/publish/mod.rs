@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
+use deltapack_format::layer_digest::StreamFeed;
 use deltapack_format::root::{self, RootMeta};
 use deltapack_format::{BaseRef, DeltaLayout, Digest, DigestState};
 
@@ -47,7 +48,7 @@ pub use receipt::{PublishOutcome, PublishReceipt, Turn};
 pub use request::{BaseInput, Progress, PublishOptions, PublishRequest, RootFormat, TurnRequest};
 use shape::Shape;
 
-use crate::error::Result;
+use crate::error::{Result, StoreError};
 use crate::gc::ProtectGuard;
 use crate::keys;
 use crate::stats::Stats;
@@ -197,14 +198,32 @@ impl Store {
         self.require_owner("publish").await?;
         let checked = self.protect_base(&req, slot).await?;
         let mut shape = self.shape(&req, checked).await?;
-        // The result digest starts now and is awaited only where it is
-        // needed: a delta's header (written last, see `write_v2`), an
-        // existing root's comparison, the root.
-        let digest = self.start_digest(snap, &shape);
+        // A flat layered snapshot's digest is fed from the staged extents
+        // as they are written (`staging.rs`): the root's digest and its
+        // objects come from the very same bytes. Any other result digest
+        // starts now and is awaited only where it is needed: a delta's
+        // header (written last, see `write_v2`), an existing root's
+        // comparison, the root.
+        let fed = shape.base_ref.is_none() && shape.layered && req.format == RootFormat::V2;
+        let digest = if fed {
+            None
+        } else {
+            self.start_digest(snap, &shape)
+        };
 
         // An existing root decides the outcome without writing anything.
         if !matches!(self.read_root(&ns, &req.context).await?, RootStatus::Absent) {
-            if let Some(done) = self.onto_existing(&req, digest.as_ref()).await? {
+            // (A fed snapshot is hashed here, from the caller's bytes, only
+            // to compare: nothing is written from this digest.)
+            let compare = if fed {
+                self.start_digest(snap, &shape)
+            } else {
+                None
+            };
+            if let Some(done) = self
+                .onto_existing(&req, digest.as_ref().or(compare.as_ref()))
+                .await?
+            {
                 if let Some(g) = slot.take() {
                     g.finish().await;
                 }
@@ -235,6 +254,19 @@ impl Store {
             }
             _ => (Payload::from(whole), None),
         };
+        let feed = if fed {
+            let off = (snap.encoded().len() - snap.payload().len()) as u64;
+            Some(Arc::new(std::sync::Mutex::new(StreamFeed::new(
+                snap.header(),
+                off,
+            )?)))
+        } else {
+            None
+        };
+        let payload = match &feed {
+            Some(f) => payload.with_feed(f.clone()),
+            None => payload,
+        };
         receipt.encode_time = t_encode.elapsed();
         receipt.payload_len = payload.len();
 
@@ -256,6 +288,7 @@ impl Store {
             payload,
             digest: digest.as_ref(),
             header_template,
+            feed,
         };
         let (root_bytes, result_state) = match req.format {
             RootFormat::V2 => {
@@ -401,9 +434,14 @@ impl Store {
         let (entries, payload_digest) = self
             .write_v2(to_write.payload, receipt, progress, guard)
             .await?;
-        receipt.snapshot_digest = match to_write.digest {
-            Some(d) => shape::snapshot_digest(Some(d), &req.snapshot).await?,
-            None => payload_digest,
+        let fed = match to_write.feed {
+            Some(feed) => Some(finish_feed(feed, "the snapshot in memory")?),
+            None => None,
+        };
+        receipt.snapshot_digest = match (&fed, to_write.digest) {
+            (Some((d, _)), _) => d.snapshot,
+            (None, Some(d)) => shape::snapshot_digest(Some(d), &req.snapshot).await?,
+            (None, None) => payload_digest,
         };
         let meta = result_meta(req, shape.base_ref, receipt.snapshot_digest);
         let mut chain = shape.chain;
@@ -419,7 +457,10 @@ impl Store {
         }
         receipt.chain_depth = chain.as_ref().map_or(0, |c| c.ancestors.len() as u32 + 1);
         receipt.rebased = shape.rebased;
-        let layers = shape::layered_result(to_write.digest).await?;
+        let layers = match fed {
+            Some((d, st)) => Some((d.streams, Arc::new(st))),
+            None => shape::layered_result(to_write.digest).await?,
+        };
         receipt.schema = plan::v2_schema(layers.is_some(), chain.is_some()).into();
         let bytes = self.encode_v2(
             &meta,
@@ -465,6 +506,23 @@ struct ToWrite<'a> {
     payload: Payload,
     digest: Option<&'a LateDigest>,
     header_template: Option<deltapack_format::DeltaHeader>,
+    /// A flat snapshot's digest, fed from its staged extents.
+    feed: Option<Arc<std::sync::Mutex<StreamFeed>>>,
+}
+
+/// The digests (and state) a feed took from the staged extents: an error
+/// means the bytes staged began with another header than the snapshot's,
+/// i.e. the caller's memory changed during the call.
+pub(super) fn finish_feed(
+    feed: Arc<std::sync::Mutex<StreamFeed>>,
+    what: &str,
+) -> Result<(deltapack_format::layer_digest::LayerDigests, DigestState)> {
+    let feed = Arc::try_unwrap(feed)
+        .map_err(|_| StoreError::Internal("the digest feed is still shared".into()))?
+        .into_inner()
+        .map_err(|_| StoreError::Internal("the digest feed's lock was poisoned".into()))?;
+    feed.finish()
+        .map_err(|e| StoreError::InputChanged(format!("{what}: {e}")))
 }
 
 /// The root metadata of a publication request.

@@ -70,6 +70,13 @@ impl Payload {
         }
     }
 
+    /// This payload, its staged extents fed to `feed` in order (a flat
+    /// snapshot's encoding: no late header).
+    pub(super) fn with_feed(mut self, feed: Arc<Mutex<StreamFeed>>) -> Self {
+        self.feed = Some(feed);
+        self
+    }
+
     /// A flat snapshot read from `file`, fed to `feed` as it is staged.
     pub(super) fn from_file(file: Arc<SnapshotFile>, feed: Arc<Mutex<StreamFeed>>) -> Self {
         Payload {

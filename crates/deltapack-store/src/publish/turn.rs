@@ -300,6 +300,16 @@ impl Store {
         start: Instant,
         slot: &mut Option<ProtectGuard>,
     ) -> Result<PublishReceipt> {
+        // The tail is captured once into memory only this publication holds
+        // (`staging.rs`): the digest and the objects both come from that
+        // copy, so a caller changing its buffer during the call cannot make
+        // them disagree. One copy of the new pages (O(turn)).
+        let captured = super::staging::stage(std::slice::from_ref(&req.tail))
+            .map_err(|e| StoreError::Internal(format!("staging the tail: {e}")))?;
+        let req = TurnRequest {
+            tail: captured,
+            ..req
+        };
         let id = &req.identity;
         super::plan::validate_turn(prev, &req, &self.turn_tag())?;
         let ns = id.namespace();

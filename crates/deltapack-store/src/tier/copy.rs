@@ -126,6 +126,23 @@ impl Copy<'_> {
                 wanted.iter().map(Expected::stored_len).sum::<u64>() + link.bytes.len() as u64;
             tier.make_room(need, &guard).await?;
             let protector = guard.protector();
+            // A delta's base must stay in the target until the delta's root
+            // is there: protected in the target's ledger (as a
+            // publication protects its base), then checked present. Without
+            // this, another process's eviction of the base (and of the
+            // dependents it knew) could run between the walk and the root,
+            // leaving the target a delta over a missing base.
+            if let Some(b) = link.root.summary().and_then(|s| s.base) {
+                let (bns, bctx) = (b.namespace, b.context);
+                protector
+                    .protect(vec![crate::keys::root_key(&bns, &bctx).to_string()])
+                    .await?;
+                if !matches!(tier.peek_root(&bns, &bctx).await?, RootStatus::Found(_)) {
+                    return Err(StoreError::Invalid(format!(
+                        "{what}: the base {bns}/{bctx} left the target during the copy"
+                    )));
+                }
+            }
             let written = futures::stream::iter(wanted)
                 .map(|want| {
                     let protector = &protector;

@@ -30,6 +30,7 @@ use deltapack_format::{BaseRef, DeltaLayout, Digest, DigestState};
 mod base;
 mod commit;
 mod file;
+mod input_file;
 mod payload;
 mod plan;
 mod receipt;
@@ -39,16 +40,16 @@ pub(crate) mod staging;
 mod turn;
 mod write;
 
-pub use file::SnapshotFile;
+pub use input_file::SnapshotFile;
 pub use write::PUBLISH_BATCH;
 
-use payload::LateDigest;
 pub(crate) use payload::Payload;
+use payload::{finish_feed, LateDigest};
 pub use receipt::{PublishOutcome, PublishReceipt, Turn};
 pub use request::{BaseInput, Progress, PublishOptions, PublishRequest, RootFormat, TurnRequest};
 use shape::Shape;
 
-use crate::error::{Result, StoreError};
+use crate::error::Result;
 use crate::gc::ProtectGuard;
 use crate::keys;
 use crate::stats::Stats;
@@ -508,21 +509,6 @@ struct ToWrite<'a> {
     header_template: Option<deltapack_format::DeltaHeader>,
     /// A flat snapshot's digest, fed from its staged extents.
     feed: Option<Arc<std::sync::Mutex<StreamFeed>>>,
-}
-
-/// The digests (and state) a feed took from the staged extents: an error
-/// means the bytes staged began with another header than the snapshot's,
-/// i.e. the caller's memory changed during the call.
-pub(super) fn finish_feed(
-    feed: Arc<std::sync::Mutex<StreamFeed>>,
-    what: &str,
-) -> Result<(deltapack_format::layer_digest::LayerDigests, DigestState)> {
-    let feed = Arc::try_unwrap(feed)
-        .map_err(|_| StoreError::Internal("the digest feed is still shared".into()))?
-        .into_inner()
-        .map_err(|_| StoreError::Internal("the digest feed's lock was poisoned".into()))?;
-    feed.finish()
-        .map_err(|e| StoreError::InputChanged(format!("{what}: {e}")))
 }
 
 /// The root metadata of a publication request.

@@ -7,11 +7,12 @@
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use deltapack_format::layer_digest::StreamFeed;
+use deltapack_format::layer_digest::{LayerDigests, StreamFeed};
+use deltapack_format::DigestState;
 use futures::future::{BoxFuture, Shared};
 use object_store::PutPayload;
 
-use super::file::SnapshotFile;
+use super::input_file::SnapshotFile;
 use super::receipt::ResultDigest;
 use crate::error::{Result, StoreError};
 
@@ -129,4 +130,19 @@ pub(super) fn slice_parts(parts: &[Bytes], r: std::ops::Range<u64>) -> Vec<Bytes
         out.push(p.slice(a as usize..b as usize));
     }
     out
+}
+
+/// The digests (and state) a feed took from the staged extents: an error
+/// means the bytes staged began with another header than the snapshot's,
+/// i.e. the caller's memory changed during the call.
+pub(super) fn finish_feed(
+    feed: Arc<std::sync::Mutex<StreamFeed>>,
+    what: &str,
+) -> Result<(LayerDigests, DigestState)> {
+    let feed = Arc::try_unwrap(feed)
+        .map_err(|_| StoreError::Internal("the digest feed is still shared".into()))?
+        .into_inner()
+        .map_err(|_| StoreError::Internal("the digest feed's lock was poisoned".into()))?;
+    feed.finish()
+        .map_err(|e| StoreError::InputChanged(format!("{what}: {e}")))
 }

@@ -15,7 +15,7 @@ use futures::StreamExt;
 use object_store::ObjectStoreExt;
 use object_store::PutPayload;
 
-use super::file::SnapshotFile;
+use super::input_file::SnapshotFile;
 use super::payload::{slice_parts, split_payload, Payload};
 use super::receipt::PublishReceipt;
 use super::request::PublishRequest;

@@ -90,18 +90,7 @@ impl Store {
     ) -> Result<PublishReceipt> {
         let start = Instant::now();
         let out = file::publish_file(self, identity, context, file, progress).await;
-        let seconds = start.elapsed().as_secs_f64();
-        let schema = root::SCHEMA_V2_2;
-        match &out {
-            Ok(r) => {
-                let (outcome, bytes) = (r.outcome.metric_label(), r.created_bytes());
-                self.metrics().publish(seconds, outcome, schema, bytes);
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "file publication failed");
-                self.metrics().publish(seconds, "error", schema, None);
-            }
-        }
+        receipt::count_v22(self, start, "file publication", &out);
         out
     }
 

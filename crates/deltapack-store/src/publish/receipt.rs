@@ -285,3 +285,26 @@ impl Turn {
         Ok(Bytes::from(out))
     }
 }
+
+/// Records a finished v2.2 publication (a turn, a file) in `store`'s
+/// metrics: its time since `start` and outcome, or `error` (logged with
+/// `what`).
+pub(super) fn count_v22(
+    store: &Store,
+    start: std::time::Instant,
+    what: &str,
+    out: &Result<PublishReceipt>,
+) {
+    let seconds = start.elapsed().as_secs_f64();
+    let schema = root::SCHEMA_V2_2;
+    match out {
+        Ok(r) => {
+            let (outcome, bytes) = (r.outcome.metric_label(), r.created_bytes());
+            store.metrics().publish(seconds, outcome, schema, bytes);
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "{what} failed");
+            store.metrics().publish(seconds, "error", schema, None);
+        }
+    }
+}

@@ -258,18 +258,7 @@ impl Store {
                 crate::TierAck::Tier => self.turn_behind(&t, prev, req).await,
             },
         };
-        let seconds = start.elapsed().as_secs_f64();
-        let schema = deltapack_format::root::SCHEMA_V2_2;
-        match &out {
-            Ok(r) => {
-                let (outcome, bytes) = (r.outcome.metric_label(), r.created_bytes());
-                self.metrics().publish(seconds, outcome, schema, bytes);
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "turn publication failed");
-                self.metrics().publish(seconds, "error", schema, None);
-            }
-        }
+        super::receipt::count_v22(self, start, "turn publication", &out);
         out
     }
 

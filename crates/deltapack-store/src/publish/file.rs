@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use deltapack_format::layer_digest::StreamFeed;
 use deltapack_format::root::RootMeta;
-use deltapack_format::{CacheIdentity, ContextDigest, Digest};
+use deltapack_format::{Algorithm, CacheIdentity, ContextDigest, Digest};
 
 use super::input_file::SnapshotFile;
 use super::payload::{finish_feed, Payload};
@@ -62,21 +62,34 @@ pub(super) async fn publish_file(
     let ns = identity.namespace();
     store.require_owner("publish").await?;
 
-    // An existing root decides the outcome without writing anything.
-    if !matches!(store.read_root(&ns, &context).await?, RootStatus::Absent) {
+    // An existing root decides the outcome without writing anything. It
+    // may record either digest definition (a v1 or v2.1 root of the same
+    // bytes records `blake3:`): the file is compared by the root's own.
+    let existing = match store.read_root(&ns, &context).await? {
+        RootStatus::Absent => None,
+        RootStatus::Found(root) => Some(root.summary().map(|s| s.result_snapshot_digest)),
+        RootStatus::Unusable(_) => Some(None),
+    };
+    if let Some(existing) = existing {
         let f = file.clone();
-        let (digests, state) = tokio::task::spawn_blocking(move || f.digest())
+        let (digests, state, plain) = tokio::task::spawn_blocking(move || f.digests())
             .await
             .map_err(|e| StoreError::task("file digest", e))??;
         Stats::add(&store.stats_ref().snapshot_bytes_hashed, file.len());
-        let mut receipt = PublishReceipt::empty(ns, context, digests.snapshot);
+        let layered = existing.is_none_or(|d| d.algorithm() == Algorithm::Blake3Layers);
+        let mine = if layered { digests.snapshot } else { plain };
+        let mut receipt = PublishReceipt::empty(ns, context, mine);
         if let Some(done) = store
             .existing_outcome(&ns, &context, &mut receipt, None)
             .await?
         {
             if done == PublishOutcome::AlreadyPresent {
                 store.ledger_touch(&ns, &context).await;
-                receipt.turn = Some(Turn::new(store, ns, context, Arc::new(state)));
+                // A handle for the next turn only over a root that
+                // records the layered digest (the turn extends it).
+                if layered {
+                    receipt.turn = Some(Turn::new(store, ns, context, Arc::new(state)));
+                }
             }
             receipt.outcome = done;
             receipt.total_time = start.elapsed();

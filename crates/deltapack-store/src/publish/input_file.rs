@@ -204,25 +204,31 @@ impl SnapshotFile {
         Ok(())
     }
 
-    /// The layered digest (and state) of the file's bytes, read once in
+    /// The layered digest (and state) of the file's bytes and their plain
+    /// BLAKE3 (`blake3:`, what roots before v2.2 record), read once in
     /// pieces (nothing written).
-    pub(super) fn digest(
+    pub(super) fn digests(
         &self,
     ) -> Result<(
         deltapack_format::layer_digest::LayerDigests,
         deltapack_format::DigestState,
+        deltapack_format::Digest,
     )> {
         let mut feed = StreamFeed::new(&self.header, self.payload_offset)?;
+        let mut plain = blake3::Hasher::new();
         let mut buf = vec![0u8; READ_PIECE.min(self.len as usize)];
         let mut at = 0u64;
         while at < self.len {
             let n = (self.len - at).min(buf.len() as u64) as usize;
             self.read_at(at, &mut buf[..n])?;
             feed.feed(&buf[..n]);
+            plain.update(&buf[..n]);
             at += n as u64;
         }
         self.check_unchanged()?;
-        feed.finish()
-            .map_err(|e| StoreError::InputChanged(format!("{}: {e}", self.path.display())))
+        let (digests, state) = feed
+            .finish()
+            .map_err(|e| StoreError::InputChanged(format!("{}: {e}", self.path.display())))?;
+        Ok((digests, state, plain.finalize().into()))
     }
 }

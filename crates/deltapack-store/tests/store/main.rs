@@ -16,6 +16,7 @@ mod conformance;
 mod corruption_matrix;
 mod crash_consistency;
 mod disk_full;
+mod file_publication;
 mod gc_concurrency;
 mod hostile_input;
 mod integrity_sweep;

@@ -51,6 +51,9 @@ pub(crate) struct Payload {
     /// snapshot's encoding), so the layered digest comes from the very
     /// bytes written.
     pub(super) feed: Option<Arc<Mutex<StreamFeed>>>,
+    /// `parts` is one staged buffer (`staging.rs`) this publication made:
+    /// its extents are slices of it, not copied again.
+    pub(super) staged: bool,
 }
 
 impl From<Bytes> for Payload {
@@ -68,6 +71,7 @@ impl Payload {
             header,
             file: None,
             feed: None,
+            staged: false,
         }
     }
 
@@ -85,6 +89,16 @@ impl Payload {
             header: None,
             file: Some(file),
             feed: Some(feed),
+            staged: false,
+        }
+    }
+
+    /// A payload already staged by this publication, in one buffer
+    /// (`staging::stage_with`): written from slices of it.
+    pub(super) fn staged(bytes: Bytes) -> Self {
+        Payload {
+            staged: true,
+            ..Payload::from_parts(vec![bytes], None)
         }
     }
 

@@ -28,7 +28,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
 use deltapack_format::delta::{DeltaHeader, DeltaLayout, DELTA_SCHEMA};
 use deltapack_format::layer_digest::{self, DigestState};
 use deltapack_format::root::{DecodedRoot, RootMeta};
@@ -289,16 +288,6 @@ impl Store {
         start: Instant,
         slot: &mut Option<ProtectGuard>,
     ) -> Result<PublishReceipt> {
-        // The tail is captured once into memory only this publication holds
-        // (`staging.rs`): the digest and the objects both come from that
-        // copy, so a caller changing its buffer during the call cannot make
-        // them disagree. One copy of the new pages (O(turn)).
-        let captured = super::staging::stage(std::slice::from_ref(&req.tail))
-            .map_err(|e| StoreError::Internal(format!("staging the tail: {e}")))?;
-        let req = TurnRequest {
-            tail: captured,
-            ..req
-        };
         let id = &req.identity;
         super::plan::validate_turn(prev, &req, &self.turn_tag())?;
         let ns = id.namespace();
@@ -316,12 +305,44 @@ impl Store {
         let _base_pin = self.pin(ns, prev.context);
         let below = self.previous_turn_root(prev).await?;
 
-        // The new turn's digest, from the tail alone.
+        // The payload is staged once (`staging.rs`): the tail copied from
+        // the caller's memory behind room for the delta header, the turn's
+        // digest computed from that copy (the tail alone), then the header
+        // written in front. The digest, the names and the objects all come
+        // from the one copy, so a caller changing its buffer during the
+        // call cannot make them disagree; and nothing is copied twice.
         let t_encode = Instant::now();
+        let mut template = turn_delta(
+            prev,
+            &req,
+            &result_header,
+            super::plan::stand_in_digest(true),
+        );
+        let h = template.header_bytes()?.len();
         let (state, tail, header) = (prev.state.clone(), req.tail.clone(), result_header.clone());
-        let (digests, next) = tokio::task::spawn_blocking(move || {
-            let tails = split_tail(&state, &header, &tail)?;
-            state.extend(&header, &tails)
+        let (staged, digests, next, header_bytes) = tokio::task::spawn_blocking(move || {
+            let mut out = None;
+            let staged = super::staging::stage_with(h + tail.len(), |dest| {
+                let (head, body) = dest.split_at_mut(h);
+                body.copy_from_slice(&tail);
+                out = Some((|| -> Result<_> {
+                    let tails = split_tail(&state, &header, body)?;
+                    let (d, next) = state.extend(&header, &tails)?;
+                    template.header.result_digest = d.snapshot;
+                    let hb = template.header_bytes()?;
+                    if hb.len() != h {
+                        return Err(StoreError::Internal(
+                            "the delta header changed length".into(),
+                        ));
+                    }
+                    head.copy_from_slice(&hb);
+                    Ok((d, next, hb))
+                })());
+            })
+            .map_err(|e| StoreError::Internal(format!("staging the turn: {e}")))?;
+            let (d, next, hb) =
+                out.ok_or_else(|| StoreError::Internal("the turn was not staged".into()))??;
+            Ok::<_, StoreError>((staged, d, next, hb))
         })
         .await
         .map_err(|e| StoreError::task("turn digest", e))??;
@@ -330,11 +351,9 @@ impl Store {
             req.tail.len() as u64,
         );
         let digest = digests.snapshot;
-        let delta = turn_delta(prev, &req, &result_header, digest);
-        let header_bytes = Bytes::from(delta.header_bytes()?);
         let mut receipt = PublishReceipt::empty(ns, req.context, digest);
         receipt.schema = deltapack_format::root::SCHEMA_V2_2.into();
-        let payload = Payload::from_parts(vec![header_bytes.clone(), req.tail.clone()], None);
+        let payload = Payload::staged(staged);
         receipt.encode_time = t_encode.elapsed();
         receipt.payload_len = payload.len();
 
@@ -374,7 +393,7 @@ impl Store {
         let chain = below.map(|(ancestors, bytes)| ChainHints {
             ancestors,
             payload_bytes: bytes + receipt.payload_len,
-            delta_header: header_bytes.to_vec(),
+            delta_header: header_bytes,
         });
         receipt.chain_depth = chain.as_ref().map_or(0, |c| c.ancestors.len() as u32 + 1);
         let meta = RootMeta {

@@ -44,8 +44,11 @@ pub(super) struct PendingObject {
     pub(super) len: u64,
 }
 
-/// Where one extent's bytes come from: parts of memory, or a file range.
+/// Where one extent's bytes come from: parts of memory, a file range, or
+/// a buffer this publication staged already.
 pub(super) enum ExtentSource {
+    /// A slice of a staged buffer (`staging.rs`): used as it is.
+    Staged(Bytes),
     /// Slices of the caller's memory, in order.
     Parts(Vec<Bytes>),
     /// `len` bytes of a snapshot file at `offset`.
@@ -63,6 +66,7 @@ pub(super) enum ExtentSource {
 /// with `pread` from a file, into a buffer only this publication holds.
 fn stage_extent(index: u64, src: ExtentSource) -> Result<Bytes> {
     match src {
+        ExtentSource::Staged(b) => Ok(b),
         ExtentSource::Parts(raw) => super::staging::stage(&raw)
             .map_err(|e| StoreError::Internal(format!("staging extent {index}: {e}"))),
         ExtentSource::File { file, offset, len } => {
@@ -214,6 +218,8 @@ impl Store {
         // A fed payload (a flat snapshot) is staged strictly in order: it
         // has no late header, so `order` is ascending.
         let (file, feed) = (payload.file, payload.feed);
+        // One buffer already staged: extents are slices of it.
+        let staged = payload.staged && parts.len() == 1;
         // A producer task names (and maybe compresses) extents ahead of the
         // writes, at most `writers` ahead: it runs on its own, so hashing
         // extent i+1 overlaps writing extent i.
@@ -239,6 +245,9 @@ impl Store {
             for i in order {
                 let r = plan.range(i);
                 let raw = match (&header, &file) {
+                    (None, None) if staged => {
+                        ExtentSource::Staged(parts[0].slice(r.start as usize..r.end as usize))
+                    }
                     (_, Some(f)) => ExtentSource::File {
                         file: f.clone(),
                         offset: r.start,

@@ -645,6 +645,33 @@ impl Store {
         }
     }
 
+    /// Quarantines the object `key` only by way of a copy: copied to
+    /// quarantine first, then removed; `false` (and the object left where
+    /// it is) if it could not be copied. For a caller that replaces the
+    /// object next and must not delete what it could not keep.
+    pub(crate) async fn quarantine_kept(&self, key: &Path) -> bool {
+        if !self.may_quarantine().await {
+            tracing::warn!(%key, "damaged object not quarantined: this handle's ledger is not the store's");
+            return false;
+        }
+        let store = self.object_store();
+        let dest = keys::quarantine_key(key);
+        if let Err(e) = store.copy(key, &dest).await {
+            tracing::warn!(%key, error = %e, "quarantine copy failed: the object stays");
+            return false;
+        }
+        match store.delete(key).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => {
+                tracing::warn!(%key, error = %e, "quarantine delete failed");
+                return false;
+            }
+        }
+        Stats::add(&self.inner.stats.quarantined, 1);
+        tracing::warn!(%key, quarantine = %dest, "quarantined");
+        true
+    }
+
     /// Every object under `prefix`, listed in full.
     pub(crate) async fn list_all(&self, prefix: &Path) -> Result<Vec<object_store::ObjectMeta>> {
         self.object_store()

@@ -29,6 +29,27 @@ use crate::store::Store;
 /// Most object payloads written (and held) at once by one publication.
 pub const PUBLISH_BATCH: usize = 2;
 
+/// One read of an existing object against the bytes to write.
+enum Found {
+    /// No object.
+    Absent,
+    /// Exactly the bytes to write.
+    Same,
+    /// Other bytes; their BLAKE3.
+    Differs(blake3::Hash),
+}
+
+/// An existing object that could not be verified or replaced.
+fn unverified(key: &object_store::path::Path, why: &str) -> StoreError {
+    StoreError::io(
+        key,
+        object_store::Error::Generic {
+            store: "deltapack",
+            source: why.to_string().into(),
+        },
+    )
+}
+
 /// What [`Store::check_existing`] found under an object's name.
 enum Existing {
     /// Nothing (or nothing any more: a wrong object was quarantined).
@@ -472,67 +493,93 @@ impl Store {
     /// is reused only if it holds exactly those bytes: a name is never
     /// trusted because it exists, since an older writer (or one whose input
     /// changed under it, before names came from staged bytes) may have
-    /// stored other bytes under it. One that differs is read a second time
-    /// (the quarantine rule's proof: a mismatch seen twice), then
-    /// quarantined, and the caller writes ours. Costs one read of each
-    /// reused object, streamed and compared piece by piece (no second copy
-    /// held).
+    /// stored other bytes under it. One that differs is read a second time:
+    /// only two reads that saw the *same* other bytes prove damage at rest
+    /// (the quarantine rule; two different wrong reads met damage in
+    /// transit and prove nothing, so the publication fails and may be
+    /// retried). A proven object is quarantined — copied to quarantine
+    /// first, kept in place if that fails — and the caller writes ours.
+    /// Costs one read of each reused object, streamed and compared piece
+    /// by piece (no second copy held).
     async fn check_existing(
         &self,
         key: &object_store::path::Path,
         payload: &PutPayload,
     ) -> Result<Existing> {
-        for read in 0..2 {
-            match self.holds_exactly(key, payload).await? {
-                Some(true) => return Ok(Existing::Same),
-                None => return Ok(Existing::Absent),
-                Some(false) if read == 0 => {
-                    tracing::warn!(%key, "an existing object does not hold the bytes of its name; reading it again");
-                }
-                Some(false) => {}
+        let first = match self.read_against(key, payload).await? {
+            Found::Differs(d) => d,
+            Found::Same => return Ok(Existing::Same),
+            Found::Absent => return Ok(Existing::Absent),
+        };
+        tracing::warn!(%key, "an existing object does not hold the bytes of its name; reading it again");
+        match self.read_against(key, payload).await? {
+            Found::Same => return Ok(Existing::Same),
+            Found::Absent => return Ok(Existing::Absent),
+            Found::Differs(d) if d == first => {}
+            Found::Differs(_) => {
+                return Err(unverified(
+                    key,
+                    "two reads of the existing object gave different bytes (damage in transit); \
+                     nothing was relied on, try again",
+                ))
             }
         }
         tracing::warn!(%key, "an existing object does not hold the bytes of its name: quarantined, ours written");
-        self.quarantine(key).await;
+        if !self.quarantine_kept(key).await {
+            return Err(unverified(
+                key,
+                "a damaged object stands under this name and could not be moved to quarantine; \
+                 try again",
+            ));
+        }
         Ok(Existing::Absent)
     }
 
-    /// Whether the object under `key` holds exactly `want`'s bytes, read as
-    /// a stream and compared as it arrives. `None`: there is no object.
-    async fn holds_exactly(
+    /// Reads the object under `key` as a stream and compares it with
+    /// `want` as it arrives; a differing object is read to its end and its
+    /// bytes' BLAKE3 returned (two reads of damage at rest agree on it).
+    async fn read_against(
         &self,
         key: &object_store::path::Path,
         want: &PutPayload,
-    ) -> Result<Option<bool>> {
+    ) -> Result<Found> {
         let got = match self.object_store().get(key).await {
             Ok(g) => g,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(object_store::Error::NotFound { .. }) => return Ok(Found::Absent),
             Err(e) => return Err(StoreError::io(key, e)),
         };
-        if got.meta.size != want.content_length() as u64 {
-            return Ok(Some(false));
-        }
+        let mut same = got.meta.size == want.content_length() as u64;
+        let mut seen = blake3::Hasher::new();
         let mut want_parts = want.iter().filter(|p| !p.is_empty());
         let mut cur: &[u8] = &[];
         let mut stream = got.into_stream();
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|e| StoreError::io(key, e))?;
+            seen.update(&chunk);
             let mut have: &[u8] = &chunk;
-            while !have.is_empty() {
+            while same && !have.is_empty() {
                 if cur.is_empty() {
                     match want_parts.next() {
                         Some(p) => cur = p,
-                        None => return Ok(Some(false)),
+                        None => {
+                            same = false;
+                            break;
+                        }
                     }
                 }
                 let k = cur.len().min(have.len());
                 if cur[..k] != have[..k] {
-                    return Ok(Some(false));
+                    same = false;
+                    break;
                 }
                 (cur, have) = (&cur[k..], &have[k..]);
             }
         }
-        Ok(Some(cur.is_empty() && want_parts.next().is_none()))
+        if same && cur.is_empty() && want_parts.next().is_none() {
+            Ok(Found::Same)
+        } else {
+            Ok(Found::Differs(seen.finalize()))
+        }
     }
 
     /// Writes a large extent as a multipart upload, create-if-absent by

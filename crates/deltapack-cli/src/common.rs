@@ -136,12 +136,6 @@ pub(crate) async fn read_whole(
 }
 
 /// A whole file's bytes, read into memory of its own (never mapped).
-pub(crate) async fn read_private(path: &Path) -> Result<bytes::Bytes> {
-    let p = path.to_path_buf();
-    blocking(move || read_private_now(&p)).await
-}
-
-/// [`read_private`] for a caller that is not async.
 pub(crate) fn read_private_now(p: &Path) -> Result<bytes::Bytes> {
     let bytes = std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?;
     Ok(bytes::Bytes::from(bytes))

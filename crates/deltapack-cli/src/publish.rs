@@ -4,11 +4,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::ArgGroup;
 use deltapack_format::{ContextDigest, ContextHasher};
 use deltapack_store::{
-    BaseInput, PublishOutcome, PublishReceipt, PublishRequest, RootFormat, Store, TurnRequest,
+    BaseInput, PublishOutcome, PublishReceipt, PublishRequest, RootFormat, Store,
 };
 
 use crate::common;
@@ -224,8 +224,16 @@ async fn run_tail(
     let context = hasher.digest(&tokens);
     let base_file = Arc::new(common::open_snapshot(bpath).await?);
     let (base_context, _) = args.base_context(hasher, base_file.boundary())?;
-    // Read into memory of its own (never mapped): a tail is new pages only.
-    let tail = common::read_private(tail).await?;
+    // Read later, once, with `pread` straight into the buffer the turn is
+    // staged in (never mapped): a tail is new pages only.
+    let tail_path = tail.to_path_buf();
+    let tail = Arc::new(
+        common::blocking(move || {
+            deltapack_store::TailFile::open(&tail_path)
+                .with_context(|| format!("tail file {}", tail_path.display()))
+        })
+        .await?,
+    );
     let store = args.open_store()?;
     let out: Result<PublishReceipt> = async {
         // The base as far as proving the root's turn state needs it (its
@@ -243,15 +251,7 @@ async fn run_tail(
         };
         drop(base);
         Ok(store
-            .publish_turn(
-                &turn,
-                TurnRequest {
-                    identity,
-                    context,
-                    boundary: tokens.len() as u64,
-                    tail,
-                },
-            )
+            .publish_turn_file(&turn, identity, context, tokens.len() as u64, tail)
             .await?)
     }
     .await;

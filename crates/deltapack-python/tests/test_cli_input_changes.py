@@ -19,6 +19,8 @@ import uuid
 
 import pytest
 
+import deltapack
+
 from conftest import HoldingProxy, _cli_path, tokens_file
 
 SIGBUS = 7
@@ -110,3 +112,55 @@ def test_a_file_rewritten_during_publish_creates_no_root(setup, cli, id_file, tm
     rc, _, err = change_while_held(proxy, proc, rewrite)
     assert_input_changed(rc, err)
     assert_no_root_then_intact_publish(cli, direct, id_file, tok, intact, tmp_path)
+
+
+def test_a_tail_truncated_during_publish_is_a_clean_error(tmp_path, cli, ident, id_file):
+    """`publish --tail`: the tail file is read once, straight into the
+    buffer the turn is staged in, after the base's root is read. Truncated
+    while that read of the root is held, the publication is a clean
+    `input-changed` (the file is shorter than when it was opened), creates
+    no root, and the intact tail publishes afterwards and restores."""
+    ep = os.environ.get("DELTAPACK_TEST_S3_ENDPOINT")
+    if not ep:
+        pytest.skip("DELTAPACK_TEST_S3_ENDPOINT not set (bash .ci/run runs it)")
+    proxy = HoldingProxy(ep, hold_if=lambda method, path: method == "GET" and "/roots/" in path)
+    try:
+        bucket = os.environ.get("DELTAPACK_TEST_S3_BUCKET", "deltapack-test")
+        prefix = f"cli-tail-{uuid.uuid4().hex[:10]}"
+        via_proxy = f"s3://{bucket}/{prefix}?endpoint=http://127.0.0.1:{proxy.port}"
+        direct = f"s3://{bucket}/{prefix}?endpoint={ep}"
+        base, base_ids = deltapack.synth(512, "default", 21)
+        full, ids = deltapack.synth(768, "default", 21)
+        snap, tok, nxt = tmp_path / "b.snap", tmp_path / "b.tok", tmp_path / "n.tok"
+        snap.write_bytes(base.tobytes())
+        tokens_file(tok, base_ids)
+        tokens_file(nxt, ids)
+        cli("publish", "--store", direct, "--identity", id_file, "--tokens", tok, "--snapshot", snap)
+        scratch = deltapack.Store(f"file://{tmp_path / 'scratch'}")
+        tail = scratch.publish(ident, base_ids, base)["turn"].tail_of(full)
+        tail = bytes(tail)
+        tail_file = tmp_path / "n.tail"
+        tail_file.write_bytes(tail)
+
+        def turn(store):
+            return [str(_cli_path()), "publish", "--store", store, "--identity", str(id_file),
+                    "--tokens", str(nxt), "--tail", str(tail_file), "--base-snapshot", str(snap),
+                    "--base-tokens", str(tok), "--json"]
+
+        proc = subprocess.Popen(turn(via_proxy), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        rc, _, err = change_while_held(proxy, proc, lambda: os.truncate(tail_file, len(tail) // 2))
+        assert_input_changed(rc, err)
+        assert "shorter" in err, err
+        rc, text = cli("restore", "--store", direct, "--identity", id_file, "--tokens", nxt,
+                       "--out", tmp_path / "r.snap", "--json", check=False)
+        assert json.loads(text)["outcome"] == "miss" and json.loads(text)["reason"] == "absent", text
+
+        tail_file.write_bytes(tail)
+        p = subprocess.run(turn(direct), capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        assert json.loads(p.stdout)["outcome"] == "created", p.stdout
+        cli("restore", "--store", direct, "--identity", id_file, "--tokens", nxt, "--out", tmp_path / "r.snap")
+        assert (tmp_path / "r.snap").read_bytes() == full.tobytes()
+    finally:
+        proxy.release.set()
+        proxy.close()

@@ -158,7 +158,7 @@ pub use paths::state_dir;
 pub use prometheus_client;
 pub use publish::{
     BaseInput, Progress, PublishOptions, PublishOutcome, PublishReceipt, PublishRequest,
-    RootFormat, SnapshotFile, Turn, TurnRequest, PUBLISH_BATCH,
+    RootFormat, SnapshotFile, TailFile, Turn, TurnRequest, PUBLISH_BATCH,
 };
 pub use read_only::Refusals;
 pub use restore::{

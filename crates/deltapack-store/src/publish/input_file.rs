@@ -171,37 +171,13 @@ impl SnapshotFile {
     /// Reads `buf.len()` bytes at `offset`; a file that ends sooner was
     /// truncated since it was opened.
     pub(super) fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.file.read_exact_at(buf, offset).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                StoreError::InputChanged(format!(
-                    "{} is shorter than when it was opened ({} bytes)",
-                    self.path.display(),
-                    self.len
-                ))
-            } else {
-                StoreError::Invalid(format!("reading {}: {e}", self.path.display()))
-            }
-        })
+        read_exact(&self.file, &self.path, self.len, offset, buf)
     }
 
     /// Fails if the file is not as it was when opened (size, times,
     /// identity).
     pub(super) fn check_unchanged(&self) -> Result<()> {
-        let now = std::fs::metadata(&self.path)
-            .map(|m| Stamp::of(&m))
-            .map_err(|e| StoreError::InputChanged(format!("{}: {e}", self.path.display())))?;
-        let by_fd = self
-            .file
-            .metadata()
-            .map(|m| Stamp::of(&m))
-            .map_err(|e| StoreError::InputChanged(format!("{}: {e}", self.path.display())))?;
-        if now != self.stamp || by_fd != self.stamp {
-            return Err(StoreError::InputChanged(format!(
-                "{} was modified or replaced during the publication",
-                self.path.display()
-            )));
-        }
-        Ok(())
+        check_stamp(&self.file, &self.path, &self.stamp)
     }
 
     /// The layered digest (and state) of the file's bytes and their plain
@@ -230,5 +206,115 @@ impl SnapshotFile {
             .finish()
             .map_err(|e| StoreError::InputChanged(format!("{}: {e}", self.path.display())))?;
         Ok((digests, state, plain.finalize().into()))
+    }
+}
+
+/// Reads `buf.len()` bytes of `file` (opened at `len` bytes) at `offset`; a
+/// file that ends sooner was truncated since it was opened.
+fn read_exact(
+    file: &std::fs::File,
+    path: &Path,
+    len: u64,
+    offset: u64,
+    buf: &mut [u8],
+) -> Result<()> {
+    file.read_exact_at(buf, offset).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            StoreError::InputChanged(format!(
+                "{} is shorter than when it was opened ({len} bytes)",
+                path.display(),
+            ))
+        } else {
+            StoreError::Invalid(format!("reading {}: {e}", path.display()))
+        }
+    })
+}
+
+/// Fails if the file at `path`, or the one `file` refers to, is not as
+/// `stamp` saw it (size, times, identity).
+fn check_stamp(file: &std::fs::File, path: &Path, stamp: &Stamp) -> Result<()> {
+    let changed = |e: std::io::Error| StoreError::InputChanged(format!("{}: {e}", path.display()));
+    let now = std::fs::metadata(path)
+        .map(|m| Stamp::of(&m))
+        .map_err(changed)?;
+    let by_fd = file.metadata().map(|m| Stamp::of(&m)).map_err(changed)?;
+    if now != *stamp || by_fd != *stamp {
+        return Err(StoreError::InputChanged(format!(
+            "{} was modified or replaced during the publication",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+/// A turn's new pages in a file ([`Store::publish_turn_file`](crate::Store::publish_turn_file)), read once
+/// with `pread` straight into the buffer the turn's payload is staged in
+/// (never mapped: see the module's note).
+#[derive(Debug)]
+pub struct TailFile {
+    file: std::fs::File,
+    path: PathBuf,
+    len: u64,
+    stamp: Stamp,
+}
+
+impl TailFile {
+    /// Opens `path`, a regular file; reads nothing yet.
+    pub fn open(path: &Path) -> Result<TailFile> {
+        let io = |e: std::io::Error| StoreError::Invalid(format!("{}: {e}", path.display()));
+        let file = std::fs::File::open(path).map_err(io)?;
+        let meta = file.metadata().map_err(io)?;
+        if !meta.is_file() {
+            return Err(StoreError::Invalid(format!(
+                "{} is not a regular file",
+                path.display()
+            )));
+        }
+        let stamp = Stamp::of(&meta);
+        Ok(TailFile {
+            file,
+            path: path.to_path_buf(),
+            len: stamp.len,
+            stamp,
+        })
+    }
+
+    /// The file's length in bytes, when opened.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the file was empty when opened.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads the whole file into `dest` (exactly its length), then checks
+    /// that it did not change meanwhile.
+    pub(crate) fn read_into(&self, dest: &mut [u8]) -> Result<()> {
+        if dest.len() as u64 != self.len {
+            return Err(StoreError::Internal(format!(
+                "{}: {} bytes asked of a {}-byte file",
+                self.path.display(),
+                dest.len(),
+                self.len
+            )));
+        }
+        read_exact(&self.file, &self.path, self.len, 0, dest)?;
+        check_stamp(&self.file, &self.path, &self.stamp)
+    }
+
+    /// The whole file, read into memory of its own.
+    pub(crate) fn read_bytes(&self) -> Result<bytes::Bytes> {
+        let len = usize::try_from(self.len)
+            .map_err(|_| StoreError::Invalid(format!("{}: too large", self.path.display())))?;
+        let mut v = vec![0u8; len];
+        self.read_into(&mut v)?;
+        Ok(bytes::Bytes::from(v))
     }
 }

@@ -40,7 +40,7 @@ pub(crate) mod staging;
 mod turn;
 mod write;
 
-pub use input_file::SnapshotFile;
+pub use input_file::{SnapshotFile, TailFile};
 pub use write::PUBLISH_BATCH;
 
 pub(crate) use payload::Payload;

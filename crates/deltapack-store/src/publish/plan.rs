@@ -11,7 +11,7 @@ use deltapack_format::root;
 use deltapack_format::{Algorithm, BaseRef, CacheIdentity, ChainHints, Digest, SnapshotHeader};
 
 use super::receipt::Turn;
-use super::request::{RootFormat, TurnRequest};
+use super::request::{RootFormat, TurnInput};
 use crate::config::ChainPolicy;
 use crate::error::{Result, StoreError};
 
@@ -33,7 +33,7 @@ pub(super) fn validate(identity: &CacheIdentity, boundary: u64) -> Result<()> {
 /// anything is read: the same store (`store_tag`) and namespace, a new
 /// context, a boundary above the previous one and a multiple of the chunk
 /// size, and a tail of exactly the new pages' length.
-pub(super) fn validate_turn(prev: &Turn, req: &TurnRequest, store_tag: &str) -> Result<()> {
+pub(super) fn validate_turn(prev: &Turn, req: &TurnInput, store_tag: &str) -> Result<()> {
     let id = &req.identity;
     id.validate()?;
     let ns = id.namespace();
@@ -61,7 +61,7 @@ pub(super) fn validate_turn(prev: &Turn, req: &TurnRequest, store_tag: &str) -> 
         ));
     }
     let want = prev.tail_len(new)?;
-    if req.tail.len() as u64 != want {
+    if req.tail.len() != want {
         return bad(format!(
             "the tail is {} bytes; a turn from {old} to {new} tokens needs {want} \
              (every layer's pages from the previous turn's kept pages {:?} on)",

@@ -5,6 +5,8 @@
 
 use std::sync::Arc;
 
+use super::input_file::TailFile;
+use crate::error::Result;
 use bytes::Bytes;
 use deltapack_format::root::{self};
 use deltapack_format::*;
@@ -109,4 +111,57 @@ pub struct TurnRequest {
     /// layer (payload order), the pages from the previous turn's
     /// [`Turn::kept_pages`](crate::Turn::kept_pages) to the new page count. Held, not copied.
     pub tail: Bytes,
+}
+
+/// Where a turn's new pages are.
+#[derive(Clone)]
+pub(super) enum Tail {
+    /// In the caller's memory (held, copied once when staged).
+    Memory(Bytes),
+    /// In a file, read once straight into the staged payload.
+    File(Arc<TailFile>),
+}
+
+impl Tail {
+    /// The tail's length in bytes.
+    pub(super) fn len(&self) -> u64 {
+        match self {
+            Tail::Memory(b) => b.len() as u64,
+            Tail::File(f) => f.len(),
+        }
+    }
+
+    /// Copies (or reads) the whole tail into `dest`, exactly its length.
+    pub(super) fn fill(&self, dest: &mut [u8]) -> Result<()> {
+        match self {
+            Tail::Memory(b) => {
+                dest.copy_from_slice(b);
+                Ok(())
+            }
+            Tail::File(f) => f.read_into(dest),
+        }
+    }
+}
+
+/// A turn request ([`TurnRequest`]) whose tail is in memory or in a file.
+pub(super) struct TurnInput {
+    /// Identity (the same namespace as the previous turn's).
+    pub(super) identity: CacheIdentity,
+    /// Context of the new boundary.
+    pub(super) context: ContextDigest,
+    /// The new boundary in tokens.
+    pub(super) boundary: u64,
+    /// The new pages.
+    pub(super) tail: Tail,
+}
+
+impl From<TurnRequest> for TurnInput {
+    fn from(r: TurnRequest) -> TurnInput {
+        TurnInput {
+            identity: r.identity,
+            context: r.context,
+            boundary: r.boundary,
+            tail: Tail::Memory(r.tail),
+        }
+    }
 }

@@ -35,9 +35,10 @@ use deltapack_format::{
     BaseRef, CacheIdentity, ChainHints, ContextDigest, Digest, Namespace, Snapshot, SnapshotHeader,
 };
 
+use super::input_file::TailFile;
 use super::payload::Payload;
 use super::receipt::{PublishOutcome, PublishReceipt, Turn};
-use super::request::TurnRequest;
+use super::request::{Tail, TurnInput, TurnRequest};
 use crate::error::{Result, StoreError};
 use crate::gc::ProtectGuard;
 use crate::keys;
@@ -261,6 +262,48 @@ impl Store {
         out
     }
 
+    /// [`Store::publish_turn`] with the new pages in a file: `tail` is read
+    /// once, with `pread`, straight into the buffer the turn's payload is
+    /// staged in (behind room for the delta header), and the digest, the
+    /// object's name and its bytes all come from that one copy. Fails with
+    /// [`StoreError::InputChanged`] (nothing published) if the file is
+    /// shorter than when it was opened or changed while it was read.
+    ///
+    /// Through a tier, the tail is read into memory once and published as
+    /// [`Store::publish_turn`] does (the tier and the origin each write it).
+    pub async fn publish_turn_file(
+        &self,
+        prev: &Turn,
+        identity: CacheIdentity,
+        context: ContextDigest,
+        boundary: u64,
+        tail: Arc<TailFile>,
+    ) -> Result<PublishReceipt> {
+        if self.tier().is_some() {
+            let t = tail.clone();
+            let bytes = tokio::task::spawn_blocking(move || t.read_bytes())
+                .await
+                .map_err(|e| StoreError::task("reading the tail", e))??;
+            let req = TurnRequest {
+                identity,
+                context,
+                boundary,
+                tail: bytes,
+            };
+            return self.publish_turn(prev, req).await;
+        }
+        let start = Instant::now();
+        let input = TurnInput {
+            identity,
+            context,
+            boundary,
+            tail: Tail::File(tail),
+        };
+        let out = self.publish_turn_input(prev, input).await;
+        super::receipt::count_v22(self, start, "turn publication", &out);
+        out
+    }
+
     /// The turn publication in this store alone (`publish_turn` counts it,
     /// and sends it to a tier too).
     pub(crate) async fn publish_turn_here(
@@ -268,6 +311,11 @@ impl Store {
         prev: &Turn,
         req: TurnRequest,
     ) -> Result<PublishReceipt> {
+        self.publish_turn_input(prev, TurnInput::from(req)).await
+    }
+
+    /// [`Store::publish_turn_here`] of a tail in memory or in a file.
+    async fn publish_turn_input(&self, prev: &Turn, req: TurnInput) -> Result<PublishReceipt> {
         let start = Instant::now();
         // The lease ends before this returns, on every path (see
         // `publish_uncounted`).
@@ -284,7 +332,7 @@ impl Store {
     async fn publish_turn_uncounted(
         &self,
         prev: &Turn,
-        req: TurnRequest,
+        req: TurnInput,
         start: Instant,
         slot: &mut Option<ProtectGuard>,
     ) -> Result<PublishReceipt> {
@@ -306,11 +354,12 @@ impl Store {
         let below = self.previous_turn_root(prev).await?;
 
         // The payload is staged once (`staging.rs`): the tail copied from
-        // the caller's memory behind room for the delta header, the turn's
-        // digest computed from that copy (the tail alone), then the header
-        // written in front. The digest, the names and the objects all come
-        // from the one copy, so a caller changing its buffer during the
-        // call cannot make them disagree; and nothing is copied twice.
+        // the caller's memory (or read from its file) behind room for the
+        // delta header, the turn's digest computed from that copy (the tail
+        // alone), then the header written in front. The digest, the names
+        // and the objects all come from the one copy, so a caller changing
+        // its buffer or file during the call cannot make them disagree; and
+        // nothing is copied twice.
         let t_encode = Instant::now();
         let mut template = turn_delta(
             prev,
@@ -319,13 +368,14 @@ impl Store {
             super::plan::stand_in_digest(true),
         );
         let h = template.header_bytes()?.len();
+        let tail_len = req.tail.len() as usize;
         let (state, tail, header) = (prev.state.clone(), req.tail.clone(), result_header.clone());
         let (staged, digests, next, header_bytes) = tokio::task::spawn_blocking(move || {
             let mut out = None;
-            let staged = super::staging::stage_with(h + tail.len(), |dest| {
+            let staged = super::staging::stage_with(h + tail_len, |dest| {
                 let (head, body) = dest.split_at_mut(h);
-                body.copy_from_slice(&tail);
                 out = Some((|| -> Result<_> {
+                    tail.fill(body)?;
                     let tails = split_tail(&state, &header, body)?;
                     let (d, next) = state.extend(&header, &tails)?;
                     template.header.result_digest = d.snapshot;
@@ -346,10 +396,7 @@ impl Store {
         })
         .await
         .map_err(|e| StoreError::task("turn digest", e))??;
-        Stats::add(
-            &self.stats_ref().snapshot_bytes_hashed,
-            req.tail.len() as u64,
-        );
+        Stats::add(&self.stats_ref().snapshot_bytes_hashed, tail_len as u64);
         let digest = digests.snapshot;
         let mut receipt = PublishReceipt::empty(ns, req.context, digest);
         receipt.schema = deltapack_format::root::SCHEMA_V2_2.into();
@@ -513,7 +560,7 @@ fn split_tail<'a>(
 /// the new pages in the tail (which follows the header in the payload).
 fn turn_delta(
     prev: &Turn,
-    req: &TurnRequest,
+    req: &TurnInput,
     result_header: &SnapshotHeader,
     digest: Digest,
 ) -> DeltaLayout {

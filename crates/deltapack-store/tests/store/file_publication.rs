@@ -6,11 +6,15 @@
 //! conflict: the CLI's kill -9 campaign found that one), and that a file
 //! changed after it was opened — shorter, or rewritten in place — is
 //! `InputChanged` with no root, on local disk and the S3 test server.
+//! The same for a turn's tail read from a file
+//! (`Store::publish_turn_file`).
 
 use std::io::{Seek, SeekFrom, Write};
 use std::sync::Arc;
 
-use deltapack_store::{PublishOutcome, RestoreOutcome, RootFormat, SnapshotFile, StoreError};
+use deltapack_store::{
+    PublishOutcome, RestoreOutcome, RootFormat, SnapshotFile, StoreError, TailFile, TurnRequest,
+};
 
 use crate::common::*;
 
@@ -198,4 +202,101 @@ async fn a_file_that_is_not_a_snapshot_is_refused_at_open() {
         SnapshotFile::open(dir.path()).is_err(),
         "a directory opened"
     );
+}
+
+/// A turn's tail read from a file records what the same tail from memory
+/// records (the same digest and objects, restoring the next snapshot); a
+/// tail file shorter, or rewritten, after it was opened is `InputChanged`
+/// with no root, and an intact one still publishes afterwards.
+async fn a_tail_file_publishes_as_memory_does(kind: Scratch) {
+    let Some(t) = kind.store(config()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let id = identity(&format!("tail-file-{kind:?}"));
+    let (base, next) = (turn(81, 4096), turn(81, 4608));
+    let b = publish_base(&t.store, &id, ctx(&id, 81, 4096), base, RootFormat::V2).await;
+    let prev = b.turn.expect("turn");
+    let tail = prev.tail_of(&next).expect("tail");
+    let (c_file, c_mem) = (ctx(&id, 81, 4608), ctx(&id, 82, 4608));
+
+    // Shorter than when it was opened: a clean error, no root.
+    let path = write_file(dir.path(), "short.tail", &tail);
+    let file = Arc::new(TailFile::open(&path).expect("open"));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("open")
+        .set_len(tail.len() as u64 - 1)
+        .expect("truncate");
+    match t
+        .store
+        .publish_turn_file(&prev, id.clone(), c_file, 4608, file)
+        .await
+    {
+        Err(StoreError::InputChanged(m)) => assert!(m.contains("shorter"), "{m}"),
+        other => panic!("{kind:?}: want InputChanged, got {other:?}"),
+    }
+    absent(&t.store, &id, c_file).await;
+
+    // Rewritten in place, same length: refused by the file's stamp.
+    let path = write_file(dir.path(), "rewritten.tail", &tail);
+    let file = Arc::new(TailFile::open(&path).expect("open"));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("open");
+        f.write_all(&[0x5A; 64]).expect("rewrite");
+        f.sync_all().expect("sync");
+    }
+    match t
+        .store
+        .publish_turn_file(&prev, id.clone(), c_file, 4608, file)
+        .await
+    {
+        Err(StoreError::InputChanged(m)) => assert!(m.contains("modified"), "{m}"),
+        other => panic!("{kind:?}: want InputChanged, got {other:?}"),
+    }
+    absent(&t.store, &id, c_file).await;
+
+    // Intact: created, and the same as from memory.
+    let path = write_file(dir.path(), "ok.tail", &tail);
+    let file = Arc::new(TailFile::open(&path).expect("open"));
+    assert_eq!(file.len(), tail.len() as u64);
+    let r = t
+        .store
+        .publish_turn_file(&prev, id.clone(), c_file, 4608, file)
+        .await
+        .expect("publish_turn_file");
+    assert_eq!(r.outcome, PublishOutcome::Created, "{r:?}");
+    assert!(r.turn.is_some(), "a handle for the turn after");
+    let m = t
+        .store
+        .publish_turn(
+            &prev,
+            TurnRequest {
+                identity: id.clone(),
+                context: c_mem,
+                boundary: 4608,
+                tail,
+            },
+        )
+        .await
+        .expect("publish_turn");
+    assert_eq!(m.snapshot_digest, r.snapshot_digest);
+    assert_eq!(m.objects_written, 0, "the same objects: {m:?}");
+    assert_restores(&t.store, &id, &[(c_file, next)], &format!("{kind:?}")).await;
+    assert_no_damage(&sweep(&t.store).await, &format!("{kind:?}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tail_file_publishes_as_memory_does_local() {
+    a_tail_file_publishes_as_memory_does(Scratch::Local).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tail_file_publishes_as_memory_does_s3() {
+    a_tail_file_publishes_as_memory_does(Scratch::S3).await;
 }

@@ -436,7 +436,7 @@ fn resolve_capacity(
     c.restore.prefill_tokens_per_s = rate;
 
     c.capacity.ledger = shown.optional("ledger", &s.ledger, &file.ledger, |l| {
-        l.cloned()
+        l.map(|u| deltapack_store::redact_ledger_url(u))
             .unwrap_or_else(|| "default (next to the store)".into())
     });
     Ok(())

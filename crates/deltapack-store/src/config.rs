@@ -55,7 +55,9 @@ pub struct RestoreConfig {
 }
 
 /// The capacity budget and the ledger that accounts for it. Part of [`StoreConfig`].
-#[derive(Debug, Clone)]
+/// Its `Debug` shows the ledger URL with its secrets redacted
+/// ([`crate::redact_ledger_url`]).
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct CapacityConfig {
     /// Hard budget in bytes (live + condemned objects + roots); `None` =
@@ -214,6 +216,22 @@ impl Default for RestoreConfig {
             max_restore_bytes: 1 << 38,
             prefill_tokens_per_s: None,
         }
+    }
+}
+
+impl std::fmt::Debug for CapacityConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CapacityConfig")
+            .field("budget_bytes", &self.budget_bytes)
+            .field("min_free_bytes", &self.min_free_bytes)
+            .field("grace", &self.grace)
+            .field("cold_start", &self.cold_start)
+            .field(
+                "ledger",
+                &self.ledger.as_deref().map(crate::redact_ledger_url),
+            )
+            .field("ledger_deadline", &self.ledger_deadline)
+            .finish()
     }
 }
 

@@ -140,8 +140,8 @@ pub use gc::GcReport;
 pub use holds::Pin;
 pub use keys::{HoldName, ObjectKey, RootKey};
 pub use ledger::{
-    ColdStart, EngineError, ImageHold, ImageObject, ImageRoot, LedgerError, LedgerImage,
-    LedgerLocation, MergeReport, Totals,
+    redact_ledger_url, ColdStart, EngineError, ImageHold, ImageObject, ImageRoot, LedgerError,
+    LedgerImage, LedgerLocation, MergeReport, Totals,
 };
 pub use removal::{PruneFilter, RemovalKind, RemovalPlan, RemovalReport};
 

@@ -134,7 +134,7 @@ fn view(b: &LedgerBinding) -> BindingView {
     BindingView {
         ledger_id: b.ledger_id.hex(),
         engine: b.engine.clone(),
-        description: b.description.clone(),
+        description: crate::redact_ledger_url(&b.description),
         generation: b.generation,
     }
 }
@@ -236,13 +236,19 @@ impl Store {
             return Ok(Ownership::Foreign {
                 detail: format!(
                     "the store is accounted for by the ledger {} ({}, id {}, generation {})",
-                    b.description, b.engine, b.ledger_id, b.generation
+                    crate::redact_ledger_url(&b.description),
+                    b.engine,
+                    b.ledger_id,
+                    b.generation
                 ),
             });
         }
         let recorded = ledger.run(|l| l.binding_generation()).await?;
         match recorded {
-            Some(g) if g == b.generation => Ok(Ownership::Owner),
+            Some(g) if g == b.generation => {
+                self.scrub_binding(ledger, read, b).await;
+                Ok(Ownership::Owner)
+            }
             None => {
                 let g = b.generation;
                 ledger.run(move |l| l.set_binding_generation(g)).await?;
@@ -256,6 +262,41 @@ impl Store {
                     b.generation
                 ),
             }),
+        }
+    }
+
+    /// Rewrites a binding of this ledger whose description holds a secret
+    /// (written by a version that recorded the connection string with its
+    /// query: a `password=` there reached the bucket in clear) with the
+    /// description this version writes (engine, hosts, ports, database).
+    /// Conditional on the bytes read, like an adoption; best effort: a
+    /// failure is logged and the next owner check tries again.
+    async fn scrub_binding(&self, ledger: &Ledger, read: &Read, b: &LedgerBinding) {
+        if !crate::ledger::holds_secret(&b.description) {
+            return;
+        }
+        let mut clean = b.clone();
+        clean.description = describe(ledger.location());
+        let bytes = match clean.encode() {
+            Ok(v) => Bytes::from(v),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot encode the scrubbed ledger binding");
+                return;
+            }
+        };
+        match self
+            .replace_root_if_unchanged(&self.binding_key(), &read.bytes, bytes)
+            .await
+        {
+            Ok(crate::local::Replaced::Yes) => tracing::warn!(
+                store = %self.store_name(),
+                "the store's ledger binding held a credential of the ledger URL; \
+                 rewritten without it (rotate that password: it was readable in the store)"
+            ),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot rewrite the ledger binding without its credential")
+            }
         }
     }
 

@@ -40,9 +40,11 @@ pub(crate) fn open_ledger(
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             Ledger::open_postgres(url)?
         } else {
+            // Never echo the setting: it may hold credentials.
+            let scheme = url.split_once("://").map_or("no scheme", |(s, _)| s);
             return Err(StoreError::Invalid(format!(
-                "ledger URL {:?}: use sqlite:///path/ledger.sqlite3 or postgres://user@host/db",
-                url.split('@').next_back().unwrap_or(url)
+                "a ledger URL of scheme {scheme:?}: use sqlite:///path/ledger.sqlite3 or \
+                 postgres://user@host/db"
             )));
         };
         let external = ledger.location().persisted.then_some(identity);

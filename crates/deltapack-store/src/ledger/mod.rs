@@ -60,6 +60,7 @@ mod publications;
 mod roots;
 mod schema;
 mod tls;
+mod url;
 
 pub(crate) use claims::DELETING_LEASE;
 pub use error::{EngineError, LedgerError};
@@ -69,6 +70,8 @@ pub(crate) use merge::Listing;
 pub use merge::{ImageHold, ImageObject, ImageRoot, LedgerImage, MergeReport};
 pub use objects::Totals;
 pub(crate) use roots::{RootEntry, RootRow};
+pub(crate) use url::holds_secret;
+pub use url::redact_ledger_url;
 
 #[cfg(test)]
 mod tests;

@@ -126,19 +126,6 @@ pub(super) const WAL_CHECKPOINT_PAGES: i64 = 64;
 /// Bytes the WAL is truncated to after a checkpoint.
 pub(super) const WAL_SIZE_LIMIT: i64 = 256 * 1024;
 
-/// A PostgreSQL URL without its password (for messages).
-pub(super) fn redact(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) => {
-            if u.password().is_some() {
-                let _ = u.set_password(Some("***"));
-            }
-            u.to_string()
-        }
-        Err(_) => "postgres://…".into(),
-    }
-}
-
 impl Ledger {
     /// Opens (creating) a SQLite ledger file.
     pub(crate) fn open_file(path: &FsPath) -> Result<Self, LedgerError> {
@@ -195,12 +182,13 @@ impl Ledger {
     /// in the URL say (`tls.rs`): `prefer` by default, `verify-full` to
     /// check the server's certificate and host name.
     pub(crate) fn open_postgres(url: &str) -> Result<Self, LedgerError> {
-        let tls = super::tls::TlsSettings::parse(url, &redact(url))?;
+        let url = super::url::LedgerUrl::parse(url)?;
+        let tls = super::tls::TlsSettings::parse(&url)?;
         let connector = tls.connector()?;
         let mut config: postgres::Config = tls
             .driver_url
             .parse()
-            .map_err(|e| LedgerError::Url(format!("{}: {e}", redact(url))))?;
+            .map_err(|e| LedgerError::Url(format!("{}: {e}", url.redacted())))?;
         let timeout = format!(
             "-c statement_timeout={}",
             super::db::PG_STATEMENT_TIMEOUT.as_millis()
@@ -215,7 +203,7 @@ impl Ledger {
             Db::Postgres(super::db::Pg::connect(config, connector)?),
             LedgerLocation {
                 engine: "postgres",
-                location: redact(url),
+                location: url.identity(),
                 persisted: true,
             },
         )

@@ -27,6 +27,7 @@ use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme
 use rustls_pki_types::pem::PemObject;
 
 use super::error::LedgerError;
+use super::url::LedgerUrl;
 
 /// How the connection to the ledger is secured (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,8 +43,10 @@ pub(crate) enum SslMode {
 /// settings it does not know.
 #[derive(Debug)]
 pub(crate) struct TlsSettings {
-    /// The URL without `sslrootcert`, and with a `verify-*` mode written as
-    /// `require` (the driver's strongest; the checks are the connector's).
+    /// The URL for the driver: without `sslrootcert`, with a `verify-*`
+    /// mode written as `require` (the driver's strongest; the checks are the
+    /// connector's), every parameter as [`LedgerUrl`] decoded it. Holds the
+    /// password: never shown.
     pub(crate) driver_url: String,
     pub(crate) mode: SslMode,
     pub(crate) root_cert: Option<PathBuf>,
@@ -59,56 +62,50 @@ pub(crate) enum Connector {
 }
 
 impl TlsSettings {
-    /// Splits `url` (`postgres://…?sslmode=…&sslrootcert=…`).
-    pub(crate) fn parse(url: &str, shown: &str) -> Result<Self, LedgerError> {
-        let (base, query) = match url.split_once('?') {
-            Some((b, q)) => (b, q),
-            None => (url, ""),
-        };
-        let mut mode = SslMode::Prefer;
-        let mut root_cert = None;
-        // Every other parameter is passed on exactly as written (its
-        // encoding untouched: the driver decodes it).
-        let mut kept: Vec<String> = Vec::new();
-        for raw in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = raw.split_once('=').unwrap_or((raw, ""));
-            let value = || {
-                url::form_urlencoded::parse(format!("v={v}").as_bytes())
-                    .next()
-                    .map(|(_, v)| v.into_owned())
-                    .unwrap_or_default()
-            };
-            match k {
-                "sslmode" => {
-                    mode = match value().as_str() {
-                        "disable" => SslMode::Disable,
-                        "prefer" | "allow" => SslMode::Prefer,
-                        "require" => SslMode::Require,
-                        "verify-ca" => SslMode::VerifyCa,
-                        "verify-full" => SslMode::VerifyFull,
-                        other => {
-                            return Err(LedgerError::Url(format!(
-                                "{shown}: sslmode={other} is not one of disable, prefer, \
-                                 require, verify-ca, verify-full"
-                            )))
-                        }
-                    };
-                    let driver = match mode {
-                        SslMode::Disable => "disable",
-                        SslMode::Prefer => "prefer",
-                        _ => "require",
-                    };
-                    kept.push(format!("sslmode={driver}"));
+    /// The TLS settings of `url` (`…?sslmode=…&sslrootcert=…`, names and
+    /// values decoded and checked by [`LedgerUrl::parse`], so no encoding or
+    /// repetition can hide one), and the URL for the driver without
+    /// `sslrootcert`. Environment variables (`PGSSLMODE`, …) are not read:
+    /// the URL alone decides, so nothing outside it can weaken `require` or
+    /// `verify-*`. Client certificates (`sslcert`, `sslkey`, `sslpassword`)
+    /// are refused: not supported.
+    pub(crate) fn parse(url: &LedgerUrl) -> Result<Self, LedgerError> {
+        let shown = url.redacted();
+        let mode = match url.get("sslmode") {
+            None => SslMode::Prefer,
+            Some(m) => match m {
+                "disable" => SslMode::Disable,
+                "prefer" | "allow" => SslMode::Prefer,
+                "require" => SslMode::Require,
+                "verify-ca" => SslMode::VerifyCa,
+                "verify-full" => SslMode::VerifyFull,
+                other => {
+                    return Err(LedgerError::Url(format!(
+                        "{shown}: sslmode={other} is not one of disable, prefer, require, \
+                         verify-ca, verify-full"
+                    )))
                 }
-                "sslrootcert" => root_cert = Some(PathBuf::from(value())),
-                _ => kept.push(raw.to_string()),
+            },
+        };
+        for unsupported in ["sslcert", "sslkey", "sslpassword", "sslcrl", "sslcrldir"] {
+            if url.get(unsupported).is_some() {
+                return Err(LedgerError::Url(format!(
+                    "{shown}: {unsupported} is not supported (no client certificates or CRLs); \
+                     remove it"
+                )));
             }
         }
-        let driver_url = if kept.is_empty() {
-            base.to_string()
-        } else {
-            format!("{base}?{}", kept.join("&"))
+        let root_cert = url.get("sslrootcert").map(PathBuf::from);
+        let driver_mode = match mode {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            _ => "require",
         };
+        let driver_url = url.driver_url(|name, value| match name {
+            "sslrootcert" => None,
+            "sslmode" => Some(driver_mode.to_string()),
+            _ => Some(value.to_string()),
+        });
         Ok(TlsSettings {
             driver_url,
             mode,
@@ -297,11 +294,14 @@ impl ServerCertVerifier for ChainOnly {
 mod tests {
     use super::*;
 
+    fn parse(url: &str) -> Result<TlsSettings, LedgerError> {
+        TlsSettings::parse(&LedgerUrl::parse(url)?)
+    }
+
     #[test]
     fn urls_split_into_driver_and_tls_settings() {
-        let s = TlsSettings::parse(
+        let s = parse(
             "postgres://u@h:5432/db?sslmode=verify-full&sslrootcert=/etc/ca.pem&application_name=x",
-            "shown",
         )
         .expect("parse");
         assert_eq!(s.mode, SslMode::VerifyFull);
@@ -310,27 +310,27 @@ mod tests {
             s.driver_url,
             "postgres://u@h:5432/db?sslmode=require&application_name=x"
         );
-        let plain = TlsSettings::parse("postgres://u@h/db", "shown").expect("parse");
+        let plain = parse("postgres://u@h/db").expect("parse");
         assert_eq!(plain.mode, SslMode::Prefer);
         assert_eq!(plain.driver_url, "postgres://u@h/db");
         assert!(matches!(
-            TlsSettings::parse("postgres://u@h/db?sslmode=bogus", "shown"),
+            parse("postgres://u@h/db?sslmode=bogus"),
             Err(LedgerError::Url(_))
         ));
-        let no_ca =
-            TlsSettings::parse("postgres://u@h/db?sslmode=verify-ca", "shown").expect("parse");
+        let no_ca = parse("postgres://u@h/db?sslmode=verify-ca").expect("parse");
         if std::env::var_os("HOME")
             .map(|h| !PathBuf::from(h).join(".postgresql/root.crt").exists())
             .unwrap_or(true)
         {
             assert!(matches!(no_ca.connector(), Err(LedgerError::Tls(_))));
         }
-        let missing = TlsSettings::parse(
-            "postgres://u@h/db?sslmode=require&sslrootcert=/nonexistent/ca.pem",
-            "shown",
-        )
-        .expect("parse");
+        let missing = parse("postgres://u@h/db?sslmode=require&sslrootcert=/nonexistent/ca.pem")
+            .expect("parse");
         let err = missing.connector().err().expect("missing CA file");
         assert!(err.to_string().contains("/nonexistent/ca.pem"), "{err}");
+        for key in ["sslcert", "sslkey", "sslpassword"] {
+            let e = parse(&format!("postgres://u@h/db?{key}=x")).expect_err(key);
+            assert!(e.to_string().contains("not supported"), "{e}");
+        }
     }
 }

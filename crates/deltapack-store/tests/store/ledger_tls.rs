@@ -108,3 +108,64 @@ async fn require_against_a_plaintext_server_fails_closed() {
         assert!(matches!(e, StoreError::Ledger(_)), "{mode}: {e}");
     }
 }
+
+/// The TLS parameters are read as the driver reads them: a percent-encoded
+/// name is that name (`ssl%6Dode=verify-full` checks the host name, as
+/// `sslmode=verify-full` does), a name given twice in any encoding is
+/// refused before connecting (it used to be matched as raw text, so
+/// `…sslmode=verify-full&ssl%6Dode=disable` connected without TLS), and
+/// the environment (`PGSSLMODE=disable`) weakens nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_mode_cannot_be_weakened_by_encoding_repetition_or_environment() {
+    let Some((port, ca, _)) = tls_server() else {
+        return;
+    };
+    let base = |host: &str| format!("postgres://postgres@{host}:{port}/deltapack_test");
+    for extra in [
+        "ssl%6Dode=disable",
+        "sslmode=disable",
+        "%73%73%6C%6D%6F%64%65=prefer",
+        "SSLMODE=disable&sslmode=disable",
+    ] {
+        let url = format!(
+            "{}?sslmode=verify-full&sslrootcert={ca}&{extra}",
+            base("localhost")
+        );
+        let e = connect(&url).await.expect_err(extra);
+        assert!(e.to_string().contains("given twice"), "{extra}: {e}");
+    }
+    // An encoded name is the name: verify-full, so the wrong host name is
+    // refused and the right one connects.
+    let e = connect(&format!(
+        "{}?ssl%6Dode=verify-full&sslroot%63ert={ca}",
+        base("127.0.0.1")
+    ))
+    .await
+    .expect_err("verify-full must check the host name");
+    let text = format!("{e} {:?}", std::error::Error::source(&e));
+    assert!(text.to_lowercase().contains("certificate"), "{text}");
+    connect(&format!(
+        "{}?ssl%6Dode=verify-full&sslroot%63ert={ca}",
+        base("localhost")
+    ))
+    .await
+    .expect("an encoded verify-full with the right CA");
+    // The environment is not read: PGSSLMODE=disable changes nothing (the
+    // server accepts TLS only, and the host name is still checked).
+    std::env::set_var("PGSSLMODE", "disable");
+    let e = connect(&format!(
+        "{}?sslmode=verify-full&sslrootcert={ca}",
+        base("127.0.0.1")
+    ))
+    .await
+    .expect_err("PGSSLMODE must not weaken verify-full");
+    let text = format!("{e} {:?}", std::error::Error::source(&e));
+    assert!(text.to_lowercase().contains("certificate"), "{text}");
+    connect(&format!(
+        "{}?sslmode=verify-full&sslrootcert={ca}",
+        base("localhost")
+    ))
+    .await
+    .expect("verify-full under PGSSLMODE=disable");
+    std::env::remove_var("PGSSLMODE");
+}

@@ -322,7 +322,12 @@ pub(crate) async fn ledger(a: LedgerArgs) -> Result<ExitCode> {
         } else {
             match (&report.previous, report.changed) {
                 (_, false) => println!("this ledger already accounts for the store"),
-                (None, true) => println!("bound the store to this ledger"),
+                (None, true) => match &report.replaced_unreadable {
+                    Some(what) => println!(
+                        "replaced an unreadable binding ({what}) and bound the store to this ledger"
+                    ),
+                    None => println!("bound the store to this ledger"),
+                },
                 (Some(p), true) => println!(
                     "adopted the store from {} ({}, id {}, generation {}); that ledger is refused from now on",
                     p.description, p.engine, p.ledger_id, p.generation

@@ -58,14 +58,22 @@ pub(crate) const DELETION_RECHECK: Duration = Duration::from_secs(1);
 /// client's retries (3 minutes by default), plus one recheck.
 pub const DEFAULT_FENCE: Duration = Duration::from_secs(200);
 
-/// Largest binding object read (a stored length is bounded before reading).
+/// Largest binding object parsed (a stored length is bounded before reading).
 const MAX_BINDING_OBJECT: u64 = deltapack_format::binding::MAX_BINDING_BYTES as u64;
+
+/// Largest binding object read at all: one larger than a binding may be
+/// is still read, up to this, so that an adoption can replace it
+/// conditionally on its exact bytes. Larger ones are not read (an
+/// adoption asks for them to be removed by hand).
+const MAX_BINDING_READ: u64 = 1 << 20;
 
 /// The store's binding as read: what it says, and the exact bytes (for a
 /// conditional replacement).
 struct Read {
     binding: std::result::Result<LedgerBinding, String>,
     bytes: Bytes,
+    /// The object's size; above [`MAX_BINDING_READ`], `bytes` is empty.
+    size: u64,
 }
 
 /// Whether this handle's ledger accounts for the store.
@@ -117,8 +125,13 @@ pub struct BindingView {
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]
 pub struct AdoptReport {
-    /// The binding replaced (`None`: the store had none).
+    /// The binding replaced (`None`: the store had none, or what it had
+    /// was not a binding: see [`AdoptReport::replaced_unreadable`]).
     pub previous: Option<BindingView>,
+    /// What the store held at the binding's key when that was not a
+    /// readable binding (oversized, truncated, garbage), replaced by this
+    /// adoption: its size and why it did not decode.
+    pub replaced_unreadable: Option<String>,
     /// The binding now in the store.
     pub binding: BindingView,
     /// Whether the binding changed (`false`: this ledger already owned it;
@@ -188,18 +201,37 @@ impl Store {
             Err(object_store::Error::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(StoreError::io(&key, e)),
         };
-        if got.meta.size > MAX_BINDING_OBJECT {
+        let size = got.meta.size;
+        if size > MAX_BINDING_READ {
             return Ok(Some(Read {
-                binding: Err(format!(
-                    "{key} is {} bytes, limit {MAX_BINDING_OBJECT}",
-                    got.meta.size
-                )),
+                binding: Err(format!("{key} is {size} bytes, limit {MAX_BINDING_OBJECT}")),
                 bytes: Bytes::new(),
+                size,
             }));
         }
         let bytes = got.bytes().await.map_err(|e| StoreError::io(&key, e))?;
-        let binding = LedgerBinding::decode(&bytes).map_err(|e| format!("{key}: {e}"));
-        Ok(Some(Read { binding, bytes }))
+        if bytes.len() as u64 > MAX_BINDING_READ {
+            return Ok(Some(Read {
+                binding: Err(format!(
+                    "{key} is over {MAX_BINDING_READ} bytes, limit {MAX_BINDING_OBJECT}"
+                )),
+                bytes: Bytes::new(),
+                size: bytes.len() as u64,
+            }));
+        }
+        let binding = if bytes.len() as u64 > MAX_BINDING_OBJECT {
+            Err(format!(
+                "{key} is {} bytes, limit {MAX_BINDING_OBJECT}",
+                bytes.len()
+            ))
+        } else {
+            LedgerBinding::decode(&bytes).map_err(|e| format!("{key}: {e}"))
+        };
+        Ok(Some(Read {
+            binding,
+            size: bytes.len() as u64,
+            bytes,
+        }))
     }
 
     /// The binding this handle's ledger would write for `generation`.
@@ -447,6 +479,16 @@ impl Store {
             Some(r) => match self.judge(ledger, r).await? {
                 Ownership::Owner => (r.binding.as_ref().ok().map(view), false),
                 _ => {
+                    if r.size > MAX_BINDING_READ {
+                        return Err(StoreError::Invalid(format!(
+                            "{} is {} bytes, not a ledger binding: too large to replace safely \
+                             (an adoption replaces it only if it still holds the bytes it read, \
+                             and reads at most {MAX_BINDING_READ}); remove it by hand and run \
+                             `ledger adopt` again",
+                            self.binding_key(),
+                            r.size
+                        )));
+                    }
                     let old_generation = r.binding.as_ref().map_or(0, |b| b.generation);
                     let generation = old_generation
                         .max(ledger.run(|l| l.binding_generation()).await?.unwrap_or(0))
@@ -497,8 +539,17 @@ impl Store {
                 ))
             }
         };
+        let replaced_unreadable = match (&read, changed) {
+            (Some(r), true) => r
+                .binding
+                .as_ref()
+                .err()
+                .map(|e| format!("{} bytes, not a binding ({e})", r.size)),
+            _ => None,
+        };
         Ok(AdoptReport {
             previous,
+            replaced_unreadable,
             binding,
             changed,
             fenced_ms: fenced.as_millis() as u64,

@@ -19,6 +19,7 @@ use deltapack_store::{
     StoreError, SweepOptions,
 };
 use futures::TryStreamExt;
+use object_store::ObjectStoreExt;
 
 use crate::common::*;
 
@@ -395,4 +396,88 @@ async fn the_binding_is_written_by_the_first_write_and_checked_strictly() {
     assert!(report.changed);
     assert!(report.previous.is_none());
     publish_base(&s, &id, c2, s2, RootFormat::V2).await;
+}
+
+/// `ledger adopt` replaces whatever the store holds at the binding's key —
+/// an oversized object (5,002 bytes: it used to answer "concurrent
+/// change" on every attempt, because the oversized object was never read
+/// and the replacement was conditional on empty bytes), a truncated
+/// binding, garbage — conditional on the exact bytes it read, and reports
+/// what was there; publication works afterwards and nothing published
+/// before is lost. One larger than an adoption reads (1 MiB) is refused
+/// with a clear error and left in place. Local disk and the S3 server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adoption_replaces_an_oversized_truncated_or_garbage_binding() {
+    let dir = tempfile::tempdir().expect("tmp");
+    for url in local_and_s3(&dir) {
+        let ledger = dir.path().join(format!("l-{}.sqlite3", url.len()));
+        let s = Store::open(&url, with_sqlite(&ledger)).expect("store");
+        let id = identity("adopt-damaged-binding");
+        let (c, snap) = (ctx(&id, 81, 2048), turn(81, 2048));
+        publish_base(&s, &id, c, snap.clone(), RootFormat::V2).await;
+        let key = object_store::path::Path::from("ledger/binding.json");
+        let good = s
+            .object_store()
+            .get(&key)
+            .await
+            .expect("binding")
+            .bytes()
+            .await
+            .expect("bytes");
+        let mut oversized = good.to_vec();
+        oversized.resize(5_002, b' ');
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            ("oversized", oversized),
+            ("truncated", good[..good.len() / 2].to_vec()),
+            ("garbage", b"\x00\xffnot json at all".to_vec()),
+            ("empty", Vec::new()),
+        ];
+        for (k, (name, bytes)) in cases.into_iter().enumerate() {
+            let size = bytes.len();
+            s.object_store()
+                .put(&key, bytes.into())
+                .await
+                .expect("damage the binding");
+            let (ck, sk) = (ctx(&id, 90 + k as u64, 2048), turn(90 + k as u64, 2048));
+            let refused = publish(&s, &id, ck, &sk).await;
+            assert!(is_mismatch(&refused), "{url} {name}: {refused:?}");
+            let report = s
+                .adopt(Duration::ZERO)
+                .await
+                .unwrap_or_else(|e| panic!("{url}: adopt over a {name} binding: {e}"));
+            assert!(report.changed, "{url} {name}");
+            let what = report.replaced_unreadable.expect("reported");
+            assert!(
+                what.starts_with(&format!("{size} bytes")),
+                "{url} {name}: {what}"
+            );
+            assert_eq!(s.ownership().await.expect("own"), Ownership::Owner);
+            let r = publish(&s, &id, ck, &sk)
+                .await
+                .expect("publish after adopt");
+            assert_eq!(r.outcome, PublishOutcome::Created, "{url} {name}");
+            assert_eq!(
+                restore_bytes(&s, &id, c).await,
+                snap.encoded(),
+                "{url} {name}"
+            );
+        }
+        // Over 1 MiB: not read, so not replaced; a clear error.
+        let huge = vec![b'x'; (1 << 20) + 1];
+        s.object_store()
+            .put(&key, huge.clone().into())
+            .await
+            .expect("huge binding");
+        let e = s.adopt(Duration::ZERO).await.expect_err("too large");
+        assert!(e.to_string().contains("remove it by hand"), "{url}: {e}");
+        let still = s
+            .object_store()
+            .get(&key)
+            .await
+            .expect("binding")
+            .bytes()
+            .await
+            .expect("bytes");
+        assert_eq!(still.len(), huge.len(), "{url}: left in place");
+    }
 }

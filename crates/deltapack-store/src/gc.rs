@@ -220,14 +220,29 @@ impl Store {
         let (n, b) = match self.backend_kind() {
             BackendKind::Local { root } => {
                 let root = root.clone();
-                ledger
+                // The fence on local disk, checked on the ledger's thread:
+                // the binding file still holds the bytes the owner check
+                // read, looked at every second.
+                let mut watch = crate::ownership::LocalBindingWatch::new(&root);
+                let (n, b, stopped) = ledger
                     .run(move |l| {
-                        l.collect(cutoff, |key| match std::fs::remove_file(root.join(key)) {
-                            Ok(()) => true,
-                            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
-                        })
+                        l.collect(
+                            cutoff,
+                            |key| match std::fs::remove_file(root.join(key)) {
+                                Ok(()) => true,
+                                Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+                            },
+                            || watch.unchanged(),
+                        )
                     })
-                    .await?
+                    .await?;
+                if stopped {
+                    // The binding changed: refused if another ledger owns
+                    // the store now; otherwise (its owner rewrote it) the
+                    // next collection goes on.
+                    fence.check_now(self).await?;
+                }
+                (n, b)
             }
             _ => {
                 // Claim, delete, finish: a publisher that protects a claimed

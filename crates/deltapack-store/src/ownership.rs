@@ -559,29 +559,97 @@ impl Store {
 }
 
 /// Re-checks ownership while a deleting operation runs: at most every
-/// [`DELETION_RECHECK`], a fresh read of the binding.
+/// [`DELETION_RECHECK`], a fresh read of the binding. Every loop that
+/// deletes from a store (GC, removals, the sweep's reclaim, clear) checks
+/// it before each deletion, so it stops within a second (plus one
+/// request) of an adoption, which the adoption's fence waits out.
 pub(crate) struct OwnerFence {
     op: &'static str,
+    ledger: Ledger,
     last: Instant,
 }
 
 impl OwnerFence {
     /// Checks now (fresh) and starts the fence.
     pub(crate) async fn start(store: &Store, op: &'static str) -> Result<Self> {
-        store.require_owner(op).await?;
+        let ledger = store.ledger().await?.clone();
+        Self::start_with(store, ledger, op).await
+    }
+
+    /// [`OwnerFence::start`] with the ledger at hand (while the ledger is
+    /// being opened, [`Store::ledger`] cannot answer yet).
+    pub(crate) async fn start_with(
+        store: &Store,
+        ledger: Ledger,
+        op: &'static str,
+    ) -> Result<Self> {
+        store.require_owner_with(&ledger, op).await?;
         Ok(OwnerFence {
             op,
+            ledger,
             last: Instant::now(),
         })
+    }
+
+    /// Re-checks now, whenever the last check was.
+    pub(crate) async fn check_now(&mut self, store: &Store) -> Result<()> {
+        store.require_owner_with(&self.ledger, self.op).await?;
+        self.last = Instant::now();
+        Ok(())
     }
 
     /// Before the next deletion: re-checks if the last check is older than
     /// [`DELETION_RECHECK`].
     pub(crate) async fn check(&mut self, store: &Store) -> Result<()> {
         if self.last.elapsed() >= DELETION_RECHECK {
-            store.require_owner(self.op).await?;
+            store.require_owner_with(&self.ledger, self.op).await?;
             self.last = Instant::now();
         }
         Ok(())
     }
+}
+
+/// The owner fence of a local store where no async check can run (inside
+/// a ledger call): the binding file, re-read at most every
+/// [`DELETION_RECHECK`], must still hold the bytes it held when the watch
+/// began (right after an owner check). Any change — an adoption, a
+/// removal — stops the deleting loop; the caller then checks ownership
+/// properly ([`OwnerFence::check_now`]).
+pub(crate) struct LocalBindingWatch {
+    path: std::path::PathBuf,
+    bytes: Option<Vec<u8>>,
+    last: Instant,
+}
+
+impl LocalBindingWatch {
+    /// Starts watching `root`'s binding file.
+    pub(crate) fn new(root: &std::path::Path) -> Self {
+        let path = root.join(BINDING_KEY);
+        let bytes = read_bounded(&path);
+        LocalBindingWatch {
+            path,
+            bytes,
+            last: Instant::now(),
+        }
+    }
+
+    /// Whether the binding is as it was (re-read if the last look is older
+    /// than [`DELETION_RECHECK`]).
+    pub(crate) fn unchanged(&mut self) -> bool {
+        if self.last.elapsed() < DELETION_RECHECK {
+            return true;
+        }
+        self.last = Instant::now();
+        read_bounded(&self.path) == self.bytes
+    }
+}
+
+/// A binding file's bytes (at most [`MAX_BINDING_READ`] + 1, enough to see
+/// a change); `None` when it cannot be read.
+fn read_bounded(path: &std::path::Path) -> Option<Vec<u8>> {
+    use std::io::Read as _;
+    let f = std::fs::File::open(path).ok()?;
+    let mut out = Vec::new();
+    f.take(MAX_BINDING_READ + 1).read_to_end(&mut out).ok()?;
+    Some(out)
 }

@@ -103,8 +103,7 @@ impl Store {
                 let mut background = false;
                 match policy {
                     ColdStart::Clear => {
-                        self.require_owner_with(&ledger, "clear").await?;
-                        self.clear_store().await?;
+                        self.clear_store(&ledger).await?;
                         self.reconcile_into(&ledger, true).await?;
                     }
                     ColdStart::Rebuild => {

@@ -199,10 +199,14 @@ impl ReservationWait {
 
 impl Store {
     /// Deletes every root, object and hold (the `clear` cold start).
-    pub(crate) async fn clear_store(&self) -> Result<()> {
+    pub(crate) async fn clear_store(&self, ledger: &Ledger) -> Result<()> {
+        // Checked at least every second: an adoption stops a long clear.
+        let mut fence =
+            crate::ownership::OwnerFence::start_with(self, ledger.clone(), "clear").await?;
         for prefix in [keys::ROOTS, keys::OBJECTS, keys::HOLDS] {
             let p = Path::from(prefix);
             for m in self.list_all(&p).await? {
+                fence.check(self).await?;
                 match self.object_store().delete(&m.location).await {
                     Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
                     Err(e) => return Err(StoreError::io(&m.location, e)),

@@ -160,10 +160,16 @@ impl Store {
         let mut ledger = self
             .sweep_forget_vanished(opts, &refs, &invalidated)
             .await?;
-        if !opts.dry_run {
-            self.require_owner("sweep").await?;
-        }
-        self.sweep_reclaim_orphans(opts, &refs, &listed, &mut ledger, &mut report)
+        // Ownership is checked again before the orphans are reclaimed and
+        // at least every second while they are: an adoption during a long
+        // reclaim stops it within a second (the adoption's fence covers
+        // that second).
+        let mut fence = if opts.dry_run {
+            None
+        } else {
+            Some(crate::ownership::OwnerFence::start(self, "sweep").await?)
+        };
+        self.sweep_reclaim_orphans(opts, &refs, &listed, &mut ledger, &mut fence, &mut report)
             .await?;
         self.sweep_remove_staging(opts, &mut report)?;
         if ledger.degraded {
@@ -460,6 +466,7 @@ impl Store {
         refs: &References,
         listed: &[object_store::ObjectMeta],
         lu: &mut LedgerUse<'_>,
+        fence: &mut Option<crate::ownership::OwnerFence>,
         report: &mut SweepReport,
     ) -> Result<()> {
         let now = SystemTime::now();
@@ -475,6 +482,9 @@ impl Store {
                 continue;
             }
             if !opts.dry_run {
+                if let Some(f) = fence.as_mut() {
+                    f.check(self).await?;
+                }
                 if !self.delete_orphan(meta, lu).await? {
                     report.orphans_in_grace += 1;
                     continue;

@@ -96,16 +96,21 @@ pub(super) fn usage_in(db: &mut Db) -> Result<Totals, LedgerError> {
 impl Ledger {
     /// Runs `delete(key)` for every condemned object condemned at or before
     /// `cutoff`, each inside a transaction that re-checks the object is still
-    /// condemned and unreferenced; forgets the ones deleted. Returns
-    /// `(objects, bytes)` reclaimed.
+    /// condemned and unreferenced; forgets the ones deleted. Stops before
+    /// the next object when `proceed` says no (the owner fence). Returns
+    /// `(objects, bytes)` reclaimed and whether it stopped early.
     pub(crate) fn collect(
         &self,
         cutoff: u64,
         mut delete: impl FnMut(&str) -> bool,
-    ) -> Result<(u64, u64), LedgerError> {
+        mut proceed: impl FnMut() -> bool,
+    ) -> Result<(u64, u64, bool), LedgerError> {
         let due = self.due(cutoff)?;
         let (mut n, mut bytes) = (0u64, 0u64);
         for (key, _) in due {
+            if !proceed() {
+                return Ok((n, bytes, true));
+            }
             let done = self.write(|db| {
                 let still = db.opt(
                     STILL_DUE,
@@ -125,7 +130,7 @@ impl Ledger {
                 bytes += b;
             }
         }
-        Ok((n, bytes))
+        Ok((n, bytes, false))
     }
 
     /// Deletes an object the sweep found unreferenced, unless — checked in

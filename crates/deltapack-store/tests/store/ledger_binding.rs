@@ -481,3 +481,105 @@ async fn adoption_replaces_an_oversized_truncated_or_garbage_binding() {
         assert_eq!(still.len(), huge.len(), "{url}: left in place");
     }
 }
+
+/// Deletes that take `delay` each (a slow or distant backend), counted.
+#[derive(Debug)]
+struct SlowDeletes {
+    inner: Arc<dyn object_store::ObjectStore>,
+    delay: Duration,
+    started: Arc<std::sync::atomic::AtomicU64>,
+}
+
+#[async_trait::async_trait]
+impl deltapack_store::wrap::Intercept for SlowDeletes {
+    deltapack_store::layer_basics!("SlowDeletes");
+
+    fn delete_stream(
+        &self,
+        locations: futures::stream::BoxStream<
+            'static,
+            object_store::Result<object_store::path::Path>,
+        >,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>> {
+        use futures::StreamExt;
+        let (inner, delay, started) = (self.inner.clone(), self.delay, self.started.clone());
+        locations
+            .then(move |p| {
+                let (inner, started) = (inner.clone(), started.clone());
+                async move {
+                    started.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    tokio::time::sleep(delay).await;
+                    let p = p?;
+                    inner.delete(&p).await.map(|()| p)
+                }
+            })
+            .boxed()
+    }
+}
+
+/// The sweep re-checks ownership while it reclaims orphans: a store
+/// adopted in the middle of a long reclaim (deletes of 250 ms each) stops
+/// the old owner's sweep within a second, so the adoption's fence covers
+/// it and nothing the new owner publishes afterwards — reusing the very
+/// objects the old sweep was deleting — is lost. Before, the sweep checked
+/// once, before the reclaim, and went on deleting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adoption_stops_a_running_sweep_within_a_second() {
+    let Some(url) = s3_url() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let raw = raw_backend(&url);
+    let started = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let slow = deltapack_store::wrap::Wrapped::arc(SlowDeletes {
+        inner: raw.store.clone(),
+        delay: Duration::from_millis(250),
+        started: started.clone(),
+    });
+    let old_cfg = with_sqlite(&dir.path().join("old.sqlite3")).with_grace(Duration::ZERO);
+    let old = through(&raw, slow, old_cfg);
+    let id = identity("sweep-fence");
+    // Twelve roots, then their root objects removed behind the ledger's
+    // back: their objects are orphans for the old owner's sweep.
+    let turns: Vec<_> = (0..12u64)
+        .map(|k| (ctx(&id, 200 + k, 1024), turn(200 + k, 1024)))
+        .collect();
+    for (c, s) in &turns {
+        publish_base(&old, &id, *c, s.clone(), RootFormat::V2).await;
+    }
+    for (c, _) in &turns {
+        let key = deltapack_store::keys::root_key(&id.namespace(), c);
+        raw.store.delete(&key).await.expect("remove root");
+    }
+    let sweeping = {
+        let old = old.clone();
+        tokio::spawn(async move {
+            // Default options: no grace for orphans.
+            old.sweep(&SweepOptions::default()).await
+        })
+    };
+    // Adopt once the reclaim is under way, with a fence a little longer
+    // than the sweep's re-check period plus one delete.
+    while started.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let new = Store::open(&url, with_sqlite(&dir.path().join("new.sqlite3"))).expect("new");
+    new.adopt(Duration::from_millis(1600)).await.expect("adopt");
+    // The new owner publishes every context again (reusing whatever
+    // objects are still there).
+    for (c, s) in &turns {
+        publish_base(&new, &id, *c, s.clone(), RootFormat::V2).await;
+    }
+    let swept = sweeping.await.expect("sweep task");
+    assert!(
+        is_mismatch(&swept),
+        "the old sweep was not stopped: {swept:?}"
+    );
+    assert!(
+        started.load(std::sync::atomic::Ordering::SeqCst) < 12 * 3,
+        "the old sweep deleted on"
+    );
+    for (c, s) in &turns {
+        assert_eq!(restore_bytes(&new, &id, *c).await, s.encoded());
+    }
+}

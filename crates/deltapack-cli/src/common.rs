@@ -24,12 +24,23 @@ pub(crate) async fn persist_counters(store: &Store) {
     // `close` skips a ledger this command already found down, and a
     // ledger that hangs is given up on after CLOSE_PATIENCE: a read never
     // waits long on a ledger that is down for the sake of its counters.
+    if LEDGER_SLOW.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
     match tokio::time::timeout(CLOSE_PATIENCE, store.close()).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::warn!(error = %e, "could not persist this command's counters"),
-        Err(_) => tracing::warn!("the ledger did not take this command's counters in time"),
+        Err(_) => {
+            LEDGER_SLOW.store(true, std::sync::atomic::Ordering::Relaxed);
+            tracing::warn!("the ledger did not take this command's counters in time")
+        }
     }
 }
+
+/// Set once a ledger did not take a command's counters or accesses within
+/// [`CLOSE_PATIENCE`]: the command's later closes do not wait for it again
+/// (a ledger that does not answer costs the patience once, not per close).
+static LEDGER_SLOW: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// How long a command waits, at its end, for its ledger to take its
 /// counters and accesses.
@@ -58,12 +69,18 @@ pub(crate) async fn close_stores() {
         Err(_) => Vec::new(),
     };
     for s in opened {
+        if LEDGER_SLOW.load(std::sync::atomic::Ordering::Relaxed) {
+            break;
+        }
         match tokio::time::timeout(CLOSE_PATIENCE, s.close()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "could not write the store's last accesses to its ledger")
             }
-            Err(_) => tracing::warn!("the ledger did not take the store's last accesses in time"),
+            Err(_) => {
+                LEDGER_SLOW.store(true, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!("the ledger did not take the store's last accesses in time")
+            }
         }
     }
 }

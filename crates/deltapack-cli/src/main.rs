@@ -200,7 +200,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .enable_all()
                 .build()
                 .map_err(|e| anyhow::anyhow!("cannot start the tokio runtime: {e}"))?;
-            rt.block_on(async move {
+            let out = rt.block_on(async move {
                 let out = match command {
                     Command::Publish(a) => publish::run(a).await,
                     Command::Restore(a) => restore::run(a).await,
@@ -228,7 +228,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 };
                 common::close_stores().await;
                 out
-            })
+            });
+            // The stores are closed and their work flushed: what still
+            // runs is a straggler (a ledger connection a read gave up
+            // waiting for, to a server that does not answer). Exit within
+            // a second instead of waiting for it.
+            rt.shutdown_timeout(std::time::Duration::from_secs(1));
+            out
         }
     }
 }

@@ -13,6 +13,7 @@ mod crash_kill9;
 mod destructive_commands;
 mod fleet_kill9;
 mod ledger_down;
+mod ledger_half_open;
 mod ledger_secrets;
 mod multi_process_ledger;
 mod one_bucket_one_ledger;

@@ -153,69 +153,294 @@ pub(crate) enum Db {
 }
 
 /// A job for the PostgreSQL connection's thread.
-type PgJob = Box<dyn FnOnce(&mut postgres::Client) + Send>;
+type PgJob = Box<dyn FnOnce(&mut PgConn) + Send>;
 
-/// A PostgreSQL connection owned by a thread of its own. The blocking
-/// client drives a runtime of its own inside every call (and when it is
-/// dropped), which panics on a thread that is already driving async tasks;
-/// so no other thread ever touches the client: calls are sent to its thread
-/// and their results sent back. The thread reconnects when the server has
-/// closed the connection, and ends (closing the connection) when the last
-/// handle is dropped.
+/// Calls that may wait for the connection's thread at once; more fail at
+/// once with [`LedgerError::Unreachable`]. A server that accepts and never
+/// answers holds each call for its deadline: this bounds the threads
+/// waiting on it (each waiting call holds a blocking-pool thread).
+pub(crate) const PG_MAX_WAITING: usize = 64;
+
+/// After the server failed to answer (a connect or a call past its
+/// deadline), calls fail at once for this long
+/// instead of trying again: the calls queued behind a stuck one drain
+/// immediately, and an outage costs one deadline per interval, not one
+/// per call.
+pub(crate) const PG_PROBE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// How long a connection's start-up (TCP connect, TLS and the start-up
+/// handshake together) may take when the URL sets no `connect_timeout`.
+pub(crate) const PG_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long one call may wait for the server's answer before the
+/// connection is dropped: the server's own statement timeout
+/// ([`PG_STATEMENT_TIMEOUT`]) plus a margin for the answer to arrive.
+pub(crate) const PG_CALL_TIMEOUT: Duration = Duration::from_secs(65);
+
+/// A PostgreSQL connection owned by a thread of its own, driven by a
+/// single-threaded runtime of that thread, so that every step has a
+/// deadline: the connect (TCP, TLS and the start-up handshake:
+/// [`PG_CONNECT_TIMEOUT`] or the URL's `connect_timeout`) and each call
+/// ([`PG_CALL_TIMEOUT`]). A call past its deadline drops the connection
+/// (the server rolls back whatever it had begun) and fails with
+/// [`LedgerError::Unreachable`]; the next call connects again. At most
+/// [`PG_MAX_WAITING`] calls wait for the thread at once. So a server that
+/// accepts connections and never answers costs one thread and a bounded
+/// number of waiting callers, never more, and every call returns. The
+/// thread ends (closing the connection) when the last handle is dropped.
 pub(crate) struct Pg {
     jobs: std::sync::mpsc::Sender<PgJob>,
+    waiting: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// The connection thread's state.
+pub(crate) struct PgConn {
+    rt: tokio::runtime::Runtime,
+    config: tokio_postgres::Config,
+    connector: super::tls::Connector,
+    connect_timeout: Duration,
+    client: Option<tokio_postgres::Client>,
+    driver: Option<tokio::task::JoinHandle<()>>,
+    /// A transaction was open when the connection was lost: every call
+    /// fails until it is ended (its `ROLLBACK` succeeds, its `COMMIT`
+    /// fails), so nothing of it runs outside a transaction.
+    lost_transaction: bool,
+    in_transaction: bool,
+    /// Until when calls fail at once (see [`PG_PROBE_INTERVAL`]).
+    down_until: Option<std::time::Instant>,
+}
+
+impl PgConn {
+    /// Connects, within the connect deadline.
+    fn open(&mut self) -> Result<(), LedgerError> {
+        use super::tls::Connector;
+        self.close();
+        let (config, connector, d) = (&self.config, &self.connector, self.connect_timeout);
+        let connected = self.rt.block_on(async {
+            let fut = async {
+                Ok::<_, tokio_postgres::Error>(match connector {
+                    Connector::Plain => {
+                        let (c, conn) = config.connect(tokio_postgres::NoTls).await?;
+                        (
+                            c,
+                            tokio::spawn(async move {
+                                let _ = conn.await;
+                            }),
+                        )
+                    }
+                    Connector::Tls(tls) => {
+                        let (c, conn) = config.connect(tls.clone()).await?;
+                        (
+                            c,
+                            tokio::spawn(async move {
+                                let _ = conn.await;
+                            }),
+                        )
+                    }
+                })
+            };
+            tokio::time::timeout(d, fut).await
+        });
+        match connected {
+            Ok(Ok((client, driver))) => {
+                self.client = Some(client);
+                self.driver = Some(driver);
+                Ok(())
+            }
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => Err(LedgerError::Unreachable(format!(
+                "no answer to the connection's start-up within {d:?}"
+            ))),
+        }
+    }
+
+    /// Drops the connection (the server ends its session).
+    fn close(&mut self) {
+        self.client = None;
+        if let Some(d) = self.driver.take() {
+            d.abort();
+        }
+        if self.in_transaction {
+            self.lost_transaction = true;
+            self.in_transaction = false;
+        }
+    }
+
+    /// A connection to run a call on: the current one, or a new one.
+    fn ready(&mut self) -> Result<(), LedgerError> {
+        if self.lost_transaction {
+            return Err(LedgerError::Unreachable(
+                "the connection was lost inside a transaction".into(),
+            ));
+        }
+        if self.client.as_ref().is_none_or(|c| c.is_closed()) {
+            if let Some(t) = self.down_until {
+                let now = std::time::Instant::now();
+                if now < t {
+                    return Err(LedgerError::Unreachable(format!(
+                        "the server did not answer the last attempt; the next one in {:?}",
+                        t - now
+                    )));
+                }
+            }
+            tracing::info!("connecting to the PostgreSQL ledger");
+            if let Err(e) = self.open() {
+                // Only a server that did not answer in time: a refused
+                // connection fails fast anyway, and one to a server that
+                // is starting again should succeed at the next call.
+                if matches!(e, LedgerError::Unreachable(_)) {
+                    self.down_until = Some(std::time::Instant::now() + PG_PROBE_INTERVAL);
+                }
+                return Err(e);
+            }
+            self.down_until = None;
+        }
+        Ok(())
+    }
+
+    /// The outcome of a call that ran within [`PG_CALL_TIMEOUT`] (see
+    /// [`within`]); past it, drops the connection.
+    fn finish<T>(
+        &mut self,
+        out: Result<Result<T, tokio_postgres::Error>, tokio::time::error::Elapsed>,
+    ) -> Result<T, LedgerError> {
+        match out {
+            Ok(r) => Ok(r?),
+            Err(_) => {
+                self.close();
+                self.down_until = Some(std::time::Instant::now() + PG_PROBE_INTERVAL);
+                Err(LedgerError::Unreachable(format!(
+                    "no answer within {PG_CALL_TIMEOUT:?}; the connection was dropped"
+                )))
+            }
+        }
+    }
+
+    /// The connected client ([`PgConn::ready`] first).
+    fn client(&self) -> Result<&tokio_postgres::Client, LedgerError> {
+        self.client
+            .as_ref()
+            .ok_or_else(|| LedgerError::Unreachable("not connected".into()))
+    }
+
+    /// Runs a statement; the rows it changed.
+    pub(crate) fn execute(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<u64, LedgerError> {
+        self.ready()?;
+        let out = within(&self.rt, self.client()?.execute(sql, params));
+        self.finish(out)
+    }
+
+    /// Runs a query; every row.
+    pub(crate) fn query(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, LedgerError> {
+        self.ready()?;
+        let out = within(&self.rt, self.client()?.query(sql, params));
+        self.finish(out)
+    }
+
+    /// Runs statements without parameters, keeping track of the
+    /// transaction they begin or end.
+    pub(crate) fn batch_execute(&mut self, sql: &str) -> Result<(), LedgerError> {
+        let word = sql.trim().to_ascii_uppercase();
+        if self.lost_transaction && (word == "ROLLBACK" || word == "COMMIT") {
+            self.lost_transaction = false;
+            return if word == "ROLLBACK" {
+                Ok(())
+            } else {
+                Err(LedgerError::Unreachable(
+                    "the connection was lost before the commit; nothing was committed".into(),
+                ))
+            };
+        }
+        self.ready()?;
+        let out = within(&self.rt, self.client()?.batch_execute(sql));
+        self.finish(out)?;
+        match word.as_str() {
+            "BEGIN" => self.in_transaction = true,
+            "COMMIT" | "ROLLBACK" => self.in_transaction = false,
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// Drives `fut` on `rt` for at most [`PG_CALL_TIMEOUT`].
+fn within<T>(
+    rt: &tokio::runtime::Runtime,
+    fut: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<Result<T, tokio_postgres::Error>, tokio::time::error::Elapsed> {
+    rt.block_on(async { tokio::time::timeout(PG_CALL_TIMEOUT, fut).await })
 }
 
 impl Pg {
-    /// Connects (on the new connection's thread).
+    /// Connects (on the new connection's thread), within the connect
+    /// deadline.
     pub(crate) fn connect(
-        config: postgres::Config,
+        config: tokio_postgres::Config,
         connector: super::tls::Connector,
     ) -> Result<Pg, LedgerError> {
-        use super::tls::Connector;
-        let open = move |config: &postgres::Config| match &connector {
-            Connector::Plain => config.connect(postgres::NoTls),
-            Connector::Tls(tls) => config.connect(tls.clone()),
+        let connect_timeout = config
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(PG_CONNECT_TIMEOUT);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| LedgerError::Io {
+                path: "PostgreSQL ledger runtime".into(),
+                source: e,
+            })?;
+        let mut conn = PgConn {
+            rt,
+            config,
+            connector,
+            connect_timeout,
+            client: None,
+            driver: None,
+            lost_transaction: false,
+            in_transaction: false,
+            down_until: None,
         };
         let (jobs, inbox) = std::sync::mpsc::channel::<PgJob>();
         let (ready_tx, ready) = std::sync::mpsc::sync_channel(1);
+        // Named after the server's port (a thread name holds 15 bytes), so
+        // a stuck connection is easy to spot in a thread list.
+        let port = conn.config.get_ports().first().copied().unwrap_or(5432);
         std::thread::Builder::new()
-            .name("deltapack-ledger-pg".into())
+            .name(format!("ledger-pg:{port}"))
             .spawn(move || {
-                let mut client = match open(&config) {
-                    Ok(c) => {
-                        let _ = ready_tx.send(Ok(()));
-                        c
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                for job in inbox {
-                    if client.is_closed() {
-                        tracing::info!("reconnecting to the PostgreSQL ledger");
-                        match open(&config) {
-                            Ok(c) => client = c,
-                            // The job's own call reports the closed
-                            // connection.
-                            Err(e) => {
-                                tracing::warn!(error = %e, "PostgreSQL ledger reconnect failed")
-                            }
-                        }
-                    }
-                    job(&mut client);
+                let first = conn.open();
+                let ok = first.is_ok();
+                let _ = ready_tx.send(first);
+                if !ok {
+                    return;
                 }
+                for job in inbox {
+                    job(&mut conn);
+                }
+                conn.close();
             })
             .map_err(|e| LedgerError::Io {
                 path: "PostgreSQL ledger thread".into(),
                 source: e,
             })?;
-        match ready.recv() {
-            Ok(Ok(())) => Ok(Pg { jobs }),
-            Ok(Err(e)) => Err(e.into()),
-            Err(_) => Err(LedgerError::Task(
-                "the PostgreSQL ledger thread ended".into(),
+        // The thread answers within the connect deadline; the margin only
+        // covers a thread that could not start.
+        match ready.recv_timeout(connect_timeout + Duration::from_secs(5)) {
+            Ok(Ok(())) => Ok(Pg {
+                jobs,
+                waiting: Default::default(),
+            }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(LedgerError::Unreachable(
+                "the PostgreSQL ledger thread did not answer".into(),
             )),
         }
     }
@@ -227,10 +452,10 @@ impl Pg {
         sql: &str,
         params: &[V],
         f: impl FnOnce(
-                &mut postgres::Client,
+                &mut PgConn,
                 &str,
                 &[&(dyn postgres::types::ToSql + Sync)],
-            ) -> Result<T, postgres::Error>
+            ) -> Result<T, LedgerError>
             + Send
             + 'static,
     ) -> Result<T, LedgerError> {
@@ -243,11 +468,26 @@ impl Pg {
         })
     }
 
-    /// Runs `f` on the connection's thread and waits for its result.
+    /// Runs `f` on the connection's thread and waits for its result (at
+    /// most [`PG_MAX_WAITING`] calls wait at once).
     fn call<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut postgres::Client) -> Result<T, postgres::Error> + Send + 'static,
+        f: impl FnOnce(&mut PgConn) -> Result<T, LedgerError> + Send + 'static,
     ) -> Result<T, LedgerError> {
+        use std::sync::atomic::Ordering;
+        struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        if self.waiting.fetch_add(1, Ordering::SeqCst) >= PG_MAX_WAITING {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(LedgerError::Unreachable(format!(
+                "{PG_MAX_WAITING} calls are already waiting for the PostgreSQL ledger"
+            )));
+        }
+        let _waiting = Waiting(&self.waiting);
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.jobs
             .send(Box::new(move |c| {
@@ -256,7 +496,6 @@ impl Pg {
             .map_err(|_| LedgerError::Task("the PostgreSQL ledger thread ended".into()))?;
         rx.recv()
             .map_err(|_| LedgerError::Task("the PostgreSQL ledger thread ended".into()))?
-            .map_err(LedgerError::from)
     }
 }
 

@@ -37,6 +37,11 @@ pub enum LedgerError {
     /// cancelled at shutdown).
     #[error("ledger task: {0}")]
     Task(String),
+    /// The ledger's server did not answer in time (a connection whose
+    /// start-up handshake or statement outlived its deadline), or too many
+    /// calls are already waiting on it.
+    #[error("ledger database unreachable: {0}")]
+    Unreachable(String),
 }
 
 /// A failure of one of the ledger's database engines. It displays as the
@@ -100,6 +105,7 @@ impl LedgerError {
     pub fn is_unavailable(&self) -> bool {
         use std::io::ErrorKind as K;
         match self {
+            LedgerError::Unreachable(_) => true,
             LedgerError::Postgres(EngineError(Engine::Postgres(e))) => {
                 if e.is_closed() {
                     return true;

@@ -185,7 +185,7 @@ impl Ledger {
         let url = super::url::LedgerUrl::parse(url)?;
         let tls = super::tls::TlsSettings::parse(&url)?;
         let connector = tls.connector()?;
-        let mut config: postgres::Config = tls
+        let mut config: tokio_postgres::Config = tls
             .driver_url
             .parse()
             .map_err(|e| LedgerError::Url(format!("{}: {e}", url.redacted())))?;
@@ -198,7 +198,11 @@ impl Ledger {
             _ => timeout,
         };
         config.options(&options);
-        config.connect_timeout(Duration::from_secs(10));
+        // The URL's `connect_timeout` bounds the whole start-up (TCP, TLS,
+        // handshake: `db.rs`), as libpq's does; 10 s when it sets none.
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(super::db::PG_CONNECT_TIMEOUT);
+        }
         Self::init(
             Db::Postgres(super::db::Pg::connect(config, connector)?),
             LedgerLocation {

@@ -25,6 +25,7 @@ mod layer_wise_restore;
 mod ledger_binding;
 mod ledger_down;
 mod ledger_engines;
+mod ledger_half_open;
 mod ledger_races;
 mod ledger_tls;
 mod metrics;

@@ -1,0 +1,138 @@
+//! The CLI against a PostgreSQL ledger that accepts connections and never
+//! answers: reads answer from the store and the process exits promptly;
+//! a publication fails with `ledger-unavailable` within the URL's
+//! `connect_timeout`. Before, the start-up handshake had no deadline:
+//! `restore` printed its hit and never exited, and `publish` never
+//! returned. The listener is a real TCP socket that accepts and holds every
+//! connection without writing a byte.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use crate::common::{code_and_text, command, scratch_conversation};
+
+/// A listener on 127.0.0.1 that accepts and never answers; its port.
+fn black_hole() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut s = s;
+                let mut buf = [0u8; 4096];
+                while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
+            });
+        }
+    });
+    port
+}
+
+/// Runs `deltapack` in `dir`, killed after `limit` (a hang); (code,
+/// stdout, stderr, wall time).
+fn run_bounded(
+    dir: &std::path::Path,
+    args: &[&str],
+    limit: Duration,
+) -> (i32, String, String, Duration) {
+    let t = Instant::now();
+    let mut child = command()
+        .args(args)
+        .current_dir(dir)
+        .env_remove("DELTAPACK_LEDGER")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            break;
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            let (_, o, e) = code_and_text(&out);
+            panic!("deltapack {args:?} still running after {limit:?}\n{o}\n{e}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("output");
+    let (code, o, e) = code_and_text(&out);
+    (code, o, e, t.elapsed())
+}
+
+#[test]
+fn a_ledger_that_never_answers_neither_hangs_nor_keeps_the_process() {
+    let (tmp, store) = scratch_conversation(&[("a", 1, 512)]);
+    let dir = tmp.path();
+    // Published with the store's own ledger.
+    crate::common::Cli(dir).ok(format!(
+        "publish --store {store} --identity id.json --tokens a.tok --snapshot a.snap"
+    ));
+    let port = black_hole();
+    // No connect_timeout: the start-up deadline is the default 10 s, far
+    // longer than a read may keep the process.
+    let hole = format!("postgres://postgres@127.0.0.1:{port}/db?sslmode=disable");
+    let limit = Duration::from_secs(8);
+    let (code, out, err, _) = run_bounded(
+        dir,
+        &[
+            "restore",
+            "--store",
+            &store,
+            "--ledger",
+            &hole,
+            "--identity",
+            "id.json",
+            "--tokens",
+            "a.tok",
+            "--out",
+            "r.snap",
+        ],
+        limit,
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        std::fs::read(dir.join("r.snap")).expect("restored"),
+        std::fs::read(dir.join("a.snap")).expect("snap")
+    );
+    let (code, out, err, _) = run_bounded(
+        dir,
+        &[
+            "lookup",
+            "--store",
+            &store,
+            "--ledger",
+            &hole,
+            "--identity",
+            "id.json",
+            "--tokens",
+            "a.tok",
+            "--json",
+        ],
+        limit,
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    // A publication needs the ledger: refused within the URL's deadline.
+    let hole1 = format!("{hole}&connect_timeout=1");
+    let (code, _, err, _) = run_bounded(
+        dir,
+        &[
+            "publish",
+            "--store",
+            &store,
+            "--ledger",
+            &hole1,
+            "--identity",
+            "id.json",
+            "--tokens",
+            "a.tok",
+            "--snapshot",
+            "a.snap",
+            "--json",
+        ],
+        Duration::from_secs(30),
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("ledger-unavailable"), "{err}");
+}

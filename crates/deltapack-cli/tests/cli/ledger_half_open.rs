@@ -74,21 +74,15 @@ fn a_ledger_that_never_answers_neither_hangs_nor_keeps_the_process() {
     // longer than a read may keep the process.
     let hole = format!("postgres://postgres@127.0.0.1:{port}/db?sslmode=disable");
     let limit = Duration::from_secs(8);
-    let (code, out, err, _) = run_bounded(
-        dir,
-        &[
-            "restore",
-            "--store",
-            &store,
-            "--ledger",
-            &hole,
-            "--identity",
-            "id.json",
-            "--tokens",
-            "a.tok",
-            "--out",
-            "r.snap",
-        ],
+    // `line`, with the store and `ledger`, under `limit`.
+    let run = |line: &str, ledger: &str, limit: Duration| {
+        let mut args: Vec<&str> = line.split_whitespace().collect();
+        args.extend(["--store", store.as_str(), "--ledger", ledger]);
+        run_bounded(dir, &args, limit)
+    };
+    let (code, out, err, _) = run(
+        "restore --identity id.json --tokens a.tok --out r.snap",
+        &hole,
         limit,
     );
     assert_eq!(code, 0, "{out}{err}");
@@ -96,41 +90,17 @@ fn a_ledger_that_never_answers_neither_hangs_nor_keeps_the_process() {
         std::fs::read(dir.join("r.snap")).expect("restored"),
         std::fs::read(dir.join("a.snap")).expect("snap")
     );
-    let (code, out, err, _) = run_bounded(
-        dir,
-        &[
-            "lookup",
-            "--store",
-            &store,
-            "--ledger",
-            &hole,
-            "--identity",
-            "id.json",
-            "--tokens",
-            "a.tok",
-            "--json",
-        ],
+    let (code, out, err, _) = run(
+        "lookup --identity id.json --tokens a.tok --json",
+        &hole,
         limit,
     );
     assert_eq!(code, 0, "{out}{err}");
     // A publication needs the ledger: refused within the URL's deadline.
     let hole1 = format!("{hole}&connect_timeout=1");
-    let (code, _, err, _) = run_bounded(
-        dir,
-        &[
-            "publish",
-            "--store",
-            &store,
-            "--ledger",
-            &hole1,
-            "--identity",
-            "id.json",
-            "--tokens",
-            "a.tok",
-            "--snapshot",
-            "a.snap",
-            "--json",
-        ],
+    let (code, _, err, _) = run(
+        "publish --identity id.json --tokens a.tok --snapshot a.snap --json",
+        &hole1,
         Duration::from_secs(30),
     );
     assert_ne!(code, 0);

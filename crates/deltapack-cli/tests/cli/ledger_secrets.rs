@@ -78,53 +78,32 @@ fn a_ledger_credential_is_never_written_or_printed() {
         "{}&sslmode=disable&password=queryHunter2&application_name=secrets",
         ledger.replacen("://postgres@", "://postgres:userinfoHunter1@", 1)
     );
-    let ok = |args: &[&str]| {
-        let (code, out, err) = run(dir, args);
-        assert_eq!(code, 0, "deltapack {args:?}: {err}");
-        assert_clean(&format!("the stdout of {args:?}"), &out);
-        assert_clean(&format!("the logs of {args:?}"), &err);
+    // Runs a command line with the store and the secret-laden ledger URL
+    // added; it must succeed and show no secret on stdout or in its logs.
+    let ok = |line: &str| {
+        let mut args: Vec<&str> = line.split_whitespace().collect();
+        args.extend(["--store", store.as_str(), "--ledger", url.as_str()]);
+        let (code, out, err) = run(dir, &args);
+        assert_eq!(code, 0, "deltapack {line}: {err}");
+        assert_clean(&format!("the stdout of {line}"), &out);
+        assert_clean(&format!("the logs of {line}"), &err);
         out
     };
-    let s = ["--store", store.as_str(), "--ledger", url.as_str()];
-    let with = |rest: &[&'static str]| -> Vec<&str> {
-        s.iter().copied().chain(rest.iter().copied()).collect()
-    };
-    ok(&[
-        &["publish"][..],
-        &with(&[
-            "--identity",
-            "id.json",
-            "--tokens",
-            "a.tok",
-            "--snapshot",
-            "a.snap",
-        ]),
-    ]
-    .concat());
-    ok(&[
-        &["restore"][..],
-        &with(&[
-            "--identity",
-            "id.json",
-            "--tokens",
-            "a.tok",
-            "--out",
-            "r.snap",
-        ]),
-    ]
-    .concat());
-    ok(&[
-        &["lookup"][..],
-        &with(&["--identity", "id.json", "--tokens", "a.tok"]),
-    ]
-    .concat());
-    ok(&[&["stats"][..], &with(&[])].concat());
-    ok(&[&["stats"][..], &with(&["--prometheus"])].concat());
-    ok(&[&["config", "show"][..], &with(&[])].concat());
-    ok(&[&["config", "show"][..], &with(&["--json"])].concat());
-    ok(&[&["sweep"][..], &with(&["--json"])].concat());
-    ok(&[&["ledger", "show"][..], &with(&[])].concat());
-    let shown = ok(&[&["ledger", "show"][..], &with(&["--json"])].concat());
+    let publish = "publish --identity id.json --tokens a.tok --snapshot a.snap";
+    ok(publish);
+    ok("restore --identity id.json --tokens a.tok --out r.snap");
+    ok("lookup --identity id.json --tokens a.tok");
+    for line in [
+        "stats",
+        "stats --prometheus",
+        "config show",
+        "config show --json",
+        "sweep --json",
+        "ledger show",
+    ] {
+        ok(line);
+    }
+    let shown = ok("ledger show --json");
     // The binding names the ledger by its identity.
     let v: serde_json::Value = serde_json::from_str(&shown).expect("json");
     let host_port = ledger
@@ -146,42 +125,18 @@ fn a_ledger_credential_is_never_written_or_printed() {
         "mysql://u:badHunter4@h/db?password=badHunter4".to_string(),
         format!("{url}&sslpassword=sslHunter3"),
     ] {
-        let (code, out, err) = run(
-            dir,
-            &[
-                "lookup",
-                "--store",
-                &store,
-                "--ledger",
-                &bad,
-                "--identity",
-                "id.json",
-                "--tokens",
-                "a.tok",
-                "--ledger-deadline",
-                "5s",
-            ],
-        );
+        let with_bad = |line: &str| {
+            let mut args: Vec<&str> = line.split_whitespace().collect();
+            args.extend(["--store", store.as_str(), "--ledger", bad.as_str()]);
+            run(dir, &args)
+        };
+        let (code, out, err) =
+            with_bad("lookup --identity id.json --tokens a.tok --ledger-deadline 5s");
         assert_clean(
             &format!("lookup with {bad}"),
             &format!("{code} {out} {err}"),
         );
-        let (code, out, err) = run(
-            dir,
-            &[
-                "publish",
-                "--store",
-                &store,
-                "--ledger",
-                &bad,
-                "--identity",
-                "id.json",
-                "--tokens",
-                "a.tok",
-                "--snapshot",
-                "a.snap",
-            ],
-        );
+        let (code, out, err) = with_bad(publish);
         assert_ne!(code, 0, "{bad}: {out}");
         assert_clean(&format!("publish with {bad}"), &format!("{out} {err}"));
     }
@@ -199,23 +154,10 @@ fn a_ledger_credential_is_never_written_or_printed() {
     let mut text = serde_json::to_vec(&b).expect("json");
     text.push(b'\n');
     std::fs::write(&binding, text).expect("write");
-    ok(&[&["ledger", "show"][..], &with(&["--json"])].concat());
-    ok(&[
-        &["publish"][..],
-        &with(&[
-            "--identity",
-            "id.json",
-            "--tokens",
-            "a.tok",
-            "--snapshot",
-            "a.snap",
-        ]),
-    ]
-    .concat());
+    ok("ledger show --json");
+    ok(publish);
     assert_files_clean(&dir.join("store"));
-    let v: serde_json::Value =
-        serde_json::from_str(&ok(&[&["ledger", "show"][..], &with(&["--json"])].concat()))
-            .expect("json");
+    let v: serde_json::Value = serde_json::from_str(&ok("ledger show --json")).expect("json");
     assert_eq!(
         v["binding"]["store_ledger"]["description"],
         want.as_str(),

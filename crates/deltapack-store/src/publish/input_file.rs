@@ -61,15 +61,7 @@ impl SnapshotFile {
     /// header.
     pub fn open(path: &Path) -> Result<SnapshotFile> {
         let io = |e: std::io::Error| StoreError::Invalid(format!("{}: {e}", path.display()));
-        let file = std::fs::File::open(path).map_err(io)?;
-        let meta = file.metadata().map_err(io)?;
-        if !meta.is_file() {
-            return Err(StoreError::Invalid(format!(
-                "{} is not a regular file",
-                path.display()
-            )));
-        }
-        let stamp = Stamp::of(&meta);
+        let (file, stamp) = open_regular(path)?;
         // The framing says how long the prefix is; its length is bounded
         // by the format before anything that long is read.
         let mut first = vec![0u8; (stamp.len as usize).min(64 << 10)];
@@ -209,6 +201,20 @@ impl SnapshotFile {
     }
 }
 
+/// Opens `path`, which must be a regular file, and stamps it as it is now.
+fn open_regular(path: &Path) -> Result<(std::fs::File, Stamp)> {
+    let io = |e: std::io::Error| StoreError::Invalid(format!("{}: {e}", path.display()));
+    let file = std::fs::File::open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        return Err(StoreError::Invalid(format!(
+            "{} is not a regular file",
+            path.display()
+        )));
+    }
+    Ok((file, Stamp::of(&meta)))
+}
+
 /// Reads `buf.len()` bytes of `file` (opened at `len` bytes) at `offset`; a
 /// file that ends sooner was truncated since it was opened.
 fn read_exact(
@@ -261,16 +267,7 @@ pub struct TailFile {
 impl TailFile {
     /// Opens `path`, a regular file; reads nothing yet.
     pub fn open(path: &Path) -> Result<TailFile> {
-        let io = |e: std::io::Error| StoreError::Invalid(format!("{}: {e}", path.display()));
-        let file = std::fs::File::open(path).map_err(io)?;
-        let meta = file.metadata().map_err(io)?;
-        if !meta.is_file() {
-            return Err(StoreError::Invalid(format!(
-                "{} is not a regular file",
-                path.display()
-            )));
-        }
-        let stamp = Stamp::of(&meta);
+        let (file, stamp) = open_regular(path)?;
         Ok(TailFile {
             file,
             path: path.to_path_buf(),

@@ -398,6 +398,13 @@ async fn the_binding_is_written_by_the_first_write_and_checked_strictly() {
     publish_base(&s, &id, c2, s2, RootFormat::V2).await;
 }
 
+/// What the store holds at the binding's key.
+async fn binding_bytes(s: &Store) -> bytes::Bytes {
+    let key = object_store::path::Path::from("ledger/binding.json");
+    let got = s.object_store().get(&key).await.expect("binding");
+    got.bytes().await.expect("bytes")
+}
+
 /// `ledger adopt` replaces whatever the store holds at the binding's key —
 /// an oversized object (5,002 bytes: it used to answer "concurrent
 /// change" on every attempt, because the oversized object was never read
@@ -416,14 +423,7 @@ async fn adoption_replaces_an_oversized_truncated_or_garbage_binding() {
         let (c, snap) = (ctx(&id, 81, 2048), turn(81, 2048));
         publish_base(&s, &id, c, snap.clone(), RootFormat::V2).await;
         let key = object_store::path::Path::from("ledger/binding.json");
-        let good = s
-            .object_store()
-            .get(&key)
-            .await
-            .expect("binding")
-            .bytes()
-            .await
-            .expect("bytes");
+        let good = binding_bytes(&s).await;
         let mut oversized = good.to_vec();
         oversized.resize(5_002, b' ');
         let cases: Vec<(&str, Vec<u8>)> = vec![
@@ -470,14 +470,7 @@ async fn adoption_replaces_an_oversized_truncated_or_garbage_binding() {
             .expect("huge binding");
         let e = s.adopt(Duration::ZERO).await.expect_err("too large");
         assert!(e.to_string().contains("remove it by hand"), "{url}: {e}");
-        let still = s
-            .object_store()
-            .get(&key)
-            .await
-            .expect("binding")
-            .bytes()
-            .await
-            .expect("bytes");
+        let still = binding_bytes(&s).await;
         assert_eq!(still.len(), huge.len(), "{url}: left in place");
     }
 }

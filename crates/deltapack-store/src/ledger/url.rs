@@ -40,15 +40,15 @@ const ENCODE: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'~');
 
 /// A `postgres://` (or `postgresql://`) ledger URL, split and decoded.
-#[derive(Clone)]
 pub(crate) struct LedgerUrl {
     /// `postgres` or `postgresql`.
     scheme: String,
     /// The user-info's user name, decoded (empty: none given).
     user: Option<String>,
-    /// Whether the user-info has a password (its value is kept only in
+    /// Whether the user-info has a password, and if so whether it is the
+    /// `***` mask a shown form writes (its value is kept only in
     /// [`LedgerUrl::driver_url`]'s input, never shown).
-    has_password: bool,
+    password_masked: Option<bool>,
     /// The authority's host list as written (`h1:5432,h2`), no user-info.
     hosts: String,
     /// The path's database name, decoded (`None`: not in the path).
@@ -88,12 +88,12 @@ impl LedgerUrl {
             Some((u, h)) => (Some(u), h),
             None => (None, rest),
         };
-        let (user, has_password) = match userinfo {
-            None => (None, false),
+        let (user, password_masked) = match userinfo {
+            None => (None, None),
             Some(u) => {
                 let (name, pw) = match u.split_once(':') {
-                    Some((n, _)) => (n, true),
-                    None => (u, false),
+                    Some((n, p)) => (n, Some(p == "***")),
+                    None => (u, None),
                 };
                 (
                     Some(decode(name).map_err(|e| bad(format!("user name: {e}")))?),
@@ -127,7 +127,7 @@ impl LedgerUrl {
         Ok(LedgerUrl {
             scheme: scheme.to_string(),
             user,
-            has_password,
+            password_masked,
             hosts: hosts.to_string(),
             dbname,
             base: base.to_string(),
@@ -197,7 +197,7 @@ impl LedgerUrl {
     /// password and the values of [`SECRET_PARAMS`]. Other parameters are
     /// shown decoded and encoded again (so `ssl%6Dode` shows as `sslmode`).
     pub(crate) fn redacted(&self) -> String {
-        let user = match (&self.user, self.has_password) {
+        let user = match (&self.user, self.password_masked.is_some()) {
             (None, _) => String::new(),
             (Some(u), false) => format!("{}@", utf8_percent_encode(u, ENCODE)),
             (Some(u), true) => format!("{}:***@", utf8_percent_encode(u, ENCODE)),
@@ -240,13 +240,7 @@ pub(crate) fn holds_secret(text: &str) -> bool {
     let Ok(u) = LedgerUrl::parse(text) else {
         return false;
     };
-    let userinfo_pw = text
-        .split_once("://")
-        .and_then(|(_, r)| r.split('?').next())
-        .and_then(|r| r.split_once('@'))
-        .and_then(|(u, _)| u.split_once(':'))
-        .is_some_and(|(_, pw)| pw != "***");
-    userinfo_pw || u.params.iter().any(|(n, v)| is_secret(n) && v != "***")
+    u.password_masked == Some(false) || u.params.iter().any(|(n, v)| is_secret(n) && v != "***")
 }
 
 /// `s` percent-decoded as the driver decodes it (no `+` for space), as

@@ -16,7 +16,7 @@ use object_store::ObjectStoreExt;
 
 use crate::backend::BackendKind;
 use crate::error::{Result, StoreError};
-use crate::ledger::now_ms;
+use crate::ledger::{now_ms, Claimant};
 use crate::store::Store;
 
 /// Protects the objects a publication writes or reuses from garbage
@@ -147,10 +147,11 @@ impl Protector {
         let start = Instant::now();
         let mut pause = Duration::from_millis(5);
         while !claimed.is_empty() {
-            if start.elapsed() > crate::ledger::DELETING_LEASE + Duration::from_secs(5) {
+            if start.elapsed() > crate::ledger::CLAIM_WAIT_LIMIT {
                 return Err(StoreError::Internal(format!(
-                    "{} objects stayed claimed for deletion longer than the claim lease",
-                    claimed.len()
+                    "{} objects stayed claimed for deletion by a live collector for over {:?}",
+                    claimed.len(),
+                    crate::ledger::CLAIM_WAIT_LIMIT
                 )));
             }
             tracing::debug!(
@@ -244,38 +245,7 @@ impl Store {
                 }
                 (n, b)
             }
-            _ => {
-                // Claim, delete, finish: a publisher that protects a claimed
-                // key waits for the deletion and writes the object again.
-                let (mut n, mut b) = (0, 0);
-                let claimed = ledger.run(move |l| l.claim_due(cutoff)).await?;
-                for (i, (key, bytes)) in claimed.iter().enumerate() {
-                    // An adoption since the last check: stop, and hand the
-                    // claims not acted on back (the new owner decides).
-                    if let Err(e) = fence.check(self).await {
-                        let rest: Vec<String> =
-                            claimed[i..].iter().map(|(k, _)| k.clone()).collect();
-                        let _ = ledger
-                            .run(move |l| rest.iter().try_for_each(|k| l.finish_delete(k, false)))
-                            .await;
-                        return Err(e);
-                    }
-                    let (key, bytes) = (key.clone(), *bytes);
-                    let p = Path::from(key.as_str());
-                    let res = self.object_store().delete(&p).await;
-                    let deleted = matches!(res, Ok(()) | Err(object_store::Error::NotFound { .. }));
-                    let k = key.clone();
-                    ledger.run(move |l| l.finish_delete(&k, deleted)).await?;
-                    match res {
-                        Ok(()) | Err(object_store::Error::NotFound { .. }) => {
-                            n += 1;
-                            b += bytes;
-                        }
-                        Err(e) => return Err(StoreError::io(&p, e)),
-                    }
-                }
-                (n, b)
-            }
+            _ => self.collect_claimed(ledger, &mut fence, cutoff).await?,
         };
         tracing::Span::current()
             .record("objects", n)
@@ -287,5 +257,109 @@ impl Store {
             objects: n,
             bytes: b,
         })
+    }
+}
+
+/// Objects one claim–delete–finish round of a collection on an object
+/// store takes at most: a publisher waiting for one of them waits for at
+/// most this many DELETEs.
+const CLAIM_BATCH: usize = 64;
+
+/// Deletes `p` for a collector holding a claim on it, only while its
+/// claims are surely fresh ([`Claimant::time_left`]): a DELETE still in
+/// flight when the heartbeat stops getting through is abandoned.
+/// `Ok(Ok(()))` deleted (or already gone), `Ok(Err)` the DELETE failed or
+/// was abandoned (the object may be there or not; a publication writes
+/// what it needs with create-if-absent either way), `Err` the claims may
+/// have lapsed before the DELETE was sent (the collector stops).
+pub(crate) async fn delete_claimed(
+    store: &dyn object_store::ObjectStore,
+    claimant: &Claimant,
+    p: &Path,
+) -> Result<std::result::Result<(), object_store::Error>> {
+    claimant.time_left()?;
+    let mut delete = std::pin::pin!(store.delete(p));
+    loop {
+        // Re-judged as the heartbeat renews the claims: a slow DELETE goes
+        // on as long as its claim is kept fresh.
+        let Ok(left) = claimant.time_left() else {
+            return Ok(Err(object_store::Error::Generic {
+                store: "deltapack",
+                source: "the DELETE outlived the collector's claim (its heartbeat stopped \
+                         getting through): abandoned"
+                    .into(),
+            }));
+        };
+        if let Ok(r) = tokio::time::timeout(left.min(Duration::from_millis(200)), &mut delete).await
+        {
+            return Ok(match r {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(e),
+            });
+        }
+    }
+}
+
+impl Store {
+    /// Garbage collection on an object store: claim a batch of due
+    /// objects, delete each under the claim, finish each; until none is
+    /// due. A publisher that protects a claimed key waits for the deletion
+    /// (or for the claim to lapse, if this collector dies) and writes the
+    /// object again.
+    async fn collect_claimed(
+        &self,
+        ledger: &crate::ledger::Ledger,
+        fence: &mut crate::ownership::OwnerFence,
+        cutoff: u64,
+    ) -> Result<(u64, u64)> {
+        let (mut n, mut b) = (0, 0);
+        let mut claimant = Claimant::new(ledger)?;
+        let mut seen = std::collections::HashSet::new();
+        loop {
+            let id = claimant.id();
+            let began = Instant::now();
+            let claimed = ledger
+                .run(move |l| l.claim_due(cutoff, id, CLAIM_BATCH))
+                .await?;
+            claimant.claimed(began);
+            // Nothing left, or only what this run already tried (a DELETE
+            // that failed leaves its object due): done.
+            if claimed.is_empty() || !claimed.iter().any(|(k, _)| seen.insert(k.clone())) {
+                let rest: Vec<String> = claimed.into_iter().map(|(k, _)| k).collect();
+                let _ = ledger
+                    .run(move |l| rest.iter().try_for_each(|k| l.finish_delete(k, false)))
+                    .await;
+                return Ok((n, b));
+            }
+            crate::failpoint::reached("gc.claimed");
+            for (i, (key, bytes)) in claimed.iter().enumerate() {
+                // An adoption since the last check, or claims this
+                // collector can no longer vouch for: stop, and hand the
+                // claims not acted on back (the new owner decides).
+                let stop = match fence.check(self).await {
+                    Ok(()) => claimant.time_left().err().map(StoreError::from),
+                    Err(e) => Some(e),
+                };
+                if let Some(e) = stop {
+                    let rest: Vec<String> = claimed[i..].iter().map(|(k, _)| k.clone()).collect();
+                    let _ = ledger
+                        .run(move |l| rest.iter().try_for_each(|k| l.finish_delete(k, false)))
+                        .await;
+                    return Err(e);
+                }
+                let p = Path::from(key.as_str());
+                let res = delete_claimed(self.object_store().as_ref(), &claimant, &p).await?;
+                crate::failpoint::reached("gc.deleted");
+                let (k, deleted) = (key.clone(), res.is_ok());
+                ledger.run(move |l| l.finish_delete(&k, deleted)).await?;
+                match res {
+                    Ok(()) => {
+                        n += 1;
+                        b += bytes;
+                    }
+                    Err(e) => return Err(StoreError::io(&p, e)),
+                }
+            }
+        }
     }
 }

@@ -102,6 +102,7 @@ mod capacity;
 mod config;
 mod config_file;
 mod error;
+mod failpoint;
 mod fault;
 mod gc;
 mod holds;

@@ -352,19 +352,36 @@ impl Store {
         // under the same lock) comes entirely before — and is removed — or
         // entirely after, recorded afresh with its objects live.
         let lock = self.root_lock().await?;
-        if claim
-            && !ledger
-                .run(move |l| l.claim_root_removal(&k.0, &k.1))
+        // The claim's collector identity: its heartbeat keeps the claim
+        // fresh until the removal is recorded (dropped at return).
+        let mut claimant = None;
+        if claim {
+            let mut c = crate::ledger::Claimant::new(ledger)?;
+            let (id, began) = (c.id(), std::time::Instant::now());
+            if !ledger
+                .run(move |l| l.claim_root_removal(&k.0, &k.1, id))
                 .await?
-        {
-            return Ok(false);
+            {
+                return Ok(false);
+            }
+            c.claimed(began);
+            crate::failpoint::reached("remove.claimed");
+            claimant = Some(c);
         }
-        if let Err(e) = self.delete_root_object_locked(&key).await {
+        // A claim this remover can no longer vouch for is not acted on.
+        let deleted = match claimant.as_ref().map(|c| c.time_left()) {
+            Some(Err(e)) => Err(StoreError::from(e)),
+            _ => self.delete_root_object_locked(&key).await,
+        };
+        if let Err(e) = deleted {
             if claim {
                 let claimed = key.to_string();
                 let _ = ledger.run(move |l| l.finish_delete(&claimed, false)).await;
             }
             return Err(e);
+        }
+        if claim {
+            crate::failpoint::reached("remove.deleted");
         }
         let condemned = ledger
             .run(move |l| l.remove_root(&k.0, &k.1, now_ms()))

@@ -35,7 +35,7 @@ use crate::base_graph::{BaseGraph, RootId};
 use crate::error::{Result, StoreError};
 use crate::fault::{FaultKind, ObjectFault, Proof};
 use crate::keys;
-use crate::ledger::Ledger;
+use crate::ledger::{Claimant, Ledger};
 use crate::store::{RootStatus, Store};
 use crate::verify::{check_object, Expected};
 
@@ -470,6 +470,9 @@ impl Store {
         report: &mut SweepReport,
     ) -> Result<()> {
         let now = SystemTime::now();
+        // One collector identity for the whole reclaim: its heartbeat keeps
+        // every orphan claim it holds fresh.
+        let mut claimant = lu.ledger.map(Claimant::new).transpose()?;
         for meta in listed {
             if refs.objects.contains_key(&meta.location) {
                 continue;
@@ -485,7 +488,7 @@ impl Store {
                 if let Some(f) = fence.as_mut() {
                     f.check(self).await?;
                 }
-                if !self.delete_orphan(meta, lu).await? {
+                if !self.delete_orphan(meta, lu, claimant.as_mut()).await? {
                     report.orphans_in_grace += 1;
                     continue;
                 }
@@ -506,6 +509,7 @@ impl Store {
         &self,
         meta: &object_store::ObjectMeta,
         lu: &mut LedgerUse<'_>,
+        claimant: Option<&mut Claimant>,
     ) -> Result<bool> {
         Ok(match (self.backend_kind(), lu.ledger) {
             (BackendKind::Local { root }, _) if lu.degraded => {
@@ -538,16 +542,32 @@ impl Store {
                 ))
             }
             (_, Some(ledger)) => {
-                let key = meta.location.to_string();
-                if !ledger.run(move |l| l.claim_orphan(&key)).await? {
+                let Some(claimant) = claimant else {
+                    return Err(StoreError::Internal(
+                        "orphan reclaim without a claimant".into(),
+                    ));
+                };
+                let (key, id, began) = (meta.location.to_string(), claimant.id(), Instant::now());
+                let mine = ledger.run(move |l| l.claim_orphan(&key, id)).await?;
+                claimant.claimed(began);
+                if !mine {
                     false
                 } else {
-                    let res = self.object_store().delete(&meta.location).await;
-                    let deleted = matches!(res, Ok(()) | Err(object_store::Error::NotFound { .. }));
+                    crate::failpoint::reached("sweep.claimed");
+                    let res = crate::gc::delete_claimed(
+                        self.object_store().as_ref(),
+                        claimant,
+                        &meta.location,
+                    )
+                    .await;
+                    if res.is_ok() {
+                        crate::failpoint::reached("sweep.deleted");
+                    }
+                    let deleted = matches!(res, Ok(Ok(())));
                     let key = meta.location.to_string();
                     let _ = ledger.run(move |l| l.finish_delete(&key, deleted)).await;
-                    match res {
-                        Ok(()) | Err(object_store::Error::NotFound { .. }) => true,
+                    match res? {
+                        Ok(()) => true,
                         Err(e) => return Err(StoreError::io(&meta.location, e)),
                     }
                 }

@@ -10,6 +10,7 @@ mod cli_end_to_end;
 mod compat;
 mod configuration;
 mod crash_kill9;
+mod dead_collector;
 mod destructive_commands;
 mod fleet_kill9;
 mod ledger_down;

@@ -584,12 +584,36 @@ fn pg_params(params: &[V]) -> Vec<Box<dyn postgres::types::ToSql + Sync>> {
         .collect()
 }
 
+/// Milliseconds since the epoch, by this machine's clock.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 impl Db {
     /// The engine.
     pub(crate) fn kind(&self) -> Kind {
         match self {
             Db::Sqlite(_) => Kind::Sqlite,
             Db::Postgres(_) => Kind::Postgres,
+        }
+    }
+
+    /// The ledger's clock, in milliseconds since the epoch: the database
+    /// server's for PostgreSQL (shared by every node, whatever their own
+    /// clocks say), this machine's for SQLite (whose every user is on it).
+    /// What judges leases many nodes compare, such as delete claims.
+    pub(crate) fn clock_ms(&mut self) -> Result<u64, LedgerError> {
+        match self {
+            Db::Sqlite(_) => Ok(now_ms()),
+            Db::Postgres(_) => self
+                .one(
+                    "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT",
+                    &[],
+                )?
+                .u64(0),
         }
     }
 

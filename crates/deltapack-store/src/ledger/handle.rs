@@ -6,7 +6,7 @@
 //! on a concept module (roots, objects, …): they depend on it.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use deltapack_format::LedgerId;
 use serde::Serialize;
@@ -45,13 +45,7 @@ impl std::str::FromStr for ColdStart {
     }
 }
 
-/// Milliseconds since the epoch.
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub(crate) use super::db::now_ms;
 
 /// Where a ledger lives, for `ledger show` and messages.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -62,7 +62,7 @@ mod schema;
 mod tls;
 mod url;
 
-pub(crate) use claims::DELETING_LEASE;
+pub(crate) use claims::{Claimant, CLAIM_WAIT_LIMIT};
 pub use error::{EngineError, LedgerError};
 pub(crate) use handle::{now_ms, Ledger};
 pub use handle::{ColdStart, LedgerLocation};

@@ -4,7 +4,7 @@
 //! A publication's protections end with it (or with its lease); nothing
 //! here records roots.
 
-use super::claims::{DELETING_LEASE, FRESH_CLAIM};
+use super::claims::{fresh_since, FRESH_CLAIM};
 use super::db::V;
 use super::error::LedgerError;
 use super::handle::{now_ms, Ledger};
@@ -89,9 +89,9 @@ impl Ledger {
         keys: &[String],
         until: u64,
     ) -> Result<Vec<String>, LedgerError> {
-        let fresh = now_ms().saturating_sub(DELETING_LEASE.as_millis() as u64);
         self.write(|db| {
             db.lease_commit()?;
+            let fresh = fresh_since(db)?;
             let mut claimed = Vec::new();
             for k in keys {
                 db.exec(

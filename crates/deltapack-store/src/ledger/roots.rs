@@ -7,7 +7,7 @@
 use deltapack_format::{ContextDigest, Namespace, RootKind, RootSummary};
 use serde::Serialize;
 
-use super::claims::DELETING_LEASE;
+use super::claims::CLAIM_TTL;
 use super::db::{Db, V};
 use super::error::LedgerError;
 use super::handle::{now_ms, Ledger};
@@ -254,18 +254,20 @@ impl Ledger {
     /// publication that protects it from now on learns it is going and
     /// waits for the removal instead of building on it. The claim ends with
     /// [`Ledger::remove_root`] (or [`Ledger::finish_delete`] if the removal
-    /// fails); a remover that dies leaves a claim that lapses after
-    /// [`DELETING_LEASE`].
+    /// fails), claimed by `claimant` (whose heartbeat renews it); a remover
+    /// that dies leaves a claim that lapses after [`CLAIM_TTL`].
     pub(crate) fn claim_root_removal(
         &self,
         ns: &Namespace,
         ctx: &ContextDigest,
+        claimant: i64,
     ) -> Result<bool, LedgerError> {
         let key = crate::keys::root_key(ns, ctx).to_string();
         let (ns, ctx) = hexpair(ns, ctx);
         let now = now_ms();
-        let stale = now.saturating_sub(DELETING_LEASE.as_millis() as u64);
         self.write(|db| {
+            let clock = db.clock_ms()?;
+            let stale = clock.saturating_sub(CLAIM_TTL.as_millis() as u64);
             db.exec(
                 "DELETE FROM deleting WHERE key LIKE 'roots/%' AND since <= ?1",
                 &[V::from(stale)],
@@ -288,9 +290,9 @@ impl Ledger {
                 return Ok(false);
             }
             db.exec(
-                "INSERT INTO deleting(key, since) VALUES (?1, ?2)
-                 ON CONFLICT(key) DO UPDATE SET since = excluded.since",
-                &[V::from(&key), V::from(now)],
+                "INSERT INTO deleting(key, since, claimant) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(key) DO UPDATE SET since = excluded.since, claimant = excluded.claimant",
+                &[V::from(&key), V::from(clock), V::I(claimant)],
             )?;
             Ok(true)
         })

@@ -36,7 +36,8 @@ CREATE TABLE IF NOT EXISTS holds(name TEXT NOT NULL, ns TEXT NOT NULL, ctx TEXT 
 CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS protected(owner INTEGER NOT NULL, key TEXT NOT NULL, until INTEGER NOT NULL, PRIMARY KEY(owner, key));
 CREATE TABLE IF NOT EXISTS publications(id INTEGER PRIMARY KEY AUTOINCREMENT, reserved INTEGER NOT NULL, until INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS deleting(key TEXT PRIMARY KEY, since INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS deleting(key TEXT PRIMARY KEY, since INTEGER NOT NULL, claimant INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS deleting_claimant ON deleting(claimant);
 CREATE TABLE IF NOT EXISTS tombstones(kind TEXT NOT NULL, id TEXT NOT NULL, at INTEGER NOT NULL, PRIMARY KEY(kind, id));
 ";
 
@@ -59,7 +60,8 @@ CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value BIGINT NOT NULL
 CREATE TABLE IF NOT EXISTS protected(owner BIGINT NOT NULL, key TEXT NOT NULL, until BIGINT NOT NULL, PRIMARY KEY(owner, key));
 CREATE INDEX IF NOT EXISTS protected_key ON protected(key);
 CREATE TABLE IF NOT EXISTS publications(id BIGSERIAL PRIMARY KEY, reserved BIGINT NOT NULL, until BIGINT NOT NULL);
-CREATE TABLE IF NOT EXISTS deleting(key TEXT PRIMARY KEY, since BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS deleting(key TEXT PRIMARY KEY, since BIGINT NOT NULL, claimant BIGINT NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS deleting_claimant ON deleting(claimant);
 CREATE TABLE IF NOT EXISTS tombstones(kind TEXT NOT NULL, id TEXT NOT NULL, at BIGINT NOT NULL, PRIMARY KEY(kind, id));
 ";
 
@@ -90,22 +92,39 @@ pub(super) const SQLITE_MIGRATIONS: &[(u32, &str)] = &[
          ALTER TABLE holds ADD COLUMN since INTEGER NOT NULL DEFAULT 0;
          CREATE TABLE IF NOT EXISTS tombstones(kind TEXT NOT NULL, id TEXT NOT NULL, at INTEGER NOT NULL, PRIMARY KEY(kind, id));",
     ),
+    // 4: delete claims name their collector, which renews them while it
+    // lives (a heartbeat); a claim lapses seconds after its collector
+    // stops instead of after a fixed two-minute lease. A build of version
+    // 3 would honour renewed claims but treat its own as two-minute
+    // leases nobody renews, so it must not share a ledger with this one.
+    (
+        4,
+        "ALTER TABLE deleting ADD COLUMN claimant INTEGER NOT NULL DEFAULT 0;
+         CREATE INDEX IF NOT EXISTS deleting_claimant ON deleting(claimant);",
+    ),
 ];
 
 /// PostgreSQL ledgers start at version 2.
-pub(super) const POSTGRES_MIGRATIONS: &[(u32, &str)] = &[(
-    3,
-    "ALTER TABLE roots ADD COLUMN IF NOT EXISTS recorded_at BIGINT NOT NULL DEFAULT 0;
-     ALTER TABLE roots ADD COLUMN IF NOT EXISTS ckey BIGINT NOT NULL DEFAULT 0;
-     CREATE INDEX IF NOT EXISTS roots_ckey ON roots(ckey);
-     ALTER TABLE holds ADD COLUMN IF NOT EXISTS since BIGINT NOT NULL DEFAULT 0;
-     CREATE TABLE IF NOT EXISTS tombstones(kind TEXT NOT NULL, id TEXT NOT NULL, at BIGINT NOT NULL, PRIMARY KEY(kind, id));",
-)];
+pub(super) const POSTGRES_MIGRATIONS: &[(u32, &str)] = &[
+    (
+        3,
+        "ALTER TABLE roots ADD COLUMN IF NOT EXISTS recorded_at BIGINT NOT NULL DEFAULT 0;
+         ALTER TABLE roots ADD COLUMN IF NOT EXISTS ckey BIGINT NOT NULL DEFAULT 0;
+         CREATE INDEX IF NOT EXISTS roots_ckey ON roots(ckey);
+         ALTER TABLE holds ADD COLUMN IF NOT EXISTS since BIGINT NOT NULL DEFAULT 0;
+         CREATE TABLE IF NOT EXISTS tombstones(kind TEXT NOT NULL, id TEXT NOT NULL, at BIGINT NOT NULL, PRIMARY KEY(kind, id));",
+    ),
+    (
+        4,
+        "ALTER TABLE deleting ADD COLUMN IF NOT EXISTS claimant BIGINT NOT NULL DEFAULT 0;
+         CREATE INDEX IF NOT EXISTS deleting_claimant ON deleting(claimant);",
+    ),
+];
 
 /// Ledger format version, bumped when the tables change. An older ledger is
 /// migrated forward at open (`*_MIGRATIONS`); a newer one is refused (this
 /// build would misread it).
-pub(super) const LEDGER_VERSION: u32 = 3;
+pub(super) const LEDGER_VERSION: u32 = 4;
 
 /// Fills `roots.ckey` of rows recorded before version 3.
 pub(super) fn backfill_ckeys(db: &mut Db) -> Result<(), LedgerError> {

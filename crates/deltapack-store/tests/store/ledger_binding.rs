@@ -475,41 +475,6 @@ async fn adoption_replaces_an_oversized_truncated_or_garbage_binding() {
     }
 }
 
-/// Deletes that take `delay` each (a slow or distant backend), counted.
-#[derive(Debug)]
-struct SlowDeletes {
-    inner: Arc<dyn object_store::ObjectStore>,
-    delay: Duration,
-    started: Arc<std::sync::atomic::AtomicU64>,
-}
-
-#[async_trait::async_trait]
-impl deltapack_store::wrap::Intercept for SlowDeletes {
-    deltapack_store::layer_basics!("SlowDeletes");
-
-    fn delete_stream(
-        &self,
-        locations: futures::stream::BoxStream<
-            'static,
-            object_store::Result<object_store::path::Path>,
-        >,
-    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>> {
-        use futures::StreamExt;
-        let (inner, delay, started) = (self.inner.clone(), self.delay, self.started.clone());
-        locations
-            .then(move |p| {
-                let (inner, started) = (inner.clone(), started.clone());
-                async move {
-                    started.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    tokio::time::sleep(delay).await;
-                    let p = p?;
-                    inner.delete(&p).await.map(|()| p)
-                }
-            })
-            .boxed()
-    }
-}
-
 /// The sweep re-checks ownership while it reclaims orphans: a store
 /// adopted in the middle of a long reclaim (deletes of 250 ms each) stops
 /// the old owner's sweep within a second, so the adoption's fence covers
@@ -524,7 +489,7 @@ async fn an_adoption_stops_a_running_sweep_within_a_second() {
     let dir = tempfile::tempdir().expect("tmp");
     let raw = raw_backend(&url);
     let started = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let slow = deltapack_store::wrap::Wrapped::arc(SlowDeletes {
+    let slow = deltapack_store::wrap::Wrapped::arc(crate::common::faults::SlowDeletes {
         inner: raw.store.clone(),
         delay: Duration::from_millis(250),
         started: started.clone(),

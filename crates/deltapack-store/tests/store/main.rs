@@ -11,6 +11,7 @@ mod bad_input;
 mod capacity_ledger;
 mod chain_restore;
 mod chaos_faults;
+mod claim_liveness;
 mod concurrency;
 mod conformance;
 mod corruption_matrix;

@@ -611,3 +611,40 @@ impl Intercept for Faulty {
         self.inner.copy_opts(from, to, options).await
     }
 }
+
+/// Deletes that take `delay` each (a slow or distant backend), counted.
+#[derive(Debug)]
+pub(crate) struct SlowDeletes {
+    pub(crate) inner: Arc<dyn object_store::ObjectStore>,
+    pub(crate) delay: Duration,
+    pub(crate) started: Arc<std::sync::atomic::AtomicU64>,
+}
+
+#[async_trait::async_trait]
+impl deltapack_store::wrap::Intercept for SlowDeletes {
+    deltapack_store::layer_basics!("SlowDeletes");
+
+    fn delete_stream(
+        &self,
+        locations: futures::stream::BoxStream<
+            'static,
+            object_store::Result<object_store::path::Path>,
+        >,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>> {
+        use futures::StreamExt;
+        let (inner, delay, started) = (self.inner.clone(), self.delay, self.started.clone());
+        locations
+            .then(move |p| {
+                let (inner, started) = (inner.clone(), started.clone());
+                async move {
+                    started.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    tokio::time::sleep(delay).await;
+                    let p = p?;
+                    object_store::ObjectStoreExt::delete(&*inner, &p)
+                        .await
+                        .map(|()| p)
+                }
+            })
+            .boxed()
+    }
+}

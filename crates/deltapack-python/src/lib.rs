@@ -502,7 +502,9 @@ impl Store {
         self.report(py, move |e| async move { e.inspect(ns).await })
     }
 
-    /// Persists this handle's counters into the ledger.
+    /// Waits for the moves to quarantine this handle's restores queued
+    /// (a restore refuses damaged bytes at once and moves them aside in the
+    /// background), then persists its counters into the ledger.
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
         let e = self.engine.clone();
         blocking(py, async move { e.flush().await })

@@ -49,6 +49,8 @@ def test_flipped_byte_in_an_extent_is_a_corrupt_miss_and_zeroes_the_buffer(tmp_p
     # The damaged extent was quarantined once proven; a restore misses too.
     r = store.restore(ident, ids)
     assert not r and r.reason == "corrupt"
+    # The move to quarantine is queued off the read path; flush waits for it.
+    store.flush()
     assert (root / "quarantine").exists()
     assert store.stats()["process"]["quarantined"] >= 1
 

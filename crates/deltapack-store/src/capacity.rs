@@ -33,6 +33,9 @@ pub fn free_space(_path: &std::path::Path) -> Option<u64> {
     None
 }
 
+/// How long [`Store::close`] waits for queued moves to quarantine.
+const QUARANTINE_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Store {
     /// Ledger totals.
     pub async fn ledger_totals(&self) -> Result<Totals> {
@@ -93,7 +96,9 @@ impl Store {
     }
 
     /// Writes what this handle still owes the ledger (queued accesses, an
-    /// access flush already under way, counters) and waits for it. Call it
+    /// access flush already under way, counters) and waits for it, after
+    /// the moves to quarantine its reads queued
+    /// ([`Store::settle_quarantines`], at most 2 s). Call it
     /// before the runtime shuts down (a process about to exit): a flush
     /// still in flight then would be cancelled, and its accesses lost. A
     /// handle that owes nothing opens no ledger, and one whose ledger was
@@ -101,6 +106,9 @@ impl Store {
     /// (bound the call with a timeout where a hanging ledger must not hold
     /// a process's exit, as the CLI does).
     pub async fn close(&self) -> Result<()> {
+        // Queued moves to quarantine, for a while: one waiting for a ledger
+        // that does not answer is left to its retries (or to the next read).
+        let _ = tokio::time::timeout(QUARANTINE_CLOSE_WAIT, self.settle_quarantines()).await;
         let task = self.inner.touch_task.lock().ok().and_then(|mut t| t.take());
         if let Some(task) = task {
             let _ = task.await;

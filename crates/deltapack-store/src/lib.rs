@@ -118,6 +118,7 @@ mod options;
 mod ownership;
 mod paths;
 mod publish;
+mod quarantine_queue;
 mod raw;
 mod read_only;
 mod reconcile;

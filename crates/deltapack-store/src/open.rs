@@ -95,6 +95,7 @@ impl Store {
                 flushed: Mutex::new(Default::default()),
                 tier_store,
                 tier,
+                quarantines: Default::default(),
             }),
         };
         // Publications a previous process acknowledged in the tier and did

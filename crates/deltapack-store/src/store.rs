@@ -61,6 +61,8 @@ pub(crate) struct Inner {
     /// store and what this handle knows of it (`tier/`).
     pub(crate) tier_store: Option<Store>,
     pub(crate) tier: Option<Arc<crate::tier::TierState>>,
+    /// Moves to quarantine the read path queued (`quarantine_queue.rs`).
+    pub(crate) quarantines: Arc<crate::quarantine_queue::QuarantineQueue>,
 }
 
 /// Persists this handle's counters into the ledger when the last clone of
@@ -352,8 +354,10 @@ impl Store {
         // again — and still holds the damaged bytes when it is moved.
         let (again, damaged, bytes) = self.read_root_once(ns, ctx, ancestors).await?;
         if let (true, Some(b)) = (damaged, &bytes) {
-            self.quarantine_root_if_unchanged(&keys::root_key(ns, ctx), b)
-                .await?;
+            self.queue_quarantine(crate::quarantine_queue::Job::Root {
+                key: keys::root_key(ns, ctx),
+                expected: b.clone(),
+            });
         }
         Ok((again, bytes))
     }
@@ -616,6 +620,14 @@ impl Store {
             tracing::info!(%key, "root changed since it was judged; not quarantined");
         }
         Ok(moved)
+    }
+
+    /// Waits until the moves to quarantine that reads queued are done (a
+    /// restore refuses a damaged object at once and moves it aside in the
+    /// background, when the ledger confirms this handle may). `close`
+    /// waits for them too.
+    pub async fn settle_quarantines(&self) {
+        self.inner.quarantines.settled().await
     }
 
     /// Moves a damaged key to `quarantine/…` (copy, then delete) and counts

@@ -218,7 +218,7 @@ impl Store {
             };
             let f = f.into_error()?;
             if matches!(f.kind, FaultKind::Corrupt) && f.key.is_some() {
-                self.quarantine(&key).await;
+                self.queue_quarantine(crate::quarantine_queue::Job::Object(key.clone()));
             }
             return Ok(Err(f));
         }

@@ -573,6 +573,32 @@ impl Store {
         }
     }
 
+    /// Queues the move of a damaged key to quarantine and returns at once
+    /// (`quarantine_queue.rs`): the read path never waits for the ledger's
+    /// judgement of ownership. The job tries to open a ledger that cannot
+    /// be opened now again, with growing pauses, for up to
+    /// [`crate::quarantine_queue::PATIENCE`], then judges and moves.
+    pub(crate) fn queue_quarantine(&self, job: crate::quarantine_queue::Job) {
+        use crate::quarantine_queue::{Job, PATIENCE};
+        let (store, key) = (self.clone(), job.key().clone());
+        self.inner.quarantines.submit(&key, async move {
+            let patience = std::time::Instant::now() + PATIENCE;
+            let mut pause = std::time::Duration::from_millis(250);
+            while store.ledger().await.is_err() && std::time::Instant::now() < patience {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_secs(5));
+            }
+            match job {
+                Job::Object(k) => store.quarantine(&k).await,
+                Job::Root { key, expected } => {
+                    if let Err(e) = store.quarantine_root_if_unchanged(&key, &expected).await {
+                        tracing::warn!(%key, error = %e, "damaged root not quarantined");
+                    }
+                }
+            }
+        });
+    }
+
     /// Turns a reassembly failure into a miss (quarantining a damaged
     /// object) or an error (the backend failed).
     async fn damage_outcome(&self, d: reassembly::ObjectFault) -> Result<MissReason> {
@@ -583,7 +609,7 @@ impl Store {
             FaultKind::Missing => Ok(d.miss()),
             FaultKind::Corrupt => {
                 if let Some(key) = &d.key {
-                    self.quarantine(key).await;
+                    self.queue_quarantine(crate::quarantine_queue::Job::Object(key.clone()));
                 }
                 Ok(d.miss())
             }

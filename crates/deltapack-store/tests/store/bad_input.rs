@@ -49,13 +49,14 @@ async fn exists(s: &Store, key: &Path) -> bool {
 }
 
 async fn expect_miss(f: &Fixture, ctx: ContextDigest, want: &str) -> MissReason {
-    match f
-        .t
-        .store
-        .restore((&f.id, ctx), Default::default())
-        .await
-        .expect("restore must not error")
-    {
+    let outcome =
+        f.t.store
+            .restore((&f.id, ctx), Default::default())
+            .await
+            .expect("restore must not error");
+    // Moves to quarantine are queued off the read path: wait for them.
+    f.t.store.settle_quarantines().await;
+    match outcome {
         RestoreOutcome::Miss(m) => {
             assert_eq!(m.label(), want, "{}: {m}", f.t.name);
             m

@@ -300,7 +300,9 @@ async fn damage_to_any_extent_is_a_miss_never_wrong_bytes() {
             std::fs::write(&path, &bad).expect("damage");
             let s = fresh(&t.store, unbounded(1024));
             let mut buf = vec![0xAAu8; want.encoded().len()];
-            match restore_into(&s, &conv.id, top, &mut buf).await {
+            let outcome = restore_into(&s, &conv.id, top, &mut buf).await;
+            s.settle_quarantines().await;
+            match outcome {
                 RestoreIntoOutcome::Hit { .. } => {
                     // Possible only if the damaged byte is not part of the
                     // result (later turns replaced it): the result digest

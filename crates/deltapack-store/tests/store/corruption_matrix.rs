@@ -160,6 +160,14 @@ fn handles(dir: &Path, w: &World) -> Handles {
 }
 
 async fn check_restores(h: &Handles, w: &World, bad: &Bad, what: &str) {
+    check_restores_unsettled(h, w, bad, what).await;
+    // Moves to quarantine are queued off the read path: wait for them.
+    h.plain.settle_quarantines().await;
+    h.keyed.settle_quarantines().await;
+}
+
+/// [`check_restores`] without waiting for the quarantines it queues.
+async fn check_restores_unsettled(h: &Handles, w: &World, bad: &Bad, what: &str) {
     for r in w.roots.keys() {
         let want = expected(w, r, bad);
         let s = if h.keyed_roots.contains(r) {

@@ -178,6 +178,8 @@ impl Target {
             .restore((&self.id, self.ctx), Default::default())
             .await;
         let took = t0.elapsed();
+        // Moves to quarantine are queued off the read path: wait for them.
+        self.t.store.settle_quarantines().await;
         let what = match out {
             Ok(RestoreOutcome::Miss(MissReason::Corrupt { what, .. })) => what,
             Ok(RestoreOutcome::Miss(other)) => panic!("{case}: expected corrupt, got miss {other}"),

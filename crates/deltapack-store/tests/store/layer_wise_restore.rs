@@ -405,6 +405,7 @@ async fn flipped_byte_in_layer_on(on: Scratch) {
         let s = reopened(&t);
         let before = s.stats().quarantined;
         let l = restore_layers(&s, &id, *c, want.encoded().len(), &LayerOrder::GroupMajor).await;
+        s.settle_quarantines().await;
         let what = format!("{} {what}", t.name);
         let RestoreIntoOutcome::Miss { reason } = &l.outcome else {
             panic!("{what}: damaged layer restored: {:?}", l.outcome)

@@ -86,3 +86,78 @@ async fn a_ledger_that_never_answers_bounds_every_call() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(ledger_threads(port), 0, "ledger threads left behind");
 }
+
+/// The objects of the quarantine folder of a local store at `root`.
+fn quarantined_files(root: &std::path::Path) -> usize {
+    files_under(&root.join("quarantine")).len()
+}
+
+/// The read path never waits on the ledger: with the ledger black-holed
+/// (a fault proxy in front of the real PostgreSQL), a damaged object is
+/// refused at once as `corrupt` — also under a 500 ms deadline, which the
+/// old read path spent opening the ledger to decide on quarantine and
+/// reported as `deadline-exceeded` — and the move to quarantine is queued:
+/// applied once the ledger answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_object_is_refused_at_once_and_quarantined_once_the_ledger_answers() {
+    let Some(pg) = crate::common::pg::fresh_schema(&format!("halfq_{}", std::process::id())) else {
+        return;
+    };
+    let upstream: std::net::SocketAddr = {
+        let at = pg.split('@').nth(1).expect("host in the test URL");
+        let hostport = at.split('/').next().expect("host:port");
+        hostport.parse().expect("an IP:port test URL")
+    };
+    let proxy = deltapack_testkit::FaultProxy::start(upstream).expect("proxy");
+    let url = pg.replacen(
+        &upstream.to_string(),
+        &format!("127.0.0.1:{}", proxy.port()),
+        1,
+    );
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let url = format!("{url}{sep}connect_timeout=2");
+    let dir = tempfile::tempdir().expect("tmp");
+    let store_url = format!("file://{}", dir.path().join("store").display());
+    let cfg = || config().with_ledger(Some(url.clone()));
+    let id = identity("half-open-quarantine");
+    let (c, snap) = (ctx(&id, 6, 1024), turn(6, 1024));
+    {
+        let s = Store::open(&store_url, cfg()).expect("store");
+        publish_base(&s, &id, c, snap.clone(), RootFormat::V2).await;
+        s.close().await.expect("close");
+    }
+    // Damage one object at rest.
+    let objects: Vec<_> = files_under(&dir.path().join("store").join("objects"));
+    let victim = objects.first().expect("an object").clone();
+    let mut bytes = std::fs::read(&victim).expect("read object");
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&victim, &bytes).expect("damage object");
+
+    proxy.set(deltapack_testkit::Fault::BlackHole);
+    let s = Store::open(&store_url, cfg()).expect("store");
+    let mut opts = deltapack_store::RestoreOptions::default();
+    opts.deadline = Some(tokio::time::Instant::now() + Duration::from_millis(500));
+    let outcome = tokio::time::timeout(Duration::from_secs(30), s.restore((&id, c), opts))
+        .await
+        .expect("the restore waited on the black-holed ledger")
+        .expect("restore");
+    match outcome {
+        deltapack_store::RestoreOutcome::Miss(m) => assert!(
+            matches!(m, deltapack_store::MissReason::Corrupt { .. }),
+            "a damaged object under a black-holed ledger: {m}"
+        ),
+        deltapack_store::RestoreOutcome::Hit(_) => panic!("a damaged object restored"),
+    }
+    // Refused, and not moved yet: moving needs the ledger's word.
+    assert!(victim.exists(), "quarantined without the ledger");
+    assert_eq!(quarantined_files(&dir.path().join("store")), 0);
+
+    // The ledger answers again: the queued move is applied.
+    proxy.set(deltapack_testkit::Fault::None);
+    tokio::time::timeout(Duration::from_secs(90), s.settle_quarantines())
+        .await
+        .expect("the queued quarantine never settled");
+    assert!(!victim.exists(), "the damaged object is still live");
+    assert_eq!(quarantined_files(&dir.path().join("store")), 1);
+}

@@ -147,6 +147,7 @@ async fn encoded_registry_counts_hits_misses_publications_and_ledger_totals() {
         .restore((&id, cb), Default::default())
         .await
         .expect("restore");
+    s.settle_quarantines().await;
     assert!(
         matches!(corrupt.miss(), Some(MissReason::Corrupt { .. })),
         "{corrupt:?}"

@@ -148,6 +148,7 @@ async fn damage_in_transit_quarantines_nothing_on_restore() {
             }
             Err(e) => panic!("{prefix} flip {flip} fail {fail}: {e}"),
         }
+        r.settle_quarantines().await;
         assert_eq!(r.stats().quarantined, 0, "{prefix} flip {flip} fail {fail}");
         assert_eq!(w.quarantined().await, 0, "{prefix} flip {flip} fail {fail}");
     }
@@ -192,6 +193,7 @@ async fn damage_at_rest_is_still_quarantined() {
         RestoreOutcome::Miss(m) => assert_eq!(m.label(), "corrupt", "{m}"),
         RestoreOutcome::Hit(_) => panic!("damaged bytes restored"),
     }
+    r.settle_quarantines().await;
     assert_eq!(r.stats().quarantined, 1);
     assert!(
         w.store.object_store().head(&key).await.is_err(),
@@ -232,6 +234,7 @@ async fn a_failed_read_then_a_flipped_read_quarantines_nothing() {
                 Err(e) => format!("error: {e}"),
             }
         };
+        r.settle_quarantines().await;
         let q = w.quarantined().await;
         if q != 0 {
             failures.push(format!("{what}: {key} quarantined ({outcome})"));

@@ -298,6 +298,7 @@ async fn ranged_restores_are_bit_exact_and_keep_the_budget() {
         .restore_into((&w.id, w.top.0), &mut buf, Default::default())
         .await
         .expect("restore_into");
+    s.settle_quarantines().await;
     assert!(
         matches!(got, deltapack_store::RestoreIntoOutcome::Hit { .. }),
         "restore_into missed: {got:?}"
@@ -314,7 +315,9 @@ async fn a_wrong_answer_once_costs_a_reread_not_the_restore() {
         for (which, want) in [(w.base.0, &w.base.1), (w.top.0, &w.top.1)] {
             w.ranges.arm(m, 1);
             let s = handle(&w.ranges, ranged_config());
-            match outcome(&s, &w, which).await {
+            let got = outcome(&s, &w, which).await;
+            s.settle_quarantines().await;
+            match got {
                 RestoreOutcome::Hit(r) => assert_eq!(r.snapshot.encoded(), want.encoded(), "{m:?}"),
                 RestoreOutcome::Miss(miss) => panic!("{m:?} once: missed {miss}"),
             }
@@ -331,6 +334,7 @@ async fn a_backend_that_keeps_answering_wrongly_never_hands_out_wrong_bytes() {
         w.ranges.arm(m, u64::MAX);
         let s = handle(&w.ranges, ranged_config());
         let r = s.restore((&w.id, w.base.0), Default::default()).await;
+        s.settle_quarantines().await;
         match (m, r) {
             // Wrong lengths and ranges are the backend's failure: an error,
             // and nothing at rest is blamed.
@@ -358,7 +362,9 @@ async fn random_range_failures_restore_exactly_or_fail_cleanly() {
         for (which, want) in [(w.base.0, &w.base.1), (w.top.0, &w.top.1)] {
             for _ in 0..3 {
                 let s = handle(&w.ranges, ranged_config());
-                match s.restore((&w.id, which), Default::default()).await {
+                let got = s.restore((&w.id, which), Default::default()).await;
+                s.settle_quarantines().await;
+                match got {
                     Ok(RestoreOutcome::Hit(r)) => {
                         assert_eq!(r.snapshot.encoded(), want.encoded());
                         hits += 1;

@@ -172,16 +172,16 @@ pub(crate) const PG_PROBE_INTERVAL: Duration = Duration::from_secs(5);
 /// handshake together) may take when the URL sets no `connect_timeout`.
 pub(crate) const PG_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How long one call may wait for the server's answer before the
-/// connection is dropped: the server's own statement timeout
-/// ([`PG_STATEMENT_TIMEOUT`]) plus a margin for the answer to arrive.
-pub(crate) const PG_CALL_TIMEOUT: Duration = Duration::from_secs(65);
+/// How much longer than the server's statement timeout one call may wait
+/// for the server's answer before the connection is dropped (65 s with the
+/// default [`PG_STATEMENT_TIMEOUT`]).
+pub(crate) const PG_CALL_MARGIN: Duration = Duration::from_secs(5);
 
 /// A PostgreSQL connection owned by a thread of its own, driven by a
 /// single-threaded runtime of that thread, so that every step has a
 /// deadline: the connect (TCP, TLS and the start-up handshake:
 /// [`PG_CONNECT_TIMEOUT`] or the URL's `connect_timeout`) and each call
-/// ([`PG_CALL_TIMEOUT`]). A call past its deadline drops the connection
+/// (the statement timeout plus [`PG_CALL_MARGIN`]). A call past its deadline drops the connection
 /// (the server rolls back whatever it had begun) and fails with
 /// [`LedgerError::Unreachable`]; the next call connects again. At most
 /// [`PG_MAX_WAITING`] calls wait for the thread at once. So a server that
@@ -199,6 +199,8 @@ pub(crate) struct PgConn {
     config: tokio_postgres::Config,
     connector: super::tls::Connector,
     connect_timeout: Duration,
+    /// How long one call may wait for its answer.
+    call_timeout: Duration,
     client: Option<tokio_postgres::Client>,
     driver: Option<tokio::task::JoinHandle<()>>,
     /// A transaction was open when the connection was lost: every call
@@ -298,7 +300,7 @@ impl PgConn {
         Ok(())
     }
 
-    /// The outcome of a call that ran within [`PG_CALL_TIMEOUT`] (see
+    /// The outcome of a call that ran within its deadline (see
     /// [`within`]); past it, drops the connection.
     fn finish<T>(
         &mut self,
@@ -310,7 +312,8 @@ impl PgConn {
                 self.close();
                 self.down_until = Some(std::time::Instant::now() + PG_PROBE_INTERVAL);
                 Err(LedgerError::Unreachable(format!(
-                    "no answer within {PG_CALL_TIMEOUT:?}; the connection was dropped"
+                    "no answer within {:?}; the connection was dropped",
+                    self.call_timeout
                 )))
             }
         }
@@ -330,7 +333,11 @@ impl PgConn {
         params: &[&(dyn postgres::types::ToSql + Sync)],
     ) -> Result<u64, LedgerError> {
         self.ready()?;
-        let out = within(&self.rt, self.client()?.execute(sql, params));
+        let out = within(
+            &self.rt,
+            self.call_timeout,
+            self.client()?.execute(sql, params),
+        );
         self.finish(out)
     }
 
@@ -341,7 +348,11 @@ impl PgConn {
         params: &[&(dyn postgres::types::ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>, LedgerError> {
         self.ready()?;
-        let out = within(&self.rt, self.client()?.query(sql, params));
+        let out = within(
+            &self.rt,
+            self.call_timeout,
+            self.client()?.query(sql, params),
+        );
         self.finish(out)
     }
 
@@ -360,7 +371,11 @@ impl PgConn {
             };
         }
         self.ready()?;
-        let out = within(&self.rt, self.client()?.batch_execute(sql));
+        let out = within(
+            &self.rt,
+            self.call_timeout,
+            self.client()?.batch_execute(sql),
+        );
         self.finish(out)?;
         match word.as_str() {
             "BEGIN" => self.in_transaction = true,
@@ -371,20 +386,22 @@ impl PgConn {
     }
 }
 
-/// Drives `fut` on `rt` for at most [`PG_CALL_TIMEOUT`].
+/// Drives `fut` on `rt` for at most `deadline`.
 fn within<T>(
     rt: &tokio::runtime::Runtime,
+    deadline: Duration,
     fut: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
 ) -> Result<Result<T, tokio_postgres::Error>, tokio::time::error::Elapsed> {
-    rt.block_on(async { tokio::time::timeout(PG_CALL_TIMEOUT, fut).await })
+    rt.block_on(async { tokio::time::timeout(deadline, fut).await })
 }
 
 impl Pg {
     /// Connects (on the new connection's thread), within the connect
-    /// deadline.
+    /// deadline; each later call waits at most `call_timeout`.
     pub(crate) fn connect(
         config: tokio_postgres::Config,
         connector: super::tls::Connector,
+        call_timeout: Duration,
     ) -> Result<Pg, LedgerError> {
         let connect_timeout = config
             .get_connect_timeout()
@@ -402,6 +419,7 @@ impl Pg {
             config,
             connector,
             connect_timeout,
+            call_timeout,
             client: None,
             driver: None,
             lost_transaction: false,

@@ -208,22 +208,36 @@ impl Ledger {
             .driver_url
             .parse()
             .map_err(|e| LedgerError::Url(format!("{}: {e}", url.redacted())))?;
-        let timeout = format!(
-            "-c statement_timeout={}",
-            super::db::PG_STATEMENT_TIMEOUT.as_millis()
-        );
-        let options = match config.get_options() {
-            Some(o) if !o.is_empty() => format!("{o} {timeout}"),
-            _ => timeout,
+        // The server cancels a statement after `statement_timeout`: the
+        // URL's (`options=-c statement_timeout=…`) or 60 s; the client gives
+        // up on a call a margin later.
+        let statement = match config.get_options() {
+            Some(o) => super::url::statement_timeout(o)?,
+            None => None,
         };
-        config.options(&options);
+        let statement = match statement {
+            Some(t) => t,
+            None => {
+                let ours = format!(
+                    "-c statement_timeout={}",
+                    super::db::PG_STATEMENT_TIMEOUT.as_millis()
+                );
+                let options = match config.get_options() {
+                    Some(o) if !o.is_empty() => format!("{o} {ours}"),
+                    _ => ours,
+                };
+                config.options(&options);
+                super::db::PG_STATEMENT_TIMEOUT
+            }
+        };
+        let call_timeout = statement + super::db::PG_CALL_MARGIN;
         // The URL's `connect_timeout` bounds the whole start-up (TCP, TLS,
         // handshake: `db.rs`), as libpq's does; 10 s when it sets none.
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(super::db::PG_CONNECT_TIMEOUT);
         }
         Self::init(
-            Db::Postgres(super::db::Pg::connect(config, connector)?),
+            Db::Postgres(super::db::Pg::connect(config, connector, call_timeout)?),
             LedgerLocation {
                 engine: "postgres",
                 location: url.identity(),

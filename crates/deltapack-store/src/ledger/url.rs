@@ -282,9 +282,83 @@ pub fn redact_ledger_url(setting: &str) -> String {
     }
 }
 
+/// The `statement_timeout` the driver's `options` (the server's run-time
+/// parameters, `-c name=value` or `--name=value`, as the URL's `options=`
+/// gives them) set, if any: a number of milliseconds, or with a unit
+/// (`ms`, `s`, `min`), as PostgreSQL reads it. `0` (no limit) is refused:
+/// a ledger call must have a deadline.
+pub(crate) fn statement_timeout(options: &str) -> Result<Option<std::time::Duration>, LedgerError> {
+    let mut found = None;
+    let mut words = options.split_whitespace().peekable();
+    while let Some(w) = words.next() {
+        let setting = if w == "-c" {
+            words.next().unwrap_or("")
+        } else if let Some(rest) = w.strip_prefix("-c") {
+            rest
+        } else if let Some(rest) = w.strip_prefix("--") {
+            rest
+        } else {
+            continue;
+        };
+        let Some((name, value)) = setting.split_once('=') else {
+            continue;
+        };
+        if name.trim().replace('-', "_") != "statement_timeout" {
+            continue;
+        }
+        let v = value.trim().trim_matches('\'').to_ascii_lowercase();
+        let digits = v.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+        let unit = v[digits.len()..].trim();
+        let n: u64 = digits.trim().parse().map_err(|_| {
+            LedgerError::Url(format!("statement_timeout={value:?} is not a duration"))
+        })?;
+        let ms = match unit {
+            "" | "ms" => Some(n),
+            "s" => n.checked_mul(1000),
+            "min" => n.checked_mul(60_000),
+            _ => None,
+        }
+        .ok_or_else(|| {
+            LedgerError::Url(format!(
+                "statement_timeout={value:?}: use a number of ms, or ms, s or min"
+            ))
+        })?;
+        if ms == 0 {
+            return Err(LedgerError::Url(
+                "statement_timeout=0 (no limit) is refused: every ledger call needs a deadline"
+                    .into(),
+            ));
+        }
+        found = Some(std::time::Duration::from_millis(ms));
+    }
+    Ok(found)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn statement_timeout_is_read_from_the_options_as_the_server_reads_it() {
+        let ms = |o: &str| statement_timeout(o).map(|d| d.map(|d| d.as_millis()));
+        assert_eq!(ms("").expect("none"), None);
+        assert_eq!(ms("-c search_path=x").expect("other"), None);
+        assert_eq!(ms("-c statement_timeout=1500").expect("ms"), Some(1500));
+        assert_eq!(ms("-cstatement_timeout=2s").expect("s"), Some(2000));
+        assert_eq!(ms("--statement-timeout=1min").expect("min"), Some(60_000));
+        assert_eq!(
+            ms("-c statement_timeout=5s -c statement_timeout=250ms")
+                .expect("last wins, as in the server"),
+            Some(250)
+        );
+        for bad in [
+            "-c statement_timeout=0",
+            "-c statement_timeout=soon",
+            "-c statement_timeout=5h",
+        ] {
+            assert!(statement_timeout(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn names_and_values_are_decoded_as_the_driver_decodes_them() {

@@ -82,6 +82,15 @@ impl FaultProxy {
         Ok(FaultProxy { addr, state })
     }
 
+    /// A listener that accepts every connection and never answers (a hung
+    /// server, a black-holed load balancer): a proxy black-holed from the
+    /// start, in front of nothing it ever connects to.
+    pub fn black_hole() -> std::io::Result<FaultProxy> {
+        let p = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], 9)))?;
+        p.set(Fault::BlackHole);
+        Ok(p)
+    }
+
     /// The address clients connect to.
     pub fn addr(&self) -> SocketAddr {
         self.addr

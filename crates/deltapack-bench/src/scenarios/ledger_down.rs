@@ -13,11 +13,16 @@
 //!   cannot be opened): the store is probed by name, 64 HEADs in flight —
 //!   for the stored prefix, and for a request none of whose boundaries is
 //!   stored (the worst case: every candidate probed);
-//! * restore of the stored root with the ledger up and down.
+//! * restore of the stored root with the ledger up and down;
+//! * lookup and restore with a PostgreSQL ledger that accepts connections
+//!   and never answers (the test kit's black hole), and the process's
+//!   threads before and after.
 //!
 //! Rounds = time / latency. Targets (issue "the read path survives the
 //! ledger"): lookup with the ledger down ≤ 20 rounds; with it up, p50 ≤ 1 ms
-//! locally; restore down ≤ 1.05 × up. Results: `results.json` and
+//! locally; restore down ≤ 1.05 × up; (issue "the ledger under faults")
+//! restore with the ledger black-holed ≤ 1.05 × up, threads bounded.
+//! Results: `results.json` and
 //! `results.md` under `--out`.
 
 use std::path::{Path, PathBuf};
@@ -78,7 +83,17 @@ struct Results {
     repeats: u32,
     rows: Vec<Row>,
     restore_down_over_up: f64,
+    restore_black_holed_over_up: f64,
+    threads_before_black_hole: usize,
+    threads_after_black_hole: usize,
     stored_bytes: u64,
+}
+
+/// Every thread of this process (0 where `/proc` is not there).
+fn process_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 async fn lookup_median(
@@ -244,6 +259,36 @@ async fn measure(a: &LedgerDownArgs, work: &Path) -> Result<ExitCode> {
         "<= 1.05 x up",
         ratio <= 1.05,
     ));
+
+    // A PostgreSQL ledger that accepts connections and never answers.
+    let hole = deltapack_testkit::FaultProxy::black_hole()?;
+    let threads_before = process_threads();
+    let held_cfg = StoreConfig::default()
+        .with_ledger(Some(format!(
+            "postgres://deltapack@127.0.0.1:{}/ledger?sslmode=disable&connect_timeout=1",
+            hole.port()
+        )))
+        .with_base_cache_bytes(0);
+    let held = throttled_store(&store_dir, a.latency_ms, held_cfg)?;
+    let (d, src) = lookup_median(&held, &id, &candidates, a.repeats, Some(stored)).await?;
+    let met = rounds(d).is_none_or(|r| r <= 20.0) && src == LookupSource::Store;
+    rows.push(row(
+        "lookup, ledger black-holed, S3-like, stored prefix at half",
+        d,
+        Some(src),
+        "<= 20 rounds",
+        met,
+    ));
+    let restore_held = restore_median(&held, &id, stored_ctx, a.repeats).await?;
+    let held_ratio = restore_held.as_secs_f64() / restore_up.as_secs_f64().max(1e-9);
+    rows.push(row(
+        "restore, ledger black-holed, S3-like",
+        restore_held,
+        None,
+        "<= 1.05 x up",
+        held_ratio <= 1.05,
+    ));
+    let threads_after = process_threads();
     let results = Results {
         request_tokens: a.tokens,
         candidates: candidates.len(),
@@ -252,6 +297,9 @@ async fn measure(a: &LedgerDownArgs, work: &Path) -> Result<ExitCode> {
         repeats: a.repeats,
         rows,
         restore_down_over_up: ratio,
+        restore_black_holed_over_up: held_ratio,
+        threads_before_black_hole: threads_before,
+        threads_after_black_hole: threads_after,
         stored_bytes,
     };
     report(&a.out, &results)
@@ -285,13 +333,18 @@ fn report(out: &Path, results: &Results) -> Result<ExitCode> {
         ]
     }));
     md.push_str(&format!(
-        "\nRestore with the ledger down / up: {:.3}×. The restored root is the stored \
+        "\nRestore with the ledger down / up: {:.3}×; black-holed / up: {:.3}× \
+         (threads {} before the black-holed ledger, {} after its measures). The restored root is the stored \
          prefix (tiny preset, {} bytes): its cost is request rounds, which is what the \
          ledger could add. \"Ledger down\" is a SQLite ledger file that is not a \
-         database (every open fails at once); a ledger that hangs instead costs a lookup \
-         at most the ledger deadline (50 ms) more, and the reads after it skip the ledger \
-         for a second. Binary profile: {}.\n",
+         database (every open fails at once); \"black-holed\" is a PostgreSQL ledger URL \
+         whose server accepts connections and never answers (connect_timeout 1 s): a \
+         read pays at most the ledger deadline (50 ms) once, and the reads after it skip \
+         the ledger for a second. Binary profile: {}.\n",
         results.restore_down_over_up,
+        results.restore_black_holed_over_up,
+        results.threads_before_black_hole,
+        results.threads_after_black_hole,
         results.stored_bytes,
         if cfg!(debug_assertions) {
             "dev"

@@ -44,7 +44,7 @@ static LEDGER_SLOW: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBoo
 
 /// How long a command waits, at its end, for its ledger to take its
 /// counters and accesses.
-const CLOSE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+const CLOSE_PATIENCE: std::time::Duration = std::time::Duration::from_millis(750);
 
 /// Opens a store, naming the URL in errors.
 pub(crate) fn open_store(url: &str, config: StoreConfig) -> Result<Store> {

@@ -232,8 +232,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             // The stores are closed and their work flushed: what still
             // runs is a straggler (a ledger connection a read gave up
             // waiting for, to a server that does not answer). Exit within
-            // a second instead of waiting for it.
-            rt.shutdown_timeout(std::time::Duration::from_secs(1));
+            // a quarter of a second instead of waiting for it.
+            rt.shutdown_timeout(std::time::Duration::from_millis(250));
             out
         }
     }

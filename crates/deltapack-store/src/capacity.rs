@@ -34,7 +34,7 @@ pub fn free_space(_path: &std::path::Path) -> Option<u64> {
 }
 
 /// How long [`Store::close`] waits for queued moves to quarantine.
-const QUARANTINE_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+const QUARANTINE_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 impl Store {
     /// Ledger totals.
@@ -98,7 +98,7 @@ impl Store {
     /// Writes what this handle still owes the ledger (queued accesses, an
     /// access flush already under way, counters) and waits for it, after
     /// the moves to quarantine its reads queued
-    /// ([`Store::settle_quarantines`], at most 2 s). Call it
+    /// ([`Store::settle_quarantines`], at most 500 ms). Call it
     /// before the runtime shuts down (a process about to exit): a flush
     /// still in flight then would be cancelled, and its accesses lost. A
     /// handle that owes nothing opens no ledger, and one whose ledger was

@@ -4,29 +4,16 @@
 //! `connect_timeout`. Before, the start-up handshake had no deadline:
 //! `restore` printed its hit and never exited, and `publish` never
 //! returned. The listener is a real TCP socket that accepts and holds every
-//! connection without writing a byte.
+//! connection without writing a byte (the test kit's black hole).
+//!
+//! A damaged object is refused at once too: the move to quarantine, which
+//! needs the ledger's word, is queued instead of waited for (before, the
+//! restore waited out the ledger's connect deadline, and under
+//! `--deadline 500ms` reported `deadline-exceeded` instead of `corrupt`).
 
-use std::io::Read;
-use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use crate::common::{code_and_text, command, scratch_conversation};
-
-/// A listener on 127.0.0.1 that accepts and never answers; its port.
-fn black_hole() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = l.local_addr().expect("addr").port();
-    std::thread::spawn(move || {
-        for s in l.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut s = s;
-                let mut buf = [0u8; 4096];
-                while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
-            });
-        }
-    });
-    port
-}
 
 /// Runs `deltapack` in `dir`, killed after `limit` (a hang); (code,
 /// stdout, stderr, wall time).
@@ -69,7 +56,8 @@ fn a_ledger_that_never_answers_neither_hangs_nor_keeps_the_process() {
     crate::common::Cli(dir).ok(format!(
         "publish --store {store} --identity id.json --tokens a.tok --snapshot a.snap"
     ));
-    let port = black_hole();
+    let hole_proxy = deltapack_testkit::FaultProxy::black_hole().expect("black hole");
+    let port = hole_proxy.port();
     // No connect_timeout: the start-up deadline is the default 10 s, far
     // longer than a read may keep the process.
     let hole = format!("postgres://postgres@127.0.0.1:{port}/db?sslmode=disable");
@@ -105,4 +93,21 @@ fn a_ledger_that_never_answers_neither_hangs_nor_keeps_the_process() {
     );
     assert_ne!(code, 0);
     assert!(err.contains("ledger-unavailable"), "{err}");
+    // A damaged object: refused as corrupt under a 500 ms deadline, and the
+    // process ends within the limit although its ledger never answers.
+    let objects = crate::common::files_below(&dir.join("store").join("objects"));
+    let victim = objects.first().expect("an object");
+    let mut bytes = std::fs::read(victim).expect("object");
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x10;
+    std::fs::write(victim, &bytes).expect("damage");
+    let (code, out, err, took) = run(
+        "restore --identity id.json --tokens a.tok --out d.snap --deadline 500ms --json",
+        &hole,
+        limit,
+    );
+    assert_eq!(code, 3, "{out}{err}");
+    let miss: serde_json::Value = serde_json::from_str(&out).expect("miss json");
+    assert_eq!(miss["reason"], "corrupt", "{miss}");
+    eprintln!("damaged object with a black-holed ledger: corrupt, exited after {took:?}");
 }

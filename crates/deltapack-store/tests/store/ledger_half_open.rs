@@ -12,29 +12,29 @@
 //! exited. The listener here is a real TCP socket that accepts and holds
 //! every connection without writing a byte.
 
-use std::io::Read;
-use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use deltapack_store::{RootFormat, Store, StoreError};
 
 use crate::common::*;
 
-/// A TCP listener on 127.0.0.1 that accepts every connection and never
-/// answers (each accepted socket is held, its input drained). Its port.
-pub(crate) fn black_hole() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = l.local_addr().expect("addr").port();
-    std::thread::spawn(move || {
-        for s in l.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut s = s;
-                let mut buf = [0u8; 4096];
-                while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
-            });
-        }
-    });
-    port
+/// A fault proxy in front of the test PostgreSQL at `pg` (an IP:port
+/// URL), and `pg` pointed at the proxy.
+fn proxied(pg: &str) -> (deltapack_testkit::FaultProxy, String) {
+    let at = pg.split('@').nth(1).expect("host in the test URL");
+    let upstream: std::net::SocketAddr = at
+        .split('/')
+        .next()
+        .expect("host:port")
+        .parse()
+        .expect("an IP:port test URL");
+    let proxy = deltapack_testkit::FaultProxy::start(upstream).expect("proxy");
+    let url = pg.replacen(
+        &upstream.to_string(),
+        &format!("127.0.0.1:{}", proxy.port()),
+        1,
+    );
+    (proxy, url)
 }
 
 /// The ledger threads of this process still alive that talk to `port`.
@@ -54,7 +54,8 @@ fn ledger_threads(port: u16) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ledger_that_never_answers_bounds_every_call() {
-    let port = black_hole();
+    let hole = deltapack_testkit::FaultProxy::black_hole().expect("black hole");
+    let port = hole.port();
     let url = format!("postgres://postgres@127.0.0.1:{port}/db?sslmode=disable&connect_timeout=1");
     let s = Store::open("memory://", config().with_ledger(Some(url))).expect("store");
     let id = identity("half-open");
@@ -103,17 +104,7 @@ async fn a_damaged_object_is_refused_at_once_and_quarantined_once_the_ledger_ans
     let Some(pg) = crate::common::pg::fresh_schema(&format!("halfq_{}", std::process::id())) else {
         return;
     };
-    let upstream: std::net::SocketAddr = {
-        let at = pg.split('@').nth(1).expect("host in the test URL");
-        let hostport = at.split('/').next().expect("host:port");
-        hostport.parse().expect("an IP:port test URL")
-    };
-    let proxy = deltapack_testkit::FaultProxy::start(upstream).expect("proxy");
-    let url = pg.replacen(
-        &upstream.to_string(),
-        &format!("127.0.0.1:{}", proxy.port()),
-        1,
-    );
+    let (proxy, url) = proxied(&pg);
     let sep = if url.contains('?') { '&' } else { '?' };
     let url = format!("{url}{sep}connect_timeout=2");
     let dir = tempfile::tempdir().expect("tmp");
@@ -195,7 +186,8 @@ fn threads_stay_bounded_under_a_lookup_every_100ms_against_a_black_holed_ledger(
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let port = black_hole();
+        let hole = deltapack_testkit::FaultProxy::black_hole().expect("black hole");
+        let port = hole.port();
         let url =
             format!("postgres://postgres@127.0.0.1:{port}/db?sslmode=disable&connect_timeout=1");
         let s = Store::open("memory://", config().with_ledger(Some(url))).expect("store");
@@ -254,20 +246,7 @@ async fn a_ledger_gone_silent_fails_calls_within_the_urls_statement_timeout() {
     else {
         return;
     };
-    let upstream: std::net::SocketAddr = {
-        let at = pg.split('@').nth(1).expect("host in the test URL");
-        at.split('/')
-            .next()
-            .expect("host:port")
-            .parse()
-            .expect("an IP:port test URL")
-    };
-    let proxy = deltapack_testkit::FaultProxy::start(upstream).expect("proxy");
-    let url = pg.replacen(
-        &upstream.to_string(),
-        &format!("127.0.0.1:{}", proxy.port()),
-        1,
-    );
+    let (proxy, url) = proxied(&pg);
     // The schema's search_path is in `options` already: add the timeout.
     let url = url.replacen("options=", "options=-c%20statement_timeout%3D1000%20", 1);
     let s = Store::open("memory://", config().with_ledger(Some(url))).expect("store");

@@ -245,7 +245,7 @@ impl Store {
                 }
                 (n, b)
             }
-            _ => self.collect_claimed(ledger, &mut fence, cutoff).await?,
+            _ => collect_claimed(self, ledger, &mut fence, cutoff).await?,
         };
         tracing::Span::current()
             .record("objects", n)
@@ -300,66 +300,70 @@ pub(crate) async fn delete_claimed(
     }
 }
 
-impl Store {
-    /// Garbage collection on an object store: claim a batch of due
-    /// objects, delete each under the claim, finish each; until none is
-    /// due. A publisher that protects a claimed key waits for the deletion
-    /// (or for the claim to lapse, if this collector dies) and writes the
-    /// object again.
-    async fn collect_claimed(
-        &self,
-        ledger: &crate::ledger::Ledger,
-        fence: &mut crate::ownership::OwnerFence,
-        cutoff: u64,
-    ) -> Result<(u64, u64)> {
-        let (mut n, mut b) = (0, 0);
-        let mut claimant = Claimant::new(ledger)?;
-        let mut seen = std::collections::HashSet::new();
-        loop {
-            let id = claimant.id();
-            let began = Instant::now();
-            let claimed = ledger
-                .run(move |l| l.claim_due(cutoff, id, CLAIM_BATCH))
-                .await?;
-            claimant.claimed(began);
-            // Nothing left, or only what this run already tried (a DELETE
-            // that failed leaves its object due): done.
-            if claimed.is_empty() || !claimed.iter().any(|(k, _)| seen.insert(k.clone())) {
-                let rest: Vec<String> = claimed.into_iter().map(|(k, _)| k).collect();
-                let _ = ledger
-                    .run(move |l| rest.iter().try_for_each(|k| l.finish_delete(k, false)))
-                    .await;
-                return Ok((n, b));
+/// Garbage collection on an object store: claim a batch of due
+/// objects, delete each under the claim, finish each; until none is
+/// due. A publisher that protects a claimed key waits for the deletion
+/// (or for the claim to lapse, if this collector dies) and writes the
+/// object again.
+async fn collect_claimed(
+    store: &Store,
+    ledger: &crate::ledger::Ledger,
+    fence: &mut crate::ownership::OwnerFence,
+    cutoff: u64,
+) -> Result<(u64, u64)> {
+    let (mut n, mut b) = (0, 0);
+    let mut claimant = Claimant::new(ledger)?;
+    let mut seen = std::collections::HashSet::new();
+    loop {
+        let id = claimant.id();
+        let began = Instant::now();
+        let claimed = ledger
+            .run(move |l| l.claim_due(cutoff, id, CLAIM_BATCH))
+            .await?;
+        claimant.claimed(began);
+        // Nothing left, or only what this run already tried (a DELETE
+        // that failed leaves its object due): done.
+        if claimed.is_empty() || !claimed.iter().any(|(k, _)| seen.insert(k.clone())) {
+            hand_back(ledger, claimed.into_iter().map(|(k, _)| k).collect()).await;
+            return Ok((n, b));
+        }
+        crate::failpoint::reached("gc.claimed");
+        for (i, (key, bytes)) in claimed.iter().enumerate() {
+            // An adoption since the last check, or claims this
+            // collector can no longer vouch for: stop, and hand the
+            // claims not acted on back (the new owner decides).
+            let stop = match fence.check(store).await {
+                Ok(()) => claimant.time_left().err().map(StoreError::from),
+                Err(e) => Some(e),
+            };
+            if let Some(e) = stop {
+                hand_back(
+                    ledger,
+                    claimed[i..].iter().map(|(k, _)| k.clone()).collect(),
+                )
+                .await;
+                return Err(e);
             }
-            crate::failpoint::reached("gc.claimed");
-            for (i, (key, bytes)) in claimed.iter().enumerate() {
-                // An adoption since the last check, or claims this
-                // collector can no longer vouch for: stop, and hand the
-                // claims not acted on back (the new owner decides).
-                let stop = match fence.check(self).await {
-                    Ok(()) => claimant.time_left().err().map(StoreError::from),
-                    Err(e) => Some(e),
-                };
-                if let Some(e) = stop {
-                    let rest: Vec<String> = claimed[i..].iter().map(|(k, _)| k.clone()).collect();
-                    let _ = ledger
-                        .run(move |l| rest.iter().try_for_each(|k| l.finish_delete(k, false)))
-                        .await;
-                    return Err(e);
+            let p = Path::from(key.as_str());
+            let res = delete_claimed(store.object_store().as_ref(), &claimant, &p).await?;
+            crate::failpoint::reached("gc.deleted");
+            let (k, deleted) = (key.clone(), res.is_ok());
+            ledger.run(move |l| l.finish_delete(&k, deleted)).await?;
+            match res {
+                Ok(()) => {
+                    n += 1;
+                    b += bytes;
                 }
-                let p = Path::from(key.as_str());
-                let res = delete_claimed(self.object_store().as_ref(), &claimant, &p).await?;
-                crate::failpoint::reached("gc.deleted");
-                let (k, deleted) = (key.clone(), res.is_ok());
-                ledger.run(move |l| l.finish_delete(&k, deleted)).await?;
-                match res {
-                    Ok(()) => {
-                        n += 1;
-                        b += bytes;
-                    }
-                    Err(e) => return Err(StoreError::io(&p, e)),
-                }
+                Err(e) => return Err(StoreError::io(&p, e)),
             }
         }
     }
+}
+
+/// Ends claims a collector will not act on, deleting nothing (the next
+/// collector decides); failures are left to the claims' lapse.
+async fn hand_back(ledger: &crate::ledger::Ledger, keys: Vec<String>) {
+    let _ = ledger
+        .run(move |l| keys.iter().try_for_each(|k| l.finish_delete(k, false)))
+        .await;
 }

@@ -42,8 +42,11 @@ pub(crate) const CLAIM_SAFE: Duration = Duration::from_secs(2);
 /// is stuck, and the publication fails rather than wait on it).
 pub(crate) const CLAIM_WAIT_LIMIT: Duration = Duration::from_secs(120);
 
+/// When key ?1's claim was stamped, if it has one (fresh or lapsed).
+pub(super) const CLAIM_SINCE: &str = "SELECT since FROM deleting WHERE key = ?1";
+
 /// Keys among ?2.. claimed for deletion since ?1 (a fresh claim).
-pub(super) const FRESH_CLAIM: &str = "SELECT 1 FROM deleting WHERE key = ?1 AND since > ?2";
+const FRESH_CLAIM: &str = "SELECT 1 FROM deleting WHERE key = ?1 AND since > ?2";
 
 /// Claims (or takes over a lapsed claim on) key ?1 for claimant ?3 at ?2.
 const CLAIM: &str = "INSERT INTO deleting(key, since, claimant) VALUES (?1, ?2, ?3)

@@ -4,7 +4,7 @@
 //! A publication's protections end with it (or with its lease); nothing
 //! here records roots.
 
-use super::claims::{fresh_since, FRESH_CLAIM};
+use super::claims::{fresh_since, CLAIM_SINCE};
 use super::db::V;
 use super::error::LedgerError;
 use super::handle::{now_ms, Ledger};
@@ -91,22 +91,29 @@ impl Ledger {
     ) -> Result<Vec<String>, LedgerError> {
         self.write(|db| {
             db.lease_commit()?;
-            let fresh = fresh_since(db)?;
-            let mut claimed = Vec::new();
+            // Claims as rows first; the ledger's clock (a round trip on
+            // PostgreSQL) is read only when some key has one, which a
+            // publication almost never meets.
+            let mut rows = Vec::new();
             for k in keys {
                 db.exec(
                     "INSERT INTO protected(owner, key, until) VALUES (?1, ?2, ?3)
                      ON CONFLICT(owner, key) DO UPDATE SET until = excluded.until",
                     &[V::from(owner), V::from(k), V::from(until)],
                 )?;
-                if db
-                    .opt(FRESH_CLAIM, &[V::from(k), V::from(fresh)])?
-                    .is_some()
-                {
-                    claimed.push(k.clone());
+                if let Some(r) = db.opt(CLAIM_SINCE, &[V::from(k)])? {
+                    rows.push((k.clone(), r.u64(0)?));
                 }
             }
-            Ok(claimed)
+            if rows.is_empty() {
+                return Ok(Vec::new());
+            }
+            let fresh = fresh_since(db)?;
+            Ok(rows
+                .into_iter()
+                .filter(|(_, since)| *since > fresh)
+                .map(|(k, _)| k)
+                .collect())
         })
     }
 

@@ -1,5 +1,5 @@
 //! `deltapack tier`: the node-local tier in front of a store — its upload
-//! journal (`upload`) and what it holds and did (`status`).
+//! journal (`upload`, `abandon`) and what it holds and did (`status`).
 
 use std::process::ExitCode;
 
@@ -8,15 +8,25 @@ use anyhow::{bail, Result};
 use crate::common::{human_bytes, print_json};
 use crate::settings::StoreArgs;
 
-/// `deltapack tier upload|status`.
+/// `deltapack tier upload|status|abandon`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct TierCmdArgs {
     /// `upload` copies every publication acknowledged in the tier (by any
     /// process of this node, including one that was killed) to the store
     /// now, objects before roots, and exits 1 if any is still pending;
-    /// `status` shows the tier's contents, budget and upload backlog.
-    #[arg(value_parser = ["upload", "status"])]
+    /// `status` shows the tier's contents, budget and upload backlog;
+    /// `abandon` gives up the journal entries (pending or in conflict) of
+    /// `--namespace`/`--context` and of every delta on it in the tier,
+    /// removes them from the tier, and says which are lost (not in the
+    /// store).
+    #[arg(value_parser = ["upload", "status", "abandon"])]
     action: String,
+    /// `abandon`: the namespace (hex).
+    #[arg(long, value_name = "HEX", required_if_eq("action", "abandon"))]
+    namespace: Option<String>,
+    /// `abandon`: the context (hex).
+    #[arg(long, value_name = "HEX", required_if_eq("action", "abandon"))]
+    context: Option<String>,
     #[command(flatten)]
     store: StoreArgs,
     /// Machine-readable output.
@@ -30,6 +40,34 @@ pub(crate) async fn run(a: TierCmdArgs) -> Result<ExitCode> {
     if store.tier_store().is_none() {
         bail!("no tier configured: give --tier (or DELTAPACK_TIER, or `tier` in the config file)");
     }
+    if a.action == "abandon" {
+        let (Some(ns), Some(ctx)) = (&a.namespace, &a.context) else {
+            bail!("tier abandon needs --namespace and --context");
+        };
+        let ns = ns
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--namespace: {e}"))?;
+        let ctx = crate::common::parse_context(ctx)?;
+        let r = store.tier_abandon(ns, ctx).await?;
+        if a.json {
+            print_json(&r)?;
+        } else {
+            println!(
+                "abandoned {} journal entries; removed {} roots from the tier",
+                r.abandoned.len(),
+                r.removed
+            );
+            for e in &r.abandoned {
+                let fate = if e.in_origin {
+                    "in the store: nothing lost"
+                } else {
+                    "LOST: not in the store"
+                };
+                println!("  - {} ({}): {fate}", e.root, e.state);
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     if a.action == "upload" {
         let r = store.tier_upload().await?;
         if a.json {
@@ -39,6 +77,12 @@ pub(crate) async fn run(a: TierCmdArgs) -> Result<ExitCode> {
                 "uploaded {}, conflicts {}, failed {}, still pending {}",
                 r.uploaded, r.conflicts, r.failed, r.remaining
             );
+            for k in &r.conflicted {
+                println!(
+                    "  conflict: {k}: the store holds another snapshot; the tier keeps its copy \
+                     (`deltapack tier abandon` drops it)"
+                );
+            }
         }
         return Ok(if r.remaining == 0 {
             ExitCode::SUCCESS

@@ -95,14 +95,29 @@ impl Store {
         ns: Namespace,
         ctx: ContextDigest,
     ) -> Result<()> {
+        self.hold_root_with(name, ns, ctx, Bytes::new()).await?;
+        Ok(())
+    }
+
+    /// [`Store::hold_root`] whose marker carries `contents` (a tier's
+    /// journal entry records the publication's identity). The root need
+    /// not exist yet. Whether this call created the marker (`false`: it was
+    /// there already, with whatever it holds).
+    pub(crate) async fn hold_root_with(
+        &self,
+        name: &HoldName,
+        ns: Namespace,
+        ctx: ContextDigest,
+        contents: Bytes,
+    ) -> Result<bool> {
         let marker = keys::hold_key(name, &ns, &ctx);
-        put_create(self.object_store().as_ref(), &marker, Bytes::new()).await?;
+        let created = put_create(self.object_store().as_ref(), &marker, contents).await?;
         let name = name.to_string();
         self.ledger()
             .await?
             .run(move |l| l.add_hold(&name, &ns, &ctx))
             .await?;
-        Ok(())
+        Ok(created == crate::backend::PutOutcome::Created)
     }
 
     /// Releases a named hold. Returns whether it existed.

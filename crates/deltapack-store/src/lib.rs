@@ -170,6 +170,9 @@ pub use restore::{
 pub use stats::{StatsReport, StatsSnapshot, TierReport};
 pub use store::{RootInfo, RootStatus, Store};
 pub use sweep::{SweepOptions, SweepReport};
-pub use tier::{TierAck, TierConfig, TierStats, UploadReport, UPLOAD_HOLD};
+pub use tier::{
+    AbandonReport, AbandonedRoot, TierAck, TierConfig, TierStats, UploadReport, CONFLICT_HOLD,
+    UPLOAD_HOLD,
+};
 pub use verify::{ObjectVerdict, RootVerdict};
 pub use write_behind::{WriteBehind, WriteBehindReport};

@@ -31,6 +31,9 @@ pub enum LookupSource {
     /// The store itself, probed by root name: the ledger was unreachable,
     /// failing, slower than the deadline, or knew none of the candidates.
     Store,
+    /// The node's tier: a publication acknowledged there and not uploaded
+    /// yet is the longest, or the origin did not answer in time.
+    Tier,
 }
 
 /// What [`Store::lookup_detailed`] found.
@@ -79,6 +82,33 @@ impl Store {
         identity: &CacheIdentity,
         candidates: &[(u64, ContextDigest)],
     ) -> Result<Lookup> {
+        let out = match self.tier() {
+            Some(tier) => tier.lookup(identity, candidates).await,
+            None => self.lookup_here(identity, candidates).await,
+        };
+        if let Ok(l) = &out {
+            let span = tracing::Span::current();
+            if let Some((b, _)) = l.found {
+                span.record("found", b);
+            }
+            span.record(
+                "source",
+                match l.source {
+                    LookupSource::Ledger => "ledger",
+                    LookupSource::Store => "store",
+                    LookupSource::Tier => "tier",
+                },
+            );
+        }
+        out
+    }
+
+    /// [`Store::lookup_detailed`] in this store alone (not its tier).
+    pub(crate) async fn lookup_here(
+        &self,
+        identity: &CacheIdentity,
+        candidates: &[(u64, ContextDigest)],
+    ) -> Result<Lookup> {
         let ns = identity.namespace();
         let mut sorted = candidates.to_vec();
         sorted.sort_by_key(|c| std::cmp::Reverse(c.0));
@@ -109,13 +139,11 @@ impl Store {
                 }
             }
         };
-        let span = tracing::Span::current();
         if let Some(known) = &known {
             for (b, c) in sorted.iter().filter(|c| known.contains(&c.1)) {
                 let key = keys::root_key(&ns, c);
                 match self.object_store().head(&key).await {
                     Ok(_) => {
-                        span.record("found", b).record("source", "ledger");
                         return Ok(Lookup {
                             found: Some((*b, *c)),
                             source: LookupSource::Ledger,
@@ -129,10 +157,6 @@ impl Store {
             self.metrics().ledger_fallback(self.stats_ref(), "lookup");
         }
         let found = self.probe_roots(&ns, sorted).await?;
-        if let Some((b, _)) = found {
-            span.record("found", b);
-        }
-        span.record("source", "store");
         Ok(Lookup {
             found,
             source: LookupSource::Store,

@@ -149,6 +149,11 @@ impl RemovalPlan {
         self.kind
     }
 
+    /// The roots the plan removes, dependents first.
+    pub(crate) fn targets(&self) -> Vec<RootId> {
+        self.targets.clone()
+    }
+
     /// Root keys the plan removes, in order.
     pub fn roots(&self) -> Vec<String> {
         self.targets
@@ -623,6 +628,24 @@ impl Store {
             .map(|r| (r.namespace, r.context))
             .collect();
         Ok(Self::plan_with_dependents(RemovalKind::Clear, &rows, seeds))
+    }
+
+    /// Plans the removal of one root with every delta built on it,
+    /// respecting pins and holds as a pruning does (a tier dropping a root
+    /// the origin no longer holds: nothing journaled for upload, nor what
+    /// it needs, goes).
+    pub(crate) async fn drop_plan(
+        &self,
+        namespace: Namespace,
+        context: ContextDigest,
+    ) -> Result<RemovalPlan> {
+        let rows = self.lru_rows(self.ledger().await?).await?;
+        let seeds = rows
+            .iter()
+            .filter(|r| r.namespace == namespace && r.context == context)
+            .map(|r| (r.namespace, r.context))
+            .collect();
+        Ok(Self::plan_with_dependents(RemovalKind::Prune, &rows, seeds))
     }
 
     /// Plans the invalidation of a namespace (e.g. the model changed) or one

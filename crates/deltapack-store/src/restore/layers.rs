@@ -362,7 +362,7 @@ impl Store {
             Ok(Ok(layered)) => {
                 self.count_reads(&r.what, &tally);
                 self.ledger_touch(&ns, &context).await;
-                self.after_origin_hit((ns, context).into());
+                self.after_origin_hit((ns, context).into(), r.want);
                 self.record_restore(start, Some(r.schema), Ok((r.boundary, r.result_len)));
                 let hit = RestoreIntoOutcome::Hit {
                     len: r.result_len,

@@ -152,7 +152,7 @@ impl Store {
         })?;
         match &out {
             RestoreOutcome::Hit(r) => {
-                self.after_origin_hit(key);
+                self.after_origin_hit(key, r.digest);
                 self.record_restore(
                     start,
                     Some(r.schema),
@@ -331,7 +331,7 @@ impl Store {
             Ok(_) => {
                 self.count_reads(&r.what, &tally);
                 self.ledger_touch(&ns, &context).await;
-                self.after_origin_hit((ns, context).into());
+                self.after_origin_hit((ns, context).into(), r.want);
                 self.record_restore(start, Some(r.schema), Ok((r.boundary, r.result_len)));
                 Ok(RestoreIntoOutcome::Hit {
                     len: r.result_len,

@@ -23,8 +23,14 @@ pub struct TierConfig {
     /// a tier hit for it is checked again (5 s by default).
     pub check_interval: Duration,
     /// How long that check may take; an origin that has not answered by
-    /// then cannot refuse the hit (1 s by default).
+    /// then cannot refuse the hit (1 s by default). A check never outlasts
+    /// the restore's own deadline.
     pub check_timeout: Duration,
+    /// After a check the origin did not answer, how long tier hits are
+    /// served unchecked without asking it again (the circuit breaker's
+    /// probe interval; 5 s by default): an outage costs one check timeout
+    /// per interval, not one per restore.
+    pub probe_interval: Duration,
     /// Roots filled at once; a fill beyond that is skipped (2 by default).
     pub fill_roots_in_flight: usize,
     /// Objects held in memory at once across all fills and uploads (4 by
@@ -61,6 +67,7 @@ impl TierConfig {
             budget_bytes: None,
             check_interval: Duration::from_secs(5),
             check_timeout: Duration::from_secs(1),
+            probe_interval: Duration::from_secs(5),
             fill_roots_in_flight: 2,
             fill_objects_in_flight: 4,
             ack: TierAck::Origin,

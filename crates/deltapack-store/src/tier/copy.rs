@@ -41,6 +41,24 @@ pub(crate) struct Copy<'a> {
     pub(crate) parts: Option<&'a tokio::sync::Semaphore>,
     /// What the copy is, for its errors.
     pub(crate) what: &'static str,
+    /// For an upload: the roots journaled in the source. A base the target
+    /// lacks is copied only if it is one of them (an acknowledged
+    /// publication on its way); any other base the target lacks, or holds
+    /// with another snapshot, makes the delta on it go up flattened
+    /// ([`Copy::flatten`]). `None` (a fill): a base the target lacks is
+    /// copied, and one it holds with another snapshot fails the copy.
+    pub(crate) journaled: Option<&'a std::collections::HashSet<RootKey>>,
+}
+
+/// How a chain walk ended below its lowest link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bottom {
+    /// A flat link, or the target holds the lowest link's base with the
+    /// snapshot it was built on: every link goes as it is.
+    Proven,
+    /// The target cannot give the lowest link its base (absent and not
+    /// journaled, or another snapshot): that link goes up flat.
+    Flatten,
 }
 
 /// What a copy did.
@@ -51,42 +69,71 @@ pub(crate) struct Copied {
     /// Whether the target already held another snapshot at some link
     /// (nothing of that link was made visible; the target's root wins).
     pub(crate) conflict: bool,
+    /// Whether that link was the requested root itself.
+    pub(crate) conflict_at_top: bool,
 }
 
 impl Copy<'_> {
-    /// Copies `key` and the links below it the target lacks, bottom first.
+    /// Copies `key` and the links below it the target lacks, bottom first;
+    /// a link whose base the target cannot give it goes up flat.
     pub(crate) async fn root(&self, key: RootKey) -> Result<Copied> {
         // Only the target's own ledger may publish into it (as for any
         // publication).
         self.to.require_owner("copy").await?;
-        let links = self.links(key).await?;
+        let (links, bottom) = self.links(key).await?;
         let mut out = Copied::default();
-        for link in links.into_iter().rev() {
-            let (bytes, conflict) = self.link(link).await?;
+        let n = links.len();
+        for (i, link) in links.into_iter().rev().enumerate() {
+            let (bytes, conflict) = if i == 0 && bottom == Bottom::Flatten {
+                self.flatten(&link).await?
+            } else {
+                self.link(link).await?
+            };
             out.bytes += bytes;
             if conflict {
                 out.conflict = true;
+                out.conflict_at_top = i + 1 == n;
                 break;
             }
         }
         Ok(out)
     }
+
     /// The chain from `key` down to the first link below it the target
-    /// already holds (or the flat bottom), top first, read from the source
-    /// without side effects there.
-    async fn links(&self, key: RootKey) -> Result<Vec<Link>> {
+    /// already holds with the snapshot the link above was built on (or the
+    /// flat bottom), top first, read from the source without side effects
+    /// there; and how the walk ended.
+    async fn links(&self, key: RootKey) -> Result<(Vec<Link>, Bottom)> {
         let what = self.what;
-        let mut links = Vec::new();
+        let mut links: Vec<Link> = Vec::new();
         let mut at = Some(key);
         let max_depth = self.from.config().restore.max_base_depth;
         while let Some(key) = at.take() {
             let (ns, ctx) = (key.namespace, key.context);
             // The requested root is copied even if the target has it: its
-            // objects may be gone (quarantined there); below it, a link the
-            // target holds ends the walk.
-            let below = !links.is_empty();
-            if below && matches!(self.to.peek_root(&ns, &ctx).await?, RootStatus::Found(_)) {
-                break;
+            // objects may be gone (quarantined there). Below it, the base
+            // the link above names decides.
+            if let Some(above) = links.last() {
+                let want = above
+                    .root
+                    .summary()
+                    .and_then(|s| s.base)
+                    .map(|b| b.snapshot_digest);
+                match (self.to.peek_root(&ns, &ctx).await?, self.journaled) {
+                    (RootStatus::Found(r), _)
+                        if r.summary().map(|s| s.result_snapshot_digest) == want =>
+                    {
+                        return Ok((links, Bottom::Proven));
+                    }
+                    (RootStatus::Found(_), Some(_)) => return Ok((links, Bottom::Flatten)),
+                    (RootStatus::Found(_), None) => {
+                        return Err(StoreError::Invalid(format!(
+                            "{what}: the target holds another snapshot at the base {ns}/{ctx}"
+                        )));
+                    }
+                    (_, Some(j)) if !j.contains(&key) => return Ok((links, Bottom::Flatten)),
+                    _ => {}
+                }
             }
             if links.len() > max_depth {
                 return Err(StoreError::Invalid(format!(
@@ -109,7 +156,36 @@ impl Copy<'_> {
                 root: *root,
             });
         }
-        Ok(links)
+        Ok((links, Bottom::Proven))
+    }
+
+    /// Copies one link flat: its snapshot restored (and verified) from the
+    /// source, published into the target as a flat root under the identity
+    /// its journal entry records. The bytes written, and whether the target
+    /// held another snapshot there.
+    async fn flatten(&self, link: &Link) -> Result<(u64, bool)> {
+        let what = self.what;
+        let key = link.key;
+        let identity = super::journal::journaled_identity(self.from, key).await?;
+        let snapshot = match self.from.restore(key, Default::default()).await? {
+            crate::RestoreOutcome::Hit(hit) => hit.snapshot,
+            crate::RestoreOutcome::Miss(why) => {
+                return Err(StoreError::Invalid(format!(
+                    "{what}: cannot compose {}/{} to upload it flat: {why}",
+                    key.namespace, key.context
+                )));
+            }
+        };
+        tracing::info!(root = %crate::keys::root_key(&key.namespace, &key.context), "the target cannot give this turn its base: copied flat");
+        let req = crate::PublishRequest {
+            identity,
+            context: key.context,
+            snapshot,
+            base: None,
+            format: crate::RootFormat::V2,
+        };
+        let r = self.to.publish_uncounted(req, &|_, _| {}).await?;
+        Ok((r.bytes_written, r.outcome == PublishOutcome::Conflict))
     }
 
     /// Copies one link: every object it names (checked against the root),
@@ -137,9 +213,13 @@ impl Copy<'_> {
                 protector
                     .protect(vec![crate::keys::root_key(&bns, &bctx).to_string()])
                     .await?;
-                if !matches!(tier.peek_root(&bns, &bctx).await?, RootStatus::Found(_)) {
+                let held = match tier.peek_root(&bns, &bctx).await? {
+                    RootStatus::Found(r) => r.summary().map(|s| s.result_snapshot_digest),
+                    _ => None,
+                };
+                if held != Some(b.snapshot_digest) {
                     return Err(StoreError::Invalid(format!(
-                        "{what}: the base {bns}/{bctx} left the target during the copy"
+                        "{what}: the base {bns}/{bctx} left the target (or was replaced) during the copy"
                     )));
                 }
             }

@@ -37,6 +37,7 @@ impl Tier<'_> {
                 in_flight: tier.config.fill_objects_in_flight,
                 parts: None,
                 what: "tier fill",
+                journaled: None,
             };
             match copy.root(key).await {
                 Ok(c) if c.conflict => {

@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use deltapack_format::Namespace;
-use object_store::ObjectStoreExt;
+use futures::FutureExt;
 
 use super::config::TierStats;
-use super::state::{lock, Coherence, TierState};
+use super::state::{lock, OriginView, TierState};
 use crate::error::Result;
 use crate::keys::RootKey;
-use crate::store::{RootInfo, Store};
+use crate::store::{RootInfo, RootStatus, Store};
 
 /// A handle's tier: the origin handle, the tier store and the state.
 #[derive(Clone, Copy)]
@@ -38,57 +38,110 @@ impl std::ops::Deref for Tier<'_> {
 }
 
 impl Tier<'_> {
-    /// The coherence rule for a tier hit on `key` (module docs).
-    pub(crate) async fn coherence(&self, key: RootKey) -> Coherence {
+    /// What the origin holds at `key`, for the coherence rule (module
+    /// docs): the answer cached within [`super::TierConfig::check_interval`],
+    /// else one read of the origin's root, bounded by
+    /// [`super::TierConfig::check_timeout`] and by `deadline`. While the
+    /// origin is remembered down (the breaker), `Unknown` at once.
+    pub(crate) async fn origin_view(
+        &self,
+        key: RootKey,
+        deadline: Option<tokio::time::Instant>,
+    ) -> OriginView {
         let k = (key.namespace, key.context);
-        let fresh = lock(&self.checked)
+        let cached = lock(&self.checked)
             .get(&k)
-            .is_some_and(|t| t.elapsed() < self.config.check_interval);
-        if fresh {
-            return Coherence::Serve;
+            .filter(|(_, t)| t.elapsed() < self.config.check_interval)
+            .map(|(d, _)| *d);
+        if let Some(d) = cached {
+            return OriginView::Holds(d);
         }
+        if self.origin_down() {
+            return OriginView::Unknown;
+        }
+        let mut bound = self.config.check_timeout;
+        if let Some(d) = deadline {
+            bound = bound.min(d.saturating_duration_since(tokio::time::Instant::now()));
+        }
+        let check = {
+            let mut checks = lock(&self.checks);
+            checks
+                .entry(k)
+                .or_insert_with(|| {
+                    let origin = self.origin.clone();
+                    let task = tokio::spawn(async move {
+                        let Some(tier) = origin.tier() else {
+                            return OriginView::Unknown;
+                        };
+                        let view = tier.check_origin(key).await;
+                        lock(&tier.checks).remove(&(key.namespace, key.context));
+                        view
+                    });
+                    async move { task.await.unwrap_or(OriginView::Unknown) }
+                        .boxed()
+                        .shared()
+                })
+                .clone()
+        };
+        tokio::time::timeout(bound, check)
+            .await
+            .unwrap_or(OriginView::Unknown)
+    }
+
+    /// One check of the origin's root at `key`, bounded by
+    /// [`super::TierConfig::check_timeout`]; its answer is cached, and a
+    /// failure to answer opens the breaker.
+    async fn check_origin(&self, key: RootKey) -> OriginView {
+        let k = (key.namespace, key.context);
         let path = crate::keys::root_key(&key.namespace, &key.context);
-        let head = self.origin.object_store().head(&path);
-        match tokio::time::timeout(self.config.check_timeout, head).await {
-            Ok(Ok(_)) => {
-                lock(&self.checked).insert(k, Instant::now());
-                Coherence::Serve
+        let read = self.origin.peek_root(&key.namespace, &key.context);
+        match tokio::time::timeout(self.config.check_timeout, read).await {
+            Ok(Ok(RootStatus::Found(root))) => {
+                self.origin_answered(true);
+                let digest = root.summary().map(|s| s.result_snapshot_digest);
+                lock(&self.checked).insert(k, (digest, Instant::now()));
+                OriginView::Holds(digest)
             }
-            Ok(Err(object_store::Error::NotFound { .. })) => {
+            Ok(Ok(RootStatus::Absent)) => {
+                self.origin_answered(true);
                 lock(&self.checked).remove(&k);
-                // A publication acknowledged in the tier and not uploaded
-                // yet is not stale: it is on its way to the origin.
-                if self.upload_pending(key).await {
-                    Coherence::Serve
-                } else {
-                    Coherence::Refuse
-                }
+                OriginView::Absent
+            }
+            Ok(Ok(RootStatus::Unusable(why))) => {
+                self.origin_answered(true);
+                tracing::warn!(%path, %why, "the origin's root is unusable; serving the verified tier copy unchecked");
+                OriginView::Unknown
             }
             Ok(Err(e)) => {
+                self.origin_answered(false);
                 tracing::warn!(error = %e, %path, "origin check failed; serving the verified tier copy");
-                Coherence::Unchecked
+                OriginView::Unknown
             }
             Err(_) => {
+                self.origin_answered(false);
                 tracing::warn!(%path, "origin check timed out; serving the verified tier copy");
-                Coherence::Unchecked
+                OriginView::Unknown
             }
         }
     }
 
-    /// Removes the tier's copy of a root the origin no longer holds (with
-    /// any delta built on it, as an invalidation does). Failures are
-    /// logged: the hit is refused either way.
+    /// Removes the tier's copy of a root the origin no longer holds (or
+    /// holds with another snapshot), with any delta built on it — unless
+    /// any of them is pinned or held: a root journaled for upload, or one
+    /// an unuploaded delta needs, is never removed by a read (it is only
+    /// not served). Failures are logged: the hit is refused either way.
     pub(crate) async fn drop_root(&self, key: RootKey) {
         let out = async {
-            let plan = self
-                .store
-                .invalidate_plan(key.namespace, Some(key.context))
-                .await?;
+            let plan = self.store.drop_plan(key.namespace, key.context).await?;
             self.store.execute(plan).await
         }
         .await;
-        if let Err(e) = out {
-            tracing::warn!(error = %e, "could not remove a stale root from the tier");
+        match out {
+            Ok(r) if r.roots.is_empty() => {
+                tracing::info!(root = %crate::keys::root_key(&key.namespace, &key.context), "a stale tier root is kept: it or a delta on it waits for its upload");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "could not remove a stale root from the tier"),
         }
     }
 
@@ -99,11 +152,14 @@ impl Tier<'_> {
         roots: &mut Vec<RootInfo>,
         ns: Option<&Namespace>,
     ) -> Result<()> {
-        let pending: HashSet<(String, String)> = self
-            .pending_uploads()
+        let hex = |k: RootKey| (k.namespace.hex(), k.context.hex());
+        let pending: HashSet<(String, String)> =
+            self.pending_uploads().await?.into_iter().map(hex).collect();
+        let conflicted: HashSet<(String, String)> = self
+            .conflicted_uploads()
             .await?
             .into_iter()
-            .map(|k| (k.namespace.hex(), k.context.hex()))
+            .map(hex)
             .collect();
         let mut index = HashMap::new();
         for (i, r) in roots.iter_mut().enumerate() {
@@ -112,21 +168,19 @@ impl Tier<'_> {
         }
         for mut t in self.store.inspect_here(ns).await? {
             let key = (t.namespace.clone(), t.context.clone());
-            match index.get(&key) {
-                Some(&i) => roots[i].location = Some("origin+tier".into()),
-                None => {
-                    let pending = pending.contains(&key);
-                    t.location = Some(
-                        if pending {
-                            "tier (upload pending)"
-                        } else {
-                            "tier"
-                        }
-                        .into(),
-                    );
-                    roots.push(t);
-                }
-            }
+            let here = if conflicted.contains(&key) {
+                // Another snapshot than the origin's: listed on its own.
+                "tier (upload conflict)"
+            } else if let Some(&i) = index.get(&key) {
+                roots[i].location = Some("origin+tier".into());
+                continue;
+            } else if pending.contains(&key) {
+                "tier (upload pending)"
+            } else {
+                "tier"
+            };
+            t.location = Some(here.into());
+            roots.push(t);
         }
         Ok(())
     }

@@ -60,11 +60,13 @@ mod config;
 mod copy;
 mod fill;
 mod handle;
+mod journal;
 mod read;
 mod state;
 mod upload;
 mod write;
 
 pub use config::{TierAck, TierConfig, TierStats};
+pub use journal::{AbandonReport, AbandonedRoot, CONFLICT_HOLD, UPLOAD_HOLD};
 pub(crate) use state::TierState;
-pub use upload::{UploadReport, UPLOAD_HOLD};
+pub use upload::UploadReport;

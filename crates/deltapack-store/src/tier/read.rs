@@ -7,12 +7,86 @@
 
 use futures::future::{BoxFuture, FutureExt};
 
-use super::state::Coherence;
-use crate::error::{MissReason, StoreError};
+use deltapack_format::Digest;
+
+use deltapack_format::{CacheIdentity, ContextDigest};
+
+use super::handle::Tier;
+use super::state::OriginView;
+use crate::error::{MissReason, Result, StoreError};
 use crate::keys::RootKey;
+use crate::lookup::{Lookup, LookupSource};
 use crate::restore::{RestoreIntoOutcome, RestoreOptions, RestoreOutcome, Restored};
 use crate::stats::Stats;
 use crate::store::Store;
+
+impl Tier<'_> {
+    /// [`Store::lookup_detailed`] on a tiered handle: the origin (given at
+    /// most twice [`super::TierConfig::check_timeout`], and not asked while
+    /// it is remembered down) and the tier, concurrently. The origin's
+    /// answer stands, unless the tier's is longer and journaled for upload
+    /// (acknowledged, on its way to the origin); when the origin does not
+    /// answer, the tier's is the answer (a failure of the origin is
+    /// returned only if the tier has none either).
+    pub(crate) async fn lookup(
+        &self,
+        identity: &CacheIdentity,
+        candidates: &[(u64, ContextDigest)],
+    ) -> Result<Lookup> {
+        let bound = self.config.check_timeout * 2;
+        let origin = async {
+            if self.origin_down() {
+                return Err(StoreError::OriginUnavailable {
+                    origin: self.origin.origin_name(),
+                    source: Box::new(StoreError::Invalid(
+                        "the origin did not answer a recent check".into(),
+                    )),
+                });
+            }
+            match tokio::time::timeout(bound, self.origin.lookup_here(identity, candidates)).await {
+                Ok(Ok(l)) => {
+                    self.origin_answered(true);
+                    Ok(l)
+                }
+                Ok(Err(e)) => {
+                    if matches!(e, StoreError::Io { .. }) {
+                        self.origin_answered(false);
+                    }
+                    Err(self.origin.origin_failed(e))
+                }
+                Err(_) => {
+                    self.origin_answered(false);
+                    Err(StoreError::OriginUnavailable {
+                        origin: self.origin.origin_name(),
+                        source: Box::new(StoreError::Invalid(format!(
+                            "no answer within {} ms",
+                            bound.as_millis()
+                        ))),
+                    })
+                }
+            }
+        };
+        let (origin, here) = tokio::join!(origin, self.store.lookup_here(identity, candidates));
+        let here = here.ok().and_then(|l| l.found);
+        let tier_answer = |found| Lookup {
+            found,
+            source: LookupSource::Tier,
+        };
+        match (origin, here) {
+            (Ok(o), Some((b, c))) if o.found.is_none_or(|(ob, _)| b > ob) => {
+                let key = RootKey::from((identity.namespace(), c));
+                Ok(if self.upload_pending(key).await {
+                    tier_answer(Some((b, c)))
+                } else {
+                    o
+                })
+            }
+            (Ok(o), _) => Ok(o),
+            (Err(_), Some(found)) => Ok(tier_answer(Some(found))),
+            (Err(e), None) => Err(e),
+        }
+    }
+}
 
 impl Store {
     /// A restore from the tier, if one is configured and may serve `key`:
@@ -32,11 +106,15 @@ impl Store {
 
     async fn tier_restore_boxed(&self, key: RootKey, opts: RestoreOptions) -> Option<Restored> {
         let tier = self.tier()?;
-        let (out, coherence) = tokio::join!(tier.store.restore(key, opts), tier.coherence(key));
+        let (out, view) = tokio::join!(
+            tier.store.restore(key, opts),
+            tier.origin_view(key, opts.deadline)
+        );
         match out {
-            Ok(RestoreOutcome::Hit(hit)) => {
-                self.serve_tier_hit(key, coherence).await.then_some(hit)
-            }
+            Ok(RestoreOutcome::Hit(hit)) => self
+                .serve_tier_hit(key, hit.digest, view)
+                .await
+                .then_some(hit),
             Ok(RestoreOutcome::Miss(reason)) => self.not_served(Ok(&reason)),
             Err(e) => self.not_served(Err(&e)),
         }
@@ -62,13 +140,13 @@ impl Store {
         opts: RestoreOptions,
     ) -> Option<RestoreIntoOutcome> {
         let tier = self.tier()?;
-        let (out, coherence) = tokio::join!(
+        let (out, view) = tokio::join!(
             tier.store.restore_into(key, &mut *buf, opts),
-            tier.coherence(key)
+            tier.origin_view(key, opts.deadline)
         );
         match out {
-            Ok(hit @ RestoreIntoOutcome::Hit { .. }) => {
-                if self.serve_tier_hit(key, coherence).await {
+            Ok(hit @ RestoreIntoOutcome::Hit { digest, .. }) => {
+                if self.serve_tier_hit(key, digest, view).await {
                     Some(hit)
                 } else {
                     buf.fill(0);
@@ -80,28 +158,31 @@ impl Store {
         }
     }
 
-    /// Whether a verified tier hit is served, by the coherence rule; a
-    /// refused one is removed from the tier.
-    async fn serve_tier_hit(&self, key: RootKey, coherence: Coherence) -> bool {
+    /// Whether a verified tier hit of the snapshot `digest` is served, by
+    /// the coherence rule: the origin holds the same snapshot (served),
+    /// holds another or none (refused, and the tier's copy dropped unless
+    /// it is journaled for upload or needed by a delta that is — a
+    /// journaled root the origin lacks is served: it is on its way there),
+    /// or did not answer (served, counted as unchecked).
+    async fn serve_tier_hit(&self, key: RootKey, digest: Digest, view: OriginView) -> bool {
         let Some(tier) = self.tier() else {
             return false;
         };
-        match coherence {
-            Coherence::Refuse => {
-                Stats::add(&tier.counters.refused, 1);
-                tier.drop_root(key).await;
+        let refuse = match view {
+            OriginView::Holds(held) => held.is_some_and(|d| d != digest),
+            OriginView::Absent => !tier.upload_pending(key).await,
+            OriginView::Unknown => {
+                Stats::add(&tier.counters.unchecked, 1);
                 false
             }
-            Coherence::Unchecked => {
-                Stats::add(&tier.counters.unchecked, 1);
-                Stats::add(&tier.counters.hits, 1);
-                true
-            }
-            Coherence::Serve => {
-                Stats::add(&tier.counters.hits, 1);
-                true
-            }
+        };
+        if refuse {
+            Stats::add(&tier.counters.refused, 1);
+            tier.drop_root(key).await;
+            return false;
         }
+        Stats::add(&tier.counters.hits, 1);
+        true
     }
 
     /// Counts a tier answer that sends the restore to the origin: absent
@@ -124,9 +205,9 @@ impl Store {
 
     /// After the origin served `key`: it holds the root now, and the tier
     /// is filled with it in the background.
-    pub(crate) fn after_origin_hit(&self, key: RootKey) {
+    pub(crate) fn after_origin_hit(&self, key: RootKey, digest: Digest) {
         if let Some(tier) = self.tier() {
-            tier.seen_in_origin(key);
+            tier.seen_in_origin(key, digest);
             tier.schedule_fill(key);
         }
     }
@@ -137,14 +218,19 @@ impl Store {
     pub(crate) fn origin_failed(&self, e: StoreError) -> StoreError {
         match (self.tier(), &e) {
             (Some(_), StoreError::Io { .. }) => StoreError::OriginUnavailable {
-                origin: match self.backend_kind() {
-                    crate::BackendKind::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}"),
-                    crate::BackendKind::Local { root } => format!("file://{}", root.display()),
-                    other => format!("{other:?}"),
-                },
+                origin: self.origin_name(),
                 source: Box::new(e),
             },
             _ => e,
+        }
+    }
+
+    /// This store as its errors name it when it is a tier's origin.
+    fn origin_name(&self) -> String {
+        match self.backend_kind() {
+            crate::BackendKind::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}"),
+            crate::BackendKind::Local { root } => format!("file://{}", root.display()),
+            other => format!("{other:?}"),
         }
     }
 }

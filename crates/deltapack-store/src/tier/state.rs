@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use deltapack_format::{ContextDigest, Namespace};
+use deltapack_format::{ContextDigest, Digest, Namespace};
 use prometheus_client::metrics::counter::Counter;
 
 use super::config::{TierConfig, TierStats};
@@ -35,8 +35,17 @@ live_counters! {
 pub(crate) struct TierState {
     pub(crate) config: TierConfig,
     pub(crate) counters: TierCounters,
-    /// When the origin was last seen holding each root.
-    pub(crate) checked: Mutex<HashMap<(Namespace, ContextDigest), Instant>>,
+    /// The snapshot the origin was last seen holding at each context, and
+    /// when (`None`: a root without a summary, e.g. a legacy v1 root).
+    pub(crate) checked: Mutex<HashMap<(Namespace, ContextDigest), Seen>>,
+    /// Checks of the origin in flight, one per context: every hit waiting
+    /// for an answer shares it, each for as long as its own bounds allow;
+    /// a check outlives a caller whose deadline cut it short, so its answer
+    /// (or its failure: the breaker) still counts.
+    pub(crate) checks: Mutex<HashMap<(Namespace, ContextDigest), SharedCheck>>,
+    /// When the origin last failed to answer a check (the breaker is open
+    /// for [`TierConfig::probe_interval`] after it).
+    pub(crate) origin_down: Mutex<Option<Instant>>,
     /// Roots being filled (one fill per root).
     pub(crate) filling: Mutex<HashSet<(Namespace, ContextDigest)>>,
     /// Permits for objects held in memory by copies (fills and uploads).
@@ -72,15 +81,25 @@ impl std::fmt::Debug for TierState {
     }
 }
 
-/// What the coherence rule says of a tier hit.
+/// What the origin was seen holding at a context (its snapshot digest;
+/// `None` for a root without a summary), and when.
+pub(crate) type Seen = (Option<Digest>, Instant);
+
+/// A check of the origin in flight, shared by every hit waiting for it.
+pub(crate) type SharedCheck =
+    futures::future::Shared<futures::future::BoxFuture<'static, OriginView>>;
+
+/// What the origin holds at a context, as the coherence rule sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Coherence {
-    /// The origin holds the root (now or within the interval).
-    Serve,
-    /// The origin did not answer in time: serve, counted as unchecked.
-    Unchecked,
-    /// The origin no longer holds the root.
-    Refuse,
+pub(crate) enum OriginView {
+    /// A root restoring to this snapshot (`None`: a root without a
+    /// summary, whose identity cannot be compared), now or within the
+    /// check interval.
+    Holds(Option<Digest>),
+    /// No root.
+    Absent,
+    /// No answer in time, an error, or the breaker is open: unknown.
+    Unknown,
 }
 
 impl TierState {
@@ -107,6 +126,8 @@ impl TierState {
             config: tc.clone(),
             counters: TierCounters::default(),
             checked: Mutex::new(HashMap::new()),
+            origin_down: Mutex::new(None),
+            checks: Mutex::new(HashMap::new()),
             filling: Mutex::new(HashSet::new()),
             copy_objects: Arc::new(tokio::sync::Semaphore::new(tc.fill_objects_in_flight)),
             fill_tasks: Mutex::new(Vec::new()),
@@ -119,9 +140,37 @@ impl TierState {
         Ok((state, config))
     }
 
-    /// Notes that the origin holds `key` now (it just served or took it).
-    pub(crate) fn seen_in_origin(&self, key: RootKey) {
-        lock(&self.checked).insert((key.namespace, key.context), Instant::now());
+    /// Notes that the origin holds `key`, restoring to `digest`, now (it
+    /// just served or took it).
+    pub(crate) fn seen_in_origin(&self, key: RootKey, digest: Digest) {
+        lock(&self.checked).insert((key.namespace, key.context), (Some(digest), Instant::now()));
+    }
+
+    /// Whether the origin is remembered down: it failed to answer a check
+    /// less than [`TierConfig::probe_interval`] ago.
+    pub(crate) fn origin_down(&self) -> bool {
+        lock(&self.origin_down).is_some_and(|t| t.elapsed() < self.config.probe_interval)
+    }
+
+    /// Records whether the origin answered a check.
+    pub(crate) fn origin_answered(&self, answered: bool) {
+        let mut down = lock(&self.origin_down);
+        match (answered, down.is_some()) {
+            (true, true) => {
+                tracing::info!("the origin answers again; tier hits are checked again");
+                *down = None;
+            }
+            (true, false) => {}
+            (false, was_down) => {
+                if !was_down {
+                    tracing::warn!(
+                        probe_ms = self.config.probe_interval.as_millis() as u64,
+                        "the origin does not answer; tier hits are served unchecked until a probe gets through"
+                    );
+                }
+                *down = Some(Instant::now());
+            }
+        }
     }
 
     /// Registers the tier's counters (`deltapack_tier_*`) and its upload

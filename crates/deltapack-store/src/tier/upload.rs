@@ -36,21 +36,21 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use std::collections::HashSet;
+
+use deltapack_format::CacheIdentity;
 use futures::StreamExt;
-use object_store::ObjectStoreExt;
 use serde::Serialize;
 
 use super::copy::Copy;
 use super::handle::Tier;
-use super::state::lock;
+use super::journal::UPLOAD_HOLD;
+use super::state::{lock, OriginView};
 use crate::error::{Result, StoreError};
-use crate::keys::{self, HoldName, RootKey};
+use crate::keys::{self, RootKey};
 use crate::publish::{Progress, PublishOutcome, PublishReceipt, PublishRequest, Turn, TurnRequest};
 use crate::stats::Stats;
-use crate::store::{Inner, Store};
-
-/// The name of the tier hold that journals a pending upload.
-pub const UPLOAD_HOLD: &str = "deltapack-upload";
+use crate::store::{Inner, RootStatus, Store};
 
 /// Longest pause between upload rounds while uploads fail.
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
@@ -68,26 +68,13 @@ pub struct UploadReport {
     pub failed: u64,
     /// Roots still pending after the round.
     pub remaining: u64,
-}
-
-fn upload_hold() -> HoldName {
-    HoldName::new(UPLOAD_HOLD).unwrap_or_else(|| unreachable!("a valid constant hold name"))
+    /// The roots found in conflict this round (`roots/<ns>/<ctx>`): the
+    /// origin holds another snapshot there; the tier keeps its copy until
+    /// `tier abandon`.
+    pub conflicted: Vec<String>,
 }
 
 impl Tier<'_> {
-    /// The roots journaled for upload (by any process of this node).
-    pub(crate) async fn pending_uploads(&self) -> Result<Vec<RootKey>> {
-        let name = upload_hold();
-        Ok(self
-            .store
-            .list_holds()
-            .await?
-            .into_iter()
-            .filter(|(n, _, _)| *n == name)
-            .map(|(_, ns, ctx)| RootKey::from((ns, ctx)))
-            .collect())
-    }
-
     /// Whether a new publication must be written through because the
     /// upload backlog is full (counted when it is; starts the uploader).
     pub(crate) async fn backlog_full(&self) -> Result<bool> {
@@ -119,13 +106,6 @@ impl Tier<'_> {
         Ok(self.backlog.load(std::sync::atomic::Ordering::Relaxed) as usize)
     }
 
-    /// Whether `key` is journaled for upload (its origin copy may not
-    /// exist yet, and that is not staleness).
-    pub(crate) async fn upload_pending(&self, key: RootKey) -> bool {
-        let marker = keys::hold_key(&upload_hold(), &key.namespace, &key.context);
-        self.store.object_store().head(&marker).await.is_ok()
-    }
-
     /// Starts this handle's uploader if it is not running (it needs a
     /// runtime; without one it starts at the first async call).
     pub(crate) fn start_uploader(&self) {
@@ -145,10 +125,11 @@ impl Tier<'_> {
         let origin = self.origin;
         let _one = self.upload_round.lock().await;
         let pending = self.pending_uploads().await?;
+        let journaled: HashSet<RootKey> = pending.iter().copied().collect();
         let parts = tokio::sync::Semaphore::new(origin.config().remote.parts_in_flight.max(1));
         let parts = origin.backend_kind().is_remote().then_some(&parts);
         let outcomes: Vec<_> = futures::stream::iter(pending)
-            .map(|key| self.upload_one(key, parts))
+            .map(|key| self.upload_one(key, &journaled, parts))
             .buffer_unordered(self.config.uploads_in_flight.max(1))
             .collect()
             .await;
@@ -156,8 +137,14 @@ impl Tier<'_> {
         for o in outcomes {
             match o {
                 Upload::Done => report.uploaded += 1,
-                Upload::Conflict => report.conflicts += 1,
+                Upload::Conflict(key) => {
+                    report.conflicts += 1;
+                    report
+                        .conflicted
+                        .push(keys::root_key(&key.namespace, &key.context).to_string());
+                }
                 Upload::Failed => report.failed += 1,
+                Upload::Waiting => {}
             }
         }
         report.remaining = self.pending_uploads().await?.len() as u64;
@@ -169,7 +156,61 @@ impl Tier<'_> {
     }
 
     /// Uploads one root and settles its journal entry.
-    async fn upload_one(&self, key: RootKey, parts: Option<&tokio::sync::Semaphore>) -> Upload {
+    async fn upload_one(
+        &self,
+        key: RootKey,
+        journaled: &HashSet<RootKey>,
+        parts: Option<&tokio::sync::Semaphore>,
+    ) -> Upload {
+        match self.try_upload(key, journaled, parts).await {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::warn!(error = %e, "upload to the origin failed; it stays journaled and is tried again");
+                Stats::add(&self.counters.upload_failures, 1);
+                Upload::Failed
+            }
+        }
+    }
+
+    /// [`Tier::upload_one`]: the tier's root, what the origin holds at its
+    /// context, then the copy — each base proven (the origin holds the
+    /// snapshot the delta was built on, or the base is itself journaled
+    /// and goes first), else the turn goes up flat.
+    async fn try_upload(
+        &self,
+        key: RootKey,
+        journaled: &HashSet<RootKey>,
+        parts: Option<&tokio::sync::Semaphore>,
+    ) -> Result<Upload> {
+        let (ns, ctx) = (key.namespace, key.context);
+        let ours = match self.store.peek_root(&ns, &ctx).await? {
+            RootStatus::Found(r) => r.summary().map(|s| s.result_snapshot_digest),
+            RootStatus::Absent => {
+                let released = self.journal_unfinished(key).await?;
+                return Ok(if released {
+                    Upload::Done
+                } else {
+                    Upload::Waiting
+                });
+            }
+            RootStatus::Unusable(why) => {
+                return Err(StoreError::Invalid(format!(
+                    "the tier's root {ns}/{ctx} is unusable: {why}"
+                )));
+            }
+        };
+        match self.origin.peek_root(&ns, &ctx).await? {
+            RootStatus::Found(r) if r.summary().map(|s| s.result_snapshot_digest) == ours => {
+                return self.uploaded(key, 0, ours).await;
+            }
+            RootStatus::Found(_) => return self.conflict(key).await,
+            RootStatus::Unusable(why) => {
+                return Err(StoreError::Invalid(format!(
+                    "the origin's root {ns}/{ctx} is unusable: {why}"
+                )));
+            }
+            RootStatus::Absent => {}
+        }
         let copy = Copy {
             from: self.store,
             to: self.origin,
@@ -177,15 +218,30 @@ impl Tier<'_> {
             in_flight: self.config.fill_objects_in_flight,
             parts,
             what: "tier upload",
+            journaled: Some(journaled),
         };
-        let copied = match copy.root(key).await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "upload to the origin failed; it stays journaled and is tried again");
-                Stats::add(&self.counters.upload_failures, 1);
-                return Upload::Failed;
-            }
-        };
+        let copied = copy.root(key).await?;
+        if copied.conflict && copied.conflict_at_top {
+            return self.conflict(key).await;
+        }
+        if copied.conflict {
+            // A journaled base below met another snapshot in the origin
+            // (created meanwhile): the next round proves the base again
+            // and sends this turn flat.
+            return Err(StoreError::Invalid(format!(
+                "a base below {ns}/{ctx} was taken by another snapshot during the upload"
+            )));
+        }
+        self.uploaded(key, copied.bytes, ours).await
+    }
+
+    /// Settles the journal entry of a root the origin now holds.
+    async fn uploaded(
+        &self,
+        key: RootKey,
+        bytes: u64,
+        digest: Option<deltapack_format::Digest>,
+    ) -> Result<Upload> {
         // Another process of the node may have uploaded and released it
         // meanwhile: counted by whoever releases it.
         let released = match self
@@ -199,26 +255,45 @@ impl Tier<'_> {
                 false
             }
         };
-        if copied.conflict {
-            tracing::warn!(root = %keys::root_key(&key.namespace, &key.context), "the origin holds another snapshot for a root acknowledged in the tier; the origin wins");
-            Stats::add(&self.counters.upload_conflicts, 1);
-            self.drop_root(key).await;
-            return Upload::Conflict;
-        }
         if released {
             Stats::add(&self.counters.uploads, 1);
         }
-        Stats::add(&self.counters.upload_bytes, copied.bytes);
-        self.seen_in_origin(key);
-        Upload::Done
+        Stats::add(&self.counters.upload_bytes, bytes);
+        if let Some(d) = digest {
+            self.seen_in_origin(key, d);
+        }
+        Ok(Upload::Done)
     }
+
+    /// The origin holds another snapshot at `key`: the origin wins, the
+    /// tier keeps its copy journaled as a conflict, and it is counted.
+    async fn conflict(&self, key: RootKey) -> Result<Upload> {
+        tracing::warn!(root = %keys::root_key(&key.namespace, &key.context), "the origin holds another snapshot for a root acknowledged in the tier; the origin wins, the tier keeps its copy as a conflict (`tier abandon` drops it)");
+        self.journal_conflict(key).await?;
+        Stats::add(&self.counters.upload_conflicts, 1);
+        Ok(Upload::Conflict(key))
+    }
+}
+
+/// How a behind publication in the tier ended.
+enum Behind {
+    /// The receipt to return.
+    Done(Box<PublishReceipt>),
+    /// The tier holds a root the origin replaced (now dropped): write the
+    /// publication through.
+    Stale,
 }
 
 /// How one upload ended.
 enum Upload {
+    /// The origin holds the root (uploaded, or found there).
     Done,
-    Conflict,
+    /// The origin holds another snapshot there.
+    Conflict(RootKey),
+    /// It failed (still journaled, tried again).
     Failed,
+    /// Its publication is still being made (still journaled).
+    Waiting,
 }
 
 /// The background uploader of one handle: rounds while anything is
@@ -253,9 +328,10 @@ async fn uploader(origin: Weak<Inner>) {
 }
 
 impl Store {
-    /// A publication acknowledged in the tier: durable there and journaled
-    /// for upload when this returns (the receipt is the tier's). With the
-    /// backlog full it is written through instead.
+    /// A publication acknowledged in the tier: journaled, then durable
+    /// there, when this returns (the receipt is the tier's). With the
+    /// backlog full it is written through instead; so is one the tier
+    /// refuses only because it holds a root the origin replaced.
     pub(crate) async fn publish_behind(
         &self,
         tier: &Tier<'_>,
@@ -265,9 +341,18 @@ impl Store {
         if tier.backlog_full().await? {
             return self.publish_through(tier, req, progress).await;
         }
+        let key = RootKey::from((req.identity.namespace(), req.context));
+        let placed = tier.journal_begin(key, &req.identity).await?;
         let tier_req = self.tier_request(&req).await;
-        let receipt = tier.store.publish_uncounted(tier_req, progress).await?;
-        self.journal(tier, receipt).await
+        let out = tier.store.publish_uncounted(tier_req, progress).await;
+        let identity = req.identity.clone();
+        match self
+            .settle_behind(tier, (key, &identity), placed, out)
+            .await?
+        {
+            Behind::Done(r) => Ok(*r),
+            Behind::Stale => self.publish_through(tier, req, progress).await,
+        }
     }
 
     /// The turn after `prev`, acknowledged in the tier (as
@@ -283,37 +368,76 @@ impl Store {
         if tier.backlog_full().await? {
             return self.turn_through(tier, prev, req).await;
         }
-        let receipt = match tier
+        let key = RootKey::from((req.identity.namespace(), req.context));
+        let placed = tier.journal_begin(key, &req.identity).await?;
+        let out = tier
             .store
             .publish_turn_here(&prev.for_store(tier.store), req.clone())
-            .await
+            .await;
+        if let Err(StoreError::BaseMismatch { .. }) = out {
+            tier.journal_cancel(key, placed).await;
+            return self.turn_through(tier, prev, req).await;
+        }
+        match self
+            .settle_behind(tier, (key, &req.identity), placed, out)
+            .await?
         {
-            Err(StoreError::BaseMismatch { .. }) => {
-                return self.turn_through(tier, prev, req).await;
-            }
-            other => other?,
-        };
-        self.journal(tier, receipt).await
+            Behind::Done(r) => Ok(*r),
+            Behind::Stale => self.turn_through(tier, prev, req).await,
+        }
     }
 
-    /// Journals a publication the tier made durable for upload, wakes the
-    /// uploader, and hands the receipt's turn out as one on this handle (a
-    /// conflict in the tier is returned as it is).
-    async fn journal(
+    /// After a behind publication in the tier: a created (or present) root
+    /// stays journaled, the uploader is woken, and the receipt's turn is
+    /// handed out as one on this handle. A failure releases the entry this
+    /// call placed. A conflict is the caller's answer — unless the tier's
+    /// root there is not journaled and the origin, asked, does not hold
+    /// it: a root the origin replaced, dropped here (`Stale`: the caller
+    /// writes the publication through).
+    async fn settle_behind(
         &self,
         tier: &Tier<'_>,
-        mut receipt: PublishReceipt,
-    ) -> Result<PublishReceipt> {
-        if receipt.outcome == PublishOutcome::Conflict {
-            return Ok(receipt);
+        (key, identity): (RootKey, &CacheIdentity),
+        placed: bool,
+        out: Result<PublishReceipt>,
+    ) -> Result<Behind> {
+        let mut receipt = match out {
+            Ok(r) => r,
+            Err(e) => {
+                tier.journal_cancel(key, placed).await;
+                return Err(e);
+            }
+        };
+        if receipt.outcome == PublishOutcome::Created {
+            crate::failpoint::reached("tier.behind.created");
         }
-        let (ns, ctx) = (receipt.namespace, receipt.context);
-        tier.store.hold_root(&upload_hold(), ns, ctx).await?;
+        if receipt.outcome == PublishOutcome::Conflict {
+            tier.journal_cancel(key, placed).await;
+            let held = receipt.existing_snapshot_digest;
+            if !tier.upload_pending(key).await {
+                let view = tier.origin_view(key, None).await;
+                let stale = match view {
+                    OriginView::Holds(d) => d.is_some() && d != held,
+                    OriginView::Absent => true,
+                    OriginView::Unknown => false,
+                };
+                if stale {
+                    tier.drop_root(key).await;
+                    return Ok(Behind::Stale);
+                }
+            }
+            return Ok(Behind::Done(Box::new(receipt)));
+        }
+        if !placed {
+            // The entry was another publication's (of the same snapshot);
+            // it may have been released since: journal this one again.
+            tier.journal_begin(key, identity).await?;
+        }
         tier.backlog
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tier.upload_wake.notify_one();
         receipt.turn = receipt.turn.map(|t| t.for_store(self));
-        Ok(receipt)
+        Ok(Behind::Done(Box::new(receipt)))
     }
 
     /// Uploads every publication journaled in the tier now (any process's,

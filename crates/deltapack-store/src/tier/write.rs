@@ -16,9 +16,11 @@ use crate::store::{RootStatus, Store};
 
 impl Store {
     /// Publishes `req` to the origin and, concurrently, to the tier. The
-    /// origin's result is returned; the tier's failure is counted, and a
-    /// tier root the origin did not take (a conflict there, an error) is
-    /// removed again.
+    /// origin's result is returned; the tier's failure is counted, a tier
+    /// root the origin did not take (a conflict there, an error) is
+    /// removed again, and a stale tier root (the tier refused the
+    /// publication as a conflict, the origin took it: the origin replaced
+    /// the root the tier still held) is replaced by the new one.
     pub(crate) async fn publish_through(
         &self,
         tier: &Tier<'_>,
@@ -29,22 +31,21 @@ impl Store {
         let tier_req = self.tier_request(&req).await;
         let (origin, in_tier) = tokio::join!(
             self.publish_uncounted(req, progress),
-            tier.store.publish_uncounted(tier_req, &|_, _| {})
+            tier.store.publish_uncounted(tier_req.clone(), &|_, _| {})
         );
-        let tier_created = match &in_tier {
-            Ok(r) if r.outcome == PublishOutcome::Conflict => {
-                Stats::add(&tier.counters.publish_failures, 1);
-                false
-            }
-            Ok(r) => r.outcome == PublishOutcome::Created,
-            Err(e) => {
-                tracing::warn!(error = %e, "the tier did not take a publication (the origin decides)");
-                Stats::add(&tier.counters.publish_failures, 1);
-                false
-            }
-        };
+        let (tier_created, stale) = tier_answer(tier, &in_tier);
         match &origin {
-            Ok(r) if r.outcome != PublishOutcome::Conflict => tier.seen_in_origin(key),
+            Ok(r) if r.outcome != PublishOutcome::Conflict => {
+                tier.seen_in_origin(key, r.snapshot_digest);
+                if stale {
+                    tier.drop_root(key).await;
+                    match tier.store.publish_uncounted(tier_req, &|_, _| {}).await {
+                        Ok(t) if t.outcome != PublishOutcome::Conflict => {}
+                        Ok(_) => tracing::warn!("the tier keeps a stale root it cannot drop (journaled for upload); it is not served"),
+                        Err(e) => tracing::warn!(error = %e, "the tier did not take the replacement of a stale root"),
+                    }
+                }
+            }
             _ if tier_created => tier.drop_root(key).await,
             _ => {}
         }
@@ -88,22 +89,25 @@ impl Store {
             self.publish_turn_here(prev, req.clone()),
             tier.store.publish_turn_here(&in_tier, req)
         );
-        let (tier_holds, tier_created) = match &in_tier {
-            Ok(r) if r.outcome == PublishOutcome::Conflict => {
-                Stats::add(&tier.counters.publish_failures, 1);
-                (false, false)
-            }
-            Ok(r) => (true, r.outcome == PublishOutcome::Created),
-            Err(StoreError::BaseMismatch { .. }) => (false, false),
-            Err(e) => {
-                tracing::warn!(error = %e, "the tier did not take a turn (the origin decides)");
-                Stats::add(&tier.counters.publish_failures, 1);
-                (false, false)
+        let (tier_holds, tier_created, stale) = match &in_tier {
+            Err(StoreError::BaseMismatch { .. }) => (false, false, false),
+            other => {
+                let (created, stale) = tier_answer(tier, other);
+                (
+                    matches!(other, Ok(r) if r.outcome != PublishOutcome::Conflict),
+                    created,
+                    stale,
+                )
             }
         };
         match &origin {
             Ok(r) if r.outcome != PublishOutcome::Conflict => {
-                tier.seen_in_origin(key);
+                tier.seen_in_origin(key, r.snapshot_digest);
+                if stale {
+                    // The tier's root at this context is one the origin
+                    // replaced: dropped, and the origin's copied in.
+                    tier.drop_root(key).await;
+                }
                 if !tier_holds {
                     tier.schedule_fill(key);
                 }
@@ -112,5 +116,25 @@ impl Store {
             _ => {}
         }
         origin
+    }
+}
+
+/// What the tier's side of a write-through publication says: whether it
+/// created the root, and whether it refused it as a conflict (the tier
+/// holds another snapshot there: stale, if the origin takes the new one).
+/// A conflict or an error is counted as a publication the tier did not
+/// take.
+fn tier_answer(tier: &Tier<'_>, in_tier: &Result<PublishReceipt>) -> (bool, bool) {
+    match in_tier {
+        Ok(r) if r.outcome == PublishOutcome::Conflict => {
+            Stats::add(&tier.counters.publish_failures, 1);
+            (false, true)
+        }
+        Ok(r) => (r.outcome == PublishOutcome::Created, false),
+        Err(e) => {
+            tracing::warn!(error = %e, "the tier did not take a publication (the origin decides)");
+            Stats::add(&tier.counters.publish_failures, 1);
+            (false, false)
+        }
     }
 }

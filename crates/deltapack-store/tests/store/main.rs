@@ -39,6 +39,7 @@ mod ranged_reads;
 mod restore_into_contract;
 mod root_verification;
 mod s3_faults;
+mod tier_trust;
 mod tiers;
 mod turn_publication;
 mod write_behind;

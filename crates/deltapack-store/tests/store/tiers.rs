@@ -17,19 +17,19 @@ use deltapack_store::{
 };
 
 /// A conversation's turns, oldest first: each one's context and snapshot.
-type Turns = Vec<(ContextDigest, Arc<Snapshot>)>;
+pub(crate) type Turns = Vec<(ContextDigest, Arc<Snapshot>)>;
 
 /// A test's scratch space: its origin (a fresh S3 prefix when the test
 /// server is there, else a local directory) and its node's tier folder.
-struct Site {
-    origin: String,
-    tier_dir: PathBuf,
-    dir: tempfile::TempDir,
+pub(crate) struct Site {
+    pub(crate) origin: String,
+    pub(crate) tier_dir: PathBuf,
+    pub(crate) dir: tempfile::TempDir,
 }
 
 impl Site {
     /// A fresh site in a new temp dir.
-    fn new() -> Site {
+    pub(crate) fn new() -> Site {
         let dir = tempfile::tempdir().expect("tmp");
         let origin =
             s3_url().unwrap_or_else(|| format!("file://{}", dir.path().join("origin").display()));
@@ -41,28 +41,28 @@ impl Site {
     }
 
     /// A handle on the origin without a tier (another node's, or a check's).
-    fn plain(&self) -> Store {
+    pub(crate) fn plain(&self) -> Store {
         Store::open(&self.origin, config()).expect("origin")
     }
 }
 
 /// A tier in `tier_dir` checking the origin at most every `interval`.
-fn tier_config(tier_dir: &Path, interval: Duration) -> TierConfig {
+pub(crate) fn tier_config(tier_dir: &Path, interval: Duration) -> TierConfig {
     TierConfig::new(format!("file://{}", tier_dir.display())).with_check_interval(interval)
 }
 
 /// A handle on `origin` with `tier`.
-fn open_tiered(origin: &str, tier: TierConfig) -> Store {
+pub(crate) fn open_tiered(origin: &str, tier: TierConfig) -> Store {
     Store::open(origin, config().with_tier(Some(tier))).expect("tiered store")
 }
 
 /// A handle on `origin` with a tier in `tier_dir`, checking the origin at
 /// most every `interval`.
-fn tiered(origin: &str, tier_dir: &Path, interval: Duration) -> Store {
+pub(crate) fn tiered(origin: &str, tier_dir: &Path, interval: Duration) -> Store {
     open_tiered(origin, tier_config(tier_dir, interval))
 }
 
-fn tier_stats(s: &Store) -> TierStats {
+pub(crate) fn tier_stats(s: &Store) -> TierStats {
     s.tier_stats().expect("a tier is configured")
 }
 
@@ -74,19 +74,19 @@ fn object_files(root: &Path) -> Vec<PathBuf> {
 }
 
 /// `store`'s root of `c`, unverified.
-async fn peek(store: &Store, id: &CacheIdentity, c: &ContextDigest) -> RootStatus {
+pub(crate) async fn peek(store: &Store, id: &CacheIdentity, c: &ContextDigest) -> RootStatus {
     store.peek_root(&id.namespace(), c).await.expect("peek")
 }
 
 /// Uploads `node`'s backlog to the origin: every root of it, none failed.
-async fn upload_all(node: &Store) {
+pub(crate) async fn upload_all(node: &Store) {
     let report = node.tier_upload().await.expect("upload");
     assert_eq!((report.failed, report.remaining), (0, 0), "{report:?}");
 }
 
 /// Each turn restores from the origin (`plain`) to exactly its snapshot,
 /// and its root there verifies intact.
-async fn assert_in_origin(
+pub(crate) async fn assert_in_origin(
     plain: &Store,
     id: &CacheIdentity,
     turns: &[(ContextDigest, Arc<Snapshot>)],
@@ -100,7 +100,7 @@ async fn assert_in_origin(
 
 /// Publishes a flat turn and three deltas on it through `store`; the
 /// contexts and snapshots, oldest first.
-async fn chain_of_four(store: &Store, id: &CacheIdentity, seed: u64) -> Turns {
+pub(crate) async fn chain_of_four(store: &Store, id: &CacheIdentity, seed: u64) -> Turns {
     let mut turns: Turns = Vec::new();
     for i in 1..=4u64 {
         let (c, snap) = (ctx(id, seed, (i * 1024) as usize), turn(seed, i * 1024));
@@ -296,17 +296,17 @@ async fn with_the_origin_down_the_tier_serves_what_it_holds_and_misses_name_the_
 
 /// A tier in `tier_dir` that acknowledges publications itself (and checks
 /// the origin on every hit).
-fn behind_config(tier_dir: &Path) -> TierConfig {
+pub(crate) fn behind_config(tier_dir: &Path) -> TierConfig {
     tier_config(tier_dir, Duration::ZERO).with_ack(TierAck::Tier)
 }
 
 /// A tiered handle that acknowledges publications in the tier.
-fn behind(origin: &str, tier_dir: &Path) -> Store {
+pub(crate) fn behind(origin: &str, tier_dir: &Path) -> Store {
     open_tiered(origin, behind_config(tier_dir))
 }
 
 /// `origin` behind an endpoint nothing listens on, failing at once.
-fn down(origin: &str, endpoint: &str) -> String {
+pub(crate) fn down(origin: &str, endpoint: &str) -> String {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("free port")
@@ -427,7 +427,12 @@ async fn a_killed_node_resumes_its_uploads_and_the_origin_never_shows_a_root_ear
 /// each next one from its new pages alone ([`Store::publish_turn`]) with
 /// the handle the previous publication returned. The contexts and
 /// snapshots, oldest first, and the last turn's handle.
-async fn turn_by_turn(store: &Store, id: &CacheIdentity, seed: u64, n: u64) -> (Turns, Turn) {
+pub(crate) async fn turn_by_turn(
+    store: &Store,
+    id: &CacheIdentity,
+    seed: u64,
+    n: u64,
+) -> (Turns, Turn) {
     let (c, first) = (ctx(id, seed, 1024), turn(seed, 1024));
     let r = publish_base(store, id, c, first.clone(), RootFormat::V2).await;
     let mut prev = r.turn.expect("a v2.2 publication returns a turn");
@@ -442,7 +447,7 @@ async fn turn_by_turn(store: &Store, id: &CacheIdentity, seed: u64, n: u64) -> (
 
 /// Publishes the `seed` conversation at `tokens` as the turn after `prev`
 /// (its new pages alone); its context, snapshot and handle.
-async fn next_turn(
+pub(crate) async fn next_turn(
     store: &Store,
     id: &CacheIdentity,
     seed: u64,
@@ -461,7 +466,7 @@ async fn next_turn(
     (c, snap, r.turn.expect("turn"))
 }
 
-fn held(status: RootStatus) -> bool {
+pub(crate) fn held(status: RootStatus) -> bool {
     matches!(status, RootStatus::Found(_))
 }
 

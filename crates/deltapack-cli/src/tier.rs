@@ -79,8 +79,8 @@ pub(crate) async fn run(a: TierCmdArgs) -> Result<ExitCode> {
             );
             for k in &r.conflicted {
                 println!(
-                    "  conflict: {k}: the store holds another snapshot; the tier keeps its copy \
-                     (`deltapack tier abandon` drops it)"
+                    "  kept as a conflict: {k}: the store holds another snapshot there; \
+                     `deltapack tier abandon` drops the tier's copy"
                 );
             }
         }

@@ -20,5 +20,6 @@ mod multi_process_ledger;
 mod one_bucket_one_ledger;
 mod output_contract;
 mod stats_prometheus;
+mod tier_trust;
 mod tiers;
 mod turn_publication;

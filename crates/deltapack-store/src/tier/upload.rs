@@ -68,9 +68,10 @@ pub struct UploadReport {
     pub failed: u64,
     /// Roots still pending after the round.
     pub remaining: u64,
-    /// The roots found in conflict this round (`roots/<ns>/<ctx>`): the
-    /// origin holds another snapshot there; the tier keeps its copy until
-    /// `tier abandon`.
+    /// Every root the tier keeps as a conflict after the round, found by
+    /// this round or an earlier one (any process's): the origin holds
+    /// another snapshot there; the tier keeps its copy until `tier
+    /// abandon` (`roots/<namespace>/<context>`).
     pub conflicted: Vec<String>,
 }
 
@@ -137,17 +138,19 @@ impl Tier<'_> {
         for o in outcomes {
             match o {
                 Upload::Done => report.uploaded += 1,
-                Upload::Conflict(key) => {
-                    report.conflicts += 1;
-                    report
-                        .conflicted
-                        .push(keys::root_key(&key.namespace, &key.context).to_string());
-                }
+                Upload::Conflict => report.conflicts += 1,
                 Upload::Failed => report.failed += 1,
                 Upload::Waiting => {}
             }
         }
         report.remaining = self.pending_uploads().await?.len() as u64;
+        report.conflicted = self
+            .conflicted_uploads()
+            .await?
+            .into_iter()
+            .map(|k| keys::root_key(&k.namespace, &k.context).to_string())
+            .collect();
+        report.conflicted.sort();
         self.backlog
             .store(report.remaining, std::sync::atomic::Ordering::Relaxed);
         self.backlog_known
@@ -271,7 +274,7 @@ impl Tier<'_> {
         tracing::warn!(root = %keys::root_key(&key.namespace, &key.context), "the origin holds another snapshot for a root acknowledged in the tier; the origin wins, the tier keeps its copy as a conflict (`tier abandon` drops it)");
         self.journal_conflict(key).await?;
         Stats::add(&self.counters.upload_conflicts, 1);
-        Ok(Upload::Conflict(key))
+        Ok(Upload::Conflict)
     }
 }
 
@@ -289,7 +292,7 @@ enum Upload {
     /// The origin holds the root (uploaded, or found there).
     Done,
     /// The origin holds another snapshot there.
-    Conflict(RootKey),
+    Conflict,
     /// It failed (still journaled, tried again).
     Failed,
     /// Its publication is still being made (still journaled).

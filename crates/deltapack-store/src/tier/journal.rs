@@ -98,7 +98,7 @@ pub(crate) async fn journaled_identity(store: &Store, key: RootKey) -> Result<Ca
         return Ok(id);
     }
     Err(StoreError::Invalid(format!(
-        "{}/{}: the journal entry records no identity (written before 0.33); \
+        "{}/{}: the journal entry records no identity (written by an earlier version); \
          it can go up only onto the base it was built on",
         key.namespace, key.context
     )))

@@ -7,9 +7,11 @@
 //! | `memory://`                  | `InMemory` (process-local, for tests and demos)      |
 //!
 //! S3 URL options (`s3://bucket/prefix?k=v&…`): `endpoint`, `region`,
-//! `allow_http`, and the client's retries: `max_retries` (10 by default)
-//! and `retry_timeout` (a duration, 3m by default) — a node that must fail
-//! fast when the bucket is down (and serve from its tier) lowers them.
+//! `allow_http`, the client's retries: `max_retries` (10 by default) and
+//! `retry_timeout` (a duration, 3m by default), and its per-request bounds:
+//! `timeout` (a whole request, 30s by default) and `connect_timeout` (5s
+//! by default) — a node that must fail fast when the bucket is down or
+//! does not answer (and serve from its tier) lowers them.
 //!
 //! **Durability.** Every write deltapack makes goes through
 //! [`put_create`]: a create-if-absent `put_opts`. On local disk the backend is
@@ -338,9 +340,34 @@ pub fn open(url: &str) -> Result<Backend, OpenError> {
             b = b.with_endpoint(ep);
         }
         let mut retry = object_store::RetryConfig::default();
+        // The request bounds first: the client options they set are the
+        // builder's whole client configuration (`allow_http` below is set
+        // on top of them).
+        let mut client = object_store::ClientOptions::new();
+        let mut bounded = false;
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, "true"));
+            if k == "timeout" || k == "connect_timeout" {
+                let d =
+                    crate::units::parse_duration(v).map_err(|e| bad(&format!("{k}={v:?}: {e}")))?;
+                if d.is_zero() {
+                    return Err(bad(&format!("{k}=0: give a bound above zero")));
+                }
+                client = if k == "timeout" {
+                    client.with_timeout(d)
+                } else {
+                    client.with_connect_timeout(d)
+                };
+                bounded = true;
+            }
+        }
+        if bounded {
+            b = b.with_client_options(client);
+        }
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, "true"));
             b = match k {
+                "timeout" | "connect_timeout" => b,
                 "endpoint" => b.with_endpoint(v),
                 "region" => b.with_region(v),
                 "allow_http" => b.with_allow_http(v == "true"),

@@ -177,6 +177,11 @@ pub(crate) const PG_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// default [`PG_STATEMENT_TIMEOUT`]).
 pub(crate) const PG_CALL_MARGIN: Duration = Duration::from_secs(5);
 
+/// The longest a session may sit idle inside a transaction before the
+/// server ends it (unless the URL's `options` set
+/// `idle_in_transaction_session_timeout`; the call deadline when shorter).
+pub(crate) const PG_IDLE_IN_TRANSACTION: Duration = Duration::from_secs(10);
+
 /// A PostgreSQL connection owned by a thread of its own, driven by a
 /// single-threaded runtime of that thread, so that every step has a
 /// deadline: the connect (TCP, TLS and the start-up handshake:
@@ -360,8 +365,18 @@ impl PgConn {
     /// transaction they begin or end.
     pub(crate) fn batch_execute(&mut self, sql: &str) -> Result<(), LedgerError> {
         let word = sql.trim().to_ascii_uppercase();
-        if self.lost_transaction && (word == "ROLLBACK" || word == "COMMIT") {
+        let ends = word == "ROLLBACK" || word == "COMMIT";
+        // The end of a transaction whose connection is gone (lost, or
+        // closed under it) is answered here, without connecting: on a new
+        // connection there is nothing to end, and a reconnection inside
+        // `ready` would mark the transaction lost again with no caller
+        // left to end it — every later call failed for ever (the fleet
+        // campaign found it with the ledger black-holed mid-transaction).
+        let gone = self.lost_transaction
+            || (self.in_transaction && self.client.as_ref().is_none_or(|c| c.is_closed()));
+        if ends && gone {
             self.lost_transaction = false;
+            self.in_transaction = false;
             return if word == "ROLLBACK" {
                 Ok(())
             } else {
@@ -376,7 +391,18 @@ impl PgConn {
             self.call_timeout,
             self.client()?.batch_execute(sql),
         );
-        self.finish(out)?;
+        let done = self.finish(out);
+        if ends {
+            // The transaction is over whatever the answer: a commit that
+            // got none, on a connection now dropped, is returned as an
+            // error (its outcome unknown to the caller), and the next call
+            // runs on a new connection. (Left marked lost, this connection
+            // failed every later call for ever: the fleet campaign found
+            // it after a black-holed commit.)
+            self.in_transaction = false;
+            self.lost_transaction = false;
+        }
+        done?;
         match word.as_str() {
             "BEGIN" => self.in_transaction = true,
             "COMMIT" | "ROLLBACK" => self.in_transaction = false,

@@ -231,6 +231,30 @@ impl Ledger {
             }
         };
         let call_timeout = statement + super::db::PG_CALL_MARGIN;
+        // A session its client left inside a transaction (the client gave
+        // up on a call, its connection black-holed on the way, the server
+        // never saw the close) would hold the write lock until TCP noticed:
+        // every writer of the fleet then timed out (the fleet campaign
+        // found it). The server ends such a session after
+        // `idle_in_transaction_session_timeout`: the URL's, or the call
+        // deadline capped at 10 s (a live client idles inside a write
+        // transaction for a network round trip between statements).
+        let opts = config.get_options().unwrap_or_default().to_string();
+        if !opts
+            .replace('-', "_")
+            .contains("idle_in_transaction_session_timeout")
+        {
+            let idle = call_timeout.min(super::db::PG_IDLE_IN_TRANSACTION);
+            let ours = format!(
+                "-c idle_in_transaction_session_timeout={}",
+                idle.as_millis()
+            );
+            config.options(&if opts.is_empty() {
+                ours
+            } else {
+                format!("{opts} {ours}")
+            });
+        }
         // The URL's `connect_timeout` bounds the whole start-up (TCP, TLS,
         // handshake: `db.rs`), as libpq's does; 10 s when it sets none.
         if config.get_connect_timeout().is_none() {

@@ -18,6 +18,7 @@ mod corruption_matrix;
 mod crash_consistency;
 mod disk_full;
 mod file_publication;
+mod fleet_campaign;
 mod gc_concurrency;
 mod hostile_input;
 mod integrity_sweep;

@@ -54,8 +54,10 @@ struct State {
     fault: Mutex<Fault>,
     stopped: AtomicBool,
     accepted: AtomicU64,
-    /// Both sockets of every connection, for faults that act on them.
-    open: Mutex<Vec<(TcpStream, TcpStream)>>,
+    /// Both sockets of every open connection (by id), for faults that act
+    /// on them; removed when both directions of the connection ended, so
+    /// a long run does not hold a socket per connection it ever carried.
+    open: Mutex<Vec<(u64, TcpStream, TcpStream)>>,
 }
 
 impl State {
@@ -110,7 +112,7 @@ impl FaultProxy {
     pub fn set(&self, fault: Fault) {
         *self.state.fault.lock().unwrap_or_else(|p| p.into_inner()) = fault;
         let open = self.state.open.lock().unwrap_or_else(|p| p.into_inner());
-        for (client, server) in open.iter() {
+        for (_, client, server) in open.iter() {
             match fault {
                 Fault::Cut => {
                     let _ = client.shutdown(Shutdown::Both);
@@ -131,7 +133,7 @@ impl Drop for FaultProxy {
         // Wake the accept loop so it sees the flag.
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
         let open = self.state.open.lock().unwrap_or_else(|p| p.into_inner());
-        for (client, server) in open.iter() {
+        for (_, client, server) in open.iter() {
             let _ = client.shutdown(Shutdown::Both);
             let _ = server.shutdown(Shutdown::Both);
         }
@@ -169,14 +171,36 @@ fn accept_loop(listener: TcpListener, upstream: SocketAddr, state: Arc<State>) {
         ) else {
             continue;
         };
+        let id = state.accepted.load(Ordering::SeqCst);
         state
             .open
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push((c3, s3));
+            .push((id, c3, s3));
+        // The second direction to end forgets the connection.
+        let ended = Arc::new(AtomicU64::new(0));
         let (up, down) = (state.clone(), state.clone());
-        std::thread::spawn(move || pump(client, server, up, false));
-        std::thread::spawn(move || pump(s2, c2, down, true));
+        let (e1, e2) = (ended.clone(), ended);
+        std::thread::spawn(move || {
+            pump(client, server, &up, false);
+            forget_when_both_ended(&up, id, &e1);
+        });
+        std::thread::spawn(move || {
+            pump(s2, c2, &down, true);
+            forget_when_both_ended(&down, id, &e2);
+        });
+    }
+}
+
+/// Counts one ended direction of connection `id`; the second one removes
+/// its sockets from the open list.
+fn forget_when_both_ended(state: &State, id: u64, ended: &AtomicU64) {
+    if ended.fetch_add(1, Ordering::SeqCst) == 1 {
+        state
+            .open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(i, _, _)| *i != id);
     }
 }
 
@@ -188,7 +212,7 @@ fn drain(mut s: TcpStream) {
 
 /// Copies `from` to `to` chunk by chunk under the current fault.
 /// `to_client`: this direction carries the server's answers.
-fn pump(mut from: TcpStream, mut to: TcpStream, state: Arc<State>, to_client: bool) {
+fn pump(mut from: TcpStream, mut to: TcpStream, state: &State, to_client: bool) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = match from.read(&mut buf) {

@@ -215,16 +215,10 @@ impl Tier<'_> {
     }
 }
 
-impl Store {
-    /// Gives up the tier's journal entries of `(ns, ctx)` and of every
-    /// delta built on it in the tier — pending uploads and conflicts alike
-    /// — and removes those roots from the tier. Says what was given up and
-    /// whether the origin holds each (if not, it is lost). `Ok` with an
-    /// empty report without a tier.
-    pub async fn tier_abandon(&self, ns: Namespace, ctx: ContextDigest) -> Result<AbandonReport> {
-        let Some(tier) = self.tier() else {
-            return Ok(AbandonReport::default());
-        };
+impl Tier<'_> {
+    /// [`Store::tier_abandon`].
+    pub(crate) async fn abandon(&self, ns: Namespace, ctx: ContextDigest) -> Result<AbandonReport> {
+        let tier = self;
         let _one = tier.upload_round.lock().await;
         let plan = tier.store.invalidate_plan(ns, Some(ctx)).await?;
         let pending: HashSet<RootKey> = tier.pending_uploads().await?.into_iter().collect();
@@ -241,7 +235,7 @@ impl Store {
                 RootStatus::Found(r) => r.summary().map(|s| s.result_snapshot_digest),
                 _ => None,
             };
-            let in_origin = match self.peek_root(&rns, &rctx).await {
+            let in_origin = match self.origin.peek_root(&rns, &rctx).await {
                 Ok(RootStatus::Found(r)) => {
                     digest.is_some() && r.summary().map(|s| s.result_snapshot_digest) == digest
                 }

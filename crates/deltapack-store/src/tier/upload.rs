@@ -453,6 +453,22 @@ impl Store {
         }
     }
 
+    /// Gives up the tier's journal entries of `(ns, ctx)` and of every
+    /// delta built on it in the tier — pending uploads and conflicts alike
+    /// — and removes those roots from the tier. Says what was given up and
+    /// whether the origin holds each (if not, it is lost). `Ok` with an
+    /// empty report without a tier.
+    pub async fn tier_abandon(
+        &self,
+        ns: deltapack_format::Namespace,
+        ctx: deltapack_format::ContextDigest,
+    ) -> Result<super::journal::AbandonReport> {
+        match self.tier() {
+            Some(t) => t.abandon(ns, ctx).await,
+            None => Ok(Default::default()),
+        }
+    }
+
     /// The publications journaled in the tier and not yet in the origin.
     pub async fn tier_backlog(&self) -> Result<u64> {
         match self.tier() {

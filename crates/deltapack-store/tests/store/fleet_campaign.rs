@@ -403,10 +403,14 @@ async fn a_fleet_under_faults_keeps_both_promises() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(30);
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_max_level(tracing::Level::WARN)
-        .try_init();
+    // `DELTAPACK_CAMPAIGN_LOG=1`: the store's warnings, to see why calls
+    // failed (hundreds of MB over a long run).
+    if std::env::var_os("DELTAPACK_CAMPAIGN_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_test_writer()
+            .with_max_level(tracing::Level::WARN)
+            .try_init();
+    }
     println!(
         "fleet campaign: seed {seed} ({seconds} s; replay with DELTAPACK_CAMPAIGN_SEED={seed})"
     );

@@ -474,13 +474,14 @@ pub(crate) async fn stats(a: StatsArgs) -> Result<ExitCode> {
             );
             let p = &t.process;
             println!(
-                "tier hits {}, misses {}, fall-throughs {}, refused {}, fills {} ({})",
+                "tier hits {}, misses {}, fall-throughs {}, refused {}, fills {} ({} downloaded, {} from restores)",
                 p.hits,
                 p.misses,
                 p.fall_throughs,
                 p.refused,
                 p.fills,
-                human_bytes(p.fill_bytes)
+                human_bytes(p.fill_bytes),
+                human_bytes(p.fill_reused_bytes)
             );
         }
     }

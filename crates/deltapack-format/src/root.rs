@@ -651,6 +651,12 @@ impl ManifestV1 {
 }
 
 impl DecodedRoot {
+    /// The digest of the snapshot this root restores to: its identity, as
+    /// the coherence rule and uploads compare it (None when incompatible).
+    pub fn snapshot_digest(&self) -> Option<Digest> {
+        self.summary().map(|s| s.result_snapshot_digest)
+    }
+
     /// The fields common to v1 and v2 (None when incompatible).
     pub fn summary(&self) -> Option<RootSummary> {
         match self {

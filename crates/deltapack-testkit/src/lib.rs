@@ -54,6 +54,8 @@ struct State {
     fault: Mutex<Fault>,
     stopped: AtomicBool,
     accepted: AtomicU64,
+    /// Bytes forwarded from the server to clients.
+    to_clients: AtomicU64,
     /// Both sockets of every open connection (by id), for faults that act
     /// on them; removed when both directions of the connection ended, so
     /// a long run does not hold a socket per connection it ever carried.
@@ -75,6 +77,7 @@ impl FaultProxy {
             fault: Mutex::new(Fault::None),
             stopped: AtomicBool::new(false),
             accepted: AtomicU64::new(0),
+            to_clients: AtomicU64::new(0),
             open: Mutex::new(Vec::new()),
         });
         let s = state.clone();
@@ -108,7 +111,13 @@ impl FaultProxy {
         self.state.accepted.load(Ordering::SeqCst)
     }
 
-    /// Switches the fault, for open connections and new ones alike.
+    /// Bytes forwarded from the server to the clients so far (what a
+    /// client downloaded through the proxy, headers included).
+    pub fn bytes_to_clients(&self) -> u64 {
+        self.state.to_clients.load(Ordering::SeqCst)
+    }
+
+    /// Switches the fault for every connection, open or new.
     pub fn set(&self, fault: Fault) {
         *self.state.fault.lock().unwrap_or_else(|p| p.into_inner()) = fault;
         let open = self.state.open.lock().unwrap_or_else(|p| p.into_inner());
@@ -229,6 +238,9 @@ fn pump(mut from: TcpStream, mut to: TcpStream, state: &State, to_client: bool) 
         }
         if to.write_all(&buf[..n]).is_err() {
             break;
+        }
+        if to_client {
+            state.to_clients.fetch_add(n as u64, Ordering::SeqCst);
         }
     }
     if !matches!(state.fault(), Fault::BlackHole) {

@@ -102,6 +102,22 @@ struct Results {
     fill_buffer_bytes: u64,
     turn_tokens: u64,
     rows: Vec<Row>,
+    /// What a node's first restore and its fill downloaded.
+    egress: Vec<Egress>,
+}
+
+/// What a node's first restore through an empty tier, and the fill after
+/// it, downloaded from the shaped origin (the most of the samples),
+/// against the stored bytes of every root the subject's origin holds
+/// (objects and roots: what one full copy of the subject costs).
+#[derive(Debug, Serialize)]
+struct Egress {
+    id: String,
+    stored_bytes: u64,
+    downloaded_bytes: u64,
+    ratio: f64,
+    target: Option<f64>,
+    met: Option<bool>,
 }
 
 /// The samples of one measure: times, and the largest peak memory.
@@ -185,7 +201,10 @@ async fn measure_all(a: &TiersArgs, shaping: Shaping, dir: &Path) -> Result<Exit
     let final_ctx = publish_chain(&chain_dir, &conv, config.clone()).await?;
 
     let mut rows = Vec::new();
-    let fill_buffer = TierConfig::new("").fill_buffer_bytes(w.extent_bytes);
+    let mut egress = Vec::new();
+    // The memory allowance: a fill's objects in flight, or a restore's
+    // copies on their way into the tier, whichever bound is larger.
+    let fill_buffer = TierConfig::new("").tap_buffer_bytes(w.extent_bytes);
     let env = Env {
         dir,
         shaping,
@@ -193,6 +212,9 @@ async fn measure_all(a: &TiersArgs, shaping: Shaping, dir: &Path) -> Result<Exit
         repeats: a.repeats,
         fill_buffer,
     };
+    // The flat subject's fill without the restore's bytes (a download of
+    // every object), which the chain's fill is compared with.
+    let mut download: Option<Samples> = None;
     for subject in [
         Subject {
             name: "flat",
@@ -207,7 +229,11 @@ async fn measure_all(a: &TiersArgs, shaping: Shaping, dir: &Path) -> Result<Exit
             len: result.encoded().len(),
         },
     ] {
-        restore_rows(&subject, &env, &mut rows).await?;
+        let out = restore_rows(&subject, &env, download.as_ref(), &mut rows).await?;
+        egress.push(out.egress);
+        if let Some(d) = out.download {
+            download = Some(d);
+        }
     }
     let published = Published {
         w: &w,
@@ -227,6 +253,7 @@ async fn measure_all(a: &TiersArgs, shaping: Shaping, dir: &Path) -> Result<Exit
         fill_buffer_bytes: fill_buffer,
         turn_tokens: TURN_TOKENS,
         rows,
+        egress,
     };
     report(&a.out, &results)?;
     Ok(ExitCode::SUCCESS)
@@ -284,8 +311,71 @@ async fn timed_restore(
     Ok(sample)
 }
 
-/// The restore rows of one subject.
-async fn restore_rows(s: &Subject<'_>, env: &Env<'_>, rows: &mut Vec<Row>) -> Result<()> {
+/// What [`restore_rows`] returns beside its rows.
+struct RestoreOut {
+    /// The first restore's and the fill's download.
+    egress: Egress,
+    /// For the flat subject: fills with the restore's bytes unused.
+    download: Option<Samples>,
+}
+
+/// Stored bytes of every root in the origin at `dir` (objects and roots).
+async fn stored_bytes(dir: &Path, config: &StoreConfig) -> Result<u64> {
+    let roots = open_local_with(dir, config.clone())?.inspect(None).await?;
+    Ok(roots.iter().map(|r| r.stored_bytes + r.root_bytes).sum())
+}
+
+/// A node on `origin` (shaped) with an empty tier in `tier_dir`; the fill
+/// from the restore's bytes on or off.
+fn node_at(
+    origin: &Path,
+    tier_dir: &Path,
+    env: &Env<'_>,
+    from_restore: bool,
+) -> Result<(Store, Arc<crate::shaped::Shaper>)> {
+    let mut tc = TierConfig::new(format!("file://{}", tier_dir.display()));
+    tc.fill_from_restore = from_restore;
+    shaped_local_store(origin, env.shaping, env.config.clone().with_tier(Some(tc)))
+}
+
+/// A first restore on `node` and its fill: the fill's time and the
+/// node's peak from the restore's start, and the bytes both downloaded.
+async fn first_and_fill(
+    node: &Store,
+    shaper: &crate::shaped::Shaper,
+    ctx: ContextDigest,
+    buf: &mut [u8],
+    first: &mut Samples,
+) -> Result<((Duration, u64), u64)> {
+    let down = || {
+        shaper
+            .stats
+            .bytes_down
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before = down();
+    // The first restore's own peak, and the node's peak from its start
+    // until the fill it started has finished.
+    let node_window = PeakWindow::open();
+    first.push(timed_restore(node, ctx, buf).await?);
+    let t = Instant::now();
+    node.tier_settle().await;
+    let fill = (t.elapsed(), node_window.peak());
+    let stats = node.tier_stats().context("tier stats")?;
+    if stats.fills_failed > 0 || stats.fills == 0 {
+        bail!("the tier fill did not complete: {stats:?}");
+    }
+    Ok((fill, down() - before))
+}
+
+/// The restore rows of one subject (`download`: the flat subject's fills
+/// without the restore's bytes, which a chain's fill is compared with).
+async fn restore_rows(
+    s: &Subject<'_>,
+    env: &Env<'_>,
+    download: Option<&Samples>,
+    rows: &mut Vec<Row>,
+) -> Result<RestoreOut> {
     let Env {
         dir,
         shaping,
@@ -303,24 +393,24 @@ async fn restore_rows(s: &Subject<'_>, env: &Env<'_>, rows: &mut Vec<Row>) -> Re
     let (mut first, mut fill) = (Samples::default(), Samples::default());
     let (mut second, mut local) = (Samples::default(), Samples::default());
     let (mut second_cold, mut local_cold) = (Samples::default(), Samples::default());
+    let (mut first_download, mut fill_download) = (Samples::default(), Samples::default());
+    let mut downloaded = 0u64;
     for i in 0..repeats {
-        let tier_dir = dir.join(format!("tier-{}-{i}", s.name));
-        let tiered = config.clone().with_tier(Some(TierConfig::new(format!(
-            "file://{}",
-            tier_dir.display()
-        ))));
-        let (node, _) = shaped_local_store(s.origin, shaping, tiered)?;
-        // The first restore's own peak, and the node's peak from its start
-        // until the fill it started has finished.
-        let node_window = PeakWindow::open();
-        first.push(timed_restore(&node, s.context, &mut buf).await?);
-        let t = Instant::now();
-        node.tier_settle().await;
-        fill.push((t.elapsed(), node_window.peak()));
-        let stats = node.tier_stats().context("tier stats")?;
-        if stats.fills_failed > 0 || stats.fills == 0 {
-            bail!("the tier fill did not complete: {stats:?}");
+        if s.name == "flat" {
+            // The fill as it was: every object downloaded again.
+            let tier_dir = dir.join(format!("tier-{}-{i}-download", s.name));
+            let (node, shaper) = node_at(s.origin, &tier_dir, env, false)?;
+            let (f, _) =
+                first_and_fill(&node, &shaper, s.context, &mut buf, &mut first_download).await?;
+            fill_download.push(f);
+            drop(node);
+            let _ = std::fs::remove_dir_all(&tier_dir);
         }
+        let tier_dir = dir.join(format!("tier-{}-{i}", s.name));
+        let (node, shaper) = node_at(s.origin, &tier_dir, env, true)?;
+        let (f, down) = first_and_fill(&node, &shaper, s.context, &mut buf, &mut first).await?;
+        fill.push(f);
+        downloaded = downloaded.max(down);
         // The fill wrote with direct I/O (nothing in the page cache); the
         // two restores compared start from the same cache state, warm (as
         // the committed local-disk restores) and cold. Each pair runs in
@@ -359,7 +449,25 @@ async fn restore_rows(s: &Subject<'_>, env: &Env<'_>, rows: &mut Vec<Row>) -> Re
         (&shaped, &today),
         Some(1.05),
     ));
-    rows.push(rows_of.against(&format!("fill-{n}"), &fill, (&shaped, &today), None));
+    match download {
+        // A chain's fill (its links at once) against the flat fill that
+        // downloads every object: ≤ 2 ×.
+        Some(d) => rows.push(rows_of.against(
+            &format!("fill-{n}"),
+            &fill,
+            ("fill-flat-download", d),
+            Some(2.0),
+        )),
+        None => rows.push(rows_of.against(&format!("fill-{n}"), &fill, (&shaped, &today), None)),
+    }
+    if s.name == "flat" {
+        rows.push(rows_of.against(
+            "fill-flat-download",
+            &fill_download,
+            (&shaped, &today),
+            None,
+        ));
+    }
     for (cold, tiered, plain) in [("", &second, &local), ("-cold", &second_cold, &local_cold)] {
         let base = format!("restore-{n}-local{cold}");
         rows.push(rows_of.plain(&base, plain));
@@ -370,7 +478,23 @@ async fn restore_rows(s: &Subject<'_>, env: &Env<'_>, rows: &mut Vec<Row>) -> Re
             Some(1.15),
         ));
     }
-    Ok(())
+    let stored = stored_bytes(s.origin, config).await?;
+    let ratio = downloaded as f64 / stored.max(1) as f64;
+    // A flat root's objects are read whole and verified by the restore;
+    // a chain's first pass reads only the ranges the result needs, without
+    // each extent's name, so its fill downloads the links again.
+    let target = (s.name == "flat").then_some(1.05);
+    Ok(RestoreOut {
+        egress: Egress {
+            id: format!("egress-{n}"),
+            stored_bytes: stored,
+            downloaded_bytes: downloaded,
+            ratio,
+            target,
+            met: target.map(|t| ratio <= t),
+        },
+        download: (s.name == "flat").then_some(fill_download),
+    })
 }
 
 /// Puts a store's files in the page cache (`cold`: drops them from it).
@@ -584,6 +708,11 @@ const TABLE_HEAD: &str = "\
 | measure | median ms | ratio | against | target | met | peak MiB | bound MiB | met |
 |---|---:|---:|---|---:|---|---:|---:|---|";
 
+/// The head of the egress table.
+const EGRESS_HEAD: &str = "\
+| subject | stored MB | downloaded MB | ratio | target | met |
+|---|---:|---:|---:|---:|---|";
+
 /// Writes results.json and results.md.
 fn report(out: &Path, r: &Results) -> Result<()> {
     let mib = |b: u64| format!("{:.0}", b as f64 / MIB as f64);
@@ -594,8 +723,12 @@ fn report(out: &Path, r: &Results) -> Result<()> {
          Fill buffer: {} MiB. Peak memory: the largest of the samples, resident \
          memory above the measure's start (the caller's buffer is resident \
          before it); a compared row's bound is its comparison's peak plus the \
-         fill buffer (objects in flight with their write staging). `fill-*` is \
-         the node from its first restore until the fill finished. The \
+         fill buffer (`TierConfig::tap_buffer_bytes`: a fill's objects in flight \
+         with their write staging, or a restore's copies on their way into the \
+         tier). `fill-*` is the node from its first restore until the fill \
+         finished; `fill-flat-download` the same with the restore's copies off \
+         (`fill_from_restore = false`: every object downloaded again), which \
+         the chain's fill is compared with. The \
          publications' shaped origin is in memory: `upload-behind`'s peak \
          includes the uploaded bytes the origin keeps.\n\n",
         r.result_tokens,
@@ -619,6 +752,23 @@ fn report(out: &Path, r: &Results) -> Result<()> {
             mib(row.peak_bytes),
             row.peak_bound_bytes.map_or("".into(), mib),
             yes(row.peak_met),
+        ]
+    }));
+    md.push_str(
+        "\n\nFirst-restore egress: what a node's first restore through an empty tier and \
+         the fill after it downloaded from the shaped origin (the most of the samples), \
+         against the stored bytes of every root of the subject (one full copy).\n\n",
+    );
+    md.push_str(&markdown_table(EGRESS_HEAD, &r.egress, |e| {
+        vec![
+            e.id.clone(),
+            format!("{:.1}", e.stored_bytes as f64 / 1e6),
+            format!("{:.1}", e.downloaded_bytes as f64 / 1e6),
+            format!("{:.3}", e.ratio),
+            e.target.map_or("".into(), |x| format!("≤ {x}")),
+            e.met
+                .map_or("", |m| if m { "yes" } else { "no" })
+                .to_string(),
         ]
     }));
     super::write_study(out, r, &md)

@@ -67,7 +67,7 @@ pub(super) async fn publish_file(
     // bytes records `blake3:`): the file is compared by the root's own.
     let existing = match store.read_root(&ns, &context).await? {
         RootStatus::Absent => None,
-        RootStatus::Found(root) => Some(root.summary().map(|s| s.result_snapshot_digest)),
+        RootStatus::Found(root) => Some(root.snapshot_digest()),
         RootStatus::Unusable(_) => Some(None),
     };
     if let Some(existing) = existing {

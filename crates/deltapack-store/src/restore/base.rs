@@ -30,6 +30,7 @@ impl Store {
         mut into: Option<&mut [u8]>,
         deadline: Option<std::time::Instant>,
         tally: &super::read::ReadTally,
+        tap: Option<&dyn super::read::Tap>,
     ) -> std::result::Result<super::reassembly::Output, super::reassembly::ObjectFault> {
         let source = self.reassembly_source();
         let threads = match (&source, what) {
@@ -46,6 +47,7 @@ impl Store {
             threads,
             deadline,
             tally,
+            tap,
         };
         let pass = |into: Option<&mut [u8]>, deferred: bool| match what {
             Plan::Flat(m) => super::reassembly::restore_flat(ctx(threads), m, into),

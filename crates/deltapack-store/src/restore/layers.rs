@@ -285,6 +285,8 @@ impl Store {
         }
         let deadline = opts.deadline.map(|d| d.into_std());
         let tally = super::read::ReadTally::default();
+        let tap = self.tier().and_then(|t| t.open_tap(key));
+        let tapped = tap.as_deref().map(|t| t as &dyn super::read::Tap);
         let (out, emitted, streams) = {
             let mut emitted: Vec<AtomicBool> = Vec::new();
             // Where each stream lies in the buffer (known once planned).
@@ -299,6 +301,7 @@ impl Store {
                     threads: source.threads(self.config().remote.chain_gets_in_flight.max(1)),
                     deadline,
                     tally: &tally,
+                    tap: tapped,
                 };
                 // Planning a chain may read stored delta headers (v2.0
                 // links); a failure there is read again before anything is
@@ -317,7 +320,7 @@ impl Store {
                 let Some(src) = planned else {
                     // No stream digests: verified whole, by the usual rebuild.
                     // SAFETY: nothing is handed out yet.
-                    self.rebuild(&r.what, Some(unsafe { raw.all() }), deadline, &tally)?;
+                    self.rebuild(&r.what, Some(unsafe { raw.all() }), deadline, &tally, tapped)?;
                     return Ok(Ok(false));
                 };
                 let order = match order.streams(src.header()) {

@@ -50,6 +50,7 @@ mod plan;
 pub(crate) mod read;
 pub(crate) mod reassembly;
 mod result;
+mod tap;
 mod v1;
 
 use cache::{Flight, SharedRestore};
@@ -59,6 +60,7 @@ pub use outcome::{
     RESTORE_IN_FLIGHT,
 };
 use plan::{Plan, Visited};
+pub(crate) use tap::{Tap, Tapped};
 
 type Inner = std::result::Result<Flight, Arc<StoreError>>;
 
@@ -138,6 +140,8 @@ impl Store {
         start: Instant,
     ) -> Result<RestoreOutcome> {
         let (ns, context) = (key.namespace, key.context);
+        // Open while the restore runs and its fill is scheduled.
+        let _tap = self.tier().and_then(|t| t.open_tap(key));
         let fut = self.restore_root(ns, context, Vec::new());
         let out = match opts.deadline {
             None => fut.await,
@@ -320,12 +324,18 @@ impl Store {
         }
         let deadline = opts.deadline.map(|d| d.into_std());
         let tally = read::ReadTally::default();
+        // The objects this restore verifies go into the tier as it goes
+        // (the fill that follows finds them there).
+        let tap = self.tier().and_then(|t| t.open_tap((ns, context).into()));
+        let tapped = tap.as_deref().map(|t| t as &dyn Tap);
         let out = if multi_thread {
-            tokio::task::block_in_place(|| self.rebuild(&r.what, Some(&mut *buf), deadline, &tally))
+            tokio::task::block_in_place(|| {
+                self.rebuild(&r.what, Some(&mut *buf), deadline, &tally, tapped)
+            })
         } else {
             // A current-thread runtime with a local store: the work needs no
             // runtime, so it runs here.
-            self.rebuild(&r.what, Some(&mut *buf), deadline, &tally)
+            self.rebuild(&r.what, Some(&mut *buf), deadline, &tally, tapped)
         };
         match out {
             Ok(_) => {
@@ -518,9 +528,12 @@ impl Store {
             }
             what => {
                 let this = self.clone();
+                // The tap [`Store::restore`] opened for this root, if any.
+                let tap = self.tier().and_then(|t| t.tap_of((ns, ctx).into()));
                 let out = tokio::task::spawn_blocking(move || {
                     let tally = read::ReadTally::default();
-                    let out = this.rebuild(&what, None, None, &tally);
+                    let tapped = tap.as_deref().map(|t| t as &dyn Tap);
+                    let out = this.rebuild(&what, None, None, &tally, tapped);
                     (what, out, tally)
                 })
                 .await

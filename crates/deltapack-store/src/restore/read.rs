@@ -27,6 +27,8 @@ use crate::keys;
 use crate::object_check::ObjectCheck;
 use crate::verify::{check_extent, unpack_zstd};
 
+pub(crate) use super::tap::Tap;
+
 /// Piece size of the fused read → hash → copy loop.
 pub(crate) const PIECE: usize = 256 * 1024;
 
@@ -101,6 +103,29 @@ pub(crate) struct ReadCtx<'a> {
     pub(crate) deadline: Option<Instant>,
     /// What the pass read.
     pub(crate) tally: &'a ReadTally,
+    /// Where whole objects the pass verified are handed on (the tier's
+    /// fill), if anywhere.
+    pub(crate) tap: Option<&'a dyn Tap>,
+}
+
+/// Places bytes in the inner sink and copies them into a [`Tapped`]
+/// buffer at their offset in the object (payload offset minus `base`).
+struct Tee<'a> {
+    inner: &'a mut dyn Sink,
+    buf: &'a mut [u8],
+    base: u64,
+}
+
+impl Sink for Tee<'_> {
+    fn place(&mut self, src: u64, bytes: &[u8]) {
+        self.inner.place(src, bytes);
+        let at = src
+            .checked_sub(self.base)
+            .and_then(|o| usize::try_from(o).ok());
+        if let Some(dst) = at.and_then(|o| self.buf.get_mut(o..o.checked_add(bytes.len())?)) {
+            dst.copy_from_slice(bytes);
+        }
+    }
 }
 
 /// One extent of a root: its plan (the root's extent geometry), its index
@@ -270,24 +295,63 @@ pub(crate) fn read_extent(
     header: Option<&[u8]>,
     scratch: &mut [u8],
 ) -> Result<(), ObjectFault> {
+    let e = at.entry;
+    let key = keys::object_key(&e.object_digest());
+    // A raw extent's stored bytes are its raw bytes: a copy of them, as
+    // placed, is the object, once the extent verifies.
+    let mut tapped = match (ctx.tap, e.codec) {
+        (Some(tap), ExtentCodec::Raw)
+            if e.stored_len == e.raw_len && e.object_digest() == e.raw_digest =>
+        {
+            tap.start(&key, e.stored_len)
+        }
+        _ => None,
+    };
+    let mut tee;
+    let region: &mut dyn Sink = match tapped.as_mut() {
+        Some(t) => {
+            tee = Tee {
+                inner: region,
+                buf: &mut t.buf,
+                base: e.offset,
+            };
+            &mut tee
+        }
+        None => region,
+    };
+    let read = read_extent_from(ctx, at, &key, region, header, scratch);
+    if let (Ok(()), Some(tap), Some(t)) = (&read, ctx.tap, tapped) {
+        tap.verified(&key, t);
+    }
+    read
+}
+
+/// [`read_extent`] without the tap.
+fn read_extent_from(
+    ctx: &ReadCtx<'_>,
+    at: ExtentAt<'_>,
+    key: &Path,
+    region: &mut dyn Sink,
+    header: Option<&[u8]>,
+    scratch: &mut [u8],
+) -> Result<(), ObjectFault> {
     let (source, deadline) = (ctx.source, ctx.deadline);
     let ExtentAt {
         plan,
         index,
         entry: e,
     } = at;
-    let key = keys::object_key(&e.object_digest());
     // Where the bytes come from: a positioned-read closure over a file, or
     // the chunks of a GET body.
     let absorbed = match (source, e.codec) {
         (_, ExtentCodec::Zstd) => {
             let stored = read_all(source, e)?;
-            let raw = unpack_zstd(e, &stored).map_err(|c| ObjectFault::failed(&key, c))?;
+            let raw = unpack_zstd(e, &stored).map_err(|c| ObjectFault::failed(key, c))?;
             let mut rest = &raw[..];
             absorb(at, region, header, deadline, |buf| rest.read(buf), scratch)
         }
         (Source::Local(root), ExtentCodec::Raw) => {
-            let file = open_local(root, &key, e)?;
+            let file = open_local(root, key, e)?;
             let mut pos = 0u64;
             absorb(
                 at,
@@ -306,7 +370,7 @@ pub(crate) fn read_extent(
             return read_ranges_verified(remote, plan, index, e, region, header, deadline)
         }
     };
-    absorbed.map_err(|x| absorb_fault(&key, e, x))
+    absorbed.map_err(|x| absorb_fault(key, e, x))
 }
 
 /// The fault an absorb error of the object at `key` is.

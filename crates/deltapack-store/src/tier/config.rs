@@ -37,6 +37,12 @@ pub struct TierConfig {
     /// default; each at most one extent, with its write staging: see
     /// [`TierConfig::fill_buffer_bytes`]).
     pub fill_objects_in_flight: usize,
+    /// Whether a restore from the origin writes the objects it verified
+    /// into the tier as it goes (true by default), so that the fill after
+    /// it downloads only what the restore did not keep; memory bound:
+    /// [`TierConfig::tap_buffer_bytes`]. Off, every fill downloads its
+    /// root again.
+    pub fill_from_restore: bool,
     /// When a publication is acknowledged: durable in the origin (the
     /// default) or in the tier, uploaded behind.
     pub ack: TierAck,
@@ -70,6 +76,7 @@ impl TierConfig {
             probe_interval: Duration::from_secs(5),
             fill_roots_in_flight: 2,
             fill_objects_in_flight: 4,
+            fill_from_restore: true,
             ack: TierAck::Origin,
             uploads_in_flight: 2,
             max_upload_backlog: 256,
@@ -106,7 +113,19 @@ impl TierConfig {
         let staging = (2 * crate::local::BOUNCE as u64).min(extent_bytes);
         self.fill_objects_in_flight as u64 * (extent_bytes + staging)
     }
+
+    /// The most memory the copies of a handle's restores hold at once on
+    /// their way into the tier (the fill from a restore's verified bytes):
+    /// [`TierConfig::fill_buffer_bytes`], and at least 64 MiB, so that
+    /// small extents read many at a time are kept too. At the defaults and
+    /// 64 MiB extents: 512 MiB.
+    pub fn tap_buffer_bytes(&self, extent_bytes: u64) -> u64 {
+        self.fill_buffer_bytes(extent_bytes).max(TAP_BUFFER_FLOOR)
+    }
 }
+
+/// The least memory [`TierConfig::tap_buffer_bytes`] allows.
+const TAP_BUFFER_FLOOR: u64 = 64 << 20;
 
 /// What a handle's tier did (process-local counters).
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
@@ -125,8 +144,12 @@ pub struct TierStats {
     pub unchecked: u64,
     /// Roots copied into the tier from the origin.
     pub fills: u64,
-    /// Bytes copied into the tier (objects and roots).
+    /// Bytes fills downloaded from the origin into the tier (objects and
+    /// roots).
     pub fill_bytes: u64,
+    /// Bytes written into the tier from the objects a restore from the
+    /// origin had just verified (no second download; `tier/tap.rs`).
+    pub fill_reused_bytes: u64,
     /// Fills that failed (the tier's budget, an origin or tier error).
     pub fills_failed: u64,
     /// Fills not started because enough were already running.

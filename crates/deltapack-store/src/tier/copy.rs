@@ -74,28 +74,42 @@ pub(crate) struct Copied {
 }
 
 impl Copy<'_> {
-    /// Copies `key` and the links below it the target lacks, bottom first;
-    /// a link whose base the target cannot give it goes up flat.
-    pub(crate) async fn root(&self, key: RootKey) -> Result<Copied> {
+    /// Copies `key` and the links below it the target lacks; a link whose
+    /// base the target cannot give it goes up flat (first). The others go
+    /// together under one publication in the target (`guard`, if given:
+    /// the one protecting objects a restore already copied there, see
+    /// `tap.rs`): every object of every link at once (up to
+    /// [`Copy::in_flight`]), then the roots, bottom first.
+    pub(crate) async fn root(&self, key: RootKey, guard: Option<ProtectGuard>) -> Result<Copied> {
         // Only the target's own ledger may publish into it (as for any
         // publication).
         self.to.require_owner("copy").await?;
-        let (links, bottom) = self.links(key).await?;
+        let (mut links, bottom) = self.links(key).await?;
         let mut out = Copied::default();
-        let n = links.len();
-        for (i, link) in links.into_iter().rev().enumerate() {
-            let (bytes, conflict) = if i == 0 && bottom == Bottom::Flatten {
-                self.flatten(&link).await?
-            } else {
-                self.link(link).await?
-            };
-            out.bytes += bytes;
-            if conflict {
-                out.conflict = true;
-                out.conflict_at_top = i + 1 == n;
-                break;
+        if bottom == Bottom::Flatten {
+            if let Some(lowest) = links.pop() {
+                let (bytes, conflict) = self.flatten(&lowest).await?;
+                out.bytes += bytes;
+                if conflict {
+                    out.conflict = true;
+                    out.conflict_at_top = links.is_empty();
+                    return Ok(out);
+                }
             }
         }
+        if links.is_empty() {
+            return Ok(out);
+        }
+        let guard = match guard {
+            Some(g) => g,
+            None => ProtectGuard::new(self.to).await?,
+        };
+        let together = self.links_together(links, &guard).await;
+        guard.finish().await;
+        let c = together?;
+        out.bytes += c.bytes;
+        out.conflict = c.conflict;
+        out.conflict_at_top = c.conflict_at_top;
         Ok(out)
     }
 
@@ -120,9 +134,7 @@ impl Copy<'_> {
                     .and_then(|s| s.base)
                     .map(|b| b.snapshot_digest);
                 match (self.to.peek_root(&ns, &ctx).await?, self.journaled) {
-                    (RootStatus::Found(r), _)
-                        if r.summary().map(|s| s.result_snapshot_digest) == want =>
-                    {
+                    (RootStatus::Found(r), _) if r.snapshot_digest() == want => {
                         return Ok((links, Bottom::Proven));
                     }
                     (RootStatus::Found(_), Some(_)) => return Ok((links, Bottom::Flatten)),
@@ -188,66 +200,94 @@ impl Copy<'_> {
         Ok((r.bytes_written, r.outcome == PublishOutcome::Conflict))
     }
 
-    /// Copies one link: every object it names (checked against the root),
-    /// then the root; the bytes written, and whether the target held
-    /// another snapshot there. The objects are protected in the target's
-    /// ledger from before they are written until the root is recorded.
-    async fn link(&self, link: Link) -> Result<(u64, bool)> {
+    /// Copies `links` (top first; the lowest one's base, if any, held by
+    /// the target with the snapshot it was built on): every object they
+    /// name (checked against its root) at once, then the roots, bottom
+    /// first. The bytes written, and whether the target held another
+    /// snapshot at some link (the links above it are not copied). The
+    /// objects are protected in the target's ledger by `guard` from before
+    /// they are written until the roots are recorded.
+    async fn links_together(&self, links: Vec<Link>, guard: &ProtectGuard) -> Result<Copied> {
         let (tier, what) = (self.to, self.what);
-        let wanted = Expected::of_root(&link.root)
-            .map_err(|e| StoreError::Invalid(format!("{what}: extent plan: {e}")))?;
-        let guard = ProtectGuard::new(tier).await?;
-        let out = async {
-            let need =
-                wanted.iter().map(Expected::stored_len).sum::<u64>() + link.bytes.len() as u64;
-            tier.make_room(need, &guard).await?;
-            let protector = guard.protector();
-            // A delta's base must stay in the target until the delta's root
-            // is there: protected in the target's ledger (as a
-            // publication protects its base), then checked present. Without
-            // this, another process's eviction of the base (and of the
-            // dependents it knew) could run between the walk and the root,
-            // leaving the target a delta over a missing base.
-            if let Some(b) = link.root.summary().and_then(|s| s.base) {
-                let (bns, bctx) = (b.namespace, b.context);
-                protector
-                    .protect(vec![crate::keys::root_key(&bns, &bctx).to_string()])
-                    .await?;
-                let held = match tier.peek_root(&bns, &bctx).await? {
-                    RootStatus::Found(r) => r.summary().map(|s| s.result_snapshot_digest),
-                    _ => None,
-                };
-                if held != Some(b.snapshot_digest) {
-                    return Err(StoreError::Invalid(format!(
-                        "{what}: the base {bns}/{bctx} left the target (or was replaced) during the copy"
-                    )));
+        let links: Vec<Link> = links.into_iter().rev().collect();
+        // Every object once (links of one chain may share extents).
+        let mut seen = std::collections::HashSet::new();
+        let mut wanted = Vec::new();
+        let mut need = 0u64;
+        for link in &links {
+            need += link.bytes.len() as u64;
+            let objects = Expected::of_root(&link.root)
+                .map_err(|e| StoreError::Invalid(format!("{what}: extent plan: {e}")))?;
+            for want in objects {
+                if seen.insert(want.object().path()) {
+                    need += want.stored_len();
+                    wanted.push(want);
                 }
             }
-            let written = futures::stream::iter(wanted)
-                .map(|want| {
-                    let protector = &protector;
-                    async move {
-                        let key = want.object().path();
-                        protector.protect(vec![key.to_string()]).await?;
-                        if let Ok(meta) = tier.object_store().head(&key).await {
-                            if meta.size == want.stored_len() {
-                                return Ok(0);
-                            }
+        }
+        tier.make_room(need, guard).await?;
+        let protector = guard.protector();
+        // Each link's root, and the lowest link's base, stay in the target
+        // until the roots above them are there: protected in the target's
+        // ledger (as a publication protects its base), the base then
+        // checked present. Without this, another process's eviction of the
+        // base (and of the dependents it knew) could run between the walk
+        // and the roots, leaving the target a delta over a missing base.
+        let mut roots: Vec<String> = links
+            .iter()
+            .map(|l| crate::keys::root_key(&l.key.namespace, &l.key.context).to_string())
+            .collect();
+        let base = links
+            .first()
+            .and_then(|l| l.root.summary())
+            .and_then(|s| s.base);
+        if let Some(b) = base {
+            roots.push(crate::keys::root_key(&b.namespace, &b.context).to_string());
+        }
+        protector.protect(roots).await?;
+        if let Some(b) = base {
+            let (bns, bctx) = (b.namespace, b.context);
+            let held = match tier.peek_root(&bns, &bctx).await? {
+                RootStatus::Found(r) => r.snapshot_digest(),
+                _ => None,
+            };
+            if held != Some(b.snapshot_digest) {
+                return Err(StoreError::Invalid(format!(
+                    "{what}: the base {bns}/{bctx} left the target (or was replaced) during the copy"
+                )));
+            }
+        }
+        let written = futures::stream::iter(wanted)
+            .map(|want| {
+                let protector = &protector;
+                async move {
+                    let key = want.object().path();
+                    protector.protect(vec![key.to_string()]).await?;
+                    if let Ok(meta) = tier.object_store().head(&key).await {
+                        if meta.size == want.stored_len() {
+                            return Ok(0);
                         }
-                        let _permit = self
-                            .objects
-                            .acquire()
-                            .await
-                            .map_err(|e| StoreError::Internal(format!("fill permits: {e}")))?;
-                        let stored = verified(self.from, want, what).await?;
-                        let len = stored.len() as u64;
-                        tier.write_object(&key, stored.into(), self.parts).await?;
-                        Ok::<u64, StoreError>(len)
                     }
-                })
-                .buffer_unordered(self.in_flight.max(1))
-                .try_fold(0u64, |a, b| async move { Ok(a + b) })
-                .await?;
+                    let _permit = self
+                        .objects
+                        .acquire()
+                        .await
+                        .map_err(|e| StoreError::Internal(format!("fill permits: {e}")))?;
+                    let stored = verified(self.from, want, what).await?;
+                    let len = stored.len() as u64;
+                    tier.write_object(&key, stored.into(), self.parts).await?;
+                    Ok::<u64, StoreError>(len)
+                }
+            })
+            .buffer_unordered(self.in_flight.max(1))
+            .try_fold(0u64, |a, b| async move { Ok(a + b) })
+            .await?;
+        let mut out = Copied {
+            bytes: written,
+            ..Copied::default()
+        };
+        let n = links.len();
+        for (i, link) in links.into_iter().enumerate() {
             let (ns, ctx) = (link.key.namespace, link.key.context);
             // Another fill (of a turn above) may create this root first:
             // the same snapshot digest makes that idempotent success.
@@ -258,15 +298,17 @@ impl Copy<'_> {
             let mut receipt = PublishReceipt::empty(ns, ctx, digest);
             tier.create_root(&ns, &ctx, link.bytes.clone(), &mut receipt, None)
                 .await?;
-            let root = match receipt.outcome {
-                PublishOutcome::Created => link.bytes.len() as u64,
-                _ => 0,
-            };
-            Ok((written + root, receipt.outcome == PublishOutcome::Conflict))
+            match receipt.outcome {
+                PublishOutcome::Created => out.bytes += link.bytes.len() as u64,
+                PublishOutcome::Conflict => {
+                    out.conflict = true;
+                    out.conflict_at_top = i + 1 == n;
+                    break;
+                }
+                _ => {}
+            }
         }
-        .await;
-        guard.finish().await;
-        out
+        Ok(out)
     }
 }
 

@@ -2,7 +2,8 @@
 //! background, with the chain links the tier lacks.
 //!
 //! Owns when a fill starts and how many run. Must never delay the restore
-//! that started it or run without bound (the copy itself is `copy.rs`'s).
+//! that started it or run without bound (the copy itself is `copy.rs`'s;
+//! what a restore already put in the tier, `tap.rs`'s).
 
 use super::copy::Copy;
 use super::handle::Tier;
@@ -28,8 +29,15 @@ impl Tier<'_> {
             filling.insert(k);
         }
         let origin = self.origin.clone();
+        // The restore that started this fill may have written its verified
+        // objects into the tier already (`tap.rs`).
+        let tap = self.tap_of(key);
         let task = tokio::spawn(async move {
             let Some(tier) = origin.tier() else { return };
+            let guard = match tap {
+                Some(tap) => tap.settle().await,
+                None => None,
+            };
             let copy = Copy {
                 from: &origin,
                 to: tier.store,
@@ -39,7 +47,7 @@ impl Tier<'_> {
                 what: "tier fill",
                 journaled: None,
             };
-            match copy.root(key).await {
+            match copy.root(key, guard).await {
                 Ok(c) if c.conflict => {
                     // The tier holds another snapshot for a link (published
                     // there and refused by the origin); the coherence rule

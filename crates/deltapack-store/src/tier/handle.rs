@@ -98,7 +98,7 @@ impl Tier<'_> {
         match tokio::time::timeout(self.config.check_timeout, read).await {
             Ok(Ok(RootStatus::Found(root))) => {
                 self.origin_answered(true);
-                let digest = root.summary().map(|s| s.result_snapshot_digest);
+                let digest = root.snapshot_digest();
                 lock(&self.checked).insert(k, (digest, Instant::now()));
                 OriginView::Holds(digest)
             }

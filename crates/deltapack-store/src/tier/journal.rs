@@ -232,13 +232,11 @@ impl Tier<'_> {
                 _ => continue,
             };
             let digest = match tier.store.peek_root(&rns, &rctx).await? {
-                RootStatus::Found(r) => r.summary().map(|s| s.result_snapshot_digest),
+                RootStatus::Found(r) => r.snapshot_digest(),
                 _ => None,
             };
             let in_origin = match self.origin.peek_root(&rns, &rctx).await {
-                Ok(RootStatus::Found(r)) => {
-                    digest.is_some() && r.summary().map(|s| s.result_snapshot_digest) == digest
-                }
+                Ok(RootStatus::Found(r)) => digest.is_some() && r.snapshot_digest() == digest,
                 _ => false,
             };
             tier.store.release(UPLOAD_HOLD, rns, rctx).await?;

@@ -63,6 +63,7 @@ mod handle;
 mod journal;
 mod read;
 mod state;
+mod tap;
 mod upload;
 mod write;
 

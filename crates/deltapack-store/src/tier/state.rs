@@ -23,7 +23,7 @@ live_counters! {
     /// Counters of a handle's tier (see [`TierStats`]; its upload backlog
     /// is a gauge, filled in by [`TierState::stats`]).
     TierCounters => TierStats {
-        hits, misses, fall_throughs, refused, unchecked, fills, fill_bytes, fills_failed,
+        hits, misses, fall_throughs, refused, unchecked, fills, fill_bytes, fill_reused_bytes, fills_failed,
         fills_skipped, publish_failures, uploads, upload_bytes, upload_failures,
         upload_conflicts, uploads_inline,
     }
@@ -50,6 +50,14 @@ pub(crate) struct TierState {
     pub(crate) filling: Mutex<HashSet<(Namespace, ContextDigest)>>,
     /// Permits for objects held in memory by copies (fills and uploads).
     pub(crate) copy_objects: Arc<tokio::sync::Semaphore>,
+    /// Restores from the origin whose verified objects go into the tier
+    /// (`tap.rs`'s taps, weak: a tap lives as long as its restore, its
+    /// writes and the fill that takes it; held as `Any` so that this file
+    /// names no file that names the store).
+    pub(crate) taps: Mutex<HashMap<RootKey, std::sync::Weak<dyn std::any::Any + Send + Sync>>>,
+    /// Bytes of restored objects held for the tier at once (permits are
+    /// bytes): [`TierConfig::tap_buffer_bytes`] of the origin's extents.
+    pub(crate) tap_bytes: Arc<tokio::sync::Semaphore>,
     /// Running fills ([`Store::tier_settle`] waits for them).
     pub(crate) fill_tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// This handle's uploader (`upload.rs`).
@@ -130,6 +138,12 @@ impl TierState {
             checks: Mutex::new(HashMap::new()),
             filling: Mutex::new(HashSet::new()),
             copy_objects: Arc::new(tokio::sync::Semaphore::new(tc.fill_objects_in_flight)),
+            taps: Mutex::new(HashMap::new()),
+            tap_bytes: Arc::new(tokio::sync::Semaphore::new(
+                usize::try_from(tc.tap_buffer_bytes(origin.publication.max_extent_bytes))
+                    .unwrap_or(usize::MAX)
+                    .min(tokio::sync::Semaphore::MAX_PERMITS),
+            )),
             fill_tasks: Mutex::new(Vec::new()),
             uploader: Mutex::new(None),
             upload_wake: Arc::new(tokio::sync::Notify::new()),
@@ -182,14 +196,15 @@ impl TierState {
         let c = &self.counters;
         let r = registry.sub_registry_with_prefix("deltapack_tier");
         #[rustfmt::skip]
-        let counters: [(&str, &str, &Counter); 13] = [
+        let counters: [(&str, &str, &Counter); 14] = [
             ("hits", "Restores served from the tier", &c.hits),
             ("misses", "Restores the tier held no root for", &c.misses),
             ("fall_throughs", "Restores the tier could not serve (damage, errors), served by the origin", &c.fall_throughs),
             ("refused", "Tier hits refused: the origin no longer holds the root", &c.refused),
             ("unchecked", "Tier hits served while the origin did not answer", &c.unchecked),
             ("fills", "Roots copied into the tier from the origin", &c.fills),
-            ("fill_bytes", "Bytes copied into the tier", &c.fill_bytes),
+            ("fill_bytes", "Bytes fills downloaded from the origin into the tier", &c.fill_bytes),
+            ("fill_reused_bytes", "Bytes written into the tier from a restore's verified objects (not downloaded again)", &c.fill_reused_bytes),
             ("fills_failed", "Fills that failed", &c.fills_failed),
             ("fills_skipped", "Fills not started (enough running)", &c.fills_skipped),
             ("publish_failures", "Write-through publications the tier did not take", &c.publish_failures),

@@ -187,7 +187,7 @@ impl Tier<'_> {
     ) -> Result<Upload> {
         let (ns, ctx) = (key.namespace, key.context);
         let ours = match self.store.peek_root(&ns, &ctx).await? {
-            RootStatus::Found(r) => r.summary().map(|s| s.result_snapshot_digest),
+            RootStatus::Found(r) => r.snapshot_digest(),
             RootStatus::Absent => {
                 let released = self.journal_unfinished(key).await?;
                 return Ok(if released {
@@ -203,7 +203,7 @@ impl Tier<'_> {
             }
         };
         match self.origin.peek_root(&ns, &ctx).await? {
-            RootStatus::Found(r) if r.summary().map(|s| s.result_snapshot_digest) == ours => {
+            RootStatus::Found(r) if r.snapshot_digest() == ours => {
                 return self.uploaded(key, 0, ours).await;
             }
             RootStatus::Found(_) => return self.conflict(key).await,
@@ -223,7 +223,7 @@ impl Tier<'_> {
             what: "tier upload",
             journaled: Some(journaled),
         };
-        let copied = copy.root(key).await?;
+        let copied = copy.root(key, None).await?;
         if copied.conflict && copied.conflict_at_top {
             return self.conflict(key).await;
         }

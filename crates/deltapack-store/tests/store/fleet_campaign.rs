@@ -1,13 +1,16 @@
 //! A history-checked fleet campaign (the kind of test Jepsen runs against
-//! databases): two nodes, each with its own tier — one writing through, one
-//! acknowledging in its tier and uploading behind — and an operator's
-//! handle, in front of one origin (the S3 test server) and one fleet ledger
-//! (PostgreSQL), run random publications (flat roots and turns on them,
-//! with two competing snapshots per context), restores under a deadline,
-//! lookups, invalidations, evictions of a tier and upload rounds, while a
-//! nemesis black-holes the origin (accepts, never answers) and black-holes
-//! or cuts the ledger. Every call, its result and its time go to a history;
-//! after the faults heal and the uploads finish, a checker proves:
+//! databases): three nodes, each with its own tier — one writing through,
+//! one acknowledging in its tier and uploading behind, and a third behind
+//! one in a process of its own (`fleet_node_process.rs`) — and an
+//! operator's handle, in front of one origin (the S3 test server) and one
+//! fleet ledger (PostgreSQL), run random publications (flat roots and turns
+//! on them, with two competing snapshots per context), restores under a
+//! deadline, lookups, invalidations, evictions of a tier and upload rounds,
+//! while a nemesis black-holes or stops the origin, black-holes or cuts the
+//! ledger, or crashes its server and starts it again, and another kills the
+//! process node with SIGKILL and starts it again. Every call, its result
+//! and its time go to a history; after the faults heal and the uploads
+//! finish, a checker proves:
 //!
 //! - **(a)** every restore hit returned the bytes of a snapshot published
 //!   at that context, and never one invalidated before the restore started
@@ -32,29 +35,30 @@ use std::time::{Duration, Instant};
 
 use deltapack_format::{CacheIdentity, ContextDigest, Snapshot};
 use deltapack_store::{
-    PublishOutcome, RestoreOptions, RestoreOutcome, RootFormat, Store, SweepOptions, TierAck,
-    TierConfig,
+    PublishOutcome, PublishRequest, RestoreOptions, RestoreOutcome, RootFormat, Store,
+    SweepOptions, TierAck, TierConfig,
 };
 use deltapack_testkit::{Fault, FaultProxy};
 
 use crate::common::*;
+use crate::fleet_node_process::{behind_tier, NodeProcess, NodeSpec, PROCESS_NODE};
 
 /// A restore's deadline.
 const DEADLINE: Duration = Duration::from_secs(2);
 /// The tiers' check timeout.
-const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 /// The tiers' breaker probe interval.
-const PROBE: Duration = Duration::from_secs(2);
+pub(crate) const PROBE: Duration = Duration::from_secs(2);
 /// Scheduling slack on a loaded 2-core machine for bound (c).
 const SLACK: Duration = Duration::from_millis(1500);
 /// Contexts: `K` flat roots, each with one turn on it.
-const K: usize = 3;
+pub(crate) const K: usize = 3;
 
 /// The snapshots the campaign publishes: for each of `K` conversations a
 /// flat context (1,024 tokens) and a turn context on it (2,048 tokens),
 /// each with two competing snapshots.
-struct World {
-    id: CacheIdentity,
+pub(crate) struct World {
+    pub(crate) id: CacheIdentity,
     /// `(context, [variant 0, variant 1])` for flat roots.
     flats: Vec<(ContextDigest, [Arc<Snapshot>; 2])>,
     /// The same for turns (the turn on flat `i` is `turns[i]`).
@@ -62,7 +66,7 @@ struct World {
 }
 
 impl World {
-    fn new() -> World {
+    pub(crate) fn new() -> World {
         let id = identity("fleet-campaign");
         let flats = (0..K as u64)
             .map(|i| {
@@ -84,13 +88,31 @@ impl World {
     }
 
     /// Context `c` of the campaign: `0..K` flat, `K..2K` turns.
-    fn context(&self, c: usize) -> (ContextDigest, &[Arc<Snapshot>; 2]) {
+    pub(crate) fn context(&self, c: usize) -> (ContextDigest, &[Arc<Snapshot>; 2]) {
         let (ctx, v) = if c < K {
             &self.flats[c]
         } else {
             &self.turns[c - K]
         };
         (*ctx, v)
+    }
+
+    /// The publication of variant `v` at context `c` (a turn on variant
+    /// `base_v` of its flat root).
+    pub(crate) fn request(&self, c: usize, v: usize, base_v: usize) -> PublishRequest {
+        let (context, snaps) = self.context(c);
+        if c < K {
+            return flat(&self.id, context, &snaps[v], RootFormat::V2);
+        }
+        let (bc, bsnaps) = self.context(c - K);
+        delta(
+            &self.id,
+            context,
+            &snaps[v],
+            bc,
+            &bsnaps[base_v],
+            RootFormat::V2,
+        )
     }
 
     /// Which variant of context `c` `bytes` are, if any.
@@ -102,16 +124,16 @@ impl World {
 
 /// One call of the history.
 #[derive(Debug, Clone)]
-struct Event {
-    node: usize,
-    op: Op,
-    start: Duration,
-    end: Duration,
-    result: Result_,
+pub(crate) struct Event {
+    pub(crate) node: usize,
+    pub(crate) op: Op,
+    pub(crate) start: Duration,
+    pub(crate) end: Duration,
+    pub(crate) result: Result_,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Op {
+pub(crate) enum Op {
     Publish { c: usize, v: usize, base_v: usize },
     Restore { c: usize },
     Lookup { i: usize },
@@ -121,7 +143,7 @@ enum Op {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Result_ {
+pub(crate) enum Result_ {
     Acked,
     Refused,
     Hit(Option<usize>),
@@ -142,7 +164,14 @@ struct Campaign {
     world: World,
     nodes: Vec<Store>,
     epoch: Instant,
-    history: Mutex<Vec<Event>>,
+    history: Arc<Mutex<Vec<Event>>>,
+}
+
+/// Whether `node` acknowledges publications in its tier (uploaded
+/// behind): node B and the process node. An invalidation of the origin
+/// does not reach their upload journals (design.md §6.7).
+fn behind(node: usize) -> bool {
+    node == 1 || node == PROCESS_NODE
 }
 
 impl Campaign {
@@ -170,21 +199,7 @@ impl Campaign {
         if roll < 35 && node < 2 {
             let c = rng.below(2 * K as u64) as usize;
             let (v, base_v) = (rng.below(2) as usize, rng.below(2) as usize);
-            let (context, snaps) = w.context(c);
-            let req = if c < K {
-                flat(&w.id, context, &snaps[v], RootFormat::V2)
-            } else {
-                let (bc, bsnaps) = w.context(c - K);
-                delta(
-                    &w.id,
-                    context,
-                    &snaps[v],
-                    bc,
-                    &bsnaps[base_v],
-                    RootFormat::V2,
-                )
-            };
-            let result = match store.publish(req).await {
+            let result = match store.publish(w.request(c, v, base_v)).await {
                 Ok(r) if r.outcome == PublishOutcome::Conflict => Result_::Refused,
                 Ok(_) => Result_::Acked,
                 Err(e) => Result_::Failed(e.to_string()),
@@ -267,7 +282,7 @@ fn check(history: &[Event], faults: &[FaultWindow]) -> Vec<String> {
     let origin_faulty = |start: Duration, end: Duration| {
         faults
             .iter()
-            .filter(|f| f.what == "origin")
+            .filter(|f| f.what.starts_with("origin"))
             .any(|f| f.start <= end && start <= f.end + PROBE + CHECK_TIMEOUT)
     };
     for e in history {
@@ -309,7 +324,7 @@ fn check(history: &[Event], faults: &[FaultWindow]) -> Vec<String> {
                 let again = history.iter().any(|p| {
                     matches!(p.op, Op::Publish { c: pc, v: pv, .. } if pc == *c && pv == v)
                         && p.result != Result_::Refused
-                        && (p.end >= inv.start || (p.node == 1 && p.result == Result_::Acked))
+                        && (p.end >= inv.start || behind(p.node))
                 });
                 if !again && !origin_faulty(inv.start, e.end) {
                     out.push(format!(
@@ -371,8 +386,7 @@ fn expected(history: &[Event], c: usize) -> Option<Vec<usize>> {
         .filter(|p| {
             matches!(p.op, Op::Publish { c: pc, .. } if pc == c)
                 && matches!(p.result, Result_::Acked | Result_::Failed(_))
-                && (last_inv.is_none_or(|t| p.start > t)
-                    || (p.node == 1 && p.result == Result_::Acked))
+                && (last_inv.is_none_or(|t| p.start > t) || behind(p.node))
         })
         .map(|p| match p.op {
             Op::Publish { v, .. } => v,
@@ -390,6 +404,15 @@ async fn a_fleet_under_faults_keeps_both_promises() {
         (s3_url(), s3_endpoint(), postgres_ledger_url())
     else {
         return;
+    };
+    // The fleet ledger: a cluster of the campaign's own when CI started
+    // one (the nemesis crashes and restarts it), else the shared one.
+    let restartable = campaign_cluster();
+    let ledger = match &restartable {
+        Some((base, _)) => {
+            crate::common::pg::fresh_schema_on(base, &format!("c_{}", unique().replace('-', "_")))
+        }
+        None => ledger,
     };
     let seed = std::env::var("DELTAPACK_CAMPAIGN_SEED")
         .ok()
@@ -455,13 +478,46 @@ async fn a_fleet_under_faults_keeps_both_promises() {
         .expect("node B"),
         Store::open(&origin, cfg()).expect("operator"),
     ];
+    let epoch_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     let campaign = Arc::new(Campaign {
         world: World::new(),
         nodes,
         epoch: Instant::now(),
-        history: Mutex::new(Vec::new()),
+        history: Arc::new(Mutex::new(Vec::new())),
     });
     let until = Duration::from_secs(seconds);
+
+    // The process node, killed with SIGKILL and started again on the same
+    // tier directory, over and over.
+    let spec = NodeSpec {
+        origin: origin.clone(),
+        ledger: ledger.clone(),
+        tier_dir: dir.path().join("tier-c"),
+        seed,
+        epoch_ms,
+        lifetime: until + Duration::from_secs(120),
+    };
+    let kills = Arc::new(Mutex::new(Vec::<FaultWindow>::new()));
+    let killer = {
+        let (c, spec, kills) = (campaign.clone(), spec.clone(), kills.clone());
+        let mut rng = Rng(seed ^ 0x0000_6b69_6c6c_6572);
+        std::thread::spawn(move || {
+            while c.now() < until {
+                let node = NodeProcess::start(&spec, c.history.clone(), c.epoch);
+                std::thread::sleep(Duration::from_millis(1500 + rng.below(4000)));
+                let start = c.now();
+                node.kill();
+                std::thread::sleep(Duration::from_millis(200 + rng.below(1500)));
+                kills.lock().expect("kills").push(FaultWindow {
+                    what: "node",
+                    start,
+                    end: c.now(),
+                });
+            }
+        })
+    };
 
     // The nemesis.
     let s3_proxy = Arc::new(s3_proxy);
@@ -475,18 +531,41 @@ async fn a_fleet_under_faults_keeps_both_promises() {
             faults.clone(),
         );
         let mut rng = Rng(seed ^ 0x006e_656d_6573_6973);
+        let restart_data = restartable.as_ref().map(|(_, d)| d.clone());
         tokio::spawn(async move {
             while c.now() < until {
                 tokio::time::sleep(Duration::from_millis(1000 + rng.below(2000))).await;
-                let (what, proxy, fault) = match rng.below(3) {
+                let kinds = if restart_data.is_some() { 5 } else { 4 };
+                let (what, proxy, fault) = match rng.below(kinds) {
                     0 => ("origin", &s3, Fault::BlackHole),
-                    1 => ("ledger", &pg, Fault::BlackHole),
-                    _ => ("ledger", &pg, Fault::Cut),
+                    // The origin stopped: every connection closed, new
+                    // ones refused, until it is back.
+                    1 => ("origin-stop", &s3, Fault::Cut),
+                    2 => ("ledger", &pg, Fault::BlackHole),
+                    3 => ("ledger-cut", &pg, Fault::Cut),
+                    // The ledger's server crashes (`pg_ctl stop -m
+                    // immediate`) and is started again.
+                    _ => ("ledger-restart", &pg, Fault::None),
                 };
                 let start = c.now();
-                proxy.set(fault);
-                tokio::time::sleep(Duration::from_millis(500 + rng.below(2500))).await;
-                proxy.set(Fault::None);
+                let hold = Duration::from_millis(500 + rng.below(2500));
+                match (what, &restart_data) {
+                    ("ledger-restart", Some(data)) => {
+                        let data = data.clone();
+                        tokio::task::spawn_blocking(move || {
+                            pg_ctl(&data, "stop");
+                            std::thread::sleep(hold);
+                            pg_ctl(&data, "start");
+                        })
+                        .await
+                        .expect("pg_ctl");
+                    }
+                    _ => {
+                        proxy.set(fault);
+                        tokio::time::sleep(hold).await;
+                        proxy.set(Fault::None);
+                    }
+                }
                 faults.lock().expect("faults").push(FaultWindow {
                     what,
                     start,
@@ -519,6 +598,10 @@ async fn a_fleet_under_faults_keeps_both_promises() {
         w.await.expect("worker");
     }
     nemesis.await.expect("nemesis");
+    tokio::task::spawn_blocking(move || killer.join())
+        .await
+        .expect("killer")
+        .expect("killer thread");
     s3_proxy.set(Fault::None);
     pg_proxy.set(Fault::None);
 
@@ -538,12 +621,42 @@ async fn a_fleet_under_faults_keeps_both_promises() {
             }
         }
     }
+    // The process node's tier, drained by the next process on it (here:
+    // a handle of this one). A journal entry whose process was killed
+    // before its root was durable stays pending for ten minutes (it was
+    // never acknowledged); every root the tier holds must go up.
+    let rebooted = Store::open(&origin, cfg().with_tier(Some(behind_tier(&spec.tier_dir))))
+        .expect("the process node, rebooted");
+    let mut drained_c = false;
+    for _ in 0..30 {
+        let _ = rebooted.tier_upload().await;
+        match rebooted.inspect(Some(&campaign.world.id.namespace())).await {
+            Ok(roots)
+                if !roots
+                    .iter()
+                    .any(|r| r.location.as_deref() == Some("tier (upload pending)")) =>
+            {
+                drained_c = true;
+                break;
+            }
+            other => {
+                last = Some(format!("{other:?}"));
+                tokio::time::sleep(Duration::from_millis(500)).await
+            }
+        }
+    }
     let history = campaign.history.lock().expect("history").clone();
-    let faults = faults.lock().expect("faults").clone();
+    let mut faults = faults.lock().expect("faults").clone();
+    faults.extend(kills.lock().expect("kills").iter().cloned());
     let mut violations = check(&history, &faults);
     if !drained {
         violations.push(format!(
             "(b) the behind node's upload journal did not drain: {last:?}"
+        ));
+    }
+    if !drained_c {
+        violations.push(format!(
+            "(b) the process node's upload journal did not drain: {last:?}"
         ));
     }
     // (b) every acknowledged publication not deliberately removed is in
@@ -583,6 +696,7 @@ async fn a_fleet_under_faults_keeps_both_promises() {
     }
 
     let count = |f: &dyn Fn(&Event) -> bool| history.iter().filter(|e| f(e)).count();
+    let kind = |k: &str| faults.iter().filter(|f| f.what == k).count();
     for f in &faults {
         println!("  fault: {f:?}");
     }
@@ -603,9 +717,10 @@ async fn a_fleet_under_faults_keeps_both_promises() {
         println!("  failed: {w}");
     }
     println!(
-        "fleet campaign: seed {seed}: {} operations ({} publications, {} acknowledged, {} restores, {} hits, {} lookups, {} invalidations, {} tier evictions, {} upload rounds, {} failed calls); {} faults ({} origin black holes, {} ledger faults); {} violations",
+        "fleet campaign: seed {seed}: {} operations ({} publications ({} by the process node), {} acknowledged, {} restores, {} hits, {} lookups, {} invalidations, {} tier evictions, {} upload rounds, {} failed calls); {} faults ({} origin black holes, {} origin stops, {} ledger black holes, {} ledger cuts, {} ledger crashes and restarts, {} node kills); {} violations",
         history.len(),
         count(&|e| matches!(e.op, Op::Publish { .. })),
+        count(&|e| e.node == PROCESS_NODE),
         count(&|e| e.result == Result_::Acked),
         count(&|e| matches!(e.op, Op::Restore { .. })),
         count(&|e| matches!(e.result, Result_::Hit(_))),
@@ -615,8 +730,12 @@ async fn a_fleet_under_faults_keeps_both_promises() {
         count(&|e| matches!(e.op, Op::Upload)),
         count(&|e| matches!(e.result, Result_::Failed(_))),
         faults.len(),
-        faults.iter().filter(|f| f.what == "origin").count(),
-        faults.iter().filter(|f| f.what == "ledger").count(),
+        kind("origin"),
+        kind("origin-stop"),
+        kind("ledger"),
+        kind("ledger-cut"),
+        kind("ledger-restart"),
+        kind("node"),
         violations.len(),
     );
     assert!(
@@ -625,4 +744,31 @@ async fn a_fleet_under_faults_keeps_both_promises() {
         violations.len(),
         violations.join("\n")
     );
+}
+
+/// The campaign's own PostgreSQL cluster, if CI started one: its URL and
+/// data directory (the nemesis stops and starts it).
+fn campaign_cluster() -> Option<(String, String)> {
+    match (
+        std::env::var("DELTAPACK_TEST_POSTGRES_CAMPAIGN"),
+        std::env::var("DELTAPACK_TEST_PG_CAMPAIGN_DATA"),
+    ) {
+        (Ok(u), Ok(d)) if !u.is_empty() && !d.is_empty() => Some((u, d)),
+        _ => {
+            assert!(
+                std::env::var("CI").map(|v| v != "true").unwrap_or(true),
+                "CI must start the fleet campaign's PostgreSQL cluster (.ci/run)"
+            );
+            println!(
+                "fleet campaign: no cluster of its own: the ledger is not crashed and restarted"
+            );
+            None
+        }
+    }
+}
+
+/// `pg_ctl stop -m immediate` (a crash) or `start` on the cluster in
+/// `data`.
+fn pg_ctl(data: &str, action: &str) {
+    crate::common::pg_ctl(data, action, "immediate", "campaign-log");
 }

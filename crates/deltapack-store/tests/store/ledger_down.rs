@@ -105,28 +105,9 @@ async fn publication_is_refused(
 }
 
 fn pg_ctl(action: &str) {
-    let (Ok(bin), Ok(data)) = (
-        std::env::var("DELTAPACK_TEST_PG_BIN"),
-        std::env::var("DELTAPACK_TEST_PG_RESTARTABLE_DATA"),
-    ) else {
-        panic!("DELTAPACK_TEST_PG_BIN and DELTAPACK_TEST_PG_RESTARTABLE_DATA are needed");
-    };
-    let ctl = format!("{bin}/pg_ctl");
-    let mut args = vec!["-u", "postgres", "--", &ctl, "-D", &data, "-w"];
-    let log = format!("{data}/../down-log");
-    match action {
-        "stop" => args.extend(["-m", "fast", "stop"]),
-        _ => args.extend(["-l", &log, "start"]),
-    }
-    let out = std::process::Command::new("runuser")
-        .args(&args)
-        .output()
-        .expect("run pg_ctl");
-    assert!(
-        out.status.success(),
-        "pg_ctl {action}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let data = std::env::var("DELTAPACK_TEST_PG_RESTARTABLE_DATA")
+        .expect("DELTAPACK_TEST_PG_RESTARTABLE_DATA is needed");
+    crate::common::pg_ctl(&data, action, "fast", "down-log");
 }
 
 fn restartable() -> Option<String> {

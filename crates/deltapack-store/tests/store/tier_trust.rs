@@ -114,7 +114,7 @@ where
 }
 
 /// `f`, failing the test if it takes longer than [`LIMIT`].
-async fn bounded<F: std::future::Future>(f: F) -> F::Output {
+pub(crate) async fn bounded<F: std::future::Future>(f: F) -> F::Output {
     tokio::time::timeout(LIMIT, f).await.expect("the test hung")
 }
 

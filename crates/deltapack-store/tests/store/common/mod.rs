@@ -188,7 +188,7 @@ pub(crate) fn s3_bucket() -> String {
     std::env::var("DELTAPACK_TEST_S3_BUCKET").unwrap_or_else(|_| "deltapack-test".into())
 }
 
-fn unique() -> String {
+pub(crate) fn unique() -> String {
     use std::sync::atomic::AtomicU64;
     static N: AtomicU64 = AtomicU64::new(0);
     let t = std::time::SystemTime::now()
@@ -701,4 +701,27 @@ pub(crate) async fn listed_bytes(s: &Store) -> u64 {
         total += metas.iter().map(|m| m.size).sum::<u64>();
     }
     total
+}
+
+/// `pg_ctl stop -m MODE` or `start` (with its log in `../LOG` beside the
+/// data directory) on the test cluster in `data`, as the `postgres` user
+/// (`DELTAPACK_TEST_PG_BIN` names the server's binaries).
+pub(crate) fn pg_ctl(data: &str, action: &str, stop_mode: &str, log: &str) {
+    let bin = std::env::var("DELTAPACK_TEST_PG_BIN").expect("DELTAPACK_TEST_PG_BIN is needed");
+    let ctl = format!("{bin}/pg_ctl");
+    let log = format!("{data}/../{log}");
+    let mut args = vec!["-u", "postgres", "--", &ctl, "-D", data, "-w"];
+    match action {
+        "stop" => args.extend(["-m", stop_mode, "stop"]),
+        _ => args.extend(["-l", &log, "start"]),
+    }
+    let out = std::process::Command::new("runuser")
+        .args(&args)
+        .output()
+        .expect("run pg_ctl");
+    assert!(
+        out.status.success(),
+        "pg_ctl {action}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -19,10 +19,15 @@ pub(crate) fn fresh_schema(schema: &str) -> Option<String> {
             return None;
         }
     };
+    Some(fresh_schema_on(&base, schema))
+}
+
+/// The URL of the new, empty schema `schema` in the database at `base`.
+pub(crate) fn fresh_schema_on(base: &str, schema: &str) -> String {
     // The blocking client runs its own runtime: not on an async worker.
     std::thread::scope(|sc| {
         sc.spawn(|| {
-            let mut c = postgres::Client::connect(&base, postgres::NoTls)
+            let mut c = postgres::Client::connect(base, postgres::NoTls)
                 .expect("connect to the test PostgreSQL");
             c.batch_execute(&format!("CREATE SCHEMA {schema}"))
                 .expect("create schema");
@@ -31,5 +36,5 @@ pub(crate) fn fresh_schema(schema: &str) -> Option<String> {
         .expect("create schema");
     });
     let sep = if base.contains('?') { '&' } else { '?' };
-    Some(format!("{base}{sep}options=-c%20search_path%3D{schema}"))
+    format!("{base}{sep}options=-c%20search_path%3D{schema}")
 }

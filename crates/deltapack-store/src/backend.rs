@@ -314,6 +314,16 @@ pub fn is_storage_full(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// Whether `ep` is an endpoint the S3 client can use: an `http` or
+/// `https` URL with a host (and a port that fits in 16 bits).
+fn check_endpoint(ep: &str) -> Result<(), String> {
+    let u = url::Url::parse(ep).map_err(|e| format!("{e} (give a URL like http://host:port)"))?;
+    if !matches!(u.scheme(), "http" | "https") || u.host_str().is_none_or(str::is_empty) {
+        return Err("give an http:// or https:// URL with a host, like http://host:port".into());
+    }
+    Ok(())
+}
+
 /// Opens a backend from a URL (see the module docs).
 pub fn open(url: &str) -> Result<Backend, OpenError> {
     let bad = |reason: &str| OpenError::Url {
@@ -331,6 +341,18 @@ pub fn open(url: &str) -> Result<Backend, OpenError> {
         let (bucket, prefix) = path_part.split_once('/').unwrap_or((path_part, ""));
         if bucket.is_empty() {
             return Err(bad("missing bucket name"));
+        }
+        // An endpoint the S3 client cannot parse makes it panic (an invalid
+        // port, no scheme): every endpoint it may read is checked first.
+        for (from, ep) in ["DELTAPACK_S3_ENDPOINT", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
+            .into_iter()
+            .filter_map(|k| std::env::var(k).ok().map(|v| (k, v)))
+            .chain(query.split('&').filter_map(|p| {
+                p.strip_prefix("endpoint=")
+                    .map(|v| ("endpoint", v.to_string()))
+            }))
+        {
+            check_endpoint(&ep).map_err(|e| bad(&format!("{from} {ep:?}: {e}")))?;
         }
         install_crypto_provider();
         let mut b = AmazonS3Builder::from_env()
@@ -527,6 +549,19 @@ mod tests {
         assert!(open("memory://").is_ok());
         assert!(open("ftp://x").is_err());
         assert!(open("s3://").is_err());
+        // A bad endpoint is a clear error, not a panic in the S3 client.
+        for ep in [
+            "http://127.0.0.1:99999",
+            "127.0.0.1:5055",
+            "ftp://h:1",
+            "http://",
+        ] {
+            match open(&format!("s3://b/p?endpoint={ep}")) {
+                Err(OpenError::Url { reason, .. }) => assert!(reason.contains(ep), "{reason}"),
+                Err(e) => panic!("{ep}: {e}"),
+                Ok(_) => panic!("{ep}: opened"),
+            }
+        }
         let dir = tempfile::tempdir().expect("tmp");
         let staged = dir.path().join("objects/blake3/ab");
         std::fs::create_dir_all(&staged).expect("mkdir");

@@ -214,15 +214,7 @@ impl Store {
     /// and a process about to exit that wants its tier warm).
     pub async fn tier_settle(&self) {
         let Some(t) = self.tier() else { return };
-        loop {
-            let tasks: Vec<_> = lock(&t.fill_tasks).drain(..).collect();
-            if tasks.is_empty() {
-                return;
-            }
-            for task in tasks {
-                let _ = task.await;
-            }
-        }
+        super::state::join_all(&t.fill_tasks).await;
     }
 
     /// Every root and what it references (`deltapack inspect`); on a store

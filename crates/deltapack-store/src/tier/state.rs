@@ -234,6 +234,20 @@ impl TierState {
     }
 }
 
+/// Waits for every task in `tasks`, including those pushed while it
+/// waits, until none is left.
+pub(crate) async fn join_all(tasks: &Mutex<Vec<tokio::task::JoinHandle<()>>>) {
+    loop {
+        let now: Vec<_> = lock(tasks).drain(..).collect();
+        if now.is_empty() {
+            return;
+        }
+        for task in now {
+            let _ = task.await;
+        }
+    }
+}
+
 /// A mutex's guard, whether or not a holder panicked.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     match m.lock() {

@@ -29,7 +29,7 @@ use object_store::path::Path;
 use object_store::ObjectStoreExt;
 
 use super::handle::Tier;
-use super::state::{lock, TierState};
+use super::state::{join_all, lock, TierState};
 use crate::gc::ProtectGuard;
 use crate::keys::RootKey;
 use crate::restore::{Tap, Tapped};
@@ -91,15 +91,7 @@ impl FillTap {
     /// Waits for every copy to be written; the publication protecting
     /// them, for the fill to take over (`None`: nothing was written).
     pub(crate) async fn settle(&self) -> Option<ProtectGuard> {
-        loop {
-            let writes: Vec<_> = lock(&self.writes).drain(..).collect();
-            if writes.is_empty() {
-                break;
-            }
-            for w in writes {
-                let _ = w.await;
-            }
-        }
+        join_all(&self.writes).await;
         self.guard.lock().await.take().map(|(g, _)| g)
     }
 

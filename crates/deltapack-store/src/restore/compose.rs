@@ -56,6 +56,7 @@ use super::read::{
 };
 use super::reassembly::{Dest, Output};
 use super::result::{ResultHash, SharedDest};
+use super::tap::Capture;
 
 /// Largest piece of a memory-to-result copy handed to one worker.
 const MEMORY_ITEM: u64 = 8 << 20;
@@ -643,7 +644,23 @@ impl Pass<'_, '_> {
                     at: e.offset,
                     differs: false,
                 };
-                read_range_unverified(remote, e, start..end, &mut check, self.ctx.deadline)?;
+                // A tiered restore's tap keeps the parts read, for the fill
+                // to complete and check by name (`tier/tap.rs`).
+                let deadline = self.ctx.deadline;
+                match self.ctx.tap {
+                    Some(tap) => {
+                        let key = crate::keys::object_key(&e.object_digest());
+                        let mut capture = Capture {
+                            inner: &mut check,
+                            tap,
+                            key: &key,
+                            base: e.offset,
+                            len: e.stored_len,
+                        };
+                        read_range_unverified(remote, e, start..end, &mut capture, deadline)?;
+                    }
+                    None => read_range_unverified(remote, e, start..end, &mut check, deadline)?,
+                }
                 check.differs
             }
         };

@@ -28,6 +28,7 @@ use crate::object_check::ObjectCheck;
 use crate::verify::{check_extent, unpack_zstd};
 
 pub(crate) use super::tap::Tap;
+use super::tap::Tee;
 
 /// Piece size of the fused read → hash → copy loop.
 pub(crate) const PIECE: usize = 256 * 1024;
@@ -108,26 +109,6 @@ pub(crate) struct ReadCtx<'a> {
     pub(crate) tap: Option<&'a dyn Tap>,
 }
 
-/// Places bytes in the inner sink and copies them into a [`Tapped`]
-/// buffer at their offset in the object (payload offset minus `base`).
-struct Tee<'a> {
-    inner: &'a mut dyn Sink,
-    buf: &'a mut [u8],
-    base: u64,
-}
-
-impl Sink for Tee<'_> {
-    fn place(&mut self, src: u64, bytes: &[u8]) {
-        self.inner.place(src, bytes);
-        let at = src
-            .checked_sub(self.base)
-            .and_then(|o| usize::try_from(o).ok());
-        if let Some(dst) = at.and_then(|o| self.buf.get_mut(o..o.checked_add(bytes.len())?)) {
-            dst.copy_from_slice(bytes);
-        }
-    }
-}
-
 /// One extent of a root: its plan (the root's extent geometry), its index
 /// and its manifest entry.
 #[derive(Clone, Copy)]
@@ -171,6 +152,11 @@ pub(crate) trait Sink {
     /// Places `bytes` found at payload offset `src` of the extent. Ranges
     /// of one extent may arrive in any order, each in order.
     fn place(&mut self, src: u64, bytes: &[u8]);
+    /// [`Sink::place`] for bytes in a shared buffer (a body chunk), which
+    /// a sink may keep a reference to instead of copying them.
+    fn place_bytes(&mut self, src: u64, bytes: &Bytes) {
+        self.place(src, bytes);
+    }
 }
 
 impl Sink for Region<'_, '_> {
@@ -188,8 +174,9 @@ pub(crate) struct HeaderCheck<'a, 's> {
     pub(crate) differs: bool,
 }
 
-impl Sink for HeaderCheck<'_, '_> {
-    fn place(&mut self, src: u64, bytes: &[u8]) {
+impl HeaderCheck<'_, '_> {
+    /// Compares the bytes at `src` that fall on the header.
+    fn check(&mut self, src: u64, bytes: &[u8]) {
         let (lo, hi) = (
             src.max(self.at),
             (src + bytes.len() as u64).min(self.at + self.header.len() as u64),
@@ -199,7 +186,18 @@ impl Sink for HeaderCheck<'_, '_> {
             let theirs = &self.header[(lo - self.at) as usize..(hi - self.at) as usize];
             self.differs |= mine != theirs;
         }
+    }
+}
+
+impl Sink for HeaderCheck<'_, '_> {
+    fn place(&mut self, src: u64, bytes: &[u8]) {
+        self.check(src, bytes);
         self.inner.place(src, bytes);
+    }
+
+    fn place_bytes(&mut self, src: u64, bytes: &Bytes) {
+        self.check(src, bytes);
+        self.inner.place_bytes(src, bytes);
     }
 }
 
@@ -503,7 +501,7 @@ async fn fetch_range(
     e: &ExtentEntry,
     r: std::ops::Range<u64>,
     deadline: Option<Instant>,
-    mut each: impl FnMut(u64, &[u8]),
+    mut each: impl FnMut(u64, &Bytes),
 ) -> Result<(), ObjectFault> {
     if r.start < e.offset || r.end > e.offset + e.raw_len || r.start >= r.end {
         return Err(ObjectFault::plain(format!(
@@ -589,7 +587,7 @@ pub(crate) fn read_range_unverified(
             fetch_range(remote, &key, e, r, deadline, move |off, bytes| {
                 // The borrow ends before the next await (see
                 // `read_ranges_verified`).
-                sink.borrow_mut().place(off, bytes);
+                sink.borrow_mut().place_bytes(off, bytes);
             })
         })
         .buffer_unordered(pieces.len().max(1))

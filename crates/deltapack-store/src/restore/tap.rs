@@ -3,9 +3,16 @@
 //! name (the tier implements it, `tier/tap.rs`); `read.rs` makes the copy
 //! as the bytes are placed.
 //!
-//! Must never offer bytes that were not checked by their object's name.
+//! Parts of an object a chain's deferred pass read without its name are
+//! offered too, marked as such ([`Tap::unverified`], [`Capture`]).
+//!
+//! Must never offer as verified bytes that were not checked by their
+//! object's name.
 
+use bytes::Bytes;
 use object_store::path::Path;
+
+use super::read::Sink;
 
 /// A taker of whole objects a restore verified: the tier's fill
 /// (`tier/tap.rs`) writes them into the tier as the restore goes, so that
@@ -13,8 +20,9 @@ use object_store::path::Path;
 ///
 /// Only a raw extent read whole through the verified path is offered: its
 /// stored bytes are the bytes hashed into its name, so they are as
-/// trustworthy as the restore's own. An extent read in parts without its
-/// name (a chain's deferred pass) never is.
+/// trustworthy as the restore's own. The parts of an extent read without
+/// its name (a chain's deferred pass) are offered as such
+/// ([`Tap::unverified`]).
 pub(crate) trait Tap: Send + Sync {
     /// Room for a copy of the object at `key` (`len` stored bytes), or
     /// `None`: no room now, the object is not kept. Must not block.
@@ -22,6 +30,65 @@ pub(crate) trait Tap: Send + Sync {
     /// The object at `key` verified against its name; `copy` holds its
     /// stored bytes. Must not block.
     fn verified(&self, key: &Path, copy: Tapped);
+    /// `bytes` at stored offset `at` of the object at `key` (`len` stored
+    /// bytes), read **without** checking the object's name (a chain's
+    /// deferred pass reads its extents in parts). A taker may keep them to
+    /// spare the fill their download, but must check the whole object
+    /// against its name before it uses them. Must not block for long (a
+    /// local write at most). By default, dropped.
+    fn unverified(&self, key: &Path, len: u64, at: u64, bytes: Bytes) {
+        let _ = (key, len, at, bytes);
+    }
+}
+
+/// Places bytes in the inner sink and offers them to a [`Tap`] as
+/// unverified parts of the raw object at `key` whose payload starts at
+/// `base` (`len` stored bytes).
+pub(crate) struct Capture<'a> {
+    /// Where the bytes go.
+    pub(crate) inner: &'a mut dyn Sink,
+    /// Who is offered them.
+    pub(crate) tap: &'a dyn Tap,
+    /// The object's key.
+    pub(crate) key: &'a Path,
+    /// The payload offset of the object's first byte.
+    pub(crate) base: u64,
+    /// The object's stored length.
+    pub(crate) len: u64,
+}
+
+impl Sink for Capture<'_> {
+    fn place(&mut self, src: u64, bytes: &[u8]) {
+        self.place_bytes(src, &Bytes::copy_from_slice(bytes));
+    }
+
+    fn place_bytes(&mut self, src: u64, bytes: &Bytes) {
+        self.inner.place_bytes(src, bytes);
+        if let Some(at) = src.checked_sub(self.base) {
+            // A reference to the body chunk, not a copy.
+            self.tap.unverified(self.key, self.len, at, bytes.clone());
+        }
+    }
+}
+
+/// Places bytes in the inner sink and copies them into a [`Tapped`]
+/// buffer at their offset in the object (payload offset minus `base`).
+pub(super) struct Tee<'a> {
+    pub(super) inner: &'a mut dyn Sink,
+    pub(super) buf: &'a mut [u8],
+    pub(super) base: u64,
+}
+
+impl Sink for Tee<'_> {
+    fn place(&mut self, src: u64, bytes: &[u8]) {
+        self.inner.place(src, bytes);
+        let at = src
+            .checked_sub(self.base)
+            .and_then(|o| usize::try_from(o).ok());
+        if let Some(dst) = at.and_then(|o| self.buf.get_mut(o..o.checked_add(bytes.len())?)) {
+            dst.copy_from_slice(bytes);
+        }
+    }
 }
 
 /// The copy of one object being read, and whatever the taker holds while

@@ -14,6 +14,7 @@ use deltapack_format::Digest;
 use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStoreExt;
 
+use super::staging::{Part, Staging};
 use crate::error::{Result, StoreError};
 use crate::gc::ProtectGuard;
 use crate::keys::RootKey;
@@ -48,6 +49,10 @@ pub(crate) struct Copy<'a> {
     /// ([`Copy::flatten`]). `None` (a fill): a base the target lacks is
     /// copied, and one it holds with another snapshot fails the copy.
     pub(crate) journaled: Option<&'a std::collections::HashSet<RootKey>>,
+    /// For a fill: the parts of objects the restore before it read
+    /// unchecked (`staging.rs`); such an object is completed from the
+    /// source and checked whole instead of downloaded whole.
+    pub(crate) staged: Option<&'a Staging>,
 }
 
 /// How a chain walk ended below its lowest link.
@@ -64,8 +69,12 @@ enum Bottom {
 /// What a copy did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Copied {
-    /// Bytes written to the target (objects and roots it created).
+    /// Bytes written to the target (objects and roots it created) that
+    /// were read from the source for it.
     pub(crate) bytes: u64,
+    /// Bytes written to the target that came from parts a restore had
+    /// kept ([`Copy::staged`]), not from the source.
+    pub(crate) reused: u64,
     /// Whether the target already held another snapshot at some link
     /// (nothing of that link was made visible; the target's root wins).
     pub(crate) conflict: bool,
@@ -108,6 +117,7 @@ impl Copy<'_> {
         guard.finish().await;
         let c = together?;
         out.bytes += c.bytes;
+        out.reused += c.reused;
         out.conflict = c.conflict;
         out.conflict_at_top = c.conflict_at_top;
         Ok(out)
@@ -265,7 +275,7 @@ impl Copy<'_> {
                     protector.protect(vec![key.to_string()]).await?;
                     if let Ok(meta) = tier.object_store().head(&key).await {
                         if meta.size == want.stored_len() {
-                            return Ok(0);
+                            return Ok((0, 0));
                         }
                     }
                     let _permit = self
@@ -273,17 +283,21 @@ impl Copy<'_> {
                         .acquire()
                         .await
                         .map_err(|e| StoreError::Internal(format!("fill permits: {e}")))?;
-                    let stored = verified(self.from, want, what).await?;
+                    let (stored, kept) = self.fetch(want).await?;
                     let len = stored.len() as u64;
                     tier.write_object(&key, stored.into(), self.parts).await?;
-                    Ok::<u64, StoreError>(len)
+                    Ok::<(u64, u64), StoreError>((len - kept, kept))
                 }
             })
             .buffer_unordered(self.in_flight.max(1))
-            .try_fold(0u64, |a, b| async move { Ok(a + b) })
+            .try_fold(
+                (0u64, 0u64),
+                |a, b| async move { Ok((a.0 + b.0, a.1 + b.1)) },
+            )
             .await?;
         let mut out = Copied {
-            bytes: written,
+            bytes: written.0,
+            reused: written.1,
             ..Copied::default()
         };
         let n = links.len();
@@ -312,6 +326,70 @@ impl Copy<'_> {
     }
 }
 
+impl Copy<'_> {
+    /// One object from the source, checked against its root's record: the
+    /// stored bytes, and how many of them came from parts a restore kept.
+    /// Completed from those parts where there are any (only the ranges
+    /// the restore did not read are downloaded; the whole is checked), else,
+    /// or if the completed object fails its check, downloaded whole.
+    async fn fetch(&self, want: Expected) -> Result<(Bytes, u64)> {
+        if let Some(staged) = self.staged {
+            let key = want.object().path();
+            // A local read of at most one extent.
+            let part = tokio::task::block_in_place(|| staged.take(&key, want.stored_len()));
+            if let Some(part) = part {
+                match completed(self.from, &want, part).await {
+                    Ok(done) => return Ok(done),
+                    Err(e) => {
+                        tracing::info!(error = %e, %key, "a restore's kept parts did not complete the object: downloading it whole")
+                    }
+                }
+            }
+        }
+        Ok((verified(self.from, want, self.what).await?, 0))
+    }
+}
+
+/// The object `want` from the parts a restore kept and the ranges it lacks
+/// downloaded from `from`, checked whole against its root's record; the
+/// stored bytes and how many of them were kept.
+async fn completed(from: &Store, want: &Expected, part: Part) -> Result<(Bytes, u64)> {
+    let key = want.object().path();
+    let Part {
+        mut buf,
+        missing,
+        kept,
+    } = part;
+    let got = futures::future::try_join_all(
+        missing
+            .iter()
+            .map(|r| from.object_store().get_range(&key, r.clone())),
+    )
+    .await
+    .map_err(|e| StoreError::Invalid(format!("{key}: ranged read: {e}")))?;
+    for (r, bytes) in missing.iter().zip(got) {
+        let dst = usize::try_from(r.start)
+            .ok()
+            .zip(usize::try_from(r.end).ok())
+            .and_then(|(a, b)| buf.get_mut(a..b))
+            .filter(|d| d.len() == bytes.len())
+            .ok_or_else(|| {
+                StoreError::Invalid(format!(
+                    "{key}: the read of bytes {r:?} returned {} bytes",
+                    bytes.len()
+                ))
+            })?;
+        dst.copy_from_slice(&bytes);
+    }
+    let stored = Bytes::from(buf);
+    let (check, want) = (stored.clone(), want.clone());
+    tokio::task::spawn_blocking(move || check_object(&want, check).map(|_| ()))
+        .await
+        .map_err(|e| StoreError::task("copy check", e))?
+        .map_err(|c| StoreError::Invalid(format!("{key}: kept parts and download: {c}")))?;
+    Ok((stored, kept))
+}
+
 /// Reads one object from the origin and checks it against its root's
 /// record; the stored bytes, as the tier must hold them.
 async fn verified(from: &Store, want: Expected, what: &str) -> Result<Bytes> {
@@ -332,4 +410,82 @@ async fn verified(from: &Store, want: Expected, what: &str) -> Result<Bytes> {
         .map_err(|e| StoreError::task("copy check", e))?
         .map_err(|c| StoreError::Invalid(format!("{what}: source object {key}: {c}")))?;
     Ok(stored)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use deltapack_format::synth::{self, Preset};
+    use deltapack_format::{CacheIdentity, ContextHasher};
+
+    use super::*;
+    use crate::{PublishRequest, RootFormat, StoreConfig};
+
+    /// A store in `dir` holding one flat root of several extents; what the
+    /// root says its objects are.
+    async fn one_root(dir: &std::path::Path) -> (Store, Vec<Expected>) {
+        let url = format!("file://{}", dir.display());
+        let config = StoreConfig::default().with_max_extent_bytes(32 * 1024);
+        let store = Store::open(&url, config).expect("store");
+        let id = CacheIdentity::example();
+        let snapshot = Arc::new(synth::snapshot(Preset::Tiny, 7, 65536).expect("synth"));
+        let context = ContextHasher::new(id.namespace(), id.chunk_tokens)
+            .expect("hasher")
+            .digest(&synth::tokens(7, 65536));
+        let req = PublishRequest {
+            identity: id.clone(),
+            context,
+            snapshot,
+            base: None,
+            format: RootFormat::V2,
+        };
+        store.publish(req).await.expect("publish");
+        let RootStatus::Found(root) = store
+            .peek_root(&id.namespace(), &context)
+            .await
+            .expect("root")
+        else {
+            panic!("no root");
+        };
+        let objects = Expected::of_root(&root).expect("objects");
+        assert!(objects.len() > 2, "{} objects", objects.len());
+        (store, objects)
+    }
+
+    /// A kept part is used only if the whole object it completes checks
+    /// against its name: a wrong one costs a whole download, never a wrong
+    /// object.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kept_parts_complete_an_object_only_if_the_whole_checks() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (store, objects) = one_root(dir.path()).await;
+        let staging = Staging::new(dir.path(), u64::MAX).expect("staging");
+        let sem = tokio::sync::Semaphore::new(1);
+        let copy = Copy {
+            from: &store,
+            to: &store,
+            objects: &sem,
+            in_flight: 1,
+            parts: None,
+            what: "test",
+            journaled: None,
+            staged: Some(&staging),
+        };
+        for (i, want) in objects.into_iter().enumerate() {
+            let key = want.object().path();
+            let len = want.stored_len();
+            let whole = store.fetch_exact(&key, len).await.expect("object");
+            // The middle half kept; every second object with a byte wrong.
+            let (a, b) = (len / 4, 3 * len / 4);
+            let mut part = whole[a as usize..b as usize].to_vec();
+            if i % 2 == 1 {
+                part[7] ^= 1;
+            }
+            staging.keep(&key, len, a, &part);
+            let (got, kept) = copy.fetch(want).await.expect("fetched");
+            assert!(got == whole, "object {i}: the object's own bytes");
+            assert_eq!(kept, if i % 2 == 1 { 0 } else { b - a }, "object {i}");
+        }
+    }
 }

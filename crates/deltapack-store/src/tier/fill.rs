@@ -34,9 +34,9 @@ impl Tier<'_> {
         let tap = self.tap_of(key);
         let task = tokio::spawn(async move {
             let Some(tier) = origin.tier() else { return };
-            let guard = match tap {
+            let (guard, staged) = match tap {
                 Some(tap) => tap.settle().await,
-                None => None,
+                None => (None, None),
             };
             let copy = Copy {
                 from: &origin,
@@ -46,6 +46,7 @@ impl Tier<'_> {
                 parts: None,
                 what: "tier fill",
                 journaled: None,
+                staged: staged.as_deref(),
             };
             match copy.root(key, guard).await {
                 Ok(c) if c.conflict => {
@@ -55,9 +56,10 @@ impl Tier<'_> {
                     Stats::add(&tier.counters.fills_failed, 1);
                 }
                 Ok(c) => {
-                    if c.bytes > 0 {
+                    if c.bytes + c.reused > 0 {
                         Stats::add(&tier.counters.fills, 1);
                         Stats::add(&tier.counters.fill_bytes, c.bytes);
+                        Stats::add(&tier.counters.fill_reused_bytes, c.reused);
                     }
                 }
                 Err(e) => {

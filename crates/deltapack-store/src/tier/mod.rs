@@ -41,7 +41,11 @@
 //! roots at once (a fill beyond that is skipped and counted, never queued
 //! without bound), and [`TierConfig::fill_objects_in_flight`] objects in
 //! memory at once across all fills. A fill the tier's budget cannot take
-//! fails quietly (counted): the origin still has the root.
+//! fails quietly (counted): the origin still has the root. What the
+//! restore before it already read is not downloaded again: objects it
+//! verified whole are written into the tier as it goes (`tap.rs`), parts a
+//! chain's pass read unchecked are kept on the tier's disk and completed
+//! by the fill, then checked whole (`staging.rs`).
 //!
 //! **Publication.** Write-through ([`TierAck::Origin`], the default): the
 //! same publication goes to the tier and to the origin concurrently, and
@@ -62,6 +66,7 @@ mod fill;
 mod handle;
 mod journal;
 mod read;
+mod staging;
 mod state;
 mod tap;
 mod upload;

@@ -18,17 +18,22 @@
 //! restore missed), the publication ends and the copies are ordinary
 //! unreferenced objects, reclaimed after the grace period.
 //!
+//! The parts of objects a chain's deferred pass read without their names
+//! are kept on the tier's disk instead (`staging.rs`): the fill completes
+//! each from the origin and checks it whole before the tier holds it.
+//!
 //! Must never write an object the restore did not verify against its
 //! name, or block the restore: a copy is handed to a task at once.
 
 use std::any::Any;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use bytes::Bytes;
 use object_store::path::Path;
 use object_store::ObjectStoreExt;
 
 use super::handle::Tier;
+use super::staging::Staging;
 use super::state::{join_all, lock, TierState};
 use crate::gc::ProtectGuard;
 use crate::keys::RootKey;
@@ -51,6 +56,54 @@ pub(crate) struct FillTap {
     writes: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// This tap, for the writes to hold.
     me: Weak<FillTap>,
+    /// Where the parts a chain's deferred pass read are kept for the fill
+    /// (`staging.rs`), written by a thread of their own so that the
+    /// restore never waits for the disk. Made at the first part; `None`
+    /// inside if it could not be made (or there is no directory).
+    keeper: OnceLock<Option<Keeper>>,
+    /// The tier's directory, if it is local.
+    staging_dir: Option<std::path::PathBuf>,
+    /// The most bytes the staging file may hold (the tier's budget).
+    staging_limit: u64,
+}
+
+/// The staging file of one restore and the thread writing into it.
+struct Keeper {
+    staging: Arc<Staging>,
+    /// Parts on their way to the thread; closed by [`FillTap::settle`].
+    parts: Mutex<Option<std::sync::mpsc::Sender<Part>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// One part on its way into the staging file, with the permit of the fill
+/// buffer it holds until it is written.
+struct Part {
+    key: Path,
+    len: u64,
+    at: u64,
+    bytes: Bytes,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Keeper {
+    /// A staging file in `dir` and its writing thread.
+    fn start(dir: &std::path::Path, limit: u64) -> std::io::Result<Keeper> {
+        let staging = Arc::new(Staging::new(dir, limit)?);
+        let (tx, rx) = std::sync::mpsc::channel::<Part>();
+        let s = staging.clone();
+        let thread = std::thread::Builder::new()
+            .name("deltapack-tier-keep".into())
+            .spawn(move || {
+                for p in rx {
+                    s.keep(&p.key, p.len, p.at, &p.bytes);
+                }
+            })?;
+        Ok(Keeper {
+            staging,
+            parts: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+        })
+    }
 }
 
 impl Tier<'_> {
@@ -72,6 +125,12 @@ impl Tier<'_> {
             guard: tokio::sync::Mutex::new(None),
             writes: Mutex::new(Vec::new()),
             me: me.clone(),
+            keeper: OnceLock::new(),
+            staging_dir: match self.store.backend_kind() {
+                crate::BackendKind::Local { root } => Some(root.clone()),
+                _ => None,
+            },
+            staging_limit: self.config.budget_bytes.unwrap_or(u64::MAX),
         });
         let any: Arc<dyn Any + Send + Sync> = tap.clone();
         let mut taps = lock(&self.taps);
@@ -89,10 +148,25 @@ impl Tier<'_> {
 
 impl FillTap {
     /// Waits for every copy to be written; the publication protecting
-    /// them, for the fill to take over (`None`: nothing was written).
-    pub(crate) async fn settle(&self) -> Option<ProtectGuard> {
+    /// them, for the fill to take over (`None`: nothing was written), and
+    /// the parts kept unchecked, for the fill to complete.
+    pub(crate) async fn settle(&self) -> (Option<ProtectGuard>, Option<Arc<Staging>>) {
         join_all(&self.writes).await;
-        self.guard.lock().await.take().map(|(g, _)| g)
+        let guard = self.guard.lock().await.take().map(|(g, _)| g);
+        let staged = match self.keeper.get() {
+            Some(Some(k)) => {
+                // No part comes after the restore; the thread writes what
+                // it was given and ends.
+                lock(&k.parts).take();
+                let thread = lock(&k.thread).take();
+                if let Some(t) = thread {
+                    let _ = tokio::task::spawn_blocking(move || t.join()).await;
+                }
+                Some(k.staging.clone())
+            }
+            _ => None,
+        };
+        (guard, staged)
     }
 
     /// Writes one verified copy into the tier: protected and reserved
@@ -157,5 +231,36 @@ impl Tap for FillTap {
         let Some(me) = self.me.upgrade() else { return };
         let task = self.handle.spawn(me.write(key.clone(), copy));
         lock(&self.writes).push(task);
+    }
+
+    fn unverified(&self, key: &Path, len: u64, at: u64, bytes: Bytes) {
+        let keeper = self.keeper.get_or_init(|| {
+            let dir = self.staging_dir.as_deref()?;
+            match Keeper::start(dir, self.staging_limit) {
+                Ok(k) => Some(k),
+                Err(e) => {
+                    tracing::debug!(error = %e, "no staging file in the tier: the fill downloads whole objects");
+                    None
+                }
+            }
+        });
+        let Some(keeper) = keeper else { return };
+        // Memory: the fill buffer's permits, never waited for (a part that
+        // does not fit is not kept: the fill downloads it).
+        let Ok(n) = u32::try_from(bytes.len()) else {
+            return;
+        };
+        let Ok(permit) = self.state.tap_bytes.clone().try_acquire_many_owned(n) else {
+            return;
+        };
+        if let Some(tx) = lock(&keeper.parts).as_ref() {
+            let _ = tx.send(Part {
+                key: key.clone(),
+                len,
+                at,
+                bytes,
+                _permit: permit,
+            });
+        }
     }
 }

@@ -222,6 +222,7 @@ impl Tier<'_> {
             parts,
             what: "tier upload",
             journaled: Some(journaled),
+            staged: None,
         };
         let copied = copy.root(key, None).await?;
         if copied.conflict && copied.conflict_at_top {

@@ -117,6 +117,19 @@ pub(crate) fn hint(e: &anyhow::Error) -> Option<String> {
                 .into(),
         );
     }
+    // The ledger's own advice (PostgreSQL authentication, privileges, a
+    // missing database, TLS names).
+    let ledger = e
+        .chain()
+        .find_map(|c| match c.downcast_ref::<StoreError>() {
+            Some(StoreError::Ledger(l) | StoreError::LedgerUnavailable(l)) => l.hint(),
+            _ => c
+                .downcast_ref::<deltapack_store::LedgerError>()
+                .and_then(|l| l.hint()),
+        });
+    if let Some(h) = ledger {
+        return Some(h.into());
+    }
     let mismatch = e.chain().any(|c| {
         matches!(
             c.downcast_ref::<StoreError>(),

@@ -15,6 +15,7 @@ mod destructive_commands;
 mod fleet_kill9;
 mod ledger_down;
 mod ledger_half_open;
+mod ledger_postgres_conventions;
 mod ledger_secrets;
 mod multi_process_ledger;
 mod one_bucket_one_ledger;

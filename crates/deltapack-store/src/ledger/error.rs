@@ -59,8 +59,84 @@ impl std::fmt::Display for EngineError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.0 {
             Engine::Sqlite(e) => e.fmt(f),
-            Engine::Postgres(e) => e.fmt(f),
+            Engine::Postgres(e) => {
+                // The driver's own text is a category ("db error", "invalid
+                // configuration", "error performing TLS handshake"); what
+                // happened is the server's message or the error's causes.
+                match e.as_db_error() {
+                    // The server's own text (severity, message, detail,
+                    // hint), then its SQLSTATE.
+                    Some(db) => write!(f, "{db} [SQLSTATE {}]", db.code().code()),
+                    None => {
+                        e.fmt(f)?;
+                        let mut source = std::error::Error::source(e);
+                        while let Some(s) = source {
+                            write!(f, ": {s}")?;
+                            source = s.source();
+                        }
+                        Ok(())
+                    }
+                }
+            }
         }
+    }
+}
+
+/// What to do about a PostgreSQL failure a new operator commonly meets,
+/// if it is one: by SQLSTATE for the server's errors, by the driver's
+/// cause otherwise.
+fn pg_hint(e: &postgres::Error) -> Option<&'static str> {
+    if let Some(db) = e.as_db_error() {
+        return match db.code().code() {
+            "28P01" => Some(
+                "the server refused the password: check the URL's password, PGPASSWORD or \
+                 the password file (PGPASSFILE or ~/.pgpass); the URL wins",
+            ),
+            "28000" => Some(
+                "the server does not accept this user from this host: check the user name \
+                 (it must be a role that can log in) and the server's pg_hba.conf",
+            ),
+            "3D000" => Some(
+                "the database does not exist: create it first (CREATE DATABASE …; see the \
+                 README's PostgreSQL recipe)",
+            ),
+            "42501" => Some(
+                "the ledger's role lacks a privilege: it creates its tables at first use, so \
+                 it needs CREATE on its schema (PostgreSQL 15 and later no longer grant it on \
+                 `public`: own the database or the schema, or GRANT CREATE ON SCHEMA … TO …)",
+            ),
+            "53300" => Some(
+                "the server has no free connection slot: raise max_connections or run fewer \
+                 processes against it",
+            ),
+            _ => None,
+        };
+    }
+    let mut causes = Vec::new();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        causes.push(s.to_string());
+        source = s.source();
+    }
+    let causes = causes.join(": ");
+    if causes.contains("password missing") {
+        Some(
+            "the server asks for a password and none was given: put it in the URL \
+             (postgres://USER:PASSWORD@HOST/DB), in PGPASSWORD or in the password file \
+             (PGPASSFILE or ~/.pgpass)",
+        )
+    } else if causes.contains("not valid for name") || causes.contains("NotValidForName") {
+        Some(
+            "the server's certificate does not name the host the URL connects to: \
+             connect by a name (or address) the certificate lists, as verify-full checks it",
+        )
+    } else if causes.contains("UnknownIssuer") || causes.contains("unknown issuer") {
+        Some(
+            "the server's certificate does not chain to the CA in sslrootcert: give the CA \
+             that signed it",
+        )
+    } else {
+        None
     }
 }
 
@@ -86,6 +162,16 @@ impl From<postgres::Error> for LedgerError {
 }
 
 impl LedgerError {
+    /// What to do about this failure, for the ones a new operator commonly
+    /// meets (PostgreSQL authentication, a missing password or database,
+    /// missing privileges, a certificate that does not name the host).
+    pub fn hint(&self) -> Option<&'static str> {
+        match self {
+            LedgerError::Postgres(EngineError(Engine::Postgres(e))) => pg_hint(e),
+            _ => None,
+        }
+    }
+
     /// SQLite's result code, for a SQLite failure.
     pub(crate) fn sqlite_code(&self) -> Option<rusqlite::ErrorCode> {
         match self {

@@ -56,6 +56,7 @@ mod handle;
 mod holds;
 mod merge;
 mod objects;
+mod pgenv;
 mod publications;
 mod roots;
 mod schema;

@@ -208,6 +208,12 @@ impl Ledger {
             .driver_url
             .parse()
             .map_err(|e| LedgerError::Url(format!("{}: {e}", url.redacted())))?;
+        // What the URL leaves out, from libpq's variables (`pgenv.rs`).
+        super::pgenv::apply(
+            &mut config,
+            &|k| std::env::var(k).ok(),
+            std::env::var_os("HOME").map(std::path::PathBuf::from),
+        );
         // The server cancels a statement after `statement_timeout`: the
         // URL's (`options=-c statement_timeout=…`) or 60 s; the client gives
         // up on a call a margin later.

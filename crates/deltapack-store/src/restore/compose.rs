@@ -52,11 +52,11 @@ use deltapack_format::{Digest, ExtentCodec, ExtentPlan, ManifestV2, Snapshot, Sn
 
 use super::read::{
     blame, open_local, read_at, read_extent, read_header_prefix, read_range_unverified, ExtentAt,
-    FaultKind, HeaderCheck, ObjectFault, ReadCtx, Sink, Source, PIECE,
+    FaultKind, ObjectFault, ReadCtx, Source, PIECE,
 };
 use super::reassembly::{Dest, Output};
 use super::result::{ResultHash, SharedDest};
-use super::tap::Capture;
+use super::sink::{HeaderCheck, Sink};
 
 /// Largest piece of a memory-to-result copy handed to one worker.
 const MEMORY_ITEM: u64 = 8 << 20;
@@ -646,21 +646,8 @@ impl Pass<'_, '_> {
                 };
                 // A tiered restore's tap keeps the parts read, for the fill
                 // to complete and check by name (`tier/tap.rs`).
-                let deadline = self.ctx.deadline;
-                match self.ctx.tap {
-                    Some(tap) => {
-                        let key = crate::keys::object_key(&e.object_digest());
-                        let mut capture = Capture {
-                            inner: &mut check,
-                            tap,
-                            key: &key,
-                            base: e.offset,
-                            len: e.stored_len,
-                        };
-                        read_range_unverified(remote, e, start..end, &mut capture, deadline)?;
-                    }
-                    None => read_range_unverified(remote, e, start..end, &mut check, deadline)?,
-                }
+                let (deadline, tap) = (self.ctx.deadline, self.ctx.tap);
+                read_range_unverified(remote, e, start..end, &mut check, deadline, tap)?;
                 check.differs
             }
         };

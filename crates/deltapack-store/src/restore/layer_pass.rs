@@ -42,11 +42,11 @@ use deltapack_format::{Digest, ExtentCodec, ExtentPlan, ManifestV2, SnapshotHead
 use super::compose::{copy_memory, place_local_unverified, Bottom};
 use super::plan::Plan;
 use super::read::{
-    read_extent, read_range_unverified, ExtentAt, ObjectFault, ReadCtx, Sink, Source, PIECE,
-    RESULT_BLOCK,
+    read_extent, read_range_unverified, ExtentAt, ObjectFault, ReadCtx, Source, PIECE, RESULT_BLOCK,
 };
 use super::reassembly::Proof;
 use super::result::SharedDest;
+use super::sink::Sink;
 
 /// Largest work item of a deferred local pass.
 const LOCAL_ITEM: u64 = 8 << 20;
@@ -476,7 +476,7 @@ impl Pass<'_, '_> {
                     return Ok(());
                 };
                 let range = first.src.max(e.offset)..last.src_end().min(e.offset + e.raw_len);
-                read_range_unverified(remote, e, range, &mut sink, deadline)?;
+                read_range_unverified(remote, e, range, &mut sink, deadline, self.ctx.tap)?;
             }
         }
         Ok(())

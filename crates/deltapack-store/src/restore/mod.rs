@@ -50,6 +50,7 @@ mod plan;
 pub(crate) mod read;
 pub(crate) mod reassembly;
 mod result;
+mod sink;
 mod tap;
 mod v1;
 

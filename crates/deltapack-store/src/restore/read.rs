@@ -16,7 +16,6 @@ use std::time::Instant;
 use bytes::Bytes;
 use deltapack_format::delta;
 use deltapack_format::root::ExtentEntry;
-use deltapack_format::scatter::Region;
 use deltapack_format::{Digest, ExtentCodec, ExtentPlan, ManifestV2};
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
@@ -27,8 +26,8 @@ use crate::keys;
 use crate::object_check::ObjectCheck;
 use crate::verify::{check_extent, unpack_zstd};
 
+use super::sink::{Capture, HeaderCheck, Sink, Tee};
 pub(crate) use super::tap::Tap;
-use super::tap::Tee;
 
 /// Piece size of the fused read → hash → copy loop.
 pub(crate) const PIECE: usize = 256 * 1024;
@@ -143,61 +142,6 @@ impl ReadTally {
             self.objects.load(Ordering::Relaxed),
             self.bytes.load(Ordering::Relaxed),
         )
-    }
-}
-
-/// Where the bytes of one extent go as they are read: a [`Region`] of the
-/// result for a flat root, `compose::ItemSink` for a delta chain.
-pub(crate) trait Sink {
-    /// Places `bytes` found at payload offset `src` of the extent. Ranges
-    /// of one extent may arrive in any order, each in order.
-    fn place(&mut self, src: u64, bytes: &[u8]);
-    /// [`Sink::place`] for bytes in a shared buffer (a body chunk), which
-    /// a sink may keep a reference to instead of copying them.
-    fn place_bytes(&mut self, src: u64, bytes: &Bytes) {
-        self.place(src, bytes);
-    }
-}
-
-impl Sink for Region<'_, '_> {
-    fn place(&mut self, src: u64, bytes: &[u8]) {
-        Region::place(self, src, bytes);
-    }
-}
-
-/// Forwards placed bytes and compares the ones that fall on `header` (the
-/// delta header bytes a root recorded, from payload offset `at`).
-pub(crate) struct HeaderCheck<'a, 's> {
-    pub(crate) inner: &'a mut dyn Sink,
-    pub(crate) header: &'s [u8],
-    pub(crate) at: u64,
-    pub(crate) differs: bool,
-}
-
-impl HeaderCheck<'_, '_> {
-    /// Compares the bytes at `src` that fall on the header.
-    fn check(&mut self, src: u64, bytes: &[u8]) {
-        let (lo, hi) = (
-            src.max(self.at),
-            (src + bytes.len() as u64).min(self.at + self.header.len() as u64),
-        );
-        if lo < hi {
-            let mine = &bytes[(lo - src) as usize..(hi - src) as usize];
-            let theirs = &self.header[(lo - self.at) as usize..(hi - self.at) as usize];
-            self.differs |= mine != theirs;
-        }
-    }
-}
-
-impl Sink for HeaderCheck<'_, '_> {
-    fn place(&mut self, src: u64, bytes: &[u8]) {
-        self.check(src, bytes);
-        self.inner.place(src, bytes);
-    }
-
-    fn place_bytes(&mut self, src: u64, bytes: &Bytes) {
-        self.check(src, bytes);
-        self.inner.place_bytes(src, bytes);
     }
 }
 
@@ -556,15 +500,30 @@ async fn fetch_range(
 /// and the extent by its name only if that check fails. The range is cut
 /// at the extent's [`Remote::range_bytes`] boundaries and the pieces are
 /// fetched concurrently (under the restore's shared permits), their
-/// bodies' chunks placed as they arrive (no staging copy).
+/// bodies' chunks placed as they arrive (no staging copy), and offered to
+/// `tap` as unverified parts if there is one.
 pub(crate) fn read_range_unverified(
     remote: &Remote,
     e: &ExtentEntry,
     range: std::ops::Range<u64>,
     region: &mut dyn Sink,
     deadline: Option<Instant>,
+    tap: Option<&dyn Tap>,
 ) -> Result<(), ObjectFault> {
     let key = keys::object_key(&e.object_digest());
+    // A tiered restore's tap is offered the parts, marked unverified, for
+    // the fill to complete and check by name (`tier/staging.rs`).
+    let mut capture = tap.map(|tap| Capture {
+        inner: &mut *region,
+        tap,
+        key: &key,
+        base: e.offset,
+        len: e.stored_len,
+    });
+    let region: &mut dyn Sink = match capture.as_mut() {
+        Some(c) => c,
+        None => region,
+    };
     if range.start < e.offset || range.end > e.offset + e.raw_len || range.start >= range.end {
         return Err(ObjectFault::plain(format!(
             "{key}: bytes {range:?} are not inside the extent"

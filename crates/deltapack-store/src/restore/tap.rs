@@ -4,15 +4,14 @@
 //! as the bytes are placed.
 //!
 //! Parts of an object a chain's deferred pass read without its name are
-//! offered too, marked as such ([`Tap::unverified`], [`Capture`]).
+//! offered too, marked as such ([`Tap::unverified`]; the sinks that offer
+//! them are in `sink.rs`).
 //!
 //! Must never offer as verified bytes that were not checked by their
 //! object's name.
 
 use bytes::Bytes;
 use object_store::path::Path;
-
-use super::read::Sink;
 
 /// A taker of whole objects a restore verified: the tier's fill
 /// (`tier/tap.rs`) writes them into the tier as the restore goes, so that
@@ -38,56 +37,6 @@ pub(crate) trait Tap: Send + Sync {
     /// local write at most). By default, dropped.
     fn unverified(&self, key: &Path, len: u64, at: u64, bytes: Bytes) {
         let _ = (key, len, at, bytes);
-    }
-}
-
-/// Places bytes in the inner sink and offers them to a [`Tap`] as
-/// unverified parts of the raw object at `key` whose payload starts at
-/// `base` (`len` stored bytes).
-pub(crate) struct Capture<'a> {
-    /// Where the bytes go.
-    pub(crate) inner: &'a mut dyn Sink,
-    /// Who is offered them.
-    pub(crate) tap: &'a dyn Tap,
-    /// The object's key.
-    pub(crate) key: &'a Path,
-    /// The payload offset of the object's first byte.
-    pub(crate) base: u64,
-    /// The object's stored length.
-    pub(crate) len: u64,
-}
-
-impl Sink for Capture<'_> {
-    fn place(&mut self, src: u64, bytes: &[u8]) {
-        self.place_bytes(src, &Bytes::copy_from_slice(bytes));
-    }
-
-    fn place_bytes(&mut self, src: u64, bytes: &Bytes) {
-        self.inner.place_bytes(src, bytes);
-        if let Some(at) = src.checked_sub(self.base) {
-            // A reference to the body chunk, not a copy.
-            self.tap.unverified(self.key, self.len, at, bytes.clone());
-        }
-    }
-}
-
-/// Places bytes in the inner sink and copies them into a [`Tapped`]
-/// buffer at their offset in the object (payload offset minus `base`).
-pub(super) struct Tee<'a> {
-    pub(super) inner: &'a mut dyn Sink,
-    pub(super) buf: &'a mut [u8],
-    pub(super) base: u64,
-}
-
-impl Sink for Tee<'_> {
-    fn place(&mut self, src: u64, bytes: &[u8]) {
-        self.inner.place(src, bytes);
-        let at = src
-            .checked_sub(self.base)
-            .and_then(|o| usize::try_from(o).ok());
-        if let Some(dst) = at.and_then(|o| self.buf.get_mut(o..o.checked_add(bytes.len())?)) {
-            dst.copy_from_slice(bytes);
-        }
     }
 }
 

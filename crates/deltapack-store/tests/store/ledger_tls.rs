@@ -33,6 +33,14 @@ fn tls_server() -> Option<(String, String, String)> {
 }
 
 /// Opens a memory store whose ledger is `url` and makes the ledger connect.
+/// The ledger's hint for a failure, if the failure is the ledger's.
+fn ledger_hint(e: &StoreError) -> Option<&'static str> {
+    match e {
+        StoreError::Ledger(l) | StoreError::LedgerUnavailable(l) => l.hint(),
+        _ => None,
+    }
+}
+
 async fn connect(url: &str) -> Result<deltapack_store::Totals, StoreError> {
     let s = Store::open("memory://", config().with_ledger(Some(url.to_string())))?;
     s.ledger_totals().await
@@ -66,16 +74,22 @@ async fn verify_full_connects_with_the_right_ca_and_refuses_everything_else() {
     let e = connect(&url("localhost", "verify-full", &wrong))
         .await
         .expect_err("a wrong CA must not connect");
-    let text = format!("{e} {:?}", std::error::Error::source(&e));
+    // The message says what the handshake found, not only that it failed;
+    // the hint says what to do.
+    let text = e.to_string();
     assert!(text.to_lowercase().contains("certificate"), "{text}");
+    let hint = ledger_hint(&e).unwrap_or_default();
+    assert!(hint.contains("does not chain to the CA"), "{text}: {hint}");
 
     // The right CA, but a host the certificate does not name: verify-full
     // checks the name, verify-ca does not.
     let e = connect(&url("127.0.0.1", "verify-full", &ca))
         .await
         .expect_err("verify-full must check the host name");
-    let text = format!("{e} {:?}", std::error::Error::source(&e));
+    let text = e.to_string();
     assert!(text.to_lowercase().contains("certificate"), "{text}");
+    let hint = ledger_hint(&e).unwrap_or_default();
+    assert!(hint.contains("does not name the host"), "{text}: {hint}");
     connect(&url("127.0.0.1", "verify-ca", &ca))
         .await
         .expect("verify-ca checks the chain, not the name");

@@ -14,7 +14,7 @@ use crate::common::*;
 use crate::tier_trust::bounded;
 use crate::tiers::{open_tiered, tier_config, tier_stats, Site};
 use deltapack_format::{CacheIdentity, ContextDigest, Snapshot};
-use deltapack_store::{RootFormat, Store, StoreConfig};
+use deltapack_store::{LayerOrder, RestoreOptions, RootFormat, Store, StoreConfig};
 use deltapack_testkit::FaultProxy;
 
 /// Extents large enough that HTTP headers are a small part of the bytes.
@@ -186,58 +186,92 @@ async fn a_first_restore_of_a_chain_downloads_each_object_once() {
         return;
     };
     bounded(async {
-        let site = Site::new();
-        let id = identity("egress-chain-once");
-        // Larger extents than the flat case's: a chain's restore reads
-        // each extent in a part or two and the fill the rest, so HTTP
-        // headers weigh twice as much per extent.
-        let config = || StoreConfig::default().with_max_extent_bytes(4 * EXTENT);
-        let plain = Store::open(&site.origin, config()).expect("origin");
-        let mut turns: Vec<(ContextDigest, Arc<Snapshot>)> = Vec::new();
-        for i in 1..=4u64 {
-            let (c, s) = (ctx(&id, 504, (i * 131072) as usize), turn(504, i * 131072));
-            let req = match turns.last() {
-                None => flat(&id, c, &s, RootFormat::V2),
-                Some((bc, b)) => delta(&id, c, &s, *bc, b, RootFormat::V2),
-            };
-            plain.publish(req).await.expect("publish");
-            turns.push((c, s));
-        }
-        let roots = plain.inspect(Some(&id.namespace())).await.expect("inspect");
-        assert_eq!(roots.len(), 4, "{roots:?}");
-        let objects: u64 = roots.iter().map(|r| r.stored_bytes).sum();
-        let root_bytes: u64 = roots.iter().map(|r| r.root_bytes).sum();
-        assert!(objects > 16 * 4 * EXTENT, "{objects} bytes: too few extents");
-
-        let proxy = FaultProxy::start(server_addr(&endpoint)).expect("proxy");
-        let through = site
-            .origin
-            .replace(&endpoint, &format!("http://127.0.0.1:{}", proxy.port()));
-        let tc = tier_config(&site.tier_dir, Duration::from_secs(60));
-        let node = Store::open(&through, config().with_tier(Some(tc))).expect("node");
-        let (top, snap) = turns.last().expect("four turns");
-        assert!(restore_bytes(&node, &id, *top).await == snap.encoded());
-        node.tier_settle().await;
-        let down = proxy.bytes_to_clients();
-        let t = tier_stats(&node);
-        assert_eq!((t.fills, t.fills_failed), (1, 0), "{t:?}");
-        assert!(
-            t.fill_reused_bytes > objects / 2,
-            "most of the chain's bytes from the restore: {t:?}"
-        );
-        let ratio = down as f64 / (objects + root_bytes) as f64;
-        assert!(
-            ratio <= 1.05,
-            "first restore and fill of the chain downloaded {down} bytes for {objects} + {root_bytes}: {ratio:.3}× ({t:?})"
-        );
-        // The tier's copy is whole and right: every turn restores from the
-        // tier alone and verifies.
-        let tier = node.tier_store().expect("tier");
-        for (c, s) in &turns {
-            assert!(restore_bytes(tier, &id, *c).await == s.encoded());
-            let verdict = tier.verify_root((&id, *c)).await.expect("verify");
-            assert!(verdict.is_intact(), "{verdict:?}");
+        for how in ["restore", "restore_into", "layers"] {
+            chain_first_restore(&endpoint, how).await;
         }
     })
     .await;
+}
+
+/// [`a_first_restore_of_a_chain_downloads_each_object_once`] through one
+/// restore path (`how`).
+async fn chain_first_restore(endpoint: &str, how: &str) {
+    let site = Site::new();
+    let id = identity(&format!("egress-chain-{how}"));
+    // Larger extents than the flat case's: a chain's restore reads each
+    // extent in a part or two and the fill the rest, so HTTP headers weigh
+    // twice as much per extent.
+    let config = || StoreConfig::default().with_max_extent_bytes(4 * EXTENT);
+    let plain = Store::open(&site.origin, config()).expect("origin");
+    let mut turns: Vec<(ContextDigest, Arc<Snapshot>)> = Vec::new();
+    for i in 1..=4u64 {
+        let (c, s) = (ctx(&id, 504, (i * 131072) as usize), turn(504, i * 131072));
+        let req = match turns.last() {
+            None => flat(&id, c, &s, RootFormat::V2),
+            Some((bc, b)) => delta(&id, c, &s, *bc, b, RootFormat::V2),
+        };
+        plain.publish(req).await.expect("publish");
+        turns.push((c, s));
+    }
+    let roots = plain.inspect(Some(&id.namespace())).await.expect("inspect");
+    assert_eq!(roots.len(), 4, "{roots:?}");
+    let objects: u64 = roots.iter().map(|r| r.stored_bytes).sum();
+    let root_bytes: u64 = roots.iter().map(|r| r.root_bytes).sum();
+    assert!(
+        objects > 16 * 4 * EXTENT,
+        "{objects} bytes: too few extents"
+    );
+
+    let proxy = FaultProxy::start(server_addr(endpoint)).expect("proxy");
+    let through = site
+        .origin
+        .replace(endpoint, &format!("http://127.0.0.1:{}", proxy.port()));
+    let tc = tier_config(&site.tier_dir, Duration::from_secs(60));
+    let node = Store::open(&through, config().with_tier(Some(tc))).expect("node");
+    let (top, snap) = turns.last().expect("four turns");
+    let mut buf = vec![0u8; snap.encoded().len()];
+    match how {
+        "restore" => assert!(restore_bytes(&node, &id, *top).await == snap.encoded()),
+        "restore_into" => {
+            assert_restored_into(&node, (&id, *top), &mut buf, snap.encoded(), how).await
+        }
+        _ => {
+            let outcome = node
+                .restore_layers_with(
+                    (&id, *top),
+                    &mut buf,
+                    RestoreOptions::default(),
+                    &LayerOrder::default(),
+                    |_, _| {},
+                )
+                .await
+                .expect("layers");
+            assert!(
+                matches!(outcome, deltapack_store::RestoreIntoOutcome::Hit { .. }),
+                "{outcome:?}"
+            );
+            assert!(buf == snap.encoded(), "the layer-wise restore's bytes");
+        }
+    }
+    node.tier_settle().await;
+    let down = proxy.bytes_to_clients();
+    let t = tier_stats(&node);
+    assert_eq!((t.fills, t.fills_failed), (1, 0), "{how}: {t:?}");
+    assert!(
+        t.fill_reused_bytes > objects / 2,
+        "{how}: most of the chain's bytes from the restore: {t:?}"
+    );
+    let ratio = down as f64 / (objects + root_bytes) as f64;
+    assert!(
+        ratio <= 1.05,
+        "{how}: first restore and fill of the chain downloaded {down} bytes for {objects} + {root_bytes}: {ratio:.3}× ({t:?})"
+    );
+    // The tier's copy is whole and right: every turn restores from the
+    // tier alone and verifies.
+    let tier = node.tier_store().expect("tier");
+    for (c, s) in &turns {
+        assert!(restore_bytes(tier, &id, *c).await == s.encoded());
+        let verdict = tier.verify_root((&id, *c)).await.expect("verify");
+        assert!(verdict.is_intact(), "{how}: {verdict:?}");
+    }
 }

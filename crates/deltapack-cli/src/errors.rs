@@ -32,6 +32,9 @@ pub(crate) fn kind(e: &anyhow::Error) -> &'static str {
                 StoreError::Format(_) => "format",
                 StoreError::BaseMismatch { .. } => "base-mismatch",
                 StoreError::Capacity(_) => "capacity",
+                StoreError::Ledger(deltapack_store::LedgerError::OtherStore { .. }) => {
+                    "ledger-mismatch"
+                }
                 StoreError::Ledger(_) => "ledger",
                 StoreError::LedgerUnavailable(_) => "ledger-unavailable",
                 StoreError::Unsupported(_) => "unsupported",
@@ -114,6 +117,14 @@ pub(crate) fn hint(e: &anyhow::Error) -> Option<String> {
              AWS_SECRET_ACCESS_KEY (and AWS_REGION; for an S3-compatible server also \
              AWS_ENDPOINT_URL or ?endpoint=… in the store URL), or run where an instance \
              profile or web identity provides them"
+                .into(),
+        );
+    }
+    if e.chain().any(|c| c.to_string().contains("NoSuchBucket")) {
+        return Some(
+            "the bucket does not exist: deltapack never creates buckets; create it first \
+             (`aws s3 mb s3://BUCKET`, with --endpoint-url for an S3-compatible server, or \
+             the server's own tool) and check the bucket name and endpoint in the store URL"
                 .into(),
         );
     }

@@ -9,7 +9,7 @@ use deltapack_format::{CacheIdentity, Namespace};
 use deltapack_store::{Ownership, PruneFilter, RemovalReport, Store};
 
 use crate::common::{self, dry_run_note, human_bytes, print_json};
-use crate::exit::{Usage, EXIT_ERROR, EXIT_USAGE};
+use crate::exit::{Usage, EXIT_ERROR, EXIT_MISS, EXIT_USAGE};
 use crate::settings::StoreArgs;
 
 /// Options every operator command shares: the store, and JSON output.
@@ -195,6 +195,19 @@ fn print_removal(what: &str, r: &RemovalReport, json: bool) -> Result<ExitCode> 
         for k in &r.roots {
             println!("  - {k}");
         }
+        if !r.overridden_holds.is_empty() {
+            println!(
+                "{} {} held root(s) ({what} overrides holds; their markers go with them):",
+                if r.dry_run { "would remove" } else { "removed" },
+                r.overridden_holds.len()
+            );
+            for h in &r.overridden_holds {
+                println!("  - {h}");
+            }
+        }
+        let grace = deltapack_store::units::format_duration(std::time::Duration::from_secs(
+            r.grace_seconds,
+        ));
         if !r.dry_run {
             println!(
                 "condemned {} objects ({}); deleted {} objects ({})",
@@ -202,6 +215,13 @@ fn print_removal(what: &str, r: &RemovalReport, json: bool) -> Result<ExitCode> 
                 human_bytes(r.condemned_bytes),
                 r.deleted_objects,
                 human_bytes(r.deleted_bytes)
+            );
+        }
+        let left = r.dry_run || r.condemned_bytes > r.deleted_bytes;
+        if left && r.grace_seconds > 0 && !r.roots.is_empty() {
+            println!(
+                "the objects only these roots used stay in the store until the grace period \
+                 ({grace}) ends; `sweep --grace 0s` deletes them now"
             );
         }
     }
@@ -246,8 +266,14 @@ pub(crate) async fn hold(a: HoldArgs, release: bool) -> Result<ExitCode> {
         let existed = store.release(&a.name, namespace, context).await?;
         if a.s.json {
             print_json(&serde_json::json!({ "released": existed }))?;
+        } else if existed {
+            println!("released");
         } else {
-            println!("{}", if existed { "released" } else { "no such hold" });
+            println!("no hold {:?} on {context}: nothing released", a.name);
+        }
+        if !existed {
+            // Like a miss: a typo in --name must not pass for a release.
+            return Ok(ExitCode::from(EXIT_MISS));
         }
     } else {
         store.hold(&a.name, namespace, context).await?;

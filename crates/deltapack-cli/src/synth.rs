@@ -90,8 +90,11 @@ pub(crate) fn run(args: SynthArgs) -> Result<ExitCode> {
             "layers_digest": layers,
         }))?;
     } else {
+        // The digest a root records (and `publish`/`restore` print) first,
+        // so the two can be matched; the whole-encoding digest after it.
+        let recorded = layers.clone().unwrap_or_else(|| digest.to_string());
         println!(
-            "wrote {}: {} tokens, preset {}, seed {}, {} ({} bytes), snapshot {digest}",
+            "wrote {}: {} tokens, preset {}, seed {}, {} ({} bytes), snapshot {recorded} (whole encoding {digest})",
             args.out.display(),
             snap.boundary(),
             args.preset.name(),

@@ -79,10 +79,37 @@ pub enum BackendKind {
         bucket: String,
         /// Key prefix inside the bucket (may be empty).
         prefix: String,
+        /// The URL's settings after `?` (endpoint, region, timeouts), as
+        /// given (may be empty): part of [`BackendKind::url`], not of
+        /// [`BackendKind::identity`].
+        query: String,
     },
 }
 
 impl BackendKind {
+    /// The store's identity: `file:///dir`, `s3://bucket/prefix` (without
+    /// the URL's settings) or `memory://`. What a ledger outside the store
+    /// records as its owner, and how errors name the store.
+    pub fn identity(&self) -> String {
+        match self {
+            BackendKind::Local { root } => format!("file://{}", root.display()),
+            BackendKind::S3 { bucket, prefix, .. } => format!("s3://{bucket}/{prefix}"),
+            BackendKind::Memory => "memory://".to_string(),
+        }
+    }
+
+    /// A URL that opens this store again: [`BackendKind::identity`] with
+    /// the S3 settings it was opened with (`?endpoint=…`), so that a
+    /// command a hint suggests goes to the same server when pasted.
+    pub fn url(&self) -> String {
+        match self {
+            BackendKind::S3 { query, .. } if !query.is_empty() => {
+                format!("{}?{query}", self.identity())
+            }
+            _ => self.identity(),
+        }
+    }
+
     /// Whether the backend is a remote object store (anything but local disk
     /// and process memory): there, large extents are written as concurrent
     /// multipart uploads (see the module docs).
@@ -428,6 +455,7 @@ pub fn open(url: &str) -> Result<Backend, OpenError> {
             kind: BackendKind::S3 {
                 bucket: bucket.to_string(),
                 prefix,
+                query: query.to_string(),
             },
         });
     }

@@ -354,30 +354,66 @@ fn apply_chain(f: &FileChainPolicy, mut p: ChainPolicy) -> ChainPolicy {
     p
 }
 
-/// A size: an integer (bytes) or a string with a unit.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum SizeValue {
-    Bytes(u64),
-    Text(String),
+/// Reads a size: a byte count or a string with a unit; anything else is an
+/// error that says what was expected (not serde's "did not match any
+/// variant").
+struct SizeVisitor;
+
+impl serde::de::Visitor<'_> for SizeVisitor {
+    type Value = u64;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a size like \"50GiB\" or a byte count")
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<u64, E> {
+        Ok(v)
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<u64, E> {
+        u64::try_from(v).map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<u64, E> {
+        crate::units::parse_size(v).map_err(|e| {
+            E::custom(format!(
+                "{e}; expected a size like \"50GiB\" or a byte count"
+            ))
+        })
+    }
+}
+
+/// Reads a duration: a number of seconds or a string such as `90s`.
+struct DurationVisitor;
+
+impl serde::de::Visitor<'_> for DurationVisitor {
+    type Value = Duration;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a duration like \"90s\", \"15m\" or \"1h30m\", or a number of seconds")
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Duration, E> {
+        Ok(Duration::from_secs(v))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Duration, E> {
+        u64::try_from(v)
+            .map(Duration::from_secs)
+            .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Duration, E> {
+        crate::units::parse_duration(v).map_err(E::custom)
+    }
 }
 
 fn de_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    match SizeValue::deserialize(d)? {
-        SizeValue::Bytes(n) => Ok(Some(n)),
-        SizeValue::Text(t) => crate::units::parse_size(&t)
-            .map(Some)
-            .map_err(serde::de::Error::custom),
-    }
+    d.deserialize_any(SizeVisitor).map(Some)
 }
 
 fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    match SizeValue::deserialize(d)? {
-        SizeValue::Bytes(secs) => Ok(Some(Duration::from_secs(secs))),
-        SizeValue::Text(t) => crate::units::parse_duration(&t)
-            .map(Some)
-            .map_err(serde::de::Error::custom),
-    }
+    d.deserialize_any(DurationVisitor).map(Some)
 }
 
 fn se_duration<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
@@ -471,6 +507,16 @@ max-read-overhead = 0.5
             ("part-bytes = \"6GiB\"", "part-bytes"),
             ("part-bytes = \"a lot\"", "a lot"),
             ("budget = -5", "budget"),
+            // A value of the wrong form names the key and the form expected
+            // (it said "did not match any variant of untagged enum").
+            (
+                "budget = 1.5",
+                "expected a size like \"50GiB\" or a byte count",
+            ),
+            ("budget = 1.5", "budget"),
+            ("budget = true", "expected a size like"),
+            ("grace = 2.5", "expected a duration like"),
+            ("grace = -1", "expected a duration like"),
             ("[chain]\nmax-depthh = 1", "max-depthh"),
             ("store = ", "store"),
         ] {

@@ -331,10 +331,23 @@ impl Metrics {
 
     /// A ledger call succeeded now.
     pub(crate) fn ledger_reached(&self) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        self.ledger_reachable.set(now);
+        self.ledger_reachable.set(unix_now());
     }
+
+    /// What the ledger calls after each call that succeeded: sets the
+    /// "last reachable" gauge (shared with this registry's).
+    pub(crate) fn ledger_reached_hook(&self) -> Box<dyn Fn() + Send + Sync> {
+        let gauge = self.ledger_reachable.clone();
+        Box::new(move || {
+            gauge.set(unix_now());
+        })
+    }
+}
+
+/// Seconds since the Unix epoch (0 if the clock is before it).
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }

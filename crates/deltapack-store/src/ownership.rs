@@ -44,7 +44,7 @@ use object_store::path::Path;
 use object_store::ObjectStoreExt;
 use serde::Serialize;
 
-use crate::backend::{put_create, BackendKind, PutOutcome};
+use crate::backend::{put_create, PutOutcome};
 use crate::error::{Result, StoreError};
 use crate::ledger::{now_ms, Ledger, LedgerLocation, MergeReport};
 use crate::store::Store;
@@ -185,11 +185,7 @@ impl Store {
 
     /// The store's name in messages (`s3://bucket/prefix`, `file:///dir`).
     pub(crate) fn store_name(&self) -> String {
-        match self.backend_kind() {
-            BackendKind::Local { root } => format!("file://{}", root.display()),
-            BackendKind::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}"),
-            BackendKind::Memory => "memory://".to_string(),
-        }
+        self.backend_kind().identity()
     }
 
     /// Reads the binding object (`None`: absent). A binding that does not
@@ -391,7 +387,9 @@ impl Store {
             )),
             Ownership::Foreign { detail } => Err(StoreError::LedgerMismatch {
                 op,
-                store: self.store_name(),
+                // Whole, so that the adopt command it suggests goes to the
+                // same server when pasted.
+                store: self.backend_kind().url(),
                 detail,
                 this_ledger: format!("{} (id {})", describe(ledger.location()), ledger.id()),
             }),

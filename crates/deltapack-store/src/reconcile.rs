@@ -25,11 +25,7 @@ pub(crate) fn open_ledger(
     kind: &BackendKind,
     url: Option<&str>,
 ) -> Result<(Ledger, Option<String>)> {
-    let identity = match kind {
-        BackendKind::Local { root } => format!("file://{}", root.display()),
-        BackendKind::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}"),
-        BackendKind::Memory => "memory://".to_string(),
-    };
+    let identity = kind.identity();
     if let Some(url) = url {
         let ledger = if let Some(rest) = url.strip_prefix("sqlite://") {
             if rest.is_empty() || rest == ":memory:" {
@@ -94,6 +90,9 @@ impl Store {
                     tokio::task::spawn_blocking(move || open_ledger(&kind, url.as_deref()))
                         .await
                         .map_err(|e| StoreError::task("ledger open", e))??;
+                // Opening it was a contact; so is every call that succeeds.
+                self.metrics().ledger_reached();
+                ledger.on_reached(self.metrics().ledger_reached_hook());
                 let policy = self.config().capacity.cold_start;
                 let mut fresh = false;
                 if let Some(id) = external {

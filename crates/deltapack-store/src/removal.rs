@@ -59,6 +59,14 @@ pub struct RemovalReport {
     pub deleted_objects: u64,
     /// Bytes deleted by garbage collection afterwards.
     pub deleted_bytes: u64,
+    /// Roots removed (or to be removed) although a hold protected them —
+    /// `clear` and `invalidate` override holds — each with its holds'
+    /// names, as `root key: name, name`.
+    pub overridden_holds: Vec<String>,
+    /// How long condemned objects stay in the store before garbage
+    /// collection may delete them (the store's grace period), in seconds:
+    /// what was condemned and not deleted is still there until then.
+    pub grace_seconds: u64,
     /// Whether nothing was changed.
     pub dry_run: bool,
 }
@@ -101,6 +109,11 @@ pub struct RemovalPlan {
     kind: RemovalKind,
     /// The chosen roots, each with its dependents, dependents first.
     targets: Vec<RootId>,
+    /// Of those, the ones a hold protects, with the holds' names (filled
+    /// for the kinds that override holds: clear, invalidate).
+    held: Vec<(RootId, Vec<String>)>,
+    /// The store's grace period, in seconds.
+    grace_seconds: u64,
 }
 
 /// A plan being gathered: each chosen root once, in the order first met.
@@ -139,11 +152,23 @@ impl Gathering {
         RemovalPlan {
             kind: self.kind,
             targets: self.targets,
+            held: Vec::new(),
+            grace_seconds: 0,
         }
     }
 }
 
 impl RemovalPlan {
+    /// A plan of `kind` removing nothing.
+    fn empty(kind: RemovalKind) -> RemovalPlan {
+        RemovalPlan {
+            kind,
+            targets: Vec::new(),
+            held: Vec::new(),
+            grace_seconds: 0,
+        }
+    }
+
     /// Why these roots are removed.
     pub fn kind(&self) -> RemovalKind {
         self.kind
@@ -171,9 +196,19 @@ impl RemovalPlan {
     pub fn preview(&self) -> RemovalReport {
         RemovalReport {
             roots: self.roots(),
+            overridden_holds: self.overridden_holds(),
+            grace_seconds: self.grace_seconds,
             dry_run: true,
             ..Default::default()
         }
+    }
+
+    /// The held roots the plan removes anyway, as reported.
+    fn overridden_holds(&self) -> Vec<String> {
+        self.held
+            .iter()
+            .map(|((ns, ctx), names)| format!("{}: {}", keys::root_key(ns, ctx), names.join(", ")))
+            .collect()
     }
 }
 
@@ -262,6 +297,18 @@ impl Store {
             .await?)
     }
 
+    /// Completes a plan for its report: the store's grace period and, for
+    /// the kinds that override holds, the held roots it removes.
+    async fn finish_plan(&self, mut plan: RemovalPlan) -> Result<RemovalPlan> {
+        plan.grace_seconds = self.config().capacity.grace.as_secs();
+        if matches!(plan.kind, RemovalKind::Clear | RemovalKind::Invalidate) {
+            let targets = plan.targets.clone();
+            let ledger = self.ledger().await?;
+            plan.held = ledger.run(move |l| l.holds_on(&targets)).await?;
+        }
+        Ok(plan)
+    }
+
     /// A plan removing `seeds`, each with every delta built on it.
     pub(crate) fn plan_with_dependents(
         kind: RemovalKind,
@@ -271,6 +318,8 @@ impl Store {
         RemovalPlan {
             kind,
             targets: Self::ledger_graph(rows).with_dependents(seeds),
+            held: Vec::new(),
+            grace_seconds: 0,
         }
     }
 
@@ -292,7 +341,18 @@ impl Store {
         let rows = self.lru_rows(ledger).await?;
         let graph = Self::ledger_graph(&rows);
         let respect = matches!(plan.kind, RemovalKind::Evict | RemovalKind::Prune);
-        let mut report = RemovalReport::default();
+        let mut report = RemovalReport {
+            grace_seconds: self.config().capacity.grace.as_secs(),
+            ..RemovalReport::default()
+        };
+        // The holds this removal overrides: as planned, and any taken on a
+        // planned root since.
+        let held = if respect {
+            Vec::new()
+        } else {
+            let targets = plan.targets.clone();
+            ledger.run(move |l| l.holds_on(&targets)).await?
+        };
         let mut done = BTreeSet::new();
         for t in plan.targets {
             if done.contains(&t) {
@@ -326,6 +386,11 @@ impl Store {
                 c.clear();
             }
         }
+        report.overridden_holds = RemovalPlan {
+            held: held.into_iter().filter(|(k, _)| done.contains(k)).collect(),
+            ..RemovalPlan::empty(plan.kind)
+        }
+        .overridden_holds();
         let gc = self.collect_garbage().await?;
         report.deleted_objects = gc.objects;
         report.deleted_bytes = gc.bytes;
@@ -577,7 +642,7 @@ impl Store {
             live = live.saturating_sub(freed);
             plan.add(group);
         }
-        Ok(plan.plan())
+        self.finish_plan(plan.plan()).await
     }
 
     /// Plans the removal of roots matching `filter` (pinned and held ones
@@ -614,7 +679,7 @@ impl Store {
                 plan.add(group);
             }
         }
-        Ok(plan.plan())
+        self.finish_plan(plan.plan()).await
     }
 
     /// Plans the removal of every root (or every root of one namespace),
@@ -627,7 +692,8 @@ impl Store {
             .filter(|r| namespace.is_none_or(|n| n == r.namespace))
             .map(|r| (r.namespace, r.context))
             .collect();
-        Ok(Self::plan_with_dependents(RemovalKind::Clear, &rows, seeds))
+        let plan = Self::plan_with_dependents(RemovalKind::Clear, &rows, seeds);
+        self.finish_plan(plan).await
     }
 
     /// Plans the removal of one root with every delta built on it,
@@ -662,10 +728,7 @@ impl Store {
             .filter(|r| r.namespace == namespace && context.is_none_or(|c| c == r.context))
             .map(|r| (r.namespace, r.context))
             .collect();
-        Ok(Self::plan_with_dependents(
-            RemovalKind::Invalidate,
-            &rows,
-            seeds,
-        ))
+        let plan = Self::plan_with_dependents(RemovalKind::Invalidate, &rows, seeds);
+        self.finish_plan(plan).await
     }
 }

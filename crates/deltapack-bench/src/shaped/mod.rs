@@ -504,6 +504,7 @@ pub(crate) fn shaped_memory_store(
             kind: BackendKind::S3 {
                 bucket: "shaped-emulation".into(),
                 prefix: String::new(),
+                query: String::new(),
             },
         },
         config,

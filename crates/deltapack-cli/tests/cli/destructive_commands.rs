@@ -70,3 +70,57 @@ fn only_clear_with_yes_empties_a_store() {
         "clear --yes removed every root"
     );
 }
+
+/// `invalidate` and `clear` override holds: they say so, naming the hold,
+/// in the dry run and when they remove; and they say that what the roots
+/// condemned stays in the store until the grace period ends.
+#[test]
+fn removals_that_override_holds_say_so() {
+    let (tmp, store) = scratch_conversation(&[("a", 7, 1024), ("b", 8, 1024)]);
+    let dir = tmp.path();
+    let s = store.as_str();
+    for t in ["a", "b"] {
+        Cli(dir).ok(format!(
+            "publish --store {s} --identity id.json --tokens {t}.tok --snapshot {t}.snap"
+        ));
+    }
+    Cli(dir).ok(format!(
+        "hold --store {s} --name keep-me --identity id.json --tokens a.tok"
+    ));
+
+    // invalidate one context: the dry run names the hold it would override.
+    let dry = Cli(dir).ok(format!(
+        "invalidate --store {s} --identity id.json --tokens a.tok --dry-run"
+    ));
+    assert!(dry.contains("would remove 1 held root"), "{dry}");
+    assert!(dry.contains("keep-me"), "{dry}");
+    assert!(dry.contains("until the grace period"), "{dry}");
+    let json: serde_json::Value = serde_json::from_str(&Cli(dir).ok(format!(
+        "invalidate --store {s} --identity id.json --tokens a.tok --dry-run --json"
+    )))
+    .expect("json");
+    let held = json["overridden_holds"]
+        .as_array()
+        .expect("overridden_holds");
+    assert_eq!(held.len(), 1, "{json}");
+    assert!(
+        held[0].as_str().is_some_and(|h| h.ends_with(": keep-me")),
+        "{json}"
+    );
+    assert!(
+        json["grace_seconds"].as_u64().is_some_and(|g| g > 0),
+        "{json}"
+    );
+
+    // For real: the same, in the past tense.
+    let done = Cli(dir).ok(format!(
+        "invalidate --store {s} --identity id.json --tokens a.tok"
+    ));
+    assert!(done.contains("removed 1 held root"), "{done}");
+    assert!(done.contains("sweep --grace 0s"), "{done}");
+
+    // clear of a store with no held root says nothing of holds.
+    let cleared = Cli(dir).ok(format!("clear --store {s} --yes"));
+    assert!(!cleared.contains("held root"), "{cleared}");
+    assert!(cleared.contains("until the grace period"), "{cleared}");
+}

@@ -12,6 +12,7 @@ mod configuration;
 mod crash_kill9;
 mod dead_collector;
 mod destructive_commands;
+mod errors_say_what_to_do;
 mod fleet_kill9;
 mod ledger_down;
 mod ledger_half_open;

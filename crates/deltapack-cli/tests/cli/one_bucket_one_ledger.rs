@@ -88,6 +88,13 @@ fn two_default_ledgers_on_one_bucket_lose_nothing() {
     assert_eq!(e["error"]["kind"], "ledger-mismatch", "{err}");
     let hint = e["error"]["hint"].as_str().unwrap_or_default();
     assert!(hint.contains("ledger adopt"), "{hint}");
+    // The command the error suggests names the store whole: pasted, it
+    // goes to the same server (`?endpoint=` kept), not to AWS.
+    assert!(store.contains("?endpoint="), "{store}");
+    assert!(
+        err.contains(&format!("ledger adopt --store {store}")),
+        "{store}: {err}"
+    );
     // `ledger show` on B names A's ledger and says B is not it.
     let shown: serde_json::Value = serde_json::from_str(&ok(
         d,

@@ -126,6 +126,18 @@ fn tokens_name_roots_as_contexts_do() {
         released["released"], true,
         "the hold taken by tokens is released by context"
     );
+    // Released again (or a typo in --name): nothing is released, and the
+    // exit code says so (3, as a miss), in text and in JSON.
+    let again = Cli(dir).code(
+        3,
+        format!("release --store {s} --name pin1 --identity id.json --context {ctx} --json"),
+    );
+    assert_eq!(json(again.as_bytes())["released"], false);
+    let text = Cli(dir).code(
+        3,
+        format!("release --store {s} --name pin-typo --identity id.json --context {ctx}"),
+    );
+    assert!(text.contains("nothing released"), "{text}");
 
     // invalidate --tokens (dry run first: nothing removed), then for real.
     let plan = Cli(dir).ok(format!(

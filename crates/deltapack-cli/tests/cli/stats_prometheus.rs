@@ -57,6 +57,18 @@ fn stats_prometheus_prints_the_registry_after_cli_work() {
         assert_eq!(value(&text, series), Some(want), "{series}\n{text}");
     }
     assert_eq!(value(&text, "deltapack_ledger_roots"), Some(1.0));
+    // The command read the ledger, so its last contact is now (it said 0:
+    // only a lookup set it).
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as f64;
+    let reached = value(&text, "deltapack_ledger_last_reachable_timestamp_seconds")
+        .expect("the last-reachable gauge");
+    assert!(
+        (now - 120.0..=now + 1.0).contains(&reached),
+        "last reachable {reached}, now {now}"
+    );
     assert!(value(&text, "deltapack_ledger_used_bytes").is_some_and(|b| b > 0.0));
     assert!(
         value(&text, "deltapack_free_bytes").is_some_and(|b| b > 0.0),

@@ -33,6 +33,19 @@ pub enum LedgerError {
     /// Stored values are not what this version writes.
     #[error("ledger content is inconsistent: {0}")]
     Inconsistent(String),
+    /// The ledger (outside the store) already keeps the account of another
+    /// store: nothing is wrong with it, it is just not this store's.
+    #[error(
+        "this ledger keeps the account of the store {owner}, not of {this}: give each store \
+         (bucket and prefix) a ledger of its own (another database, or another schema: \
+         ?options=-c%20search_path%3DSCHEMA in a PostgreSQL URL)"
+    )]
+    OtherStore {
+        /// The store the ledger belongs to.
+        owner: String,
+        /// The store that asked.
+        this: String,
+    },
     /// The blocking task running a ledger call failed (panicked or was
     /// cancelled at shutdown).
     #[error("ledger task: {0}")]

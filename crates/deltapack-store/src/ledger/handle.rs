@@ -68,7 +68,13 @@ pub(crate) struct Ledger {
     /// The database's own random id (`meta.ledger_id`), chosen when the
     /// database was created: what a store's ledger binding names.
     pub(super) id: LedgerId,
+    /// Called after every call that succeeded (the store's "last reached"
+    /// gauge), once set ([`Ledger::on_reached`]).
+    pub(super) reached: Arc<std::sync::OnceLock<Reached>>,
 }
+
+/// What a ledger calls after each call that succeeded.
+pub(crate) type Reached = Box<dyn Fn() + Send + Sync>;
 
 impl std::fmt::Debug for Ledger {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -129,9 +135,21 @@ impl Ledger {
         f: impl FnOnce(&Ledger) -> Result<T, LedgerError> + Send + 'static,
     ) -> Result<T, LedgerError> {
         let l = self.clone();
-        tokio::task::spawn_blocking(move || f(&l))
+        let out = tokio::task::spawn_blocking(move || f(&l))
             .await
-            .map_err(|e| LedgerError::Task(e.to_string()))?
+            .map_err(|e| LedgerError::Task(e.to_string()))?;
+        if out.is_ok() {
+            if let Some(reached) = self.reached.get() {
+                reached();
+            }
+        }
+        out
+    }
+
+    /// Sets what is called after each call that succeeded (once: a later
+    /// call of this is ignored).
+    pub(crate) fn on_reached(&self, f: Reached) {
+        let _ = self.reached.set(f);
     }
 
     /// Runs `f` on the connection; retried while SQLite reports the

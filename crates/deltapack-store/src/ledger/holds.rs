@@ -10,6 +10,9 @@ use super::error::LedgerError;
 use super::handle::{now_ms, Ledger};
 use super::roots::{hexpair, tombstone_in};
 
+/// A root and the names of the holds on it.
+pub(crate) type HeldRoot = ((Namespace, ContextDigest), Vec<String>);
+
 impl Ledger {
     /// Adds a hold (idempotent).
     pub(crate) fn add_hold(
@@ -64,5 +67,30 @@ impl Ledger {
                 )?
                 .is_some())
         })
+    }
+
+    /// The names of the holds on each of `roots` that has any, in the
+    /// order of `roots` (one read of the holds, which are few).
+    pub(crate) fn holds_on(
+        &self,
+        roots: &[(Namespace, ContextDigest)],
+    ) -> Result<Vec<HeldRoot>, LedgerError> {
+        let rows =
+            self.with(|db| db.query("SELECT name, ns, ctx FROM holds ORDER BY name", &[]))?;
+        let mut by_root: std::collections::HashMap<(String, String), Vec<String>> =
+            std::collections::HashMap::new();
+        for r in rows {
+            by_root
+                .entry((r.text(1)?, r.text(2)?))
+                .or_default()
+                .push(r.text(0)?);
+        }
+        Ok(roots
+            .iter()
+            .filter_map(|(ns, ctx)| {
+                let names = by_root.get(&hexpair(ns, ctx))?;
+                Some(((*ns, *ctx), names.clone()))
+            })
+            .collect())
     }
 }

@@ -349,6 +349,7 @@ impl Ledger {
             db: Arc::new(Mutex::new(db)),
             location,
             id,
+            reached: Arc::default(),
         })
     }
 
@@ -427,10 +428,10 @@ impl Ledger {
                     if owner == identity {
                         Ok(false)
                     } else {
-                        Err(LedgerError::Inconsistent(format!(
-                            "this ledger belongs to the store {owner}, not {identity}: \
-                             give each store (bucket and prefix) a ledger of its own"
-                        )))
+                        Err(LedgerError::OtherStore {
+                            owner,
+                            this: identity.to_string(),
+                        })
                     }
                 }
                 None => {

@@ -52,8 +52,7 @@ impl Store {
             crate::BackendKind::Memory => {
                 format!("memory:{:p}", Arc::as_ptr(self.object_store())).into()
             }
-            crate::BackendKind::Local { root } => format!("file://{}", root.display()).into(),
-            crate::BackendKind::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}").into(),
+            other => other.identity().into(),
         }
     }
 

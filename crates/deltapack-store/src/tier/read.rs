@@ -227,10 +227,6 @@ impl Store {
 
     /// This store as its errors name it when it is a tier's origin.
     fn origin_name(&self) -> String {
-        match self.backend_kind() {
-            crate::BackendKind::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}"),
-            crate::BackendKind::Local { root } => format!("file://{}", root.display()),
-            other => format!("{other:?}"),
-        }
+        self.backend_kind().identity()
     }
 }

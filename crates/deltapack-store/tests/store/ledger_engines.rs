@@ -248,8 +248,20 @@ async fn a_ledger_belongs_to_one_store() {
             .expect_err(&format!("{engine}: a second store used the ledger"));
         let msg = err.to_string();
         assert!(
-            msg.contains("belongs to the store") && msg.contains(&d1.path().display().to_string()),
+            msg.contains("keeps the account of the store")
+                && msg.contains(&d1.path().display().to_string()),
             "{engine}: {msg}"
+        );
+        // Not damage: the ledger is someone else's, and the error says so.
+        assert!(!msg.contains("inconsistent"), "{engine}: {msg}");
+        assert!(
+            matches!(
+                err,
+                deltapack_store::StoreError::Ledger(
+                    deltapack_store::LedgerError::OtherStore { .. }
+                )
+            ),
+            "{engine}: {err:?}"
         );
     }
 }

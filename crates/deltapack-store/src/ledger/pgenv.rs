@@ -168,16 +168,18 @@ mod tests {
         p
     }
 
+    /// Every variable `apply` reads but the password file's.
+    const ALL: &[(&str, &str)] = &[
+        ("PGPASSWORD", "env-pw"),
+        ("PGUSER", "v"),
+        ("PGAPPNAME", "b"),
+        ("PGCONNECT_TIMEOUT", "9"),
+    ];
+
     #[test]
     fn the_url_wins_over_every_variable() {
         let mut c = config("postgres://u:url-pw@h:5433/db?application_name=a&connect_timeout=3");
-        let vars = env(&[
-            ("PGPASSWORD", "env-pw"),
-            ("PGUSER", "v"),
-            ("PGAPPNAME", "b"),
-            ("PGCONNECT_TIMEOUT", "9"),
-        ]);
-        apply(&mut c, &vars, None);
+        apply(&mut c, &env(ALL), None);
         assert_eq!(c.get_password(), Some(&b"url-pw"[..]));
         assert_eq!(c.get_user(), Some("u"));
         assert_eq!(c.get_application_name(), Some("a"));
@@ -190,13 +192,7 @@ mod tests {
     #[test]
     fn variables_fill_what_the_url_leaves_out() {
         let mut c = config("postgres://h/db");
-        let vars = env(&[
-            ("PGPASSWORD", "env-pw"),
-            ("PGUSER", "v"),
-            ("PGAPPNAME", "b"),
-            ("PGCONNECT_TIMEOUT", "9"),
-        ]);
-        apply(&mut c, &vars, None);
+        apply(&mut c, &env(ALL), None);
         assert_eq!(c.get_password(), Some(&b"env-pw"[..]));
         assert_eq!(c.get_user(), Some("v"));
         assert_eq!(c.get_application_name(), Some("b"));

@@ -52,6 +52,16 @@ async fn published(
     (c, s, roots[0].stored_bytes, roots[0].root_bytes)
 }
 
+/// Fails unless `down` bytes on the wire are at most 1.05 × one download
+/// of `objects` and `roots` stored bytes.
+fn assert_about_one_download(down: u64, objects: u64, roots: u64, what: &str) {
+    let ratio = down as f64 / (objects + roots) as f64;
+    assert!(
+        ratio <= 1.05,
+        "{what}: downloaded {down} bytes for {objects} + {roots} stored: {ratio:.3}×"
+    );
+}
+
 /// Scenario 5 of the tier's trust: a first restore (into the caller's
 /// buffer, and as an owned snapshot) downloads at most 1.05 × the root's
 /// stored bytes, fill included; every object reaches the tier once; the
@@ -92,11 +102,7 @@ async fn a_first_restore_downloads_each_object_once() {
                 t.fill_bytes, root,
                 "only the root downloaded by the fill: {t:?}"
             );
-            let ratio = down as f64 / (objects + root) as f64;
-            assert!(
-                ratio <= 1.05,
-                "first restore and fill downloaded {down} bytes for {objects} + {root}: {ratio:.3}×"
-            );
+            assert_about_one_download(down, objects, root, "first restore and fill");
             // The second restore is the tier's: no object is downloaded
             // again (what reaches the origin is less than one extent: the
             // coherence check's root read, the ledger's bookkeeping).
@@ -261,11 +267,7 @@ async fn chain_first_restore(endpoint: &str, how: &str) {
         t.fill_reused_bytes > objects / 2,
         "{how}: most of the chain's bytes from the restore: {t:?}"
     );
-    let ratio = down as f64 / (objects + root_bytes) as f64;
-    assert!(
-        ratio <= 1.05,
-        "{how}: first restore and fill of the chain downloaded {down} bytes for {objects} + {root_bytes}: {ratio:.3}× ({t:?})"
-    );
+    assert_about_one_download(down, objects, root_bytes, how);
     // The tier's copy is whole and right: every turn restores from the
     // tier alone and verifies.
     let tier = node.tier_store().expect("tier");

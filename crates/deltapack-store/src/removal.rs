@@ -159,16 +159,6 @@ impl Gathering {
 }
 
 impl RemovalPlan {
-    /// A plan of `kind` removing nothing.
-    fn empty(kind: RemovalKind) -> RemovalPlan {
-        RemovalPlan {
-            kind,
-            targets: Vec::new(),
-            held: Vec::new(),
-            grace_seconds: 0,
-        }
-    }
-
     /// Why these roots are removed.
     pub fn kind(&self) -> RemovalKind {
         self.kind
@@ -196,20 +186,19 @@ impl RemovalPlan {
     pub fn preview(&self) -> RemovalReport {
         RemovalReport {
             roots: self.roots(),
-            overridden_holds: self.overridden_holds(),
+            overridden_holds: held_lines(&self.held),
             grace_seconds: self.grace_seconds,
             dry_run: true,
             ..Default::default()
         }
     }
+}
 
-    /// The held roots the plan removes anyway, as reported.
-    fn overridden_holds(&self) -> Vec<String> {
-        self.held
-            .iter()
-            .map(|((ns, ctx), names)| format!("{}: {}", keys::root_key(ns, ctx), names.join(", ")))
-            .collect()
-    }
+/// Held roots as a report lists them: `root key: name, name`.
+fn held_lines(held: &[crate::ledger::HeldRoot]) -> Vec<String> {
+    held.iter()
+        .map(|((ns, ctx), names)| format!("{}: {}", keys::root_key(ns, ctx), names.join(", ")))
+        .collect()
 }
 
 /// How long a publication waits for other publications' reservations to
@@ -345,9 +334,9 @@ impl Store {
             grace_seconds: self.config().capacity.grace.as_secs(),
             ..RemovalReport::default()
         };
-        // The holds this removal overrides: as planned, and any taken on a
-        // planned root since.
-        let held = if respect {
+        // The holds this removal overrides, read now (a hold taken since
+        // the plan was made counts too).
+        let mut held = if respect {
             Vec::new()
         } else {
             let targets = plan.targets.clone();
@@ -386,11 +375,8 @@ impl Store {
                 c.clear();
             }
         }
-        report.overridden_holds = RemovalPlan {
-            held: held.into_iter().filter(|(k, _)| done.contains(k)).collect(),
-            ..RemovalPlan::empty(plan.kind)
-        }
-        .overridden_holds();
+        held.retain(|(k, _)| done.contains(k));
+        report.overridden_holds = held_lines(&held);
         let gc = self.collect_garbage().await?;
         report.deleted_objects = gc.objects;
         report.deleted_bytes = gc.bytes;

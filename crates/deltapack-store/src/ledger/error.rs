@@ -80,19 +80,23 @@ impl std::fmt::Display for EngineError {
                     // The server's own text (severity, message, detail,
                     // hint), then its SQLSTATE.
                     Some(db) => write!(f, "{db} [SQLSTATE {}]", db.code().code()),
-                    None => {
-                        e.fmt(f)?;
-                        let mut source = std::error::Error::source(e);
-                        while let Some(s) = source {
-                            write!(f, ": {s}")?;
-                            source = s.source();
-                        }
-                        Ok(())
-                    }
+                    None => write!(f, "{e}{}", causes(e)),
                 }
             }
         }
     }
+}
+
+/// The driver error's causes, each after `": "` (empty if none).
+fn causes(e: &postgres::Error) -> String {
+    let mut out = String::new();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
 }
 
 /// What to do about a PostgreSQL failure a new operator commonly meets,
@@ -125,13 +129,7 @@ fn pg_hint(e: &postgres::Error) -> Option<&'static str> {
             _ => None,
         };
     }
-    let mut causes = Vec::new();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        causes.push(s.to_string());
-        source = s.source();
-    }
-    let causes = causes.join(": ");
+    let causes = causes(e);
     if causes.contains("password missing") {
         Some(
             "the server asks for a password and none was given: put it in the URL \

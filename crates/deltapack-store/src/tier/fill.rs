@@ -46,7 +46,7 @@ impl Tier<'_> {
                 parts: None,
                 what: "tier fill",
                 journaled: None,
-                staged: staged.as_deref(),
+                staged: staged.as_ref(),
             };
             match copy.root(key, guard).await {
                 Ok(c) if c.conflict => {

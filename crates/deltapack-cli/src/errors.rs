@@ -130,10 +130,14 @@ pub(crate) fn hint(e: &anyhow::Error) -> Option<String> {
     }
     // The ledger's own advice (PostgreSQL authentication, privileges, a
     // missing database, TLS names).
-    // (The ledger's error is a cause of the store's, so the chain has it.)
     let ledger = e
         .chain()
-        .find_map(|c| c.downcast_ref::<deltapack_store::LedgerError>()?.hint());
+        .find_map(|c| match c.downcast_ref::<StoreError>() {
+            Some(StoreError::Ledger(l) | StoreError::LedgerUnavailable(l)) => l.hint(),
+            _ => c
+                .downcast_ref::<deltapack_store::LedgerError>()
+                .and_then(|l| l.hint()),
+        });
     if let Some(h) = ledger {
         return Some(h.into());
     }

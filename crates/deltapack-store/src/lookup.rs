@@ -198,6 +198,7 @@ impl Store {
         if let Ok(mut r) = self.inner.ledger_rest_until.lock() {
             *r = None;
         }
+        self.metrics().ledger_reached();
         self.inner
             .ledger_down_logged
             .store(false, std::sync::atomic::Ordering::Relaxed);

@@ -329,8 +329,13 @@ impl Metrics {
         stats.ledger_fallbacks.inc();
     }
 
-    /// What the ledger calls after each call that succeeded (the only
-    /// writer of the "last reachable" gauge, shared with this registry's).
+    /// A ledger call succeeded now.
+    pub(crate) fn ledger_reached(&self) {
+        self.ledger_reachable.set(unix_now());
+    }
+
+    /// What the ledger calls after each call that succeeded: sets the
+    /// "last reachable" gauge (shared with this registry's).
     pub(crate) fn ledger_reached_hook(&self) -> Box<dyn Fn() + Send + Sync> {
         let gauge = self.ledger_reachable.clone();
         Box::new(move || {

@@ -91,9 +91,8 @@ impl Store {
                         .await
                         .map_err(|e| StoreError::task("ledger open", e))??;
                 // Opening it was a contact; so is every call that succeeds.
-                let reached = self.metrics().ledger_reached_hook();
-                reached();
-                ledger.on_reached(reached);
+                self.metrics().ledger_reached();
+                ledger.on_reached(self.metrics().ledger_reached_hook());
                 let policy = self.config().capacity.cold_start;
                 let mut fresh = false;
                 if let Some(id) = external {

@@ -159,6 +159,16 @@ impl Gathering {
 }
 
 impl RemovalPlan {
+    /// A plan of `kind` removing nothing.
+    fn empty(kind: RemovalKind) -> RemovalPlan {
+        RemovalPlan {
+            kind,
+            targets: Vec::new(),
+            held: Vec::new(),
+            grace_seconds: 0,
+        }
+    }
+
     /// Why these roots are removed.
     pub fn kind(&self) -> RemovalKind {
         self.kind
@@ -186,19 +196,20 @@ impl RemovalPlan {
     pub fn preview(&self) -> RemovalReport {
         RemovalReport {
             roots: self.roots(),
-            overridden_holds: held_lines(&self.held),
+            overridden_holds: self.overridden_holds(),
             grace_seconds: self.grace_seconds,
             dry_run: true,
             ..Default::default()
         }
     }
-}
 
-/// Held roots as a report lists them: `root key: name, name`.
-fn held_lines(held: &[crate::ledger::HeldRoot]) -> Vec<String> {
-    held.iter()
-        .map(|((ns, ctx), names)| format!("{}: {}", keys::root_key(ns, ctx), names.join(", ")))
-        .collect()
+    /// The held roots the plan removes anyway, as reported.
+    fn overridden_holds(&self) -> Vec<String> {
+        self.held
+            .iter()
+            .map(|((ns, ctx), names)| format!("{}: {}", keys::root_key(ns, ctx), names.join(", ")))
+            .collect()
+    }
 }
 
 /// How long a publication waits for other publications' reservations to
@@ -334,9 +345,9 @@ impl Store {
             grace_seconds: self.config().capacity.grace.as_secs(),
             ..RemovalReport::default()
         };
-        // The holds this removal overrides, read now (a hold taken since
-        // the plan was made counts too).
-        let mut held = if respect {
+        // The holds this removal overrides: as planned, and any taken on a
+        // planned root since.
+        let held = if respect {
             Vec::new()
         } else {
             let targets = plan.targets.clone();
@@ -375,8 +386,11 @@ impl Store {
                 c.clear();
             }
         }
-        held.retain(|(k, _)| done.contains(k));
-        report.overridden_holds = held_lines(&held);
+        report.overridden_holds = RemovalPlan {
+            held: held.into_iter().filter(|(k, _)| done.contains(k)).collect(),
+            ..RemovalPlan::empty(plan.kind)
+        }
+        .overridden_holds();
         let gc = self.collect_garbage().await?;
         report.deleted_objects = gc.objects;
         report.deleted_bytes = gc.bytes;

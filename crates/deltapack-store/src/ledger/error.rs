@@ -80,23 +80,19 @@ impl std::fmt::Display for EngineError {
                     // The server's own text (severity, message, detail,
                     // hint), then its SQLSTATE.
                     Some(db) => write!(f, "{db} [SQLSTATE {}]", db.code().code()),
-                    None => write!(f, "{e}{}", causes(e)),
+                    None => {
+                        e.fmt(f)?;
+                        let mut source = std::error::Error::source(e);
+                        while let Some(s) = source {
+                            write!(f, ": {s}")?;
+                            source = s.source();
+                        }
+                        Ok(())
+                    }
                 }
             }
         }
     }
-}
-
-/// The driver error's causes, each after `": "` (empty if none).
-fn causes(e: &postgres::Error) -> String {
-    let mut out = String::new();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 /// What to do about a PostgreSQL failure a new operator commonly meets,
@@ -129,7 +125,13 @@ fn pg_hint(e: &postgres::Error) -> Option<&'static str> {
             _ => None,
         };
     }
-    let causes = causes(e);
+    let mut causes = Vec::new();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        causes.push(s.to_string());
+        source = s.source();
+    }
+    let causes = causes.join(": ");
     if causes.contains("password missing") {
         Some(
             "the server asks for a password and none was given: put it in the URL \

@@ -67,7 +67,6 @@ pub(crate) use claims::{Claimant, CLAIM_WAIT_LIMIT};
 pub use error::{EngineError, LedgerError};
 pub(crate) use handle::{now_ms, Ledger};
 pub use handle::{ColdStart, LedgerLocation};
-pub(crate) use holds::HeldRoot;
 pub(crate) use merge::Listing;
 pub use merge::{ImageHold, ImageObject, ImageRoot, LedgerImage, MergeReport};
 pub use objects::Totals;

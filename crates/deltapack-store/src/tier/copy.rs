@@ -52,7 +52,7 @@ pub(crate) struct Copy<'a> {
     /// For a fill: the parts of objects the restore before it read
     /// unchecked (`staging.rs`); such an object is completed from the
     /// source and checked whole instead of downloaded whole.
-    pub(crate) staged: Option<&'a std::sync::Arc<Staging>>,
+    pub(crate) staged: Option<&'a Staging>,
 }
 
 /// How a chain walk ended below its lowest link.
@@ -335,12 +335,8 @@ impl Copy<'_> {
     async fn fetch(&self, want: Expected) -> Result<(Bytes, u64)> {
         if let Some(staged) = self.staged {
             let key = want.object().path();
-            // A local read of at most one extent: on a blocking thread
-            // (`block_in_place` would panic on a current-thread runtime).
-            let (s, k, len) = (staged.clone(), key.clone(), want.stored_len());
-            let part = tokio::task::spawn_blocking(move || s.take(&k, len))
-                .await
-                .map_err(|e| StoreError::task("staged read", e))?;
+            // A local read of at most one extent.
+            let part = tokio::task::block_in_place(|| staged.take(&key, want.stored_len()));
             if let Some(part) = part {
                 match completed(self.from, &want, part).await {
                     Ok(done) => return Ok(done),
@@ -386,8 +382,10 @@ async fn completed(from: &Store, want: &Expected, part: Part) -> Result<(Bytes, 
         dst.copy_from_slice(&bytes);
     }
     let stored = Bytes::from(buf);
-    checked(want.clone(), &stored)
-        .await?
+    let (check, want) = (stored.clone(), want.clone());
+    tokio::task::spawn_blocking(move || check_object(&want, check).map(|_| ()))
+        .await
+        .map_err(|e| StoreError::task("copy check", e))?
         .map_err(|c| StoreError::Invalid(format!("{key}: kept parts and download: {c}")))?;
     Ok((stored, kept))
 }
@@ -406,22 +404,12 @@ async fn verified(from: &Store, want: Expected, what: &str) -> Result<Bytes> {
             )));
         }
     };
-    checked(want, &stored)
-        .await?
-        .map_err(|c| StoreError::Invalid(format!("{what}: source object {key}: {c}")))?;
-    Ok(stored)
-}
-
-/// Checks `stored` against what its root says the object is, on a
-/// blocking thread (hashing up to an extent).
-async fn checked(
-    want: Expected,
-    stored: &Bytes,
-) -> Result<std::result::Result<(), crate::ObjectCheck>> {
     let check = stored.clone();
     tokio::task::spawn_blocking(move || check_object(&want, check).map(|_| ()))
         .await
-        .map_err(|e| StoreError::task("copy check", e))
+        .map_err(|e| StoreError::task("copy check", e))?
+        .map_err(|c| StoreError::Invalid(format!("{what}: source object {key}: {c}")))?;
+    Ok(stored)
 }
 
 #[cfg(test)]
@@ -472,7 +460,7 @@ mod tests {
     async fn kept_parts_complete_an_object_only_if_the_whole_checks() {
         let dir = tempfile::tempdir().expect("dir");
         let (store, objects) = one_root(dir.path()).await;
-        let staging = std::sync::Arc::new(Staging::new(dir.path(), u64::MAX).expect("staging"));
+        let staging = Staging::new(dir.path(), u64::MAX).expect("staging");
         let sem = tokio::sync::Semaphore::new(1);
         let copy = Copy {
             from: &store,

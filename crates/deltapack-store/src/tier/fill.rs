@@ -46,7 +46,7 @@ impl Tier<'_> {
                 parts: None,
                 what: "tier fill",
                 journaled: None,
-                staged: staged.as_ref(),
+                staged: staged.as_deref(),
             };
             match copy.root(key, guard).await {
                 Ok(c) if c.conflict => {
